@@ -1,0 +1,212 @@
+//! `hugify._core`: the Python face of hugify-core. Thin on purpose: it converts
+//! options and reports, releases the GIL while the core works, and turns every
+//! failure (including a panic) into `HugifyError` with a stable reason id.
+
+mod fileio;
+
+use fileio::Failure;
+use hugify_core::elf::Phdr;
+use hugify_core::{Error, Kind, ModeChoice, Options, PlanSummary, Reason, Report};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+
+pyo3::create_exception!(
+    _core,
+    HugifyError,
+    pyo3::exceptions::PyException,
+    "A file was refused, invalid, or hit an internal error."
+);
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Invalid => "invalid",
+        Kind::Refused => "refused",
+        Kind::Internal => "internal",
+    }
+}
+
+fn to_py_err(py: Python<'_>, e: &Error) -> PyErr {
+    let err = HugifyError::new_err(e.to_string());
+    let v = err.value(py);
+    let _ = v.setattr("reason", e.reason.id());
+    let _ = v.setattr("kind", kind_name(e.kind()));
+    let _ = v.setattr("detail", e.detail.clone());
+    err
+}
+
+fn failure_to_py(py: Python<'_>, f: Failure) -> PyErr {
+    match f {
+        Failure::Core(e) => to_py_err(py, &e),
+        Failure::Io(path, e) => PyOSError::new_err((e.raw_os_error().unwrap_or(0), e.to_string(), path)),
+    }
+}
+
+fn options(huge_page: u64, threshold: u64, mode: &str) -> PyResult<Options> {
+    let mode = match mode {
+        "auto" => ModeChoice::Auto,
+        "shift" => ModeChoice::Shift,
+        "align" => ModeChoice::Align,
+        m => return Err(PyValueError::new_err(format!("unknown mode {m:?} (auto, shift, align)"))),
+    };
+    Ok(Options { huge_page, threshold, mode })
+}
+
+fn segments<'py>(py: Python<'py>, phdrs: &[Phdr]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for p in phdrs {
+        let d = PyDict::new(py);
+        d.set_item("type", p.p_type)?;
+        d.set_item("flags", p.p_flags)?;
+        d.set_item("offset", p.p_offset)?;
+        d.set_item("vaddr", p.p_vaddr)?;
+        d.set_item("filesz", p.p_filesz)?;
+        d.set_item("memsz", p.p_memsz)?;
+        d.set_item("align", p.p_align)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+fn error_dict<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("reason", e.reason.id())?;
+    d.set_item("kind", kind_name(e.kind()))?;
+    d.set_item("detail", &e.detail)?;
+    Ok(d)
+}
+
+fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<Bound<'py, PyDict>> {
+    match p {
+        Err(e) => {
+            let d = error_dict(py, e)?;
+            d.set_item("ok", false)?;
+            Ok(d)
+        }
+        Ok(s) => {
+            let d = PyDict::new(py);
+            d.set_item("ok", true)?;
+            d.set_item("mode", s.mode.name())?;
+            d.set_item("dv", s.dv)?;
+            d.set_item("df", s.df)?;
+            d.set_item("growth", s.growth)?;
+            d.set_item("covered_code", s.covered_code)?;
+            d.set_item("segments", segments(py, &s.phdrs)?)?;
+            Ok(d)
+        }
+    }
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("arch", r.arch)?;
+    d.set_item("kind", r.kind)?;
+    d.set_item("layout", r.layout)?;
+    d.set_item("linker", r.linker.clone())?;
+    d.set_item("split", r.split)?;
+    d.set_item("split_section", &r.split_section)?;
+    d.set_item("code_bytes", r.code_bytes)?;
+    d.set_item("exec_segment_size", r.exec_segment_size)?;
+    d.set_item("covered_before", r.covered_before)?;
+    d.set_item("huge_page", r.huge_page)?;
+    d.set_item("segments", segments(py, &r.phdrs)?)?;
+    let plans = PyDict::new(py);
+    plans.set_item("shift", plan_dict(py, &r.shift)?)?;
+    plans.set_item("align", plan_dict(py, &r.align)?)?;
+    d.set_item("plans", plans)?;
+    match &r.chosen {
+        Ok(m) => {
+            d.set_item("chosen", m.name())?;
+            d.set_item("refusal", py.None())?;
+        }
+        Err(e) => {
+            d.set_item("chosen", py.None())?;
+            d.set_item("refusal", error_dict(py, e)?)?;
+        }
+    }
+    Ok(d)
+}
+
+/// Runs `f` without the GIL, turning a panic into an internal error.
+fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
+    let r = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(failure_to_py(py, e)),
+        Err(payload) => Err(to_py_err(py, &fileio::panic_error(payload))),
+    }
+}
+
+/// Reports a file's layout and both plans.
+#[pyfunction]
+#[pyo3(signature = (path, huge_page, threshold, mode="auto"))]
+fn inspect<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    huge_page: u64,
+    threshold: u64,
+    mode: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(huge_page, threshold, mode)?;
+    let report = guarded(py, || {
+        let (_f, m) = fileio::map(&path)?;
+        hugify_core::inspect(m.as_deref().unwrap_or(&[]), &opts).map_err(Failure::Core)
+    })?;
+    report_dict(py, &report)
+}
+
+/// Transforms `src` into the new file `tmp` and self-checks it.
+#[pyfunction]
+#[pyo3(signature = (src, tmp, huge_page, threshold, mode="auto"))]
+fn transform<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    tmp: PathBuf,
+    huge_page: u64,
+    threshold: u64,
+    mode: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(huge_page, threshold, mode)?;
+    let t = guarded(py, || fileio::transform_file(&src, &tmp, &opts))?;
+    let d = report_dict(py, &t.report)?;
+    d.set_item("result", plan_dict(py, &Ok(t.summary().clone()))?)?;
+    Ok(d)
+}
+
+/// Transforms bytes in memory (tests and fuzzing): returns (report, output bytes).
+#[pyfunction]
+#[pyo3(signature = (data, huge_page, threshold, mode="auto"))]
+fn transform_bytes<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    huge_page: u64,
+    threshold: u64,
+    mode: &str,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyBytes>)> {
+    let opts = options(huge_page, threshold, mode)?;
+    let (t, out) = guarded(py, || hugify_core::transform_to_vec(data, &opts).map_err(Failure::Core))?;
+    let d = report_dict(py, &t.report)?;
+    d.set_item("result", plan_dict(py, &Ok(t.summary().clone()))?)?;
+    Ok((d, PyBytes::new(py, &out)))
+}
+
+/// Every reason: (id, kind, summary).
+#[pyfunction]
+fn reasons() -> Vec<(&'static str, &'static str, &'static str)> {
+    Reason::ALL.iter().map(|r| (r.id(), kind_name(r.kind()), r.summary())).collect()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("HugifyError", m.py().get_type::<HugifyError>())?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_HUGE_PAGE", hugify_core::DEFAULT_HUGE_PAGE)?;
+    m.add("DEFAULT_THRESHOLD", hugify_core::DEFAULT_THRESHOLD)?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(transform, m)?)?;
+    m.add_function(wrap_pyfunction!(transform_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(reasons, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! Per-architecture facts: the trap instruction used for padding, the smallest page
+//! size, and which dynamic relocation types carry link-time addresses.
+
+use crate::elf::consts::*;
+use crate::elf::Elf;
+use crate::error::{Error, Reason, Result};
+
+/// How a dynamic relocation type relates to link-time addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelocClass {
+    /// B + A: the addend (and, where written, the word in place) is a link-time address.
+    Relative,
+    /// Like Relative, but the address is an IFUNC resolver; the word in place is a PLT address.
+    IRelative,
+    /// Lazy-binding slot: the word in place is a PLT address the loader adjusts by the base.
+    JumpSlot,
+    /// Symbolic, TLS, COPY or NONE: nothing here holds a link-time address of this object.
+    NoAddress,
+}
+
+/// An architecture the rewriter supports.
+#[derive(Clone, Copy, Debug)]
+pub struct Arch {
+    /// e_machine.
+    pub machine: u16,
+    /// Short name used in reports (Debian's architecture name).
+    pub name: &'static str,
+    /// The trap instruction that fills padding, repeated as needed.
+    pub trap: &'static [u8],
+    /// The smallest page size the architecture's kernels use.
+    pub min_page: u64,
+}
+
+const X86_64: Arch = Arch { machine: EM_X86_64, name: "amd64", trap: &[0xcc], min_page: 4096 };
+
+impl Arch {
+    /// The architecture of `elf`, if the rewriter supports it.
+    pub fn for_file(elf: &Elf) -> Result<Arch> {
+        match (elf.ehdr.e_machine, elf.class.is64) {
+            (EM_X86_64, true) => Ok(X86_64),
+            (m, is64) => Err(Error::new(
+                Reason::UnsupportedFormat,
+                format!("machine {m} ({}) is not supported", if is64 { "ELF64" } else { "ELF32" }),
+            )),
+        }
+    }
+
+    /// Classifies a dynamic relocation type; `None` for a type hugify does not know.
+    pub fn classify_reloc(&self, kind: u32) -> Option<RelocClass> {
+        use RelocClass::*;
+        match self.machine {
+            EM_X86_64 => match kind {
+                R_X86_64_RELATIVE => Some(Relative),
+                R_X86_64_IRELATIVE => Some(IRelative),
+                R_X86_64_JUMP_SLOT => Some(JumpSlot),
+                0 | R_X86_64_64 | R_X86_64_COPY | R_X86_64_GLOB_DAT | R_X86_64_DTPMOD64 | R_X86_64_DTPOFF64
+                | R_X86_64_TPOFF64 | R_X86_64_TLSDESC => Some(NoAddress),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Machine-specific dynamic tags whose value is an address.
+    pub fn is_machine_dt_ptr(&self, tag: i64) -> bool {
+        self.machine == EM_X86_64 && tag == DT_X86_64_PLT
+    }
+}

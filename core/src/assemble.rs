@@ -1,0 +1,177 @@
+//! Assembles the output: the plan's loadable content, the non-loaded tail
+//! (non-allocated sections and the section header table) laid out after it, the new
+//! program and section headers, and the ELF header fields that point at them.
+//!
+//! The trap padding gets section headers of its own (`.hugify.pad`), so that strip,
+//! objcopy and eu-elflint see every byte of the executable segment as belonging to a
+//! section and keep it.
+
+use crate::elf::consts::*;
+use crate::elf::{align_up, Elf, Phdr, Shdr};
+use crate::error::{Error, Reason, Result};
+use crate::layout::Analysis;
+use crate::output::{Output, Piece, Source};
+use crate::patch::Patches;
+use crate::plan::{map_offset, Plan};
+
+/// Name of the sections covering trap padding.
+pub const PAD_SECTION: &str = ".hugify.pad";
+
+/// Builds the output of `plan`, applying `patches` (input-offset edits).
+pub fn assemble(elf: &Elf, an: &Analysis, plan: &Plan, mut patches: Patches) -> Result<Output> {
+    let class = elf.class;
+    let mut pieces: Vec<Piece> =
+        plan.copies.iter().map(|c| Piece { dst: c.dst, len: c.len, src: Source::Input(c.src) }).collect();
+    pieces.extend(plan.traps.iter().map(|&(dst, len)| Piece { dst, len, src: Source::Trap(an.arch.trap) }));
+
+    // Padding sections, and the names they need in .shstrtab.
+    let exec = plan.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0).expect("plans keep the code");
+    let shstrndx = elf.ehdr.shstrndx as usize;
+    let old_names = elf.section_data(&elf.shdrs[shstrndx]);
+    let mut names = None;
+    let mut pads = Vec::new();
+    for &(off, len) in plan.traps.iter().filter(|t| t.1 > 0) {
+        let name = *names.get_or_insert(old_names.len() as u32);
+        pads.push(Shdr {
+            index: elf.shdrs.len() + pads.len(),
+            name: PAD_SECTION.into(),
+            sh_name: name,
+            sh_type: SHT_PROGBITS,
+            sh_flags: SHF_ALLOC | SHF_EXECINSTR,
+            sh_addr: exec.p_vaddr + (off - exec.p_offset),
+            sh_offset: off,
+            sh_size: len,
+            sh_link: 0,
+            sh_info: 0,
+            sh_addralign: 1,
+            sh_entsize: 0,
+        });
+    }
+
+    // The tail: non-allocated sections that no copy carries, in file order.
+    let in_copies = |s: &Shdr| {
+        s.has_file_data()
+            && map_offset(&plan.copies, s.sh_offset).is_some()
+            && map_offset(&plan.copies, s.fend() - 1).is_some()
+    };
+    let mut tail: Vec<&Shdr> = elf.shdrs[1..]
+        .iter()
+        .filter(|s| !s.is_alloc() && (!in_copies(s) || (names.is_some() && s.index == shstrndx)))
+        .collect();
+    tail.sort_by_key(|s| (s.sh_offset, s.index));
+    let mut new_offset = vec![None; elf.shdrs.len()];
+    let mut cursor = plan.tail_start;
+    for s in tail {
+        let dst = align_up(cursor, s.sh_addralign);
+        new_offset[s.index] = Some(dst);
+        let src = if names.is_some() && s.index == shstrndx {
+            let mut grown = old_names.to_vec();
+            grown.extend_from_slice(PAD_SECTION.as_bytes());
+            grown.push(0);
+            Source::Owned(grown)
+        } else {
+            Source::Input(s.sh_offset)
+        };
+        let len = match &src {
+            Source::Owned(b) => b.len() as u64,
+            _ if s.has_file_data() => s.sh_size,
+            _ => 0,
+        };
+        pieces.push(Piece { dst, len, src });
+        cursor = dst + len;
+    }
+
+    // New section headers.
+    let mut shdrs = Vec::with_capacity(elf.shdrs.len() + pads.len());
+    for s in &elf.shdrs {
+        let mut n = s.clone();
+        if s.index == 0 {
+            shdrs.push(n);
+            continue;
+        }
+        if an.section_moves[s.index] {
+            n.sh_addr = plan.map.map(s.sh_addr);
+        }
+        n.sh_offset = match new_offset[s.index] {
+            Some(o) => o,
+            None if s.has_file_data() => map_offset(&plan.copies, s.sh_offset).ok_or_else(|| {
+                Error::new(Reason::Internal, format!("section {} ({}) lands nowhere in the output", s.index, s.name))
+            })?,
+            None if s.is_alloc() => offset_in_loads(&plan.phdrs, n.sh_addr).unwrap_or(s.sh_offset),
+            None => map_offset(&plan.copies, s.sh_offset).unwrap_or(cursor),
+        };
+        if s.index == shstrndx && names.is_some() {
+            n.sh_size = s.sh_size + PAD_SECTION.len() as u64 + 1;
+        }
+        shdrs.push(n);
+    }
+    shdrs.extend(pads);
+    let shnum = shdrs.len() as u64;
+    let extended_shnum = shnum >= u64::from(SHN_LORESERVE);
+    let extended_strndx = shstrndx as u64 >= u64::from(SHN_LORESERVE);
+    if extended_shnum {
+        shdrs[0].sh_size = shnum;
+    }
+    if extended_strndx {
+        shdrs[0].sh_link = shstrndx as u32;
+    }
+    let shoff = align_up(cursor, class.word());
+    let table: Vec<u8> = shdrs.iter().flat_map(|s| class.encode_shdr(s)).collect();
+    pieces.push(Piece { dst: shoff, len: table.len() as u64, src: Source::Owned(table) });
+
+    // Program headers: in place when the count is unchanged, else the relocated table.
+    let phdr_bytes: Vec<u8> = plan.phdrs.iter().flat_map(|p| class.encode_phdr(p)).collect();
+    match plan.phdr_table {
+        Some((off, _)) => pieces.push(Piece { dst: off, len: phdr_bytes.len() as u64, src: Source::Owned(phdr_bytes) }),
+        None => {
+            if plan.phdrs.len() != elf.phdrs.len() {
+                return Err(Error::new(Reason::Internal, "program header count changed without a relocated table"));
+            }
+            patch_changed(&mut patches, elf, elf.ehdr.e_phoff, &phdr_bytes, class.word());
+        }
+    }
+
+    // ELF header.
+    let f = class.ehdr_fields();
+    let mut ehdr = elf.data[..class.ehdr_size() as usize].to_vec();
+    let put_word = |e: &mut Vec<u8>, at: u64, v: u64| {
+        let b = class.word_bytes(v);
+        e[at as usize..at as usize + b.len()].copy_from_slice(&b);
+    };
+    put_word(&mut ehdr, f.entry, plan.map.map(elf.ehdr.e_entry));
+    put_word(&mut ehdr, f.shoff, shoff);
+    if let Some((off, _)) = plan.phdr_table {
+        put_word(&mut ehdr, f.phoff, off);
+    }
+    let phnum = plan.phdrs.len() as u64;
+    if phnum >= u64::from(PN_XNUM) {
+        return Err(Error::new(Reason::UnsupportedLayout, "too many program headers"));
+    }
+    ehdr[f.phnum as usize..f.phnum as usize + 2].copy_from_slice(&(phnum as u16).to_le_bytes());
+    let shnum_field = if extended_shnum { 0 } else { shnum as u16 };
+    ehdr[f.shnum as usize..f.shnum as usize + 2].copy_from_slice(&shnum_field.to_le_bytes());
+    let strndx_field = if extended_strndx { SHN_XINDEX } else { shstrndx as u16 };
+    ehdr[f.shstrndx as usize..f.shstrndx as usize + 2].copy_from_slice(&strndx_field.to_le_bytes());
+    patch_changed(&mut patches, elf, 0, &ehdr, 2);
+
+    Output::new(pieces, patches.into_sorted()?, elf.data)
+}
+
+/// Adds edits for the chunks of `new` that differ from the input at `at`.
+fn patch_changed(patches: &mut Patches, elf: &Elf, at: u64, new: &[u8], chunk: u64) {
+    let old = &elf.data[at as usize..at as usize + new.len()];
+    for (i, (o, n)) in old.chunks(chunk as usize).zip(new.chunks(chunk as usize)).enumerate() {
+        if o != n {
+            patches.put(at + i as u64 * chunk, n);
+        }
+    }
+}
+
+/// The file offset at which a load maps `vaddr` (also for addresses past p_filesz).
+fn offset_in_loads(phdrs: &[Phdr], vaddr: u64) -> Option<u64> {
+    phdrs
+        .iter()
+        .filter(|l| l.p_type == PT_LOAD)
+        .find(|l| vaddr >= l.p_vaddr && vaddr <= l.vend())
+        .map(|l| l.p_offset + (vaddr - l.p_vaddr))
+}

@@ -1,0 +1,109 @@
+//! The error model: every failure carries a stable reason id (documented in
+//! docs/reasons.md and by `hugify --explain ID`), a kind that decides the exit
+//! status, and a one-line detail naming where the problem is.
+
+use std::fmt;
+
+/// What kind of failure this is; the CLI maps each kind to its own exit status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The input is malformed: truncated, inconsistent, not ELF.
+    Invalid,
+    /// The input is valid but hugify will not (or cannot safely) transform it.
+    Refused,
+    /// A bug in hugify: a broken invariant or a failed self-check.
+    Internal,
+}
+
+macro_rules! reasons {
+    ($($variant:ident => ($kind:ident, $id:literal, $summary:literal),)*) => {
+        /// Why a file was not transformed.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Reason {
+            $(#[doc = $summary] $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in documentation order.
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
+
+            /// The stable, kebab-case identifier.
+            pub fn id(self) -> &'static str {
+                match self { $(Reason::$variant => $id,)* }
+            }
+
+            /// Which exit-status class this reason belongs to.
+            pub fn kind(self) -> Kind {
+                match self { $(Reason::$variant => Kind::$kind,)* }
+            }
+
+            /// One sentence saying what the reason means.
+            pub fn summary(self) -> &'static str {
+                match self { $(Reason::$variant => $summary,)* }
+            }
+        }
+    };
+}
+
+reasons! {
+    NotElf => (Invalid, "not-elf", "The file does not start with the ELF magic bytes."),
+    Truncated => (Invalid, "truncated", "A header, table or section extends beyond the end of the file."),
+    BadHeader => (Invalid, "bad-header", "The ELF header has an impossible value (class, version or entry sizes)."),
+    BadSegments => (Invalid, "bad-segments", "The program headers are inconsistent (overlapping, unordered, misaligned or outside the file)."),
+    BadSections => (Invalid, "bad-sections", "The section headers are inconsistent with each other or with the segments."),
+    BadDynamic => (Invalid, "bad-dynamic", "The dynamic section is malformed."),
+    BadSymbols => (Invalid, "bad-symbols", "A symbol table is malformed."),
+    BadRelocations => (Invalid, "bad-relocations", "A relocation table is malformed or points outside the file's segments."),
+    BadNotes => (Invalid, "bad-notes", "A note section is malformed."),
+    BadEhFrame => (Invalid, "bad-eh-frame", "The .eh_frame or .eh_frame_hdr section is malformed."),
+    BadDwarf => (Invalid, "bad-dwarf", "A DWARF debug section is malformed or truncated."),
+    UnsupportedFormat => (Refused, "unsupported-format", "The ELF class, byte order or machine is not one hugify rewrites."),
+    UnsupportedType => (Refused, "unsupported-type", "Only executables and shared objects (ET_DYN, or ET_EXEC for alignment-only) are rewritten."),
+    NoSectionHeaders => (Refused, "no-section-headers", "Without section headers the split point and the address-bearing structures cannot be found."),
+    NoExecSegment => (Refused, "no-exec-segment", "The file has no executable PT_LOAD segment."),
+    MultipleExecSegments => (Refused, "multiple-exec-segments", "The file has more than one executable PT_LOAD segment."),
+    BelowThreshold => (Refused, "below-threshold", "The executable segment is smaller than the threshold, so huge pages would not pay for the padding."),
+    AlreadyAligned => (Refused, "already-aligned", "The executable segment is already huge-page aligned (for example, already transformed)."),
+    EhdrReference => (Refused, "ehdr-reference", "Code refers to the ELF header or other loader metadata (e.g. __ehdr_start), which a shift would break."),
+    NoGain => (Refused, "no-gain", "No plan would put any code into a whole huge-page window."),
+    UnsupportedLayout => (Refused, "unsupported-layout", "The segment and section layout is not one the planner can prove safe to rewrite."),
+    TrailingData => (Refused, "trailing-data", "The file carries data after its last section (an overlay) whose position might be relied upon."),
+    UnsupportedSection => (Refused, "unsupported-section", "The file has a section with addresses hugify does not know how to repair."),
+    UnsupportedRelocation => (Refused, "unsupported-relocation", "A dynamic relocation type or encoding hugify does not know how to repair."),
+    UnsupportedDwarf => (Refused, "unsupported-dwarf", "Debug information uses a DWARF version, form or opcode hugify cannot classify."),
+    DebugInfo => (Refused, "debug-info", "Debug info rewriting is not supported yet."),
+    SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
+    Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
+}
+
+/// A failure with its reason and a one-line detail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// The stable reason.
+    pub reason: Reason,
+    /// Where and what, in one line.
+    pub detail: String,
+}
+
+impl Error {
+    /// Builds an error.
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Error {
+        Error { reason, detail: detail.into() }
+    }
+
+    /// The kind of the reason.
+    pub fn kind(&self) -> Kind {
+        self.reason.kind()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.detail, self.reason.id())
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result alias used throughout the core.
+pub type Result<T> = std::result::Result<T, Error>;

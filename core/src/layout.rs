@@ -1,0 +1,331 @@
+//! Layout analysis: which architecture, what kind of file, how its segments and
+//! sections are arranged, and where the split point lies.
+//!
+//! The split point S is the first allocated section after the loader metadata (ELF
+//! and program headers, .interp, notes, hash tables, dynamic symbols and strings,
+//! version tables, dynamic relocations). Code may hold pc-relative references to
+//! anything from S on, so everything from S moves together.
+
+use crate::arch::Arch;
+use crate::elf::consts::*;
+use crate::elf::{Elf, Phdr, Shdr};
+use crate::error::{Error, Reason, Result};
+
+/// What kind of object the file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// ET_DYN with an interpreter: a position-independent executable.
+    Pie,
+    /// ET_DYN without an interpreter, flagged DF_1_PIE: a static-pie.
+    StaticPie,
+    /// ET_DYN library.
+    SharedObject,
+    /// ET_EXEC: fixed addresses, only alignment can change.
+    Executable,
+}
+
+impl FileKind {
+    /// Short name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileKind::Pie => "pie",
+            FileKind::StaticPie => "static-pie",
+            FileKind::SharedObject => "shared-object",
+            FileKind::Executable => "executable",
+        }
+    }
+}
+
+/// How the linker arranged the segments (names from the layout survey).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutClass {
+    /// `R | RX | R | RW`: metadata alone in the first segment (GNU ld `-z separate-code`).
+    SeparateCode,
+    /// `RX | RW`: metadata, code and read-only data share the first segment
+    /// (GNU ld `-z noseparate-code`, gold, aarch64, lld `--no-rosegment`).
+    TextInFirst,
+    /// `R | RX | RW…` with read-only data before the code (lld's default).
+    RodataFirst,
+    /// Anything else with one executable segment.
+    Other,
+}
+
+impl LayoutClass {
+    /// Short name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayoutClass::SeparateCode => "separate-code",
+            LayoutClass::TextInFirst => "text-in-first",
+            LayoutClass::RodataFirst => "rodata-first",
+            LayoutClass::Other => "other",
+        }
+    }
+}
+
+/// Where a PT_LOAD lies relative to the split point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadPlace {
+    /// Entirely before the split point: stays.
+    Stays,
+    /// Holds metadata before the split point and moved content after it.
+    Split,
+    /// Entirely at or after the split point: moves.
+    Moves,
+}
+
+/// Everything the planner needs to know about the input.
+pub struct Analysis {
+    /// The target architecture.
+    pub arch: Arch,
+    /// PIE, static-pie, DSO or executable.
+    pub kind: FileKind,
+    /// The layout class.
+    pub layout: LayoutClass,
+    /// The linker, when the file says (from `.comment` or gold's note).
+    pub linker: Option<String>,
+    /// PT_LOAD headers sorted by address.
+    pub loads: Vec<Phdr>,
+    /// Where each load lies relative to the split point.
+    pub places: Vec<LoadPlace>,
+    /// Index (in `loads`) of the executable segment.
+    pub exec: usize,
+    /// The split point S (first non-metadata section address).
+    pub split: u64,
+    /// Name of the section at S.
+    pub split_section: String,
+    /// First address that moves: S, or the start of the segment holding S when
+    /// nothing of that segment lies before S.
+    pub move_start: u64,
+    /// One past the highest loaded address (the inclusive upper bound of what moves).
+    pub image_end: u64,
+    /// Bytes of executable sections.
+    pub code_bytes: u64,
+    /// Whether each section (by index) moves with the code.
+    pub section_moves: Vec<bool>,
+    /// Whether the file has a `.symtab`.
+    pub has_symtab: bool,
+}
+
+impl Analysis {
+    /// The executable PT_LOAD.
+    pub fn exec_load(&self) -> &Phdr {
+        &self.loads[self.exec]
+    }
+
+    /// Executable sections as (address, size).
+    pub fn exec_sections<'e>(&self, elf: &'e Elf) -> impl Iterator<Item = &'e Shdr> {
+        elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_size > 0)
+    }
+}
+
+/// Whether an allocated section is loader metadata that stays at its address.
+pub fn is_loader_metadata(s: &Shdr) -> bool {
+    matches!(
+        s.sh_type,
+        SHT_NOTE
+            | SHT_HASH
+            | SHT_GNU_HASH
+            | SHT_DYNSYM
+            | SHT_STRTAB
+            | SHT_GNU_VERDEF
+            | SHT_GNU_VERNEED
+            | SHT_GNU_VERSYM
+            | SHT_REL
+            | SHT_RELA
+            | SHT_RELR
+            | SHT_GNU_LIBLIST
+    ) || s.name == ".interp"
+}
+
+fn refused(reason: Reason, detail: impl Into<String>) -> Error {
+    Error::new(reason, detail)
+}
+
+/// Analyses a parsed file. Fails for files the rewriter does not handle at all.
+pub fn analyse(elf: &Elf) -> Result<Analysis> {
+    let arch = Arch::for_file(elf)?;
+    let kind = file_kind(elf)?;
+    if elf.shdrs.is_empty() {
+        return Err(refused(Reason::NoSectionHeaders, "the file has no section headers"));
+    }
+    let loads = sorted_loads(elf)?;
+    let execs: Vec<usize> = (0..loads.len()).filter(|&i| loads[i].p_flags & PF_X != 0).collect();
+    let exec = match execs.as_slice() {
+        [] => return Err(refused(Reason::NoExecSegment, "no PT_LOAD segment is executable")),
+        [one] => *one,
+        _ => {
+            return Err(refused(
+                Reason::MultipleExecSegments,
+                format!("{} PT_LOAD segments are executable", execs.len()),
+            ))
+        }
+    };
+    check_sections_in_loads(elf, &loads)?;
+
+    let mut alloc: Vec<&Shdr> = elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0).collect();
+    alloc.sort_by_key(|s| (s.sh_addr, s.index));
+    let first = alloc
+        .iter()
+        .find(|s| !is_loader_metadata(s))
+        .ok_or_else(|| refused(Reason::UnsupportedLayout, "every allocated section is loader metadata"))?;
+    let split = first.sh_addr;
+
+    let mut places = Vec::with_capacity(loads.len());
+    for l in &loads {
+        places.push(if l.vend() <= split {
+            LoadPlace::Stays
+        } else if l.p_vaddr >= split {
+            LoadPlace::Moves
+        } else {
+            // The segment holds S. It must split only if something it carries lies
+            // before S: a section, or the ELF/program headers at its file start.
+            let holds_headers = l.p_offset == 0 || (elf.ehdr.e_phoff >= l.p_offset && elf.ehdr.e_phoff < l.fend());
+            let holds_sections = alloc.iter().any(|s| s.sh_addr < split && s.sh_addr >= l.p_vaddr);
+            if holds_headers || holds_sections {
+                LoadPlace::Split
+            } else {
+                LoadPlace::Moves
+            }
+        });
+    }
+    let move_start = match places.iter().position(|p| *p != LoadPlace::Stays) {
+        Some(i) if places[i] == LoadPlace::Moves => loads[i].p_vaddr.min(split),
+        _ => split,
+    };
+    let image_end = loads.iter().map(Phdr::vend).max().unwrap_or(0);
+
+    let section_moves = elf
+        .shdrs
+        .iter()
+        .map(|s| {
+            s.is_alloc()
+                && (s.sh_addr > move_start || (s.sh_addr == move_start && (s.sh_size > 0 || !is_loader_metadata(s))))
+        })
+        .collect();
+    let code_bytes = elf
+        .shdrs
+        .iter()
+        .filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_type != SHT_NOBITS)
+        .map(|s| s.sh_size)
+        .sum();
+    let layout = classify(&loads, exec, &alloc, split);
+    Ok(Analysis {
+        arch,
+        kind,
+        layout,
+        linker: linker_name(elf),
+        loads,
+        places,
+        exec,
+        split,
+        split_section: first.name.clone(),
+        move_start,
+        image_end,
+        code_bytes,
+        section_moves,
+        has_symtab: elf.shdrs.iter().any(|s| s.sh_type == SHT_SYMTAB),
+    })
+}
+
+fn file_kind(elf: &Elf) -> Result<FileKind> {
+    let has_interp = elf.phdrs.iter().any(|p| p.p_type == PT_INTERP);
+    match elf.ehdr.e_type {
+        ET_EXEC => Ok(FileKind::Executable),
+        ET_DYN if has_interp => Ok(FileKind::Pie),
+        ET_DYN => {
+            let pie_flag = elf.dynamic()?.iter().any(|(_, d)| d.tag == DT_FLAGS_1 && d.val & DF_1_PIE != 0);
+            Ok(if pie_flag { FileKind::StaticPie } else { FileKind::SharedObject })
+        }
+        ET_REL => Err(refused(Reason::UnsupportedType, "relocatable object files (ET_REL) are not linked yet")),
+        ET_CORE => Err(refused(Reason::UnsupportedType, "core dumps (ET_CORE) are not programs")),
+        t => Err(refused(Reason::UnsupportedType, format!("ELF type {t} is not an executable or shared object"))),
+    }
+}
+
+fn sorted_loads(elf: &Elf) -> Result<Vec<Phdr>> {
+    let loads: Vec<Phdr> = elf.loads().copied().collect();
+    if loads.is_empty() {
+        return Err(refused(Reason::NoExecSegment, "the file has no PT_LOAD segments"));
+    }
+    for w in loads.windows(2) {
+        if w[1].p_vaddr < w[0].vend() {
+            return Err(refused(
+                Reason::UnsupportedLayout,
+                format!(
+                    "PT_LOAD segments at {:#x} and {:#x} are out of address order or overlap",
+                    w[0].p_vaddr, w[1].p_vaddr
+                ),
+            ));
+        }
+        if w[1].p_filesz > 0 && w[0].p_filesz > 0 && w[1].p_offset < w[0].fend() {
+            return Err(refused(
+                Reason::UnsupportedLayout,
+                format!(
+                    "PT_LOAD segments at file offsets {:#x} and {:#x} are out of file order or overlap",
+                    w[0].p_offset, w[1].p_offset
+                ),
+            ));
+        }
+    }
+    Ok(loads)
+}
+
+/// Every allocated section must lie inside one PT_LOAD, at the file offset that
+/// segment maps it from; otherwise moving segments would tear sections apart.
+fn check_sections_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
+    for s in elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0) {
+        // .tbss occupies no address space of its own: only its start must be inside.
+        let tls_bss = s.sh_flags & SHF_TLS != 0 && s.sh_type == SHT_NOBITS;
+        let inside =
+            |l: &&Phdr| s.sh_addr >= l.p_vaddr && if tls_bss { s.sh_addr <= l.vend() } else { s.vend() <= l.vend() };
+        let Some(l) = loads.iter().find(inside) else {
+            return Err(refused(
+                Reason::UnsupportedLayout,
+                format!("allocated section {} ({}) at {:#x} is not inside any PT_LOAD", s.index, s.name, s.sh_addr),
+            ));
+        };
+        if s.has_file_data() && s.sh_offset.wrapping_sub(l.p_offset) != s.sh_addr - l.p_vaddr {
+            return Err(Error::new(
+                Reason::BadSections,
+                format!(
+                    "section {} ({}) is at file offset {:#x}, but its segment maps it from {:#x}",
+                    s.index,
+                    s.name,
+                    s.sh_offset,
+                    s.sh_addr - l.p_vaddr + l.p_offset
+                ),
+            ));
+        }
+        if s.has_file_data() && s.sh_addr + s.sh_size > l.p_vaddr + l.p_filesz {
+            return Err(Error::new(
+                Reason::BadSections,
+                format!("section {} ({}) has file data beyond its segment's p_filesz", s.index, s.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn classify(loads: &[Phdr], exec: usize, alloc: &[&Shdr], split: u64) -> LayoutClass {
+    if exec == 0 {
+        return LayoutClass::TextInFirst;
+    }
+    let x = &loads[exec];
+    let before_code_non_meta = alloc.iter().any(|s| s.sh_addr < x.p_vaddr && s.sh_addr >= split);
+    if before_code_non_meta {
+        LayoutClass::RodataFirst
+    } else if exec == 1 && loads[0].vend() <= split {
+        LayoutClass::SeparateCode
+    } else {
+        LayoutClass::Other
+    }
+}
+
+fn linker_name(elf: &Elf) -> Option<String> {
+    if elf.section(".note.gnu.gold-version").is_some() {
+        return Some("gold".into());
+    }
+    let comment = elf.section(".comment").filter(|s| !s.is_alloc())?;
+    let text = String::from_utf8_lossy(elf.section_data(comment)).into_owned();
+    text.split('\0').find(|t| t.starts_with("Linker: ")).map(|t| t["Linker: ".len()..].trim().to_owned())
+}

@@ -1,0 +1,277 @@
+//! hugify-core: rewrites position-independent ELF files so that their code lives on
+//! whole huge-page windows of its own, repairing every address that moved.
+//!
+//! Pure functions over byte slices: [`inspect`] reports the layout and both plans,
+//! [`transform`] produces the output as [`Output`] pieces, [`verify`] re-parses an
+//! output and checks the invariants before anyone relies on it. Reading, writing
+//! and renaming files is the caller's business.
+
+pub mod arch;
+mod assemble;
+mod cfi;
+pub mod elf;
+pub mod error;
+mod hazards;
+pub mod layout;
+mod leb;
+pub mod output;
+mod patch;
+pub mod plan;
+mod repair;
+mod verify;
+
+use elf::consts::*;
+use elf::{Elf, Phdr};
+pub use error::{Error, Kind, Reason, Result};
+use layout::{Analysis, FileKind};
+pub use output::Output;
+use plan::{Mode, Plan};
+
+/// The default huge-page size: a PMD on x86-64 and on 4 KiB-page aarch64.
+pub const DEFAULT_HUGE_PAGE: u64 = 2 << 20;
+/// The default executable-segment threshold (paper, section 4.3).
+pub const DEFAULT_THRESHOLD: u64 = 1 << 20;
+
+/// Which mode to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeChoice {
+    /// Shift where it is safe, otherwise alignment only.
+    Auto,
+    /// Only the separation shift.
+    Shift,
+    /// Only alignment.
+    Align,
+}
+
+/// Options of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Huge-page size to align to (a power of two).
+    pub huge_page: u64,
+    /// Files whose executable segment is smaller are refused.
+    pub threshold: u64,
+    /// Which mode to use.
+    pub mode: ModeChoice,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { huge_page: DEFAULT_HUGE_PAGE, threshold: DEFAULT_THRESHOLD, mode: ModeChoice::Auto }
+    }
+}
+
+/// What one plan does, for reports.
+#[derive(Clone, Debug)]
+pub struct PlanSummary {
+    /// The mode.
+    pub mode: Mode,
+    /// Virtual displacement of everything from the split point.
+    pub dv: u64,
+    /// File displacement of the code.
+    pub df: u64,
+    /// Output size minus input size.
+    pub growth: i64,
+    /// Code bytes inside whole huge-page windows after the rewrite.
+    pub covered_code: u64,
+    /// The program headers after the rewrite.
+    pub phdrs: Vec<Phdr>,
+}
+
+/// Everything `inspect` reports about a file.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Architecture name.
+    pub arch: &'static str,
+    /// PIE, static-pie, shared object or executable.
+    pub kind: &'static str,
+    /// Layout class.
+    pub layout: &'static str,
+    /// Linker, when the file names it.
+    pub linker: Option<String>,
+    /// The split point.
+    pub split: u64,
+    /// The section at the split point.
+    pub split_section: String,
+    /// Code bytes (executable sections).
+    pub code_bytes: u64,
+    /// Size of the executable segment.
+    pub exec_segment_size: u64,
+    /// Code bytes inside whole huge-page windows before the rewrite.
+    pub covered_before: u64,
+    /// Program headers before the rewrite.
+    pub phdrs: Vec<Phdr>,
+    /// The huge-page size planned for.
+    pub huge_page: u64,
+    /// The shift plan, or why not.
+    pub shift: Result<PlanSummary>,
+    /// The alignment-only plan, or why not.
+    pub align: Result<PlanSummary>,
+    /// The plan chosen under the options, or why the file is refused.
+    pub chosen: Result<Mode>,
+}
+
+/// A finished transformation.
+pub struct Transformed {
+    /// The report, with the chosen plan.
+    pub report: Report,
+    /// The output file.
+    pub output: Output,
+    plan: Plan,
+}
+
+impl Transformed {
+    /// The summary of the plan that was carried out.
+    pub fn summary(&self) -> &PlanSummary {
+        let ok = match self.plan.mode {
+            Mode::Shift => &self.report.shift,
+            Mode::Align => &self.report.align,
+        };
+        ok.as_ref().expect("the chosen plan succeeded")
+    }
+}
+
+struct Planned<'e> {
+    elf: Elf<'e>,
+    an: Analysis,
+    report: Report,
+    shift: Option<Plan>,
+    align: Option<Plan>,
+}
+
+/// Analyses and plans. With `all_plans` false (transforming), a file that fails the
+/// prechecks is refused before any plan is made.
+fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Planned<'e>> {
+    if !opts.huge_page.is_power_of_two() || opts.huge_page < 4096 {
+        return Err(Error::new(
+            Reason::Internal,
+            format!("huge-page size {:#x} is not a power of two >= 4096", opts.huge_page),
+        ));
+    }
+    let elf = Elf::parse(data)?;
+    let an = layout::analyse(&elf)?;
+    let pre = plan::precheck(&an, opts.huge_page, opts.threshold).and_then(|()| check_sections(&elf));
+    if !all_plans {
+        pre.clone()?;
+    }
+    let cands = plan::candidates(&elf, &an, opts.huge_page);
+    let summarise = |p: &Result<Plan>| -> Result<PlanSummary> {
+        let plan = p.as_ref().map_err(Clone::clone)?;
+        let size = assemble::assemble(&elf, &an, plan, patch::Patches::default())?.size;
+        Ok(PlanSummary {
+            mode: plan.mode,
+            dv: plan.map.dv,
+            df: plan.df,
+            growth: size as i64 - data.len() as i64,
+            covered_code: plan.covered_code,
+            phdrs: plan.phdrs.clone(),
+        })
+    };
+    let (shift, align) = (summarise(&cands.shift), summarise(&cands.align));
+    let chosen = pre.and_then(|()| choose(&an, opts.mode, &shift, &align));
+    let x = an.exec_load();
+    let report = Report {
+        arch: an.arch.name,
+        kind: an.kind.name(),
+        layout: an.layout.name(),
+        linker: an.linker.clone(),
+        split: an.split,
+        split_section: an.split_section.clone(),
+        code_bytes: an.code_bytes,
+        exec_segment_size: x.p_memsz,
+        covered_before: covered_before(&elf, &an, opts.huge_page),
+        phdrs: elf.phdrs.clone(),
+        huge_page: opts.huge_page,
+        shift,
+        align,
+        chosen,
+    };
+    Ok(Planned { shift: cands.shift.ok(), align: cands.align.ok(), elf, an, report })
+}
+
+fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align: &Result<PlanSummary>) -> Result<Mode> {
+    match (choice, shift, align) {
+        (ModeChoice::Shift, Err(e), _) | (ModeChoice::Align, _, Err(e)) => Err(e.clone()),
+        (ModeChoice::Shift | ModeChoice::Auto, Ok(_), _) => Ok(Mode::Shift),
+        (ModeChoice::Align | ModeChoice::Auto, _, Ok(_)) => Ok(Mode::Align),
+        (ModeChoice::Auto, Err(_), Err(a)) if an.kind == FileKind::Executable => Err(a.clone()),
+        (ModeChoice::Auto, Err(s), Err(a)) => {
+            Err(Error::new(s.reason, format!("{}; alignment only: {}", s.detail, a.detail)))
+        }
+    }
+}
+
+/// Sections whose contents hold addresses hugify cannot repair yet, and data past
+/// the last section that something might locate by file offset.
+fn check_sections(elf: &Elf) -> Result<()> {
+    for s in &elf.shdrs {
+        let n = s.name.as_str();
+        if n.starts_with(".debug_") || n.starts_with(".zdebug_") || n == ".gdb_index" {
+            return Err(Error::new(Reason::DebugInfo, format!("debug info rewriting not supported yet ({n})")));
+        }
+        if matches!(n, ".gnu_debugdata" | ".gnu.build.attributes" | ".stab") {
+            return Err(Error::new(Reason::UnsupportedSection, format!("{n} holds addresses hugify cannot repair")));
+        }
+    }
+    let class = elf.class;
+    let mut end = elf.ehdr.e_shoff + elf.ehdr.shnum * class.shdr_size();
+    end = end.max(elf.ehdr.e_phoff + elf.ehdr.phnum * class.phdr_size());
+    end = elf.shdrs.iter().map(|s| s.fend()).fold(end, u64::max);
+    end = elf.loads().map(Phdr::fend).fold(end, u64::max);
+    if let Some(extra) = elf.data.get(end as usize..).filter(|t| t.iter().any(|&b| b != 0)) {
+        return Err(Error::new(
+            Reason::TrailingData,
+            format!("{} bytes follow the last section at {end:#x}", extra.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn covered_before(elf: &Elf, an: &Analysis, hp: u64) -> u64 {
+    let x = an.exec_load();
+    if x.p_offset % hp != x.p_vaddr % hp || x.p_align < hp {
+        return 0;
+    }
+    let (ws, we) = (elf::align_up(x.p_vaddr, hp), elf::align_down(x.vend(), hp));
+    an.exec_sections(elf).map(|s| s.vend().min(we).saturating_sub(s.sh_addr.max(ws))).sum()
+}
+
+/// Reports the layout of `data` and what each mode would do.
+pub fn inspect(data: &[u8], opts: &Options) -> Result<Report> {
+    plan_file(data, opts, true).map(|p| p.report)
+}
+
+/// Transforms `data` under `opts`.
+pub fn transform(data: &[u8], opts: &Options) -> Result<Transformed> {
+    let planned = plan_file(data, opts, false)?;
+    let mode = planned.report.chosen.clone()?;
+    let plan = match mode {
+        Mode::Shift => planned.shift,
+        Mode::Align => planned.align,
+    }
+    .expect("a chosen plan exists");
+    let ctx = repair::Ctx { elf: &planned.elf, an: &planned.an, plan: &plan };
+    let patches = repair::collect(&ctx)?;
+    let output = assemble::assemble(&planned.elf, &planned.an, &plan, patches)?;
+    Ok(Transformed { report: planned.report, output, plan })
+}
+
+/// Re-parses `out` (the bytes of `t.output`) and checks every invariant of the
+/// transformation against the input.
+pub fn verify(input: &[u8], out: &[u8], t: &Transformed) -> Result<()> {
+    let elf = Elf::parse(input)?;
+    let an = layout::analyse(&elf)?;
+    verify::check(&elf, &an, &t.plan, out)
+}
+
+/// Transforms and self-checks in memory; the convenience entry for tests and fuzzing.
+pub fn transform_to_vec(data: &[u8], opts: &Options) -> Result<(Transformed, Vec<u8>)> {
+    let t = transform(data, opts)?;
+    let out = t.output.to_vec(data);
+    verify(data, &out, &t)?;
+    Ok((t, out))
+}
+
+/// Whether a program header is the executable PT_LOAD.
+pub fn is_exec_load(p: &Phdr) -> bool {
+    p.p_type == PT_LOAD && p.p_flags & PF_X != 0
+}

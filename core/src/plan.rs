@@ -1,0 +1,423 @@
+//! Planning: where every segment goes, for each mode, and what it buys.
+//!
+//! * **Shift** (the paper's separation shift): everything from the split point moves
+//!   by one constant `dv`, chosen so the code ends on a huge-page boundary and the
+//!   free space between the metadata and the moved code holds the leading padding.
+//!   The executable segment then covers whole huge-page windows and nothing else.
+//! * **Align** (alignment only): no address changes; file offsets are padded so the
+//!   code's offset is congruent to its address modulo the huge-page size, which lets
+//!   the whole windows *inside* the code be mapped with huge pages.
+
+use crate::elf::consts::*;
+use crate::elf::{align_down, align_up, Elf, Phdr};
+use crate::error::{Error, Reason, Result};
+use crate::hazards;
+use crate::layout::{Analysis, FileKind, LoadPlace};
+
+/// Which transformation a plan performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Separation shift: code moves onto whole huge-page windows of its own.
+    Shift,
+    /// Alignment only: no address changes, padded file offsets.
+    Align,
+}
+
+impl Mode {
+    /// Short name used in reports and options.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Shift => "shift",
+            Mode::Align => "align",
+        }
+    }
+}
+
+/// The address map `f(a) = a + dv` for `start <= a <= end`, identity elsewhere.
+/// The upper bound is inclusive so one-past-the-end values (`_end`, range ends) move.
+#[derive(Clone, Copy, Debug)]
+pub struct AddrMap {
+    /// First address that moves.
+    pub start: u64,
+    /// Last address (inclusive) that moves: one past the end of the image.
+    pub end: u64,
+    /// The virtual displacement.
+    pub dv: u64,
+}
+
+impl AddrMap {
+    /// Whether `a` lies in the moved range.
+    pub fn moves(&self, a: u64) -> bool {
+        self.dv != 0 && a >= self.start && a <= self.end
+    }
+    /// The new value of address `a`.
+    pub fn map(&self, a: u64) -> u64 {
+        if self.moves(a) {
+            a + self.dv
+        } else {
+            a
+        }
+    }
+}
+
+/// One range of input file bytes and where it goes in the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy {
+    /// Input offset.
+    pub src: u64,
+    /// Length.
+    pub len: u64,
+    /// Output offset.
+    pub dst: u64,
+}
+
+/// A complete plan for one file.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The mode.
+    pub mode: Mode,
+    /// Huge-page size the plan aligns to.
+    pub huge_page: u64,
+    /// How addresses change.
+    pub map: AddrMap,
+    /// The new program header table, in table order.
+    pub phdrs: Vec<Phdr>,
+    /// Loadable file content: the unchanged prefix, then each (part of a) segment.
+    pub copies: Vec<Copy>,
+    /// Output ranges filled with trap instructions.
+    pub traps: Vec<(u64, u64)>,
+    /// Output offset and address of a relocated program header table, if any.
+    pub phdr_table: Option<(u64, u64)>,
+    /// Output offset where the non-loaded tail (sections, section headers) begins.
+    pub tail_start: u64,
+    /// File displacement of the code.
+    pub df: u64,
+    /// Bytes of executable sections inside whole huge-page windows of the new layout.
+    pub covered_code: u64,
+}
+
+/// A plan's outcome per mode, for `inspect`.
+pub struct Candidates {
+    /// The shift plan, or why not.
+    pub shift: Result<Plan>,
+    /// The alignment-only plan, or why not.
+    pub align: Result<Plan>,
+}
+
+fn refused(reason: Reason, detail: impl Into<String>) -> Error {
+    Error::new(reason, detail)
+}
+
+/// Checks shared by every mode: threshold and whether the work is already done.
+pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
+    let x = an.exec_load();
+    if x.p_memsz < threshold {
+        return Err(refused(
+            Reason::BelowThreshold,
+            format!("executable segment is {} bytes, below the threshold of {threshold}", x.p_memsz),
+        ));
+    }
+    if x.p_align >= huge_page && x.p_offset % huge_page == x.p_vaddr % huge_page {
+        return Err(refused(
+            Reason::AlreadyAligned,
+            format!("executable segment already has p_align {:#x} with offset congruent to address", x.p_align),
+        ));
+    }
+    Ok(())
+}
+
+/// Builds both candidate plans.
+pub fn candidates(elf: &Elf, an: &Analysis, huge_page: u64) -> Candidates {
+    Candidates { shift: plan_shift(elf, an, huge_page), align: plan_align(elf, an, huge_page) }
+}
+
+/// Largest alignment among what moves: segment alignments, TLS alignment and
+/// section alignments. `dv` must be a multiple of it.
+fn moved_alignment(elf: &Elf, an: &Analysis) -> Result<u64> {
+    let mut a = an.arch.min_page;
+    for (l, place) in an.loads.iter().zip(&an.places) {
+        if *place != LoadPlace::Stays {
+            a = a.max(l.p_align);
+        }
+    }
+    for p in elf.phdrs.iter().filter(|p| p.p_type == PT_TLS && an_moves(an, p.p_vaddr)) {
+        a = a.max(p.p_align);
+    }
+    for s in elf.shdrs.iter().filter(|s| an.section_moves[s.index]) {
+        a = a.max(s.sh_addralign);
+    }
+    if !a.is_power_of_two() || a > 1 << 30 {
+        return Err(refused(Reason::UnsupportedLayout, format!("alignment {a:#x} of moved content is not supported")));
+    }
+    Ok(a)
+}
+
+fn an_moves(an: &Analysis, a: u64) -> bool {
+    a >= an.move_start && a <= an.image_end
+}
+
+fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
+    if an.kind == FileKind::Executable {
+        return Err(refused(Reason::UnsupportedType, "an ET_EXEC has fixed addresses; only alignment can change"));
+    }
+    let first_moved = an.places.iter().position(|p| *p != LoadPlace::Stays);
+    if first_moved != Some(an.exec) {
+        return Err(refused(
+            Reason::UnsupportedLayout,
+            format!(
+                "{} at the split point lies before the code, so the code cannot have padding of its own (alignment only is possible)",
+                an.split_section
+            ),
+        ));
+    }
+    hazards::check_shift(elf, an)?;
+    let x = an.exec_load();
+    if x.p_filesz != x.p_memsz {
+        return Err(refused(Reason::UnsupportedLayout, "the executable segment has bytes not backed by the file"));
+    }
+    let split = an.places[an.exec] == LoadPlace::Split;
+    let align = moved_alignment(elf, an)?;
+    let page = an.arch.min_page;
+    let code_start = an.move_start;
+    let code_src = x.p_offset + (code_start - x.p_vaddr);
+    let code_end = x.vend();
+
+    // Trailing padding runs from the code's end to T; the next segment must not start before it.
+    let t = align_up(code_end, align);
+    if let Some(next) = an.loads.get(an.exec + 1) {
+        if align_down(next.p_vaddr, next.p_align.max(page)) < t {
+            return Err(refused(
+                Reason::UnsupportedLayout,
+                format!(
+                    "the segment after the code starts at {:#x}, inside the code's last {align:#x}-aligned page",
+                    next.p_vaddr
+                ),
+            ));
+        }
+    }
+
+    // What stays: the prefix of the file, plus a relocated program header table when
+    // the first segment is split and needs one more header.
+    let phdr_size = elf.class.phdr_size();
+    let mut stay_fend = code_src;
+    let mut stay_vend = an.loads[..an.exec].iter().map(Phdr::vend).max().unwrap_or(0);
+    let mut phdr_table = None;
+    if split {
+        let off = align_up(code_src, elf.class.word());
+        let vaddr = off - x.p_offset + x.p_vaddr;
+        let size = (elf.phdrs.len() as u64 + 1) * phdr_size;
+        phdr_table = Some((off, vaddr));
+        stay_fend = off + size;
+        stay_vend = vaddr + size;
+    }
+
+    // dv: T + dv is a huge-page boundary and dv is a multiple of `align`; take the
+    // smallest such dv whose leading window clears what stays.
+    let step = align.max(hp);
+    let mut dv = (hp - t % hp) % hp;
+    while align_down(code_start + dv, hp) < align_up(stay_vend, page) {
+        dv += step;
+    }
+    let window_start = align_down(code_start + dv, hp);
+    let window_end = t + dv;
+    let file_start = align_up(stay_fend, hp);
+    let code_dst = file_start + (code_start + dv - window_start);
+    let df = code_dst - code_src;
+    let code_len = code_end - code_start;
+
+    let mut copies = vec![Copy { src: 0, len: code_src, dst: 0 }, Copy { src: code_src, len: code_len, dst: code_dst }];
+    let traps = vec![
+        (file_start, code_dst - file_start),
+        (code_dst + code_len, file_start + (window_end - window_start) - (code_dst + code_len)),
+    ];
+    let mut cursor = file_start + (window_end - window_start);
+    let map = AddrMap { start: an.move_start, end: an.image_end, dv };
+
+    let mut new_loads = Vec::new();
+    for (i, l) in an.loads.iter().enumerate() {
+        match an.places[i] {
+            LoadPlace::Stays => new_loads.push(*l),
+            LoadPlace::Split => {
+                let (table_off, _) = phdr_table.expect("split loads relocate the header table");
+                let filesz = table_off + (elf.phdrs.len() as u64 + 1) * phdr_size - l.p_offset;
+                let memsz = stay_vend - l.p_vaddr;
+                new_loads.push(Phdr { p_flags: PF_R, p_filesz: filesz, p_memsz: memsz, ..*l });
+            }
+            LoadPlace::Moves => {}
+        }
+        if i == an.exec {
+            new_loads.push(Phdr {
+                p_type: PT_LOAD,
+                p_flags: l.p_flags,
+                p_offset: file_start,
+                p_vaddr: window_start,
+                p_paddr: window_start.wrapping_add(l.p_paddr.wrapping_sub(l.p_vaddr)),
+                p_filesz: window_end - window_start,
+                p_memsz: window_end - window_start,
+                p_align: hp,
+            });
+        } else if an.places[i] == LoadPlace::Moves {
+            let dst = place_after(cursor, l, page);
+            copies.push(Copy { src: l.p_offset, len: l.p_filesz, dst });
+            cursor = cursor.max(dst + l.p_filesz);
+            new_loads.push(Phdr { p_offset: dst, p_vaddr: l.p_vaddr + dv, p_paddr: l.p_paddr.wrapping_add(dv), ..*l });
+        }
+    }
+    let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, phdr_table, hp)?;
+    let mut plan = Plan {
+        mode: Mode::Shift,
+        huge_page: hp,
+        map,
+        phdrs,
+        copies,
+        traps,
+        phdr_table,
+        tail_start: cursor,
+        df,
+        covered_code: 0,
+    };
+    plan.covered_code = covered_code(elf, an, &plan);
+    Ok(plan)
+}
+
+fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
+    let x = an.exec_load();
+    let page = an.arch.min_page;
+    // The smallest file displacement that makes the code's offset congruent to its address.
+    let d = (x.p_vaddr % hp + hp - x.p_offset % hp) % hp;
+    if d == 0 && an.kind == FileKind::Executable {
+        return Err(refused(
+            Reason::NoGain,
+            "the executable's code offset is already congruent to its fixed address; rewriting gains nothing",
+        ));
+    }
+    let mut copies = vec![Copy { src: 0, len: x.p_offset, dst: 0 }];
+    let mut cursor = x.p_offset;
+    let mut new_loads = Vec::new();
+    for (i, l) in an.loads.iter().enumerate() {
+        if i < an.exec {
+            new_loads.push(*l);
+            continue;
+        }
+        let dst = if i == an.exec { x.p_offset + d } else { place_after(cursor, l, page) };
+        copies.push(Copy { src: l.p_offset, len: l.p_filesz, dst });
+        cursor = cursor.max(dst + l.p_filesz);
+        new_loads.push(Phdr { p_offset: dst, ..*l });
+    }
+    let map = AddrMap { start: 0, end: 0, dv: 0 };
+    let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, None, hp)?;
+    let mut plan = Plan {
+        mode: Mode::Align,
+        huge_page: hp,
+        map,
+        phdrs,
+        copies,
+        traps: Vec::new(),
+        phdr_table: None,
+        tail_start: cursor,
+        df: d,
+        covered_code: 0,
+    };
+    plan.covered_code = covered_code(elf, an, &plan);
+    if plan.covered_code == 0 {
+        return Err(refused(Reason::NoGain, "no whole huge-page window lies inside the executable segment"));
+    }
+    Ok(plan)
+}
+
+/// The lowest offset at or after `cursor` congruent to the load's own offset modulo
+/// its alignment, so the segment's offset stays congruent to its address.
+fn place_after(cursor: u64, l: &Phdr, page: u64) -> u64 {
+    let a = l.p_align.max(page);
+    if cursor <= l.p_offset {
+        return l.p_offset;
+    }
+    l.p_offset + align_up(cursor - l.p_offset, a)
+}
+
+/// Maps an input file offset through the copies.
+pub fn map_offset(copies: &[Copy], off: u64) -> Option<u64> {
+    copies.iter().find(|c| off >= c.src && off < c.src + c.len).map(|c| off - c.src + c.dst)
+}
+
+/// The full new program header table: the new loads in place of the old ones (the
+/// split load becomes two), other headers moved with what they describe.
+fn rebuild_phdrs(
+    elf: &Elf,
+    new_loads: &[Phdr],
+    map: &AddrMap,
+    copies: &[Copy],
+    table: Option<(u64, u64)>,
+    hp: u64,
+) -> Result<Vec<Phdr>> {
+    let mut out = Vec::with_capacity(elf.phdrs.len() + 1);
+    let mut loads_emitted = false;
+    for p in &elf.phdrs {
+        match (p.p_type, table) {
+            (PT_LOAD, _) => {
+                // All loads, in address order, go where the first one was.
+                if !loads_emitted {
+                    for l in new_loads {
+                        let congruent = l.p_offset % hp == l.p_vaddr % hp;
+                        out.push(Phdr { p_align: if congruent { l.p_align.max(hp) } else { l.p_align }, ..*l });
+                    }
+                    loads_emitted = true;
+                }
+            }
+            (PT_PHDR, Some((off, vaddr))) => {
+                let size = (elf.phdrs.len() as u64 + 1) * elf.class.phdr_size();
+                out.push(Phdr { p_offset: off, p_vaddr: vaddr, p_paddr: vaddr, p_filesz: size, p_memsz: size, ..*p });
+            }
+            (PT_GNU_STACK, _) => out.push(*p),
+            _ => {
+                let vaddr = map.map(p.p_vaddr);
+                let offset = if p.p_filesz > 0 {
+                    map_offset(copies, p.p_offset).ok_or_else(|| {
+                        Error::new(
+                            Reason::UnsupportedLayout,
+                            format!(
+                                "segment of type {:#x} at offset {:#x} is not inside a PT_LOAD",
+                                p.p_type, p.p_offset
+                            ),
+                        )
+                    })?
+                } else {
+                    // No file bytes: stay consistent with the load that holds the address.
+                    new_loads
+                        .iter()
+                        .find(|l| vaddr >= l.p_vaddr && vaddr <= l.vend())
+                        .map_or(p.p_offset, |l| l.p_offset + (vaddr - l.p_vaddr))
+                };
+                out.push(Phdr {
+                    p_offset: offset,
+                    p_vaddr: vaddr,
+                    p_paddr: p.p_paddr.wrapping_add(vaddr - p.p_vaddr),
+                    ..*p
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Bytes of executable sections that end up inside whole huge-page windows that lie
+/// entirely inside the executable segment, with offset congruent to address.
+fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
+    let hp = plan.huge_page;
+    let Some(x) = plan.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0) else {
+        return 0;
+    };
+    if x.p_offset % hp != x.p_vaddr % hp {
+        return 0;
+    }
+    let (ws, we) = (align_up(x.p_vaddr, hp), align_down(x.p_vaddr + x.p_filesz, hp));
+    if we <= ws {
+        return 0;
+    }
+    an.exec_sections(elf)
+        .map(|s| {
+            let (a, b) = (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr) + s.sh_size);
+            b.min(we).saturating_sub(a.max(ws))
+        })
+        .sum()
+}

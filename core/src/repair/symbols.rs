@@ -1,0 +1,48 @@
+//! `.dynsym` and `.symtab`: a symbol moves when the section it is defined in moves.
+//! TLS symbols hold offsets into the TLS block, absolute and common symbols hold no
+//! address of this image; they stay. Undefined symbols with a value are canonical
+//! PLT addresses (function-pointer equality) and move with the PLT.
+
+use super::Ctx;
+use crate::elf::consts::*;
+use crate::elf::{read_u32, Shdr};
+use crate::error::{Error, Reason, Result};
+use crate::patch::Patches;
+
+pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
+    let (elf, an, map) = (ctx.elf, ctx.an, &ctx.plan.map);
+    let (value_field, _) = elf.class.sym_value_field();
+    for table in elf.shdrs.iter().filter(|s| s.sh_type == SHT_SYMTAB || s.sh_type == SHT_DYNSYM) {
+        let xindex = extended_indices(ctx, table)?;
+        for (i, (off, sym)) in elf.symbols(table)?.into_iter().enumerate() {
+            let moves = sym.kind() != STT_TLS
+                && match sym.shndx {
+                    SHN_UNDEF => sym.value != 0 && map.moves(sym.value),
+                    SHN_XINDEX => {
+                        let idx = xindex.as_ref().and_then(|x| x.get(i)).copied().ok_or_else(|| {
+                            Error::new(
+                                Reason::BadSymbols,
+                                format!("{}: symbol {i} needs .symtab_shndx, which is missing", table.name),
+                            )
+                        })?;
+                        an.section_moves.get(idx as usize).copied().unwrap_or(false)
+                    }
+                    n if n < SHN_LORESERVE => an.section_moves.get(usize::from(n)).copied().unwrap_or(false),
+                    _ => false,
+                };
+            if moves {
+                p.put_word(elf.class, off + value_field, sym.value.wrapping_add(map.dv));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn extended_indices(ctx: &Ctx, table: &Shdr) -> Result<Option<Vec<u32>>> {
+    let elf = ctx.elf;
+    let Some(s) = elf.shdrs.iter().find(|s| s.sh_type == SHT_SYMTAB_SHNDX && s.sh_link as usize == table.index) else {
+        return Ok(None);
+    };
+    let data = elf.section_data(s);
+    (0..data.len() as u64 / 4).map(|i| read_u32(data, i * 4)).collect::<Result<Vec<_>>>().map(Some)
+}

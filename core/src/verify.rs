@@ -1,0 +1,139 @@
+//! The self-check: the output is parsed again, from scratch, and every invariant of
+//! the transformation is checked against the input before the file is used.
+//! It checks structure, not arithmetic: it does not repeat the repairs' formulas.
+
+use crate::assemble::PAD_SECTION;
+use crate::elf::consts::*;
+use crate::elf::{align_down, align_up, Elf, Phdr};
+use crate::error::{Error, Reason, Result};
+use crate::layout::{self, Analysis};
+use crate::plan::{Mode, Plan};
+
+fn fail(detail: impl Into<String>) -> Error {
+    Error::new(Reason::SelfCheck, detail)
+}
+
+/// Checks `out` against the input `elf` and the `plan` that produced it.
+pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
+    let new = Elf::parse(out).map_err(|e| fail(format!("output does not parse: {e}")))?;
+    let new_an = layout::analyse(&new).map_err(|e| fail(format!("output layout: {e}")))?;
+    let hp = plan.huge_page;
+    let page = an.arch.min_page;
+    let x = new_an.exec_load();
+
+    // The executable segment.
+    match plan.mode {
+        Mode::Shift => {
+            if x.p_vaddr % hp != 0
+                || x.p_offset % hp != 0
+                || x.p_filesz != x.p_memsz
+                || x.p_memsz % hp != 0
+                || x.p_align != hp
+            {
+                return Err(fail(format!("executable segment {x:x?} does not cover whole {hp:#x} windows")));
+            }
+            for l in new_an.loads.iter().filter(|l| !std::ptr::eq(*l, x)) {
+                let (a, b) = (align_down(l.p_vaddr, page), align_up(l.vend(), page));
+                if b > x.p_vaddr && a < x.vend() {
+                    return Err(fail(format!("segment at {:#x} shares a huge-page window with the code", l.p_vaddr)));
+                }
+            }
+        }
+        Mode::Align => {
+            if x.p_offset % hp != x.p_vaddr % hp || x.p_align < hp {
+                return Err(fail("executable segment offset is not congruent to its address"));
+            }
+        }
+    }
+    for l in &new_an.loads {
+        if l.p_offset % page != l.p_vaddr % page {
+            return Err(fail(format!(
+                "segment at {:#x} has offset {:#x} not congruent modulo the page size",
+                l.p_vaddr, l.p_offset
+            )));
+        }
+    }
+
+    // Sections: same set, addresses moved exactly as planned, and no byte that was
+    // not executable became executable.
+    let old_x = an.exec_load();
+    for (o, n) in elf.shdrs.iter().zip(&new.shdrs) {
+        if o.name != n.name || o.sh_type != n.sh_type || o.sh_flags != n.sh_flags {
+            return Err(fail(format!("section {} changed identity ({} -> {})", o.index, o.name, n.name)));
+        }
+        let want = if an.section_moves[o.index] { plan.map.map(o.sh_addr) } else { o.sh_addr };
+        if n.sh_addr != want {
+            return Err(fail(format!("section {} ({}) is at {:#x}, planned {want:#x}", o.index, o.name, n.sh_addr)));
+        }
+        if o.is_alloc() && o.sh_size > 0 && o.sh_flags & SHF_EXECINSTR == 0 {
+            let was_exec = o.sh_addr >= old_x.p_vaddr && o.sh_addr < old_x.vend();
+            let is_exec = n.sh_addr >= x.p_vaddr && n.sh_addr < x.vend();
+            if is_exec && !was_exec {
+                return Err(fail(format!("section {} ({}) became executable", o.index, o.name)));
+            }
+        }
+        if o.sh_flags & SHF_EXECINSTR != 0 && o.has_file_data() {
+            spot_check(elf, &new, o.sh_offset, n.sh_offset, o.sh_size, &o.name)?;
+        }
+    }
+    for pad in new.shdrs[elf.shdrs.len()..].iter() {
+        if pad.name != PAD_SECTION {
+            return Err(fail(format!("unexpected new section {}", pad.name)));
+        }
+        let bytes = new.section_data(pad);
+        let t = an.arch.trap;
+        if bytes.iter().enumerate().any(|(i, &b)| b != t[((pad.sh_offset + i as u64) % t.len() as u64) as usize]) {
+            return Err(fail(format!("padding at {:#x} is not all trap instructions", pad.sh_addr)));
+        }
+    }
+
+    // Entry point and build-id.
+    if new.ehdr.e_entry != plan.map.map(elf.ehdr.e_entry) {
+        return Err(fail("entry point did not move with the code"));
+    }
+    let (old_id, new_id) = (build_id(elf), build_id(&new));
+    match (old_id, new_id) {
+        (Some(a), Some(b)) => {
+            let bits: u32 = a.iter().zip(b).map(|(x, y)| (x ^ y).count_ones()).sum();
+            if a.len() != b.len() || bits != 1 {
+                return Err(fail(format!("build-id differs in {bits} bits, not exactly one")));
+            }
+        }
+        (None, None) => {}
+        _ => return Err(fail("build-id note appeared or disappeared")),
+    }
+
+    // Headers that describe memory must stay inside the loads.
+    for p in
+        new.phdrs.iter().filter(|p| matches!(p.p_type, PT_DYNAMIC | PT_GNU_EH_FRAME | PT_TLS | PT_GNU_RELRO | PT_PHDR))
+    {
+        if p.p_memsz > 0 && !inside_load(&new_an.loads, p.p_vaddr, p.vend()) {
+            return Err(fail(format!("segment of type {:#x} at {:#x} is outside every PT_LOAD", p.p_type, p.p_vaddr)));
+        }
+    }
+    Ok(())
+}
+
+fn inside_load(loads: &[Phdr], a: u64, b: u64) -> bool {
+    loads.iter().any(|l| a >= l.p_vaddr && b <= l.vend())
+}
+
+/// Compares the first and last 4 KiB of a code section: code is never edited.
+fn spot_check(old: &Elf, new: &Elf, o: u64, n: u64, size: u64, name: &str) -> Result<()> {
+    let k = size.min(4096);
+    for (a, b) in [(o, n), (o + size - k, n + size - k)] {
+        if old.data[a as usize..(a + k) as usize] != new.data[b as usize..(b + k) as usize] {
+            return Err(fail(format!("contents of {name} changed")));
+        }
+    }
+    Ok(())
+}
+
+fn build_id<'a>(elf: &Elf<'a>) -> Option<&'a [u8]> {
+    let s = elf.shdrs.iter().find(|s| s.sh_type == SHT_NOTE && s.name == ".note.gnu.build-id")?;
+    let d = elf.section_data(s);
+    let namesz = u32::from_le_bytes(d.get(0..4)?.try_into().ok()?) as usize;
+    let descsz = u32::from_le_bytes(d.get(4..8)?.try_into().ok()?) as usize;
+    let at = 12 + align_up(namesz as u64, 4) as usize;
+    d.get(at..at + descsz)
+}

@@ -1,0 +1,69 @@
+"""Replacing a file safely: the core writes and self-checks a new temporary file
+beside the target; only then is it given the original's metadata and renamed over
+the target in one atomic step. On any failure the temporary is removed and the
+original is untouched."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hugify import _core
+
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Settings:
+    huge_page: int = _core.DEFAULT_HUGE_PAGE
+    threshold: int = _core.DEFAULT_THRESHOLD
+    mode: str = "auto"
+
+
+def temporary_name(target: Path) -> Path:
+    """A name in the target's directory that no other run uses."""
+    return target.with_name(f".{target.name}.hugify-{os.getpid()}-{next(_counter)}")
+
+
+def copy_metadata(src_stat: os.stat_result, src: Path, dst: Path, *, times: bool) -> None:
+    """Gives `dst` the owner, mode bits (setuid/setgid too), extended attributes and,
+    if `times`, the timestamps of `src`. Order matters: chown clears setuid bits and
+    file capabilities, so it comes first."""
+    if os.geteuid() == 0 or src_stat.st_uid == os.geteuid():
+        with contextlib.suppress(PermissionError):
+            os.chown(dst, src_stat.st_uid, src_stat.st_gid)
+    os.chmod(dst, stat.S_IMODE(src_stat.st_mode))
+    try:
+        names = os.listxattr(src)
+    except OSError:
+        names = []
+    for name in names:
+        os.setxattr(dst, name, os.getxattr(src, name))
+    if times:
+        os.utime(dst, ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
+
+
+def rewrite(src: Path, dst: Path | None, settings: Settings, *, keep_times: bool = False) -> dict[str, Any]:
+    """Transforms `src` into `dst` (or in place when `dst` is None) atomically.
+
+    Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid or
+    internal failures and ``OSError`` for I/O failures; in every failure case the
+    target is unchanged and no temporary file remains.
+    """
+    target = dst if dst is not None else src
+    tmp = temporary_name(target)
+    st = os.stat(src)
+    try:
+        report = _core.transform(src, tmp, settings.huge_page, settings.threshold, settings.mode)
+        copy_metadata(st, src, tmp, times=keep_times)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return report

@@ -1,0 +1,29 @@
+"""Byte sizes as people write them (``2M``, ``64KiB``, ``1048576``) and print them."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parses a size with an optional binary unit; raises ValueError otherwise."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (examples: 4096, 64K, 2M, 2MiB)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def human(n: int) -> str:
+    """A short human-readable size: 512 B, 4.0 KiB, 2.0 MiB."""
+    sign = "-" if n < 0 else ""
+    size = float(abs(n))
+    if size < 1024:
+        return f"{sign}{abs(n)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024:
+            break
+    return f"{sign}{size:.1f} {unit}"
