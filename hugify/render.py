@@ -48,7 +48,7 @@ def picture(segments: list[dict[str, Any]], hp: int, label: str) -> list[str]:
     windows = list(range(nwin))
     if nwin > MAX_WINDOWS:
         half = MAX_WINDOWS // 2
-        windows = windows[:half] + [-1] + windows[-half:]
+        windows = [*windows[:half], -1, *windows[-half:]]
     huge = _huge_windows(loads, hp)
     step = hp // WINDOW_CHARS
     top, bottom = [], []

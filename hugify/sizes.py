@@ -19,11 +19,11 @@ def parse_size(text: str) -> int:
 def human(n: int) -> str:
     """A short human-readable size: 512 B, 4.0 KiB, 2.0 MiB."""
     sign = "-" if n < 0 else ""
-    size = float(abs(n))
-    if size < 1024:
+    if abs(n) < 1024:
         return f"{sign}{abs(n)} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
+    size, unit = abs(n) / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
         if size < 1024:
             break
+        size, unit = size / 1024, bigger
     return f"{sign}{size:.1f} {unit}"

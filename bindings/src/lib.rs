@@ -70,6 +70,10 @@ fn segments<'py>(py: Python<'py>, phdrs: &[Phdr]) -> PyResult<Bound<'py, PyList>
     Ok(list)
 }
 
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 fn error_dict<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("reason", e.reason.id())?;
@@ -94,6 +98,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<B
             d.set_item("growth", s.growth)?;
             d.set_item("covered_code", s.covered_code)?;
             d.set_item("segments", segments(py, &s.phdrs)?)?;
+            d.set_item("build_id", s.build_id.as_deref().map(hex))?;
             Ok(d)
         }
     }
@@ -112,6 +117,7 @@ fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>>
     d.set_item("covered_before", r.covered_before)?;
     d.set_item("huge_page", r.huge_page)?;
     d.set_item("segments", segments(py, &r.phdrs)?)?;
+    d.set_item("build_id", r.build_id.as_deref().map(hex))?;
     let plans = PyDict::new(py);
     plans.set_item("shift", plan_dict(py, &r.shift)?)?;
     plans.set_item("align", plan_dict(py, &r.align)?)?;

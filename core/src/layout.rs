@@ -161,6 +161,7 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
         }
     };
     check_sections_in_loads(elf, &loads)?;
+    check_headers_in_loads(elf, &loads)?;
 
     let mut alloc: Vec<&Shdr> = elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0).collect();
     alloc.sort_by_key(|s| (s.sh_addr, s.index));
@@ -300,6 +301,35 @@ fn check_sections_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
             return Err(Error::new(
                 Reason::BadSections,
                 format!("section {} ({}) has file data beyond its segment's p_filesz", s.index, s.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Program headers that describe loaded memory must lie inside a PT_LOAD, at the
+/// offset that load maps them from. (A TLS template's .tbss part needs no space.)
+fn check_headers_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
+    for p in &elf.phdrs {
+        let size = match p.p_type {
+            PT_TLS => p.p_filesz,
+            PT_DYNAMIC | PT_GNU_EH_FRAME | PT_GNU_RELRO | PT_PHDR | PT_INTERP | PT_NOTE => p.p_memsz,
+            _ => continue,
+        };
+        if size == 0 {
+            continue;
+        }
+        let end = p.p_vaddr.checked_add(size);
+        let inside = loads.iter().find(|l| p.p_vaddr >= l.p_vaddr && end.is_some_and(|e| e <= l.vend()));
+        let consistent =
+            inside.is_some_and(|l| p.p_filesz == 0 || p.p_offset.wrapping_sub(l.p_offset) == p.p_vaddr - l.p_vaddr);
+        if !consistent {
+            return Err(Error::new(
+                Reason::BadSegments,
+                format!(
+                    "segment of type {:#x} at {:#x} is not inside a PT_LOAD at a consistent offset",
+                    p.p_type, p.p_vaddr
+                ),
             ));
         }
     }

@@ -75,6 +75,8 @@ pub struct PlanSummary {
     pub covered_code: u64,
     /// The program headers after the rewrite.
     pub phdrs: Vec<Phdr>,
+    /// The build-id after the rewrite (one bit flipped), if the file has one.
+    pub build_id: Option<Vec<u8>>,
 }
 
 /// Everything `inspect` reports about a file.
@@ -100,6 +102,8 @@ pub struct Report {
     pub covered_before: u64,
     /// Program headers before the rewrite.
     pub phdrs: Vec<Phdr>,
+    /// The build-id before the rewrite, if the file has one.
+    pub build_id: Option<Vec<u8>>,
     /// The huge-page size planned for.
     pub huge_page: u64,
     /// The shift plan, or why not.
@@ -154,6 +158,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
         pre.clone()?;
     }
     let cands = plan::candidates(&elf, &an, opts.huge_page);
+    let build_id = elf::notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
     let summarise = |p: &Result<Plan>| -> Result<PlanSummary> {
         let plan = p.as_ref().map_err(Clone::clone)?;
         let size = assemble::assemble(&elf, &an, plan, patch::Patches::default())?.size;
@@ -164,6 +169,10 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
             growth: size as i64 - data.len() as i64,
             covered_code: plan.covered_code,
             phdrs: plan.phdrs.clone(),
+            build_id: build_id.clone().map(|mut id| {
+                id[0] ^= repair::BUILD_ID_FLIP;
+                id
+            }),
         })
     };
     let (shift, align) = (summarise(&cands.shift), summarise(&cands.align));
@@ -180,6 +189,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
         exec_segment_size: x.p_memsz,
         covered_before: covered_before(&elf, &an, opts.huge_page),
         phdrs: elf.phdrs.clone(),
+        build_id,
         huge_page: opts.huge_page,
         shift,
         align,
@@ -188,11 +198,16 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     Ok(Planned { shift: cands.shift.ok(), align: cands.align.ok(), elf, an, report })
 }
 
+/// Auto picks the plan that puts more code on huge pages; on a tie, alignment only,
+/// which changes no address and grows the file less.
 fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align: &Result<PlanSummary>) -> Result<Mode> {
     match (choice, shift, align) {
         (ModeChoice::Shift, Err(e), _) | (ModeChoice::Align, _, Err(e)) => Err(e.clone()),
-        (ModeChoice::Shift | ModeChoice::Auto, Ok(_), _) => Ok(Mode::Shift),
-        (ModeChoice::Align | ModeChoice::Auto, _, Ok(_)) => Ok(Mode::Align),
+        (ModeChoice::Shift, Ok(_), _) => Ok(Mode::Shift),
+        (ModeChoice::Align, _, Ok(_)) => Ok(Mode::Align),
+        (ModeChoice::Auto, Ok(s), Ok(a)) if a.covered_code >= s.covered_code => Ok(Mode::Align),
+        (ModeChoice::Auto, Ok(_), _) => Ok(Mode::Shift),
+        (ModeChoice::Auto, Err(_), Ok(_)) => Ok(Mode::Align),
         (ModeChoice::Auto, Err(_), Err(a)) if an.kind == FileKind::Executable => Err(a.clone()),
         (ModeChoice::Auto, Err(s), Err(a)) => {
             Err(Error::new(s.reason, format!("{}; alignment only: {}", s.detail, a.detail)))

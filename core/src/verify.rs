@@ -4,7 +4,7 @@
 
 use crate::assemble::PAD_SECTION;
 use crate::elf::consts::*;
-use crate::elf::{align_down, align_up, Elf, Phdr};
+use crate::elf::{align_down, align_up, notes, Elf};
 use crate::error::{Error, Reason, Result};
 use crate::layout::{self, Analysis};
 use crate::plan::{Mode, Plan};
@@ -16,6 +16,8 @@ fn fail(detail: impl Into<String>) -> Error {
 /// Checks `out` against the input `elf` and the `plan` that produced it.
 pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
     let new = Elf::parse(out).map_err(|e| fail(format!("output does not parse: {e}")))?;
+    // Re-analysing checks that every section and memory-describing header lies
+    // inside a PT_LOAD at a consistent offset.
     let new_an = layout::analyse(&new).map_err(|e| fail(format!("output layout: {e}")))?;
     let hp = plan.huge_page;
     let page = an.arch.min_page;
@@ -91,7 +93,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
     if new.ehdr.e_entry != plan.map.map(elf.ehdr.e_entry) {
         return Err(fail("entry point did not move with the code"));
     }
-    let (old_id, new_id) = (build_id(elf), build_id(&new));
+    let (old_id, new_id) = (notes::build_id(elf)?.map(|n| n.1), notes::build_id(&new)?.map(|n| n.1));
     match (old_id, new_id) {
         (Some(a), Some(b)) => {
             let bits: u32 = a.iter().zip(b).map(|(x, y)| (x ^ y).count_ones()).sum();
@@ -103,19 +105,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
         _ => return Err(fail("build-id note appeared or disappeared")),
     }
 
-    // Headers that describe memory must stay inside the loads.
-    for p in
-        new.phdrs.iter().filter(|p| matches!(p.p_type, PT_DYNAMIC | PT_GNU_EH_FRAME | PT_TLS | PT_GNU_RELRO | PT_PHDR))
-    {
-        if p.p_memsz > 0 && !inside_load(&new_an.loads, p.p_vaddr, p.vend()) {
-            return Err(fail(format!("segment of type {:#x} at {:#x} is outside every PT_LOAD", p.p_type, p.p_vaddr)));
-        }
-    }
     Ok(())
-}
-
-fn inside_load(loads: &[Phdr], a: u64, b: u64) -> bool {
-    loads.iter().any(|l| a >= l.p_vaddr && b <= l.vend())
 }
 
 /// Compares the first and last 4 KiB of a code section: code is never edited.
@@ -127,13 +117,4 @@ fn spot_check(old: &Elf, new: &Elf, o: u64, n: u64, size: u64, name: &str) -> Re
         }
     }
     Ok(())
-}
-
-fn build_id<'a>(elf: &Elf<'a>) -> Option<&'a [u8]> {
-    let s = elf.shdrs.iter().find(|s| s.sh_type == SHT_NOTE && s.name == ".note.gnu.build-id")?;
-    let d = elf.section_data(s);
-    let namesz = u32::from_le_bytes(d.get(0..4)?.try_into().ok()?) as usize;
-    let descsz = u32::from_le_bytes(d.get(4..8)?.try_into().ok()?) as usize;
-    let at = 12 + align_up(namesz as u64, 4) as usize;
-    d.get(at..at + descsz)
 }

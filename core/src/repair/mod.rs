@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::layout::Analysis;
 use crate::patch::Patches;
 use crate::plan::Plan;
+pub use notes::BUILD_ID_FLIP;
 
 /// What every repair reads.
 pub struct Ctx<'a, 'e> {

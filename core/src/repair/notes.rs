@@ -5,7 +5,7 @@
 
 use super::Ctx;
 use crate::elf::consts::*;
-use crate::elf::{align_up, read_u32};
+use crate::elf::notes;
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
 
@@ -17,45 +17,27 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     let elf = ctx.elf;
     let map = &ctx.plan.map;
     let w = elf.class.word();
+    if let Some((off, id)) = notes::build_id(elf)? {
+        p.put(off, &[id[0] ^ BUILD_ID_FLIP]);
+    }
+    if map.dv == 0 {
+        return Ok(());
+    }
     for s in elf.shdrs.iter().filter(|s| s.sh_type == SHT_NOTE && s.has_file_data()) {
-        let align = if s.sh_addralign == 8 { 8 } else { 4 };
-        let data = elf.section_data(s);
-        let len = data.len() as u64;
-        let mut pos = 0u64;
-        while pos < len {
-            let bad = || Error::new(Reason::BadNotes, format!("{}: note at offset {pos:#x} is truncated", s.name));
-            if pos + 12 > len {
-                return Err(bad());
+        for n in notes::notes(elf, s)? {
+            if n.name != b"stapsdt\0" || n.kind != NT_STAPSDT {
+                continue;
             }
-            let namesz = u64::from(read_u32(data, pos)?);
-            let descsz = u64::from(read_u32(data, pos + 4)?);
-            let kind = read_u32(data, pos + 8)?;
-            let name_at = pos + 12;
-            let desc_at = align_up(name_at + namesz, align);
-            let next = align_up(desc_at + descsz, align);
-            if desc_at + descsz > len {
-                return Err(bad());
+            if (n.desc.len() as u64) < 3 * w {
+                return Err(Error::new(Reason::BadNotes, format!("{}: a probe note is too short", s.name)));
             }
-            let name = &data[name_at as usize..(name_at + namesz) as usize];
-            let desc_file = s.sh_offset + desc_at;
-            if name == b"GNU\0" && kind == NT_GNU_BUILD_ID && descsz > 0 {
-                p.put(desc_file, &[data[desc_at as usize] ^ BUILD_ID_FLIP]);
-            } else if name == b"stapsdt\0" && kind == NT_STAPSDT && map.dv != 0 {
-                if descsz < 3 * w {
-                    return Err(Error::new(
-                        Reason::BadNotes,
-                        format!("{}: probe note at {pos:#x} is too short", s.name),
-                    ));
-                }
-                for field in 0..3 {
-                    let at = desc_file + field * w;
-                    let v = elf.class.read_word(elf.data, at)?;
-                    if map.moves(v) {
-                        p.put_word(elf.class, at, map.map(v));
-                    }
+            for field in 0..3 {
+                let at = n.desc_off + field * w;
+                let v = elf.class.read_word(elf.data, at)?;
+                if map.moves(v) {
+                    p.put_word(elf.class, at, map.map(v));
                 }
             }
-            pos = next;
         }
     }
     Ok(())

@@ -1,0 +1,58 @@
+# hugify — conventional targets:
+#   make                      build the Rust core and its Python extension (in place)
+#   make install DESTDIR= PREFIX=/usr   install the CLI and its package
+#   make test                 install test dependencies and run every test
+#   make demo                 build and rewrite the bundled example program
+PREFIX ?= /usr/local
+DESTDIR ?=
+PYTHON ?= /usr/bin/python3
+BINDIR = $(PREFIX)/bin
+LIBDIR = $(PREFIX)/lib/hugify
+PYDIR = $(LIBDIR)/python
+CARGO ?= cargo
+VENV = .venv
+EXT = hugify/_core.abi3.so
+
+.PHONY: all build install test lint unit pytest demo setup clean
+
+all: build
+
+build: $(EXT)
+
+# The extension is a plain cdylib; no build frontend is needed to install it.
+$(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml bindings/Cargo.toml Cargo.toml
+	$(CARGO) build --release --locked -p hugify-python
+	install -m 0644 target/release/lib_core.so $(EXT)
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PYDIR)/hugify/commands
+	install -m 0644 hugify/*.py hugify/py.typed $(DESTDIR)$(PYDIR)/hugify/
+	install -m 0644 hugify/commands/*.py $(DESTDIR)$(PYDIR)/hugify/commands/
+	install -m 0644 $(EXT) $(DESTDIR)$(PYDIR)/hugify/
+	sed -e 's|@PYTHON@|$(PYTHON)|' -e 's|@PYDIR@|$(PYDIR)|' tools/hugify.in > $(DESTDIR)$(BINDIR)/hugify
+	chmod 0755 $(DESTDIR)$(BINDIR)/hugify
+
+setup:
+	tools/setup-dev-env
+
+lint: setup build
+	$(CARGO) fmt --check
+	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(CARGO) test --release --locked
+
+pytest: setup build
+	$(VENV)/bin/python -m pytest -n 2 tests
+
+test: lint unit pytest
+
+demo: setup build
+	tools/demo
+
+clean:
+	$(CARGO) clean
+	rm -f $(EXT)

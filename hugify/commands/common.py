@@ -1,0 +1,63 @@
+"""Options and failure reporting shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from hugify import _core
+from hugify.exitcodes import Exit
+from hugify.rewrite import Settings
+from hugify.sizes import parse_size
+
+
+def size_arg(text: str) -> int:
+    """argparse type for sizes such as 2M or 4096."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def add_plan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--huge-page-size",
+        type=size_arg,
+        default=_core.DEFAULT_HUGE_PAGE,
+        metavar="SIZE",
+        help="huge-page size to align code to (default: 2M)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=size_arg,
+        default=_core.DEFAULT_THRESHOLD,
+        metavar="SIZE",
+        help="refuse files whose executable segment is smaller (default: 1M; 0 for any size)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("auto", "shift", "align"),
+        default="auto",
+        help="shift: move code onto whole huge pages; align: pad file offsets only; "
+        "auto: shift where provably safe, else align (default)",
+    )
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    return Settings(huge_page=args.huge_page_size, threshold=args.threshold, mode=args.mode)
+
+
+def failure(e: BaseException) -> tuple[Exit, dict[str, Any]]:
+    """An exit status and a structured description for a per-file failure.
+    Anything that is neither a hugify verdict nor an I/O error propagates."""
+    if isinstance(e, _core.HugifyError):
+        return Exit.for_kind(e.kind), {"reason": e.reason, "kind": e.kind, "detail": e.detail}
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        return Exit.IO, {"reason": "io-error", "kind": "io", "detail": f"{where}{e.strerror or e}"}
+    raise e
+
+
+def say_failure(path: str, info: dict[str, Any]) -> None:
+    print(f"hugify: {path}: {info['detail']} ({info['reason']})", file=sys.stderr)

@@ -1,0 +1,46 @@
+"""``hugify transform FILE -o OUT | --in-place``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hugify import _core, render
+from hugify.commands.common import add_plan_options, failure, say_failure, settings
+from hugify.exitcodes import Exit
+from hugify.rewrite import rewrite
+
+
+def run(args: argparse.Namespace) -> Exit:
+    src = Path(args.file)
+    dst = None if args.in_place else Path(args.output)
+    try:
+        r = rewrite(src, dst, settings(args))
+    except (_core.HugifyError, OSError) as e:
+        code, info = failure(e)
+        if args.json:
+            json.dump({"path": args.file, "error": info}, sys.stdout, indent=2, sort_keys=True)
+            print()
+        else:
+            say_failure(args.file, info)
+        return code
+    out = str(dst or src)
+    if args.json:
+        json.dump({"path": args.file, "output": out, **r}, sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        print(render.transform_line(out, r))
+    return Exit.OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("transform", help="rewrite one file atomically; on failure the original is untouched")
+    p.add_argument("file", metavar="FILE")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", metavar="OUT", help="write the result to OUT")
+    out.add_argument("--in-place", action="store_true", help="replace FILE, keeping owner, mode and xattrs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_plan_options(p)
+    p.set_defaults(func=run)

@@ -1,0 +1,55 @@
+"""Reading and writing package manifests (format: docs/manifest.md)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "# hugify manifest v1"
+#: Where packages install their manifests.
+MANIFEST_DIR = Path("/usr/lib/hugify/manifest.d")
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    path: str
+    build_id: str  # hex, or "-" when the file has none
+    offset: int
+    size: int
+    huge_page: int
+
+    def line(self) -> str:
+        return f"{self.path}\t{self.build_id}\t{self.offset:#x}\t{self.size:#x}\t{self.huge_page:#x}"
+
+
+def render(entries: Iterable[Entry]) -> str:
+    """The manifest text: marker line, then entries sorted by path."""
+    return "\n".join([MARKER, *(e.line() for e in sorted(entries))]) + "\n"
+
+
+def parse(text: str, origin: str = "<manifest>") -> list[Entry]:
+    """Parses a manifest; malformed lines are reported on stderr and skipped."""
+    entries = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        try:
+            path, build_id, offset, size, huge = fields[:5]
+            entries.append(Entry(path, build_id, int(offset, 0), int(size, 0), int(huge, 0)))
+        except ValueError:
+            print(f"hugify: {origin}:{n}: skipping malformed manifest line", file=sys.stderr)
+    return entries
+
+
+def read_all(directory: Path = MANIFEST_DIR) -> list[Entry]:
+    """Every entry of every manifest in `directory` (missing directory: none)."""
+    out: list[Entry] = []
+    for f in sorted(directory.glob("*.list")) if directory.is_dir() else []:
+        try:
+            out += parse(f.read_text(encoding="utf-8"), str(f))
+        except OSError as e:
+            print(f"hugify: {f}: {e.strerror}", file=sys.stderr)
+    return out

@@ -1,0 +1,231 @@
+"""Test programs built by the tests themselves, with several compilers, linkers and
+languages, cached outside the checkout by the hash of their recipe.
+
+A recipe names a toolchain and its flags; ``build(recipe)`` returns a directory
+holding ``prog`` and, for dynamically linked recipes, ``libhug.so`` (found by
+``prog`` through ``$ORIGIN``). The cache key covers the recipe, the sources under
+tests/programs, and the tool versions, so a toolchain upgrade rebuilds.
+
+Run ``python3 tests/fixtures.py`` to build every recipe ahead of the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+#: Bump when the build steps below change in a way that changes their output.
+BUILD_VERSION = 1
+
+
+def cache_root() -> Path:
+    env = os.environ.get("HUGIFY_TEST_CACHE")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/cache/hugify-tests")
+    return Path.home() / ".cache" / "hugify-tests"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    name: str
+    lang: str = "c"  # c | cxx | rust
+    cc: str = "gcc"  # gcc | clang (C/C++ only)
+    ldflags: tuple[str, ...] = ()
+    cflags: tuple[str, ...] = ("-O2",)
+    exe_funcs: int = 2800  # about 2.5 MiB of code
+    lib_funcs: int = 2800
+    static_pie: bool = False
+    debug: tuple[str, ...] = ()  # e.g. ("-g", "-gdwarf-4")
+    #: The mode `hugify` is expected to choose, and the shift's refusal reason if not.
+    expect_mode: str = "shift"
+
+    @property
+    def has_lib(self) -> bool:
+        return self.lang in ("c", "cxx") and not self.static_pie
+
+
+RECIPES = [
+    Recipe("gcc-bfd"),
+    Recipe("gcc-bfd-noseparate-code", ldflags=("-Wl,-z,noseparate-code",)),
+    Recipe("gcc-bfd-now-relr", ldflags=("-Wl,-z,now", "-Wl,-z,pack-relative-relocs")),
+    Recipe("gcc-gold", ldflags=("-fuse-ld=gold",)),
+    Recipe("clang-bfd", cc="clang", ldflags=("-fuse-ld=bfd",)),
+    # lld puts .rodata before the code, so only alignment is possible; it needs code
+    # spanning at least one whole 2 MiB window to gain anything.
+    Recipe(
+        "clang-lld",
+        cc="clang",
+        ldflags=("-fuse-ld=lld",),
+        exe_funcs=6500,
+        lib_funcs=6500,
+        expect_mode="align",
+    ),
+    Recipe("clang-lld-no-rosegment", cc="clang", ldflags=("-fuse-ld=lld", "-Wl,--no-rosegment")),
+    Recipe(
+        "clang-lld-now-relr",
+        cc="clang",
+        ldflags=("-fuse-ld=lld", "-Wl,-z,now", "-Wl,--pack-dyn-relocs=relr"),
+        exe_funcs=6500,
+        lib_funcs=6500,
+        expect_mode="align",
+    ),
+    Recipe("gcc-bfd-large", exe_funcs=7800, lib_funcs=1200),
+    Recipe("gcc-bfd-small", exe_funcs=200, lib_funcs=200),
+    Recipe("gcc-static-pie", static_pie=True, exe_funcs=5500, expect_mode="align"),
+    Recipe("cxx-gcc-bfd", lang="cxx", cc="gcc"),
+    Recipe(
+        "cxx-clang-lld",
+        lang="cxx",
+        cc="clang",
+        ldflags=("-fuse-ld=lld",),
+        exe_funcs=6500,
+        lib_funcs=6500,
+        expect_mode="align",
+    ),
+    Recipe("cxx-gcc-gold", lang="cxx", cc="gcc", ldflags=("-fuse-ld=gold",)),
+    Recipe("rust-default", lang="rust", exe_funcs=5000, expect_mode="align"),
+    Recipe("rust-bfd", lang="rust", exe_funcs=5000, ldflags=("-C", "link-arg=-fuse-ld=bfd")),
+]
+BY_NAME = {r.name: r for r in RECIPES}
+
+
+def _tool_versions(r: Recipe) -> list[str]:
+    tools = [["ld.bfd", "--version"], ["ld.gold", "--version"], ["ld.lld", "--version"]]
+    tools.append(["rustc", "-V"] if r.lang == "rust" else [r.cc, "--version"])
+    out = []
+    for t in tools:
+        try:
+            out.append(subprocess.run(t, capture_output=True, text=True, check=False).stdout.splitlines()[0])
+        except (OSError, IndexError):
+            out.append(f"{t[0]}: missing")
+    return out
+
+
+def recipe_key(r: Recipe) -> str:
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(r), sort_keys=True).encode())
+    for p in sorted(PROGRAMS.iterdir()):
+        h.update(p.name.encode() + p.read_bytes())
+    h.update("\n".join(_tool_versions(r)).encode())
+    h.update(str(BUILD_VERSION).encode())
+    return h.hexdigest()[:16]
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"fixture build failed: {' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
+
+
+def _parallel(cmds: list[list[str]], cwd: Path) -> None:
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for f in [pool.submit(_run, c, cwd) for c in cmds]:
+            f.result()
+
+
+def _generate(prefix: str, count: int, files: int, work: Path) -> list[str]:
+    _run([sys.executable, str(PROGRAMS / "gen_code.py"), prefix, str(count), str(files), str(work)], work)
+    return [f"{prefix}_gen{i}.c" for i in range(files)] + [f"{prefix}_table.c"]
+
+
+def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> list[str]:
+    flags = [*r.cflags, *r.debug, pic, "-DWITH_SDT", *(["-DSTATIC"] if r.static_pie else [])]
+    cmds, objs = [], []
+    for s in sources:
+        obj = f"{Path(s).stem}.{pic.strip('-')}.o"
+        cc = r.cc if s.endswith(".c") else ("g++" if r.cc == "gcc" else "clang++")
+        cmds.append([cc, *flags, "-c", s, "-o", obj])
+        objs.append(obj)
+    _parallel(cmds, work)
+    return objs
+
+
+def _build_c_family(r: Recipe, work: Path) -> None:
+    for p in ("main.c", "lib.c", "cxx_main.cc", "cxx_lib.cc"):
+        shutil.copy(PROGRAMS / p, work / p)
+    files = max(2, r.exe_funcs // 1000)
+    exe_src = _generate("exe", r.exe_funcs, files, work)
+    cxx = r.lang == "cxx"
+    driver = ("g++" if r.cc == "gcc" else "clang++") if cxx else r.cc
+    main_src = "cxx_main.cc" if cxx else "main.c"
+    if r.static_pie:
+        objs = _compile_objects(r, [*exe_src, main_src], "-fPIE", work)
+        # A static program has no library: main.c's library calls come from lib.c.
+        objs += _compile_objects(r, [*_generate("lib", r.lib_funcs, 2, work), "lib.c"], "-fPIE", work)
+        _run([driver, "-static-pie", *r.ldflags, "-o", "prog", *objs, "-lpthread"], work)
+        return
+    lib_src = [
+        *_generate("lib", r.lib_funcs, max(2, r.lib_funcs // 1000), work),
+        "cxx_lib.cc" if cxx else "lib.c",
+    ]
+    lib_objs = _compile_objects(r, lib_src, "-fPIC", work)
+    _run([driver, "-shared", "-Wl,-soname,libhug.so", *r.ldflags, "-o", "libhug.so", *lib_objs], work)
+    exe_objs = _compile_objects(r, [*exe_src, main_src], "-fPIE", work)
+    link = [driver, "-pie", *r.ldflags, "-o", "prog", *exe_objs, "-L.", "-lhug", "-Wl,-rpath,$ORIGIN"]
+    _run([*link, "-ldl", "-lpthread"], work)
+
+
+def _build_rust(r: Recipe, work: Path) -> None:
+    _run([sys.executable, str(PROGRAMS / "gen_rust.py"), str(r.exe_funcs), str(work / "main.rs")], work)
+    debug = ["-C", "debuginfo=2"] if r.debug else ["-C", "debuginfo=0"]
+    _run(
+        ["rustc", "--edition", "2021", "-C", "opt-level=2", *debug, *r.ldflags, "main.rs", "-o", "prog"], work
+    )
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build(r: Recipe) -> Path:
+    """The directory holding the recipe's programs, built on first use."""
+    root = cache_root()
+    final = root / f"{r.name}-{recipe_key(r)}"
+    if final.is_dir():
+        return final
+    with _locked(root / f"{r.name}.lock"):
+        if final.is_dir():
+            return final
+        work = Path(tempfile.mkdtemp(prefix=f".{r.name}-", dir=root))
+        try:
+            if r.lang == "rust":
+                _build_rust(r, work)
+            else:
+                _build_c_family(r, work)
+            for junk in work.iterdir():
+                if junk.name not in ("prog", "libhug.so"):
+                    junk.unlink()
+            work.rename(final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for stale in root.glob(f"{r.name}-*"):
+            if stale != final and re.fullmatch(r"[0-9a-f]{16}", stale.name[len(r.name) + 1 :]):
+                shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or [r.name for r in RECIPES]
+    for n in names:
+        print(n, build(BY_NAME[n]), flush=True)

@@ -1,0 +1,180 @@
+"""Shared test helpers: running the CLI, and reading ELF files through tools hugify
+did not write (readelf, eu-elflint, pyelftools)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+HP = 2 << 20
+REPO = Path(__file__).resolve().parent.parent
+
+
+def hugify(
+    *args: str | Path, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs the hugify CLI (the package in this checkout) and returns the result."""
+    cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
+    if check and res.returncode != 0:
+        raise AssertionError(
+            f"hugify {' '.join(map(str, args))} -> {res.returncode}\n{res.stdout}\n{res.stderr}"
+        )
+    return res
+
+
+def transform(src: Path, dst: Path, *extra: str) -> dict[str, Any]:
+    """Transforms with threshold 0 and returns the JSON report."""
+    res = hugify("transform", "--json", "--threshold", "0", *extra, src, "-o", dst)
+    return json.loads(res.stdout)
+
+
+def run_program(
+    path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> tuple[int, str, str]:
+    full_env = {**os.environ, **(env or {})}
+    res = subprocess.run(
+        [str(path), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False
+    )
+    return res.returncode, res.stdout, res.stderr
+
+
+# --- readelf -----------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    offset: int
+    vaddr: int
+    filesz: int
+    memsz: int
+    flags: str
+    align: int
+
+
+def readelf_loads(path: Path) -> list[Load]:
+    out = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
+    loads = []
+    for line in out.splitlines():
+        f = line.split()
+        if f and f[0] == "LOAD":
+            # LOAD Offset VirtAddr PhysAddr FileSiz MemSiz Flg... Align
+            flags = "".join(f[6:-1])
+            loads.append(
+                Load(int(f[1], 16), int(f[2], 16), int(f[4], 16), int(f[5], 16), flags, int(f[-1], 16))
+            )
+    return loads
+
+
+def readelf_build_id(path: Path) -> bytes:
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Build ID: ([0-9a-f]+)", out)
+    assert m, f"no build-id in {path}"
+    return bytes.fromhex(m.group(1))
+
+
+def readelf_probes(path: Path) -> list[tuple[str, int, int, int]]:
+    """(name, pc, base, semaphore) for every SystemTap probe note."""
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
+    probes = []
+    for m in re.finditer(
+        r"Name: (\S+)\s+Location: (0x[0-9a-f]+), Base: (0x[0-9a-f]+), Semaphore: (0x[0-9a-f]+)", out
+    ):
+        probes.append((m.group(1), int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16)))
+    return probes
+
+
+def elflint(path: Path) -> set[str]:
+    """eu-elflint --gnu-ld complaints, with numbers masked so that the same complaint
+    about moved addresses compares equal."""
+    res = subprocess.run(["eu-elflint", "--gnu-ld", str(path)], capture_output=True, text=True, check=False)
+    lines = (res.stdout + res.stderr).splitlines()
+    masked = {re.sub(r"0x[0-9a-f]+|\b\d+\b", "N", line.replace(str(path), "FILE")) for line in lines}
+    return {m for m in masked if m.strip() and m.strip() != "No errors"}
+
+
+def bits_differing(a: bytes, b: bytes) -> int:
+    assert len(a) == len(b)
+    return sum(bin(x ^ y).count("1") for x, y in zip(a, b, strict=True))
+
+
+# --- pyelftools --------------------------------------------------------------------
+
+
+def sections(path: Path) -> dict[str, dict[str, int]]:
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        out = {}
+        for i, s in enumerate(elf.iter_sections()):
+            key = s.name if s.name not in out else f"{s.name}#{i}"
+            out[key] = {
+                "index": i,
+                "addr": s["sh_addr"],
+                "size": s["sh_size"],
+                "flags": s["sh_flags"],
+                "type": s["sh_type"],
+            }
+        return out
+
+
+def symbols(path: Path) -> dict[str, list[tuple[str, int, str, Any]]]:
+    """(name, value, type, shndx) per symbol table."""
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        out = {}
+        for s in elf.iter_sections():
+            if isinstance(s, SymbolTableSection):
+                out[s.name] = [
+                    (y.name, y["st_value"], y["st_info"]["type"], y["st_shndx"]) for y in s.iter_symbols()
+                ]
+        return out
+
+
+def dynamic_tags(path: Path) -> list[tuple[str, int]]:
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        dyn = elf.get_section_by_name(".dynamic")
+        return [(t.entry.d_tag, t.entry.d_val) for t in dyn.iter_tags()] if dyn else []
+
+
+def relocations(path: Path) -> list[tuple[str, int, int, int | None]]:
+    """(section, r_offset, type, addend) of every dynamic relocation, RELR expanded
+    into its places (type -1, addend None)."""
+    out = []
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        for s in elf.iter_sections():
+            if s["sh_type"] in ("SHT_RELA", "SHT_REL") and s["sh_flags"] & 2:
+                for r in s.iter_relocations():
+                    out.append(
+                        (s.name, r["r_offset"], r["r_info_type"], r["r_addend"] if r.is_RELA() else None)
+                    )
+            elif s["sh_type"] == "SHT_RELR":
+                out.extend((s.name, r["r_offset"], -1, None) for r in s.iter_relocations())
+    return out
+
+
+def word_at(path: Path, vaddr: int) -> int:
+    """The 8-byte word at a virtual address, found through the program headers."""
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        for seg in elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
+                f.seek(seg["p_offset"] + vaddr - seg["p_vaddr"])
+                return int.from_bytes(f.read(8), "little")
+    raise AssertionError(f"{vaddr:#x} is not in the file")
+
+
+def section_bytes(path: Path, name: str) -> bytes:
+    with path.open("rb") as f:
+        s = ELFFile(f).get_section_by_name(name)
+        return s.data() if s else b""

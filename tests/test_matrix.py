@@ -1,0 +1,235 @@
+"""The generated test matrix: programs and libraries built with gcc and clang, GNU ld,
+gold and lld, in C, C++ and Rust, transformed, then checked by running them and by
+reading the results with tools hugify did not write."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures import RECIPES, Recipe, build
+from helpers import (
+    HP,
+    bits_differing,
+    dynamic_tags,
+    elflint,
+    readelf_build_id,
+    readelf_loads,
+    readelf_probes,
+    relocations,
+    run_program,
+    section_bytes,
+    sections,
+    symbols,
+    transform,
+    word_at,
+)
+
+# d_ptr tags whose values are addresses (pyelftools names).
+POINTER_TAGS = {
+    "DT_PLTGOT", "DT_HASH", "DT_STRTAB", "DT_SYMTAB", "DT_RELA", "DT_INIT", "DT_FINI", "DT_REL", "DT_JMPREL",
+    "DT_INIT_ARRAY", "DT_FINI_ARRAY", "DT_PREINIT_ARRAY", "DT_GNU_HASH", "DT_VERSYM", "DT_VERDEF", "DT_VERNEED",
+    "DT_RELR", "DT_TLSDESC_PLT", "DT_TLSDESC_GOT",
+}  # fmt: skip
+R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
+
+
+class Case:
+    """One recipe: the original files and their transformed copies."""
+
+    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
+        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.reports)
+
+
+_cases: dict[str, Case] = {}
+
+
+def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """Builds (cached) and transforms a recipe once per test session."""
+    if recipe.name not in _cases:
+        orig = build(recipe)
+        new = tmp_path_factory.mktemp(recipe.name)
+        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
+        _cases[recipe.name] = Case(recipe, orig, new, {n: transform(orig / n, new / n) for n in names})
+    return _cases[recipe.name]
+
+
+@pytest.fixture(params=RECIPES, ids=lambda r: r.name)
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    return case_for(request.param, tmp_path_factory)
+
+
+def test_chosen_mode_and_reason(case: Case) -> None:
+    for name, r in case.reports.items():
+        assert r["result"]["mode"] == case.recipe.expect_mode, name
+        if case.recipe.expect_mode == "align":
+            reason = r["plans"]["shift"]["reason"]
+            expected = "ehdr-reference" if case.recipe.static_pie else "unsupported-layout"
+            assert reason == expected, (name, r["plans"]["shift"])
+
+
+@pytest.mark.parametrize(
+    "env", [{}, {"HUGIFY_TEST_ALT": "1"}, {"LD_BIND_NOW": "1"}], ids=["plain", "alt", "bindnow"]
+)
+def test_program_behaves_identically(case: Case, env: dict[str, str]) -> None:
+    expected = run_program(case.orig / "prog", env)
+    assert expected[0] == 0, expected
+    assert run_program(case.new / "prog", env) == expected
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r.has_lib], ids=lambda r: r.name)
+def test_transformed_library_under_original_program(
+    recipe: Recipe, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A rewritten library is a drop-in replacement for the original."""
+    case = case_for(recipe, tmp_path_factory)
+    shutil.copy(case.orig / "prog", tmp_path / "prog")
+    shutil.copy(case.new / "libhug.so", tmp_path / "libhug.so")
+    assert run_program(tmp_path / "prog") == run_program(case.orig / "prog")
+
+
+def test_elflint_reports_nothing_new(case: Case) -> None:
+    for name in case.files:
+        assert elflint(case.new / name) - elflint(case.orig / name) == set(), name
+
+
+def test_executable_segment_alignment(case: Case) -> None:
+    for name in case.files:
+        (x,) = [seg for seg in readelf_loads(case.new / name) if "E" in seg.flags]
+        assert x.align == HP
+        assert x.offset % HP == x.vaddr % HP
+        if case.recipe.expect_mode == "shift":
+            assert x.vaddr % HP == 0 and x.offset % HP == 0
+            assert x.filesz == x.memsz and x.memsz % HP == 0
+
+
+def test_build_id_differs_in_one_bit(case: Case) -> None:
+    for name in case.files:
+        assert bits_differing(readelf_build_id(case.orig / name), readelf_build_id(case.new / name)) == 1
+
+
+def test_transformation_is_deterministic(case: Case, tmp_path: Path) -> None:
+    for name in case.files:
+        transform(case.orig / name, tmp_path / name)
+        assert (tmp_path / name).read_bytes() == (case.new / name).read_bytes()
+
+
+class Moves:
+    """The address map as seen through pyelftools: dv is how far .text moved, and
+    everything from the lowest moved section address to the end of the image moved."""
+
+    def __init__(self, old: Path, new: Path) -> None:
+        self.old_secs, self.new_secs = sections(old), sections(new)
+        self.dv = self.new_secs[".text"]["addr"] - self.old_secs[".text"]["addr"]
+        alloc = [k for k, s in self.old_secs.items() if s["flags"] & 2 and s["size"] and k in self.new_secs]
+        moved = [
+            self.old_secs[k]["addr"] for k in alloc if self.new_secs[k]["addr"] != self.old_secs[k]["addr"]
+        ]
+        self.start = min(moved) if moved else None
+        loads = readelf_loads(old)
+        self.end = max(seg.vaddr + seg.memsz for seg in loads)
+        self.by_index = {s["index"]: self.new_secs[k]["addr"] - s["addr"] for k, s in self.old_secs.items()}
+
+    def f(self, a: int) -> int:
+        return a + self.dv if self.start is not None and self.start <= a <= self.end else a
+
+
+def test_sections_move_as_one_block(case: Case) -> None:
+    for name in case.files:
+        m = Moves(case.orig / name, case.new / name)
+        for k, s in m.old_secs.items():
+            if not s["flags"] & 2 or k.startswith(".hugify.pad"):
+                continue
+            assert m.new_secs[k]["addr"] == m.f(s["addr"]) or (s["size"] == 0), (name, k)
+        for code in [k for k, s in m.old_secs.items() if s["flags"] & 4 and s["type"] != "SHT_NOBITS"]:
+            assert section_bytes(case.new / name, code) == section_bytes(case.orig / name, code), (name, code)
+        for data in (".rodata", ".eh_frame", ".eh_frame_hdr", ".gcc_except_table"):
+            assert section_bytes(case.new / name, data) == section_bytes(case.orig / name, data), (name, data)
+
+
+def test_symbols_move_with_their_sections(case: Case) -> None:
+    for name in case.files:
+        m = Moves(case.orig / name, case.new / name)
+        old, new = symbols(case.orig / name), symbols(case.new / name)
+        assert old.keys() == new.keys()
+        for table in old:
+            assert len(old[table]) == len(new[table])
+            for (n, v, t, shndx), (n2, v2, _, _) in zip(old[table], new[table], strict=True):
+                assert n == n2
+                if t == "STT_TLS" or shndx in ("SHN_ABS", "SHN_COMMON"):
+                    want = v
+                elif shndx == "SHN_UNDEF":
+                    want = m.f(v) if v else 0
+                else:
+                    want = v + m.by_index[shndx]
+                assert v2 == want, (name, table, n, hex(v), hex(v2), hex(want))
+
+
+def test_relocations_and_dynamic_entries_move(case: Case) -> None:
+    for name in case.files:
+        m = Moves(case.orig / name, case.new / name)
+        old, new = relocations(case.orig / name), relocations(case.new / name)
+        assert len(old) == len(new)
+        for i, ((sec, off, typ, add), (sec2, off2, typ2, add2)) in enumerate(zip(old, new, strict=True)):
+            assert (sec, typ) == (sec2, typ2)
+            assert off2 == m.f(off), (name, sec, hex(off))
+            if typ in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
+                assert add2 == m.f(add), (name, hex(add))
+            else:
+                assert add2 == add
+            # The word in place (GNU ld writes the addend there; RELR keeps it there).
+            if i % 97 == 0 and (typ == -1 or typ == R_X86_64_RELATIVE):
+                before = word_at(case.orig / name, off)
+                if typ == -1 or before == add:
+                    assert word_at(case.new / name, off2) == m.f(before), (name, hex(off))
+        for (tag, v), (tag2, v2) in zip(
+            dynamic_tags(case.orig / name), dynamic_tags(case.new / name), strict=True
+        ):
+            assert tag == tag2
+            assert v2 == (m.f(v) if tag in POINTER_TAGS else v), (name, tag)
+
+
+def test_probe_notes_move(case: Case) -> None:
+    for name in case.files:
+        m = Moves(case.orig / name, case.new / name)
+        old, new = readelf_probes(case.orig / name), readelf_probes(case.new / name)
+        assert len(old) == len(new)
+        for (n, pc, base, sem), (n2, pc2, base2, sem2) in zip(old, new, strict=True):
+            assert (n2, pc2, base2, sem2) == (n, m.f(pc), m.f(base), m.f(sem) if sem else 0)
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r.expect_mode == "shift"], ids=lambda r: r.name)
+def test_padding_is_traps_and_described_by_sections(
+    recipe: Recipe, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    case = case_for(recipe, tmp_path_factory)
+    for name in case.files:
+        pads = [k for k in sections(case.new / name) if k.startswith(".hugify.pad")]
+        assert pads, name
+        data = (case.new / name).read_bytes()
+        secs = sections(case.new / name)
+        (x,) = [seg for seg in readelf_loads(case.new / name) if "E" in seg.flags]
+        for k in pads:
+            s = secs[k]
+            off = x.offset + s["addr"] - x.vaddr
+            assert set(data[off : off + s["size"]]) == {0xCC}
+
+
+def test_default_threshold_refuses_small_files(tmp_path: Path) -> None:
+    from helpers import hugify
+
+    small = build(next(r for r in RECIPES if r.name == "gcc-bfd-small")) / "prog"
+    before = small.read_bytes()
+    res = hugify("transform", small, "-o", tmp_path / "out", check=False)
+    assert res.returncode == 4, res
+    assert "below-threshold" in res.stderr
+    assert not (tmp_path / "out").exists()
+    assert small.read_bytes() == before
+    assert os.listdir(tmp_path) == []
