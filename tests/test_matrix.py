@@ -30,10 +30,26 @@ from helpers import (
 
 # d_ptr tags whose values are addresses (pyelftools names).
 POINTER_TAGS = {
-    "DT_PLTGOT", "DT_HASH", "DT_STRTAB", "DT_SYMTAB", "DT_RELA", "DT_INIT", "DT_FINI", "DT_REL", "DT_JMPREL",
-    "DT_INIT_ARRAY", "DT_FINI_ARRAY", "DT_PREINIT_ARRAY", "DT_GNU_HASH", "DT_VERSYM", "DT_VERDEF", "DT_VERNEED",
-    "DT_RELR", "DT_TLSDESC_PLT", "DT_TLSDESC_GOT",
-}  # fmt: skip
+    "DT_PLTGOT",
+    "DT_HASH",
+    "DT_STRTAB",
+    "DT_SYMTAB",
+    "DT_RELA",
+    "DT_INIT",
+    "DT_FINI",
+    "DT_REL",
+    "DT_JMPREL",
+    "DT_INIT_ARRAY",
+    "DT_FINI_ARRAY",
+    "DT_PREINIT_ARRAY",
+    "DT_GNU_HASH",
+    "DT_VERSYM",
+    "DT_VERDEF",
+    "DT_VERNEED",
+    "DT_RELR",
+    "DT_TLSDESC_PLT",
+    "DT_TLSDESC_GOT",
+}
 R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
 
 
@@ -185,7 +201,7 @@ def test_relocations_and_dynamic_entries_move(case: Case) -> None:
             else:
                 assert add2 == add
             # The word in place (GNU ld writes the addend there; RELR keeps it there).
-            if i % 97 == 0 and (typ == -1 or typ == R_X86_64_RELATIVE):
+            if i % 97 == 0 and (typ in (-1, R_X86_64_RELATIVE)):
                 before = word_at(case.orig / name, off)
                 if typ == -1 or before == add:
                     assert word_at(case.new / name, off2) == m.f(before), (name, hex(off))

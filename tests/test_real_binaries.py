@@ -26,7 +26,8 @@ int main() {
     std::regex re("([a-z]+)=([0-9])");
     int matches = 0;
     std::string s = out.str();
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it) matches++;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
+        matches++;
     try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
     int t = 0;
     std::thread([&] { t = 42; }).join();
