@@ -10,9 +10,7 @@ class HugifyError(Exception):
     kind: str
     detail: str
 
-def inspect(
-    path: str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto"
-) -> dict[str, Any]: ...
+def inspect(path: str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto") -> dict[str, Any]: ...
 def transform(
     src: str | PathLike[str], tmp: str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto"
 ) -> dict[str, Any]: ...

@@ -9,28 +9,29 @@ import contextlib
 import itertools
 import os
 import stat
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hugify import _core
 
 _counter = itertools.count()
+StrPath = str | os.PathLike[str]
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
+    """What the core needs to plan a file."""
+
     huge_page: int = _core.DEFAULT_HUGE_PAGE
     threshold: int = _core.DEFAULT_THRESHOLD
     mode: str = "auto"
 
 
-def temporary_name(target: Path) -> Path:
+def temporary_name(target: StrPath) -> str:
     """A name in the target's directory that no other run uses."""
-    return target.with_name(f".{target.name}.hugify-{os.getpid()}-{next(_counter)}")
+    head, tail = os.path.split(os.fspath(target))
+    return os.path.join(head, f".{tail}.hugify-{os.getpid()}-{next(_counter)}")
 
 
-def copy_metadata(src_stat: os.stat_result, src: Path, dst: Path, *, times: bool) -> None:
+def copy_metadata(src_stat: os.stat_result, src: StrPath, dst: StrPath, *, times: bool) -> None:
     """Gives `dst` the owner, mode bits (setuid/setgid too), extended attributes and,
     if `times`, the timestamps of `src`. Order matters: chown clears setuid bits and
     file capabilities, so it comes first."""
@@ -48,7 +49,7 @@ def copy_metadata(src_stat: os.stat_result, src: Path, dst: Path, *, times: bool
         os.utime(dst, ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
 
 
-def rewrite(src: Path, dst: Path | None, settings: Settings, *, keep_times: bool = False) -> dict[str, Any]:
+def rewrite(src: StrPath, dst: StrPath | None, settings: Settings, *, keep_times: bool = False) -> dict[str, Any]:
     """Transforms `src` into `dst` (or in place when `dst` is None) atomically.
 
     Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid or

@@ -26,9 +26,7 @@ def hugify(
     cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     if check and res.returncode != 0:
-        raise AssertionError(
-            f"hugify {' '.join(map(str, args))} -> {res.returncode}\n{res.stdout}\n{res.stderr}"
-        )
+        raise AssertionError(f"hugify {' '.join(map(str, args))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
     return res
 
 
@@ -38,13 +36,9 @@ def transform(src: Path, dst: Path, *extra: str) -> dict[str, Any]:
     return json.loads(res.stdout)
 
 
-def run_program(
-    path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
-) -> tuple[int, str, str]:
+def run_program(path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> tuple[int, str, str]:
     full_env = {**os.environ, **(env or {})}
-    res = subprocess.run(
-        [str(path), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False
-    )
+    res = subprocess.run([str(path), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False)
     return res.returncode, res.stdout, res.stderr
 
 
@@ -69,9 +63,7 @@ def readelf_loads(path: Path) -> list[Load]:
         if f and f[0] == "LOAD":
             # LOAD Offset VirtAddr PhysAddr FileSiz MemSiz Flg... Align
             flags = "".join(f[6:-1])
-            loads.append(
-                Load(int(f[1], 16), int(f[2], 16), int(f[4], 16), int(f[5], 16), flags, int(f[-1], 16))
-            )
+            loads.append(Load(int(f[1], 16), int(f[2], 16), int(f[4], 16), int(f[5], 16), flags, int(f[-1], 16)))
     return loads
 
 
@@ -86,9 +78,7 @@ def readelf_probes(path: Path) -> list[tuple[str, int, int, int]]:
     """(name, pc, base, semaphore) for every SystemTap probe note."""
     out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
     probes = []
-    for m in re.finditer(
-        r"Name: (\S+)\s+Location: (0x[0-9a-f]+), Base: (0x[0-9a-f]+), Semaphore: (0x[0-9a-f]+)", out
-    ):
+    for m in re.finditer(r"Name: (\S+)\s+Location: (0x[0-9a-f]+), Base: (0x[0-9a-f]+), Semaphore: (0x[0-9a-f]+)", out):
         probes.append((m.group(1), int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16)))
     return probes
 
@@ -133,9 +123,7 @@ def symbols(path: Path) -> dict[str, list[tuple[str, int, str, Any]]]:
         out = {}
         for s in elf.iter_sections():
             if isinstance(s, SymbolTableSection):
-                out[s.name] = [
-                    (y.name, y["st_value"], y["st_info"]["type"], y["st_shndx"]) for y in s.iter_symbols()
-                ]
+                out[s.name] = [(y.name, y["st_value"], y["st_info"]["type"], y["st_shndx"]) for y in s.iter_symbols()]
         return out
 
 
@@ -155,9 +143,7 @@ def relocations(path: Path) -> list[tuple[str, int, int, int | None]]:
         for s in elf.iter_sections():
             if s["sh_type"] in ("SHT_RELA", "SHT_REL") and s["sh_flags"] & 2:
                 for r in s.iter_relocations():
-                    out.append(
-                        (s.name, r["r_offset"], r["r_info_type"], r["r_addend"] if r.is_RELA() else None)
-                    )
+                    out.append((s.name, r["r_offset"], r["r_info_type"], r["r_addend"] if r.is_RELA() else None))
             elif s["sh_type"] == "SHT_RELR":
                 out.extend((s.name, r["r_offset"], -1, None) for r in s.iter_relocations())
     return out

@@ -91,9 +91,7 @@ def test_chosen_mode_and_reason(case: Case) -> None:
             assert reason == expected, (name, r["plans"]["shift"])
 
 
-@pytest.mark.parametrize(
-    "env", [{}, {"HUGIFY_TEST_ALT": "1"}, {"LD_BIND_NOW": "1"}], ids=["plain", "alt", "bindnow"]
-)
+@pytest.mark.parametrize("env", [{}, {"HUGIFY_TEST_ALT": "1"}, {"LD_BIND_NOW": "1"}], ids=["plain", "alt", "bindnow"])
 def test_program_behaves_identically(case: Case, env: dict[str, str]) -> None:
     expected = run_program(case.orig / "prog", env)
     assert expected[0] == 0, expected
@@ -145,9 +143,7 @@ class Moves:
         self.old_secs, self.new_secs = sections(old), sections(new)
         self.dv = self.new_secs[".text"]["addr"] - self.old_secs[".text"]["addr"]
         alloc = [k for k, s in self.old_secs.items() if s["flags"] & 2 and s["size"] and k in self.new_secs]
-        moved = [
-            self.old_secs[k]["addr"] for k in alloc if self.new_secs[k]["addr"] != self.old_secs[k]["addr"]
-        ]
+        moved = [self.old_secs[k]["addr"] for k in alloc if self.new_secs[k]["addr"] != self.old_secs[k]["addr"]]
         self.start = min(moved) if moved else None
         loads = readelf_loads(old)
         self.end = max(seg.vaddr + seg.memsz for seg in loads)
@@ -205,9 +201,7 @@ def test_relocations_and_dynamic_entries_move(case: Case) -> None:
                 before = word_at(case.orig / name, off)
                 if typ == -1 or before == add:
                     assert word_at(case.new / name, off2) == m.f(before), (name, hex(off))
-        for (tag, v), (tag2, v2) in zip(
-            dynamic_tags(case.orig / name), dynamic_tags(case.new / name), strict=True
-        ):
+        for (tag, v), (tag2, v2) in zip(dynamic_tags(case.orig / name), dynamic_tags(case.new / name), strict=True):
             assert tag == tag2
             assert v2 == (m.f(v) if tag in POINTER_TAGS else v), (name, tag)
 
@@ -222,9 +216,7 @@ def test_probe_notes_move(case: Case) -> None:
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r.expect_mode == "shift"], ids=lambda r: r.name)
-def test_padding_is_traps_and_described_by_sections(
-    recipe: Recipe, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def test_padding_is_traps_and_described_by_sections(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
     case = case_for(recipe, tmp_path_factory)
     for name in case.files:
         pads = [k for k in sections(case.new / name) if k.startswith(".hugify.pad")]

@@ -46,9 +46,7 @@ def _rewrite(src: Path, dst: Path) -> dict[str, str]:
 def _loaded_from(cmd: list[str], env: dict[str, str], name: str) -> list[str]:
     """The paths of `name` the dynamic loader initialised (LD_DEBUG=libs)."""
     res = subprocess.run(cmd, env={**env, "LD_DEBUG": "libs"}, capture_output=True, text=True, check=False)
-    inits = [
-        line.split("calling init:")[1].strip() for line in res.stderr.splitlines() if "calling init:" in line
-    ]
+    inits = [line.split("calling init:")[1].strip() for line in res.stderr.splitlines() if "calling init:" in line]
     return [p for p in inits if name in p]
 
 

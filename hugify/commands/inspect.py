@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from hugify import _core, render
+from hugify import _core
 from hugify.commands.common import add_plan_options, failure, say_failure, settings
 from hugify.exitcodes import Exit, worst
 
 
 def run(args: argparse.Namespace) -> Exit:
+    import json
+
+    from hugify import render
+
     s = settings(args)
     codes: list[Exit] = []
     results: list[dict[str, Any]] = []

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from hugify import _core, render
+from hugify import _core
 from hugify.commands.common import add_plan_options, failure, say_failure, settings
 from hugify.exitcodes import Exit
 from hugify.rewrite import rewrite
 
 
 def run(args: argparse.Namespace) -> Exit:
-    src = Path(args.file)
-    dst = None if args.in_place else Path(args.output)
+    import json
+
+    from hugify import render
+
+    src = args.file
+    dst = None if args.in_place else args.output
     try:
         r = rewrite(src, dst, settings(args))
     except (_core.HugifyError, OSError) as e:

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""hugify transform vs cp on the same large file, in one run.
+
+The file is a PIE of 50+ MiB without debug info: ~3 MiB of generated code plus a
+48 MiB read-only blob (linked with .incbin). Targets (issue #2): transform under 3x
+cp's time plus a fixed start-up under 100 ms; peak memory under 2x the file size.
+
+usage: bench/transform_bench.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchlib import REPO, hugify_cmd, interleaved, median_wall, report, run
+from fixtures import BY_NAME, build
+
+
+def big_pie(work: Path) -> Path:
+    blob = work / "blob.bin"
+    blob.write_bytes(random.Random(0).randbytes(48 << 20))
+    (work / "blob.S").write_text(f'.section .rodata\n.globl blob\nblob:\n.incbin "{blob}"\n')
+    gen = REPO / "tests" / "programs" / "gen_code.py"
+    subprocess.run(["python3", str(gen), "exe", "3000", "3", str(work)], check=True)
+    main = work / "main.c"
+    main.write_text(
+        "#include <stdio.h>\nextern long exe_dispatch(long);\nextern const char blob[];\n"
+        'int main(int c, char **v) { printf("%ld %d\\n", exe_dispatch(c), blob[7]); return 0; }\n'
+    )
+    srcs = [str(p) for p in sorted(work.glob("exe_*.c"))] + [str(main), str(work / "blob.S")]
+    out = work / "big"
+    subprocess.run(["gcc", "-O1", "-fPIE", "-pie", "-o", str(out), *srcs], check=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+        work = Path(d)
+        big = big_pie(work)
+        size = big.stat().st_size
+        print(f"input: {size / 2**20:.1f} MiB PIE without debug info")
+        out = work / "out"
+
+        def clean() -> None:
+            out.unlink(missing_ok=True)
+
+        results = interleaved(
+            {
+                "cp": lambda: run(["cp", big, out]),
+                "hugify transform": lambda: run(hugify_cmd("transform", big, "-o", out)),
+            },
+            args.repeat,
+            prepare=clean,
+        )
+        report("transform of a large file", results, "cp")
+        tiny = build(BY_NAME["gcc-bfd-small"]) / "prog"
+        startup = interleaved(
+            {
+                "python3 -c pass": lambda: run([sys.executable, "-c", "pass"]),
+                "hugify --version": lambda: run(hugify_cmd("--version")),
+                "hugify transform (tiny)": lambda: run(hugify_cmd("transform", "--threshold", "0", tiny, "-o", out)),
+            },
+            args.repeat,
+            prepare=clean,
+        )
+        report("start-up cost on a tiny file", startup, "python3 -c pass")
+        fixed = median_wall(startup["hugify transform (tiny)"])
+        ratio = (median_wall(results["hugify transform"]) - fixed) / median_wall(results["cp"])
+        peak = max(s.maxrss_kib for s in results["hugify transform"]) * 1024 / size
+        print(
+            f"RESULT transform minus start-up = {ratio:.2f}x cp (target < 3); start-up {fixed * 1000:.0f} ms "
+            f"(target < 100); peak memory {peak:.2f}x the file size (target < 2)"
+        )
+        os.sync()
+
+
+if __name__ == "__main__":
+    main()
