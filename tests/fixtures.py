@@ -21,14 +21,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 #: Bump when the build steps below change in a way that changes their output.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -51,6 +50,10 @@ class Recipe:
     lib_funcs: int = 2800
     static_pie: bool = False
     debug: tuple[str, ...] = ()  # e.g. ("-g", "-gdwarf-4")
+    #: objcopy --compress-debug-sections=TYPE after linking (for zstd, which gcc 12 lacks).
+    compress_after: str | None = None
+    #: Extra C++ translation units that include heavy headers: lots of .debug_info.
+    heavy_units: int = 0
     #: The mode `hugify` is expected to choose, and the shift's refusal reason if not.
     expect_mode: str = "shift"
 
@@ -101,7 +104,42 @@ RECIPES = [
     Recipe("rust-default", lang="rust", exe_funcs=5000, expect_mode="align"),
     Recipe("rust-bfd", lang="rust", exe_funcs=5000, ldflags=("-C", "link-arg=-fuse-ld=bfd")),
 ]
-BY_NAME = {r.name: r for r in RECIPES}
+
+
+def _dw(name: str, *debug: str, cc: str = "gcc", lang: str = "c", opt: str = "-O2", **kw: object) -> Recipe:
+    """A debug-info recipe: GNU ld, so the shift moves the DWARF; about 1.5 MiB of code."""
+    fields: dict[str, object] = {
+        "lang": lang,
+        "cc": cc,
+        "cflags": (opt,),
+        "debug": debug,
+        "exe_funcs": 1500,
+        "lib_funcs": 600,
+        "ldflags": ("-fuse-ld=bfd",) if lang != "rust" else ("-C", "link-arg=-fuse-ld=bfd"),
+    }
+    fields.update(kw)
+    return Recipe(name, **fields)  # type: ignore[arg-type]
+
+
+DWARF_RECIPES = [
+    _dw("dw-gcc-O0-dwarf4", "-g", "-gdwarf-4", opt="-O0"),
+    _dw("dw-gcc-O2-dwarf4", "-g", "-gdwarf-4"),
+    _dw("dw-gcc-O2-dwarf5", "-g", "-gdwarf-5"),
+    _dw("dw-gcc-O2-dwarf2", "-g", "-gdwarf-2"),
+    _dw("dw-clang-O0-dwarf5", "-g", "-gdwarf-5", cc="clang", opt="-O0"),
+    _dw("dw-clang-O2-dwarf4", "-g", "-gdwarf-4", cc="clang"),
+    _dw("dw-cxx-gcc-O2-dwarf5", "-g", lang="cxx"),
+    _dw("dw-cxx-clang-O2-dwarf5", "-g", lang="cxx", cc="clang"),
+    _dw("dw-gcc-split-dwarf", "-g", "-gsplit-dwarf"),
+    _dw("dw-clang-split-dwarf", "-g", "-gsplit-dwarf", cc="clang"),
+    _dw("dw-gcc-gz-zlib", "-g", "-gz=zlib"),
+    _dw("dw-gcc-zdebug", "-g", "-gz=zlib-gnu"),
+    _dw("dw-gcc-gz-zstd", "-g", compress_after="zstd"),
+    _dw("dw-rust", "-g", lang="rust"),
+    _dw("dw-cxx-large", "-g", lang="cxx", heavy_units=32),
+]
+RECIPES_ALL = RECIPES + DWARF_RECIPES
+BY_NAME = {r.name: r for r in RECIPES_ALL}
 
 
 def _tool_versions(r: Recipe) -> list[str]:
@@ -137,6 +175,11 @@ def _parallel(cmds: list[list[str]], cwd: Path) -> None:
             f.result()
 
 
+def _final(work: Path) -> Path:
+    """Where a build directory ends up once complete (see `build`)."""
+    return work.with_name(work.name.removeprefix(".").removesuffix(".tmp"))
+
+
 def _generate(prefix: str, count: int, files: int, work: Path) -> list[str]:
     _run([sys.executable, str(PROGRAMS / "gen_code.py"), prefix, str(count), str(files), str(work)], work)
     return [f"{prefix}_gen{i}.c" for i in range(files)] + [f"{prefix}_table.c"]
@@ -144,6 +187,8 @@ def _generate(prefix: str, count: int, files: int, work: Path) -> list[str]:
 
 def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> list[str]:
     flags = [*r.cflags, *r.debug, pic, "-DWITH_SDT", *(["-DSTATIC"] if r.static_pie else [])]
+    # Debug info names the final directory, so split-DWARF .dwo files are found there.
+    flags.append(f"-fdebug-prefix-map={work}={_final(work)}")
     cmds, objs = [], []
     for s in sources:
         obj = f"{Path(s).stem}.{pic.strip('-')}.o"
@@ -174,17 +219,30 @@ def _build_c_family(r: Recipe, work: Path) -> None:
     ]
     lib_objs = _compile_objects(r, lib_src, "-fPIC", work)
     _run([driver, "-shared", "-Wl,-soname,libhug.so", *r.ldflags, "-o", "libhug.so", *lib_objs], work)
-    exe_objs = _compile_objects(r, [*exe_src, main_src], "-fPIE", work)
+    exe_objs = _compile_objects(r, [*exe_src, main_src, *_heavy_units(r, work)], "-fPIE", work)
     link = [driver, "-pie", *r.ldflags, "-o", "prog", *exe_objs, "-L.", "-lhug", "-Wl,-rpath,$ORIGIN"]
     _run([*link, "-ldl", "-lpthread"], work)
+    if r.compress_after:
+        for f in ("prog", "libhug.so"):
+            _run(["objcopy", f"--compress-debug-sections={r.compress_after}", f], work)
+
+
+def _heavy_units(r: Recipe, work: Path) -> list[str]:
+    template = (PROGRAMS / "heavy.cc.in").read_text()
+    names = []
+    for n in range(r.heavy_units):
+        (work / f"heavy{n}.cc").write_text(template.replace("@N@", str(n)))
+        names.append(f"heavy{n}.cc")
+    return names
 
 
 def _build_rust(r: Recipe, work: Path) -> None:
     _run([sys.executable, str(PROGRAMS / "gen_rust.py"), str(r.exe_funcs), str(work / "main.rs")], work)
-    debug = ["-C", "debuginfo=2"] if r.debug else ["-C", "debuginfo=0"]
-    _run(
-        ["rustc", "--edition", "2021", "-C", "opt-level=2", *debug, *r.ldflags, "main.rs", "-o", "prog"], work
-    )
+    debug = ["-C", "debuginfo=0"]
+    if r.debug:
+        debug = ["-C", "debuginfo=2", f"--remap-path-prefix={work}={_final(work)}"]
+    rustc = ["rustc", "--edition", "2021", "-C", "opt-level=2", *debug, *r.ldflags]
+    _run([*rustc, "main.rs", "-o", "prog"], work)
 
 
 @contextlib.contextmanager
@@ -207,14 +265,16 @@ def build(r: Recipe) -> Path:
     with _locked(root / f"{r.name}.lock"):
         if final.is_dir():
             return final
-        work = Path(tempfile.mkdtemp(prefix=f".{r.name}-", dir=root))
+        work = root / f".{final.name}.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
         try:
             if r.lang == "rust":
                 _build_rust(r, work)
             else:
                 _build_c_family(r, work)
             for junk in work.iterdir():
-                if junk.name not in ("prog", "libhug.so"):
+                if junk.name not in ("prog", "libhug.so") and junk.suffix != ".dwo":
                     junk.unlink()
             work.rename(final)
         finally:
@@ -226,6 +286,6 @@ def build(r: Recipe) -> Path:
 
 
 if __name__ == "__main__":
-    names = sys.argv[1:] or [r.name for r in RECIPES]
+    names = sys.argv[1:] or [r.name for r in RECIPES_ALL]
     for n in names:
         print(n, build(BY_NAME[n]), flush=True)

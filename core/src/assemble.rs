@@ -6,6 +6,7 @@
 //! objcopy and eu-elflint see every byte of the executable segment as belonging to a
 //! section and keep it.
 
+use crate::dwarf::Replacement;
 use crate::elf::consts::*;
 use crate::elf::{align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
@@ -17,8 +18,15 @@ use crate::plan::{map_offset, Plan};
 /// Name of the sections covering trap padding.
 pub const PAD_SECTION: &str = ".hugify.pad";
 
-/// Builds the output of `plan`, applying `patches` (input-offset edits).
-pub fn assemble(elf: &Elf, an: &Analysis, plan: &Plan, mut patches: Patches) -> Result<Output> {
+/// Builds the output of `plan`, applying `patches` (input-offset edits) and giving
+/// non-allocated sections in `replacements` their new contents (and sizes).
+pub fn assemble(
+    elf: &Elf,
+    an: &Analysis,
+    plan: &Plan,
+    mut patches: Patches,
+    mut replacements: Vec<Replacement>,
+) -> Result<Output> {
     let class = elf.class;
     let mut pieces: Vec<Piece> =
         plan.copies.iter().map(|c| Piece { dst: c.dst, len: c.len, src: Source::Input(c.src) }).collect();
@@ -48,34 +56,44 @@ pub fn assemble(elf: &Elf, an: &Analysis, plan: &Plan, mut patches: Patches) -> 
         });
     }
 
-    // The tail: non-allocated sections that no copy carries, in file order.
+    if names.is_some() {
+        let mut grown = old_names.to_vec();
+        grown.extend_from_slice(PAD_SECTION.as_bytes());
+        grown.push(0);
+        replacements.push(Replacement { index: shstrndx, data: grown });
+    }
+    let mut replaced: Vec<Option<Vec<u8>>> = vec![None; elf.shdrs.len()];
+    for r in replacements {
+        if elf.shdrs[r.index].is_alloc() || replaced[r.index].is_some() {
+            return Err(Error::new(Reason::Internal, format!("section {} replaced twice or allocated", r.index)));
+        }
+        replaced[r.index] = Some(r.data);
+    }
+
+    // The tail: non-allocated sections that no copy carries (or that get new
+    // contents), in file order.
     let in_copies = |s: &Shdr| {
         s.has_file_data()
             && map_offset(&plan.copies, s.sh_offset).is_some()
             && map_offset(&plan.copies, s.fend() - 1).is_some()
     };
-    let mut tail: Vec<&Shdr> = elf.shdrs[1..]
-        .iter()
-        .filter(|s| !s.is_alloc() && (!in_copies(s) || (names.is_some() && s.index == shstrndx)))
-        .collect();
+    let mut tail: Vec<&Shdr> =
+        elf.shdrs[1..].iter().filter(|s| !s.is_alloc() && (!in_copies(s) || replaced[s.index].is_some())).collect();
     tail.sort_by_key(|s| (s.sh_offset, s.index));
     let mut new_offset = vec![None; elf.shdrs.len()];
+    let mut new_size = vec![None; elf.shdrs.len()];
     let mut cursor = plan.tail_start;
     for s in tail {
         let dst = align_up(cursor, s.sh_addralign);
         new_offset[s.index] = Some(dst);
-        let src = if names.is_some() && s.index == shstrndx {
-            let mut grown = old_names.to_vec();
-            grown.extend_from_slice(PAD_SECTION.as_bytes());
-            grown.push(0);
-            Source::Owned(grown)
-        } else {
-            Source::Input(s.sh_offset)
-        };
-        let len = match &src {
-            Source::Owned(b) => b.len() as u64,
-            _ if s.has_file_data() => s.sh_size,
-            _ => 0,
+        let (src, len) = match replaced[s.index].take() {
+            Some(data) => {
+                new_size[s.index] = Some(data.len() as u64);
+                let len = data.len() as u64;
+                (Source::Owned(data), len)
+            }
+            None if s.has_file_data() => (Source::Input(s.sh_offset), s.sh_size),
+            None => (Source::Input(s.sh_offset), 0),
         };
         pieces.push(Piece { dst, len, src });
         cursor = dst + len;
@@ -100,8 +118,8 @@ pub fn assemble(elf: &Elf, an: &Analysis, plan: &Plan, mut patches: Patches) -> 
             None if s.is_alloc() => offset_in_loads(&plan.phdrs, n.sh_addr).unwrap_or(s.sh_offset),
             None => map_offset(&plan.copies, s.sh_offset).unwrap_or(cursor),
         };
-        if s.index == shstrndx && names.is_some() {
-            n.sh_size = s.sh_size + PAD_SECTION.len() as u64 + 1;
+        if let Some(size) = new_size[s.index] {
+            n.sh_size = size;
         }
         shdrs.push(n);
     }

@@ -71,7 +71,6 @@ reasons! {
     UnsupportedSection => (Refused, "unsupported-section", "The file has a section with addresses hugify does not know how to repair."),
     UnsupportedRelocation => (Refused, "unsupported-relocation", "A dynamic relocation type or encoding hugify does not know how to repair."),
     UnsupportedDwarf => (Refused, "unsupported-dwarf", "Debug information uses a DWARF version, form or opcode hugify cannot classify."),
-    DebugInfo => (Refused, "debug-info", "Debug info rewriting is not supported yet."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }

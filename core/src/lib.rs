@@ -9,6 +9,7 @@
 pub mod arch;
 mod assemble;
 mod cfi;
+mod dwarf;
 pub mod elf;
 pub mod error;
 mod hazards;
@@ -161,7 +162,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     let build_id = elf::notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
     let summarise = |p: &Result<Plan>| -> Result<PlanSummary> {
         let plan = p.as_ref().map_err(Clone::clone)?;
-        let size = assemble::assemble(&elf, &an, plan, patch::Patches::default())?.size;
+        let size = assemble::assemble(&elf, &an, plan, patch::Patches::default(), Vec::new())?.size;
         Ok(PlanSummary {
             mode: plan.mode,
             dv: plan.map.dv,
@@ -215,14 +216,11 @@ fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align:
     }
 }
 
-/// Sections whose contents hold addresses hugify cannot repair yet, and data past
+/// Sections whose contents hold addresses hugify cannot repair, and data past
 /// the last section that something might locate by file offset.
 fn check_sections(elf: &Elf) -> Result<()> {
     for s in &elf.shdrs {
         let n = s.name.as_str();
-        if n.starts_with(".debug_") || n.starts_with(".zdebug_") || n == ".gdb_index" {
-            return Err(Error::new(Reason::DebugInfo, format!("debug info rewriting not supported yet ({n})")));
-        }
         if matches!(n, ".gnu_debugdata" | ".gnu.build.attributes" | ".stab") {
             return Err(Error::new(Reason::UnsupportedSection, format!("{n} holds addresses hugify cannot repair")));
         }
@@ -266,7 +264,8 @@ pub fn transform(data: &[u8], opts: &Options) -> Result<Transformed> {
     .expect("a chosen plan exists");
     let ctx = repair::Ctx { elf: &planned.elf, an: &planned.an, plan: &plan };
     let patches = repair::collect(&ctx)?;
-    let output = assemble::assemble(&planned.elf, &planned.an, &plan, patches)?;
+    let replacements = dwarf::repair(&planned.elf, &plan.map)?;
+    let output = assemble::assemble(&planned.elf, &planned.an, &plan, patches, replacements)?;
     Ok(Transformed { report: planned.report, output, plan })
 }
 

@@ -43,9 +43,7 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     decl = "\n".join(f"long {prefix}_f{i}(long);" for i in range(count))
     strings = "\n".join(f"extern const char {prefix}_s{j}[];" for j in range(64))
-    header = (
-        f"typedef long (*{prefix}_fn)(long);\nextern {prefix}_fn const {prefix}_table[];\n{decl}\n{strings}\n"
-    )
+    header = f"typedef long (*{prefix}_fn)(long);\nextern {prefix}_fn const {prefix}_table[];\n{decl}\n{strings}\n"
     (outdir / f"{prefix}_gen.h").write_text(header)
     per = (count + files - 1) // files
     for f in range(files):
@@ -54,9 +52,7 @@ def main() -> None:
             body.append(function(prefix, i, count))
         (outdir / f"{prefix}_gen{f}.c").write_text("\n\n".join(body) + "\n")
     table = [f'#include "{prefix}_gen.h"']
-    table += [
-        f'const char {prefix}_s{j}[] = "{prefix}-string-{j}-' + "x" * (j % 13) + '";' for j in range(64)
-    ]
+    table += [f'const char {prefix}_s{j}[] = "{prefix}-string-{j}-' + "x" * (j % 13) + '";' for j in range(64)]
     table.append(f"{prefix}_fn const {prefix}_table[] = {{")
     table += [f"  {prefix}_f{i}," for i in range(count)]
     table.append("};")

@@ -32,9 +32,7 @@ def main() -> None:
             else:
                 arms.append(f"{c} => x.rotate_left({c}) ^ {k}")
         arms.append("_ => x")
-        parts.append(
-            f"#[inline(never)] fn f{i}(x: u64) -> u64 {{ match (x ^ {i}) % 16 {{ " + ", ".join(arms) + " } }"
-        )
+        parts.append(f"#[inline(never)] fn f{i}(x: u64) -> u64 {{ match (x ^ {i}) % 16 {{ " + ", ".join(arms) + " } }")
     table = ", ".join(f"f{i}" for i in range(count))
     parts.append(f"static TABLE: [fn(u64) -> u64; {count}] = [{table}];")
     parts.append(

@@ -39,6 +39,15 @@ long multiply(long) __attribute__((ifunc("pick_multiplier")));
 
 static const char *const greek[] = {"alpha", "beta", "gamma", "delta"};
 
+/* Debuggers must show the same backtrace, arguments and locals here after the rewrite. */
+static int __attribute__((noinline)) crash_here(int depth, const char *why) {
+    int local = depth * 3;
+    volatile int *nowhere = 0;
+    printf("crashing: %s %d\n", why, local);
+    fflush(stdout);
+    return *nowhere + local;
+}
+
 static void *thread_main(void *arg) {
     lib_tls += (long)arg;
     exe_tls += 1;
@@ -47,6 +56,8 @@ static void *thread_main(void *arg) {
 
 int main(int argc, char **argv) {
     (void)argv;
+    if (getenv("HUGIFY_TEST_CRASH"))
+        return crash_here(argc + 4, "requested");
     long acc = exe_dispatch(argc);
     printf("generated code: %ld\n", acc);
     printf("library: %ld\n", lib_compute(7));

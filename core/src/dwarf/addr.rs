@@ -1,0 +1,74 @@
+//! `.debug_addr`: every entry is an address, except the ones DW_OP_constx names
+//! (TLS offsets and other constants). DWARF 5 splits the section into contributions
+//! with headers; the GNU split-DWARF extension of DWARF 4 has no headers at all.
+
+use super::info::UnitInfo;
+use super::{Edits, Refs, Sections};
+use crate::elf::read_u32;
+use crate::error::{Error, Reason, Result};
+use crate::plan::AddrMap;
+
+pub(crate) fn repair(
+    units: &[UnitInfo],
+    secs: &Sections,
+    map: &AddrMap,
+    refs: &Refs,
+    tls_size: u64,
+    ed: &mut Edits,
+) -> Result<()> {
+    let Some(sec) = secs.id(".debug_addr") else { return Ok(()) };
+    // Split DWARF keeps the DW_OP_constx users in .dwo files we do not read; their
+    // constants are TLS offsets, which only collide with addresses in a TLS block at
+    // least as large as the unmoved part of the image.
+    if refs.split_units && tls_size > map.start {
+        return Err(Error::new(
+            Reason::UnsupportedDwarf,
+            ".debug_addr of split DWARF cannot be classified: the TLS block overlaps the moved address range",
+        ));
+    }
+    let data = secs.data(sec);
+    let mut constants = refs.addr_constants.clone();
+    constants.sort_unstable();
+    let users: Vec<&UnitInfo> = units.iter().filter(|u| u.has_addr_base).collect();
+    let v5 = users.iter().any(|u| u.encoding.version >= 5);
+    let gnu = users.iter().any(|u| u.encoding.version < 5);
+    if v5 && gnu {
+        return Err(Error::new(Reason::UnsupportedDwarf, ".debug_addr is used by both DWARF 5 and GNU DWARF 4 units"));
+    }
+    let asz = users.first().map_or(8, |u| u.encoding.address_size);
+    let mut entries = |from: u64, to: u64, asz: u8| -> Result<()> {
+        let mut at = from;
+        while at + u64::from(asz) <= to {
+            if constants.binary_search(&at).is_err() {
+                let mut v = [0u8; 8];
+                v[..asz as usize].copy_from_slice(&data[at as usize..(at + u64::from(asz)) as usize]);
+                ed.address(map, sec, at, u64::from_le_bytes(v), asz)?;
+            }
+            at += u64::from(asz);
+        }
+        Ok(())
+    };
+    if !v5 {
+        return entries(0, data.len() as u64, asz);
+    }
+    let bad = |at: u64, what: &str| Error::new(Reason::BadDwarf, format!(".debug_addr at {at:#x}: {what}"));
+    let mut at = 0u64;
+    while at < data.len() as u64 {
+        let mut length = u64::from(read_u32(data, at).map_err(|_| bad(at, "truncated header"))?);
+        let mut header = 4;
+        if length == 0xffff_ffff {
+            length = crate::elf::read_u64(data, at + 4).map_err(|_| bad(at, "truncated header"))?;
+            header = 12;
+        }
+        let end = (at + header).checked_add(length).filter(|&e| e <= data.len() as u64).ok_or_else(|| bad(at, "contribution runs past the section end"))?;
+        let version = data.get((at + header) as usize..(at + header + 2) as usize).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let (Some(5), Some(&asz), Some(&0)) =
+            (version, data.get((at + header + 2) as usize), data.get((at + header + 3) as usize))
+        else {
+            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_addr at {at:#x}: unsupported header")));
+        };
+        entries(at + header + 4, end, asz)?;
+        at = end;
+    }
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! Location and range lists: `.debug_loc` / `.debug_ranges` (DWARF 2-4) and
+//! `.debug_loclists` / `.debug_rnglists` (DWARF 5).
+//!
+//! Lists are parsed only from the offsets DIEs name, never sequentially: GCC places
+//! location-view arrays between the lists. Entries relative to a base transform as
+//! `f(base + x) - f(base)`, which is `x` when base and target move together and
+//! turns absolute values (base 0) into moved ones. Fixed-size fields are rewritten
+//! in place; a LEB128 that would need more bytes is an error, never a re-encoding.
+
+use super::expr::{self, Place};
+use super::info::UnitInfo;
+use super::{Edits, Refs, SecId, Sections, Slice};
+use crate::error::{Error, Reason, Result};
+use crate::leb::read_uleb;
+use crate::plan::AddrMap;
+use std::collections::HashSet;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Ranges,
+    Locations,
+}
+
+struct Ctx<'r, 'a> {
+    map: &'r AddrMap,
+    sec: SecId,
+    name: &'static str,
+    data: &'a [u8],
+    base_slice: Slice<'a>,
+    addr: Option<&'a [u8]>,
+}
+
+pub(crate) fn repair(units: &[UnitInfo], secs: &Sections, map: &AddrMap, refs: &mut Refs, ed: &mut Edits) -> Result<()> {
+    let addr = secs.id(".debug_addr").map(|s| secs.data(s));
+    let (loclists, rnglists) = (std::mem::take(&mut refs.loclists), std::mem::take(&mut refs.rnglists));
+    for (kind, list) in [(Kind::Locations, &loclists), (Kind::Ranges, &rnglists)] {
+        let mut seen = HashSet::new();
+        for &(off, unit) in list {
+            let u = &units[unit];
+            let v5 = u.encoding.version >= 5;
+            let name = match (kind, v5) {
+                (Kind::Locations, false) => ".debug_loc",
+                (Kind::Locations, true) => ".debug_loclists",
+                (Kind::Ranges, false) => ".debug_ranges",
+                (Kind::Ranges, true) => ".debug_rnglists",
+            };
+            if !seen.insert((name, off)) {
+                continue;
+            }
+            let sec = secs.id(name).ok_or_else(|| {
+                Error::new(Reason::BadDwarf, format!("a DIE refers to {name} at {off:#x}, but there is no such section"))
+            })?;
+            let data = secs.data(sec);
+            let c = Ctx { map, sec, name, data, base_slice: gimli::EndianSlice::new(data, gimli::LittleEndian), addr };
+            let constants = &mut refs.addr_constants;
+            if v5 {
+                list_v5(&c, kind, off, u, ed, constants)?;
+            } else {
+                list_v4(&c, kind, off, u, ed, constants)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn err(c: &Ctx, at: u64, what: &str) -> Error {
+    Error::new(Reason::BadDwarf, format!("{} at {at:#x}: {what}", c.name))
+}
+
+fn word(c: &Ctx, at: u64, size: u8) -> Result<u64> {
+    let b = c.data.get(at as usize..at as usize + size as usize).ok_or_else(|| err(c, at, "list runs past the section end"))?;
+    let mut v = [0u8; 8];
+    v[..size as usize].copy_from_slice(b);
+    Ok(u64::from_le_bytes(v))
+}
+
+fn mask(size: u8) -> u64 {
+    if size >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * size)) - 1
+    }
+}
+
+/// `f(base + x) - f(base)`, in the address size.
+fn relative(map: &AddrMap, base: u64, x: u64, size: u8) -> u64 {
+    map.map(base.wrapping_add(x) & mask(size)).wrapping_sub(map.map(base)) & mask(size)
+}
+
+/// DWARF 2-4: pairs of addresses; (max, addr) selects a new base, (0, 0) ends.
+fn list_v4(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, constants: &mut Vec<u64>) -> Result<()> {
+    let asz = u.encoding.address_size;
+    let mut base = u.low_pc;
+    let mut at = start;
+    loop {
+        let (b, e) = (word(c, at, asz)?, word(c, at + u64::from(asz), asz)?);
+        let next = at + 2 * u64::from(asz);
+        if b == 0 && e == 0 {
+            return Ok(());
+        }
+        if b == mask(asz) {
+            ed.address(c.map, c.sec, at + u64::from(asz), e, asz)?;
+            base = e;
+            at = next;
+            continue;
+        }
+        for (field, v) in [(at, b), (at + u64::from(asz), e)] {
+            let new = relative(c.map, base, v, asz);
+            if new != v {
+                ed.put(c.sec, field, new, asz)?;
+            }
+        }
+        at = next;
+        if kind == Kind::Locations {
+            let len = word(c, at, 2)?;
+            let place = Place { sec: c.sec, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
+            if at + 2 + len > c.data.len() as u64 {
+                return Err(err(c, at, "expression runs past the section end"));
+            }
+            let body = c.base_slice.range(at as usize + 2..(at + 2 + len) as usize);
+            expr::walk(body, &place, c.map, ed, constants)?;
+            at += 2 + len;
+        }
+    }
+}
+
+/// DWARF 5 list entry kinds (DW_RLE_* and DW_LLE_* share numbers 0-8).
+const END: u8 = 0;
+const BASE_ADDRESSX: u8 = 1;
+const STARTX_ENDX: u8 = 2;
+const STARTX_LENGTH: u8 = 3;
+const OFFSET_PAIR: u8 = 4;
+const LLE_DEFAULT_LOCATION: u8 = 5;
+const RLE_BASE_ADDRESS: u8 = 5;
+const RLE_START_END: u8 = 6;
+const RLE_START_LENGTH: u8 = 7;
+const LLE_BASE_ADDRESS: u8 = 6;
+const LLE_START_END: u8 = 7;
+const LLE_START_LENGTH: u8 = 8;
+const LLE_GNU_VIEW_PAIR: u8 = 9;
+
+fn list_v5(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, constants: &mut Vec<u64>) -> Result<()> {
+    let asz = u.encoding.address_size;
+    let a = u64::from(asz);
+    let mut base = u.low_pc;
+    let mut at = start;
+    let uleb = |at: &mut u64| -> Result<u64> {
+        let (v, n) = read_uleb(c.data, *at as usize).ok_or_else(|| err(c, *at, "bad LEB128"))?;
+        *at += n as u64;
+        Ok(v)
+    };
+    let indexed = |i: u64| -> Result<u64> {
+        let addr = c.addr.ok_or_else(|| err(c, start, "an indexed entry needs .debug_addr, which is missing"))?;
+        let off = u.addr_base + i * a;
+        let b = addr.get(off as usize..(off + a) as usize).ok_or_else(|| err(c, start, "address index out of range"))?;
+        let mut v = [0u8; 8];
+        v[..asz as usize].copy_from_slice(b);
+        Ok(u64::from_le_bytes(v))
+    };
+    loop {
+        let entry = at;
+        let k = *c.data.get(at as usize).ok_or_else(|| err(c, at, "list runs past the section end"))?;
+        at += 1;
+        let (base_addr_kind, start_end, start_length) = match kind {
+            Kind::Ranges => (RLE_BASE_ADDRESS, RLE_START_END, RLE_START_LENGTH),
+            Kind::Locations => (LLE_BASE_ADDRESS, LLE_START_END, LLE_START_LENGTH),
+        };
+        let mut has_expr = kind == Kind::Locations;
+        match k {
+            END => return Ok(()),
+            BASE_ADDRESSX => {
+                base = indexed(uleb(&mut at)?)?;
+                has_expr = false;
+            }
+            STARTX_ENDX | STARTX_LENGTH => {
+                uleb(&mut at)?;
+                uleb(&mut at)?;
+            }
+            OFFSET_PAIR => {
+                for _ in 0..2 {
+                    let field = at;
+                    let v = uleb(&mut at)?;
+                    let new = relative(c.map, base, v, asz);
+                    if new != v {
+                        put_uleb_same_size(c, ed, field, at - field, new)?;
+                    }
+                }
+            }
+            LLE_DEFAULT_LOCATION if kind == Kind::Locations => {}
+            LLE_GNU_VIEW_PAIR if kind == Kind::Locations => {
+                uleb(&mut at)?;
+                uleb(&mut at)?;
+                has_expr = false;
+            }
+            k if k == base_addr_kind => {
+                base = word(c, at, asz)?;
+                ed.address(c.map, c.sec, at, base, asz)?;
+                at += a;
+                has_expr = false;
+            }
+            k if k == start_end => {
+                for _ in 0..2 {
+                    let v = word(c, at, asz)?;
+                    ed.address(c.map, c.sec, at, v, asz)?;
+                    at += a;
+                }
+            }
+            k if k == start_length => {
+                let v = word(c, at, asz)?;
+                ed.address(c.map, c.sec, at, v, asz)?;
+                at += a;
+                uleb(&mut at)?;
+            }
+            other => {
+                return Err(Error::new(
+                    Reason::UnsupportedDwarf,
+                    format!("{} at {entry:#x}: unknown list entry kind {other:#x}", c.name),
+                ))
+            }
+        }
+        if has_expr {
+            let len = uleb(&mut at)?;
+            let place = Place { sec: c.sec, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
+            if at + len > c.data.len() as u64 {
+                return Err(err(c, at, "expression runs past the section end"));
+            }
+            let body = c.base_slice.range(at as usize..(at + len) as usize);
+            expr::walk(body, &place, c.map, ed, constants)?;
+            at += len;
+        }
+    }
+}
+
+/// Rewrites a ULEB128 of `len` bytes in place, padding with continuation bytes; an
+/// error when the value needs more bytes than the field has.
+fn put_uleb_same_size(c: &Ctx, ed: &mut Edits, at: u64, len: u64, value: u64) -> Result<()> {
+    if len > 8 || (len < 10 && value >> (7 * len) != 0) {
+        return Err(Error::new(
+            Reason::UnsupportedDwarf,
+            format!(
+                "{} at {at:#x}: an offset pair relative to a base that does not move would grow; \
+                 the list cannot be rewritten in place",
+                c.name
+            ),
+        ));
+    }
+    let mut bytes = 0u64;
+    for i in 0..len {
+        let mut b = (value >> (7 * i)) & 0x7f;
+        if i + 1 < len {
+            b |= 0x80;
+        }
+        bytes |= b << (8 * i);
+    }
+    ed.put(c.sec, at, bytes, len as u8)
+}

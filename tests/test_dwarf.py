@@ -1,0 +1,221 @@
+"""Debug info survives the rewrite: for programs built with gcc, clang and rustc,
+DWARF 2-5, split DWARF and compressed sections, independent consumers (eu-addr2line,
+gdb, llvm-dwarfdump, dwz, strip/objcopy) see the rewritten file exactly as the
+original, with addresses moved by dv."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+from fixtures import DWARF_RECIPES, Recipe, build
+from helpers import readelf_build_id, transform
+
+SHF_COMPRESSED = 0x800
+
+
+class Case:
+    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
+        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
+
+    def dv(self, name: str) -> int:
+        return int(self.reports[name]["result"]["dv"])
+
+
+_cases: dict[str, Case] = {}
+
+
+def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """Builds (cached) and transforms a recipe once per test session. Split-DWARF
+    .dwo files stay beside the originals; the skeletons name that directory."""
+    if recipe.name not in _cases:
+        orig = build(recipe)
+        new = tmp_path_factory.mktemp(recipe.name)
+        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
+        _cases[recipe.name] = Case(recipe, orig, new, {n: transform(orig / n, new / n) for n in names})
+    return _cases[recipe.name]
+
+
+@pytest.fixture(params=DWARF_RECIPES, ids=lambda r: r.name)
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    return case_for(request.param, tmp_path_factory)
+
+
+def _functions(path: Path, limit: int = 300) -> list[tuple[int, int]]:
+    """(address, size) of defined functions in executable sections, an even sample."""
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab")
+        assert isinstance(symtab, SymbolTableSection)
+        funcs = sorted(
+            {(s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s["st_info"]["type"] == "STT_FUNC"}
+        )
+    funcs = [(a, n) for a, n in funcs if a and n]
+    step = max(1, len(funcs) // limit)
+    return funcs[::step]
+
+
+def _addr2line(path: Path, addrs: list[int]) -> str:
+    args = ["eu-addr2line", "-f", "-i", "-e", str(path), *(f"{a:#x}" for a in addrs)]
+    return subprocess.run(args, capture_output=True, text=True, check=True).stdout
+
+
+def test_rewrite_moves_the_code(case: Case) -> None:
+    for name, r in case.reports.items():
+        assert r["result"]["mode"] == "shift", name
+        assert case.dv(name) > 0
+
+
+def test_addr2line_agrees_at_moved_addresses(case: Case) -> None:
+    for name in case.reports:
+        dv = case.dv(name)
+        addrs = [a for start, size in _functions(case.orig / name) for a in (start, start + size // 2)]
+        before = _addr2line(case.orig / name, addrs)
+        after = _addr2line(case.new / name, [a + dv for a in addrs])
+        assert before.count("??") < len(addrs) // 4, "the original has no usable line info"
+        assert after == before, name
+
+
+def _normalise_static(text: str, dv: int, low: int) -> str:
+    """Link-time addresses at or above `low` (the first moved address) minus dv."""
+
+    def sub(m: re.Match[str]) -> str:
+        v = int(m.group(0), 16)
+        return hex(v - dv) if v >= low + dv else m.group(0)
+
+    return re.sub(r"0x[0-9a-f]+", sub, text)
+
+
+def _gdb(path: Path, *commands: str, env: dict[str, str] | None = None, init: tuple[str, ...] = ()) -> str:
+    """gdb's output; `init` commands run before the file is loaded."""
+    before_load = [x for c in init for x in ("-iex", c)]
+    args = ["gdb", "-nx", "-batch", *before_load, *(x for c in commands for x in ("-ex", c)), str(path)]
+    full_env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LC_ALL": "C", **(env or {})}
+    res = subprocess.run(
+        args, capture_output=True, text=True, env=full_env, stdin=subprocess.DEVNULL, timeout=300, check=False
+    )
+    return res.stdout
+
+
+def _static_commands(recipe: Recipe) -> list[str]:
+    if recipe.lang == "rust":
+        return ["info line main::f10", "info address main::f10", "info scope main::f3", "break main::f77"]
+    return [
+        "info line exe_f100",
+        "info address exe_table",
+        "info address exe_f7",
+        "info scope exe_f10",
+        "break exe_gen0.c:40",
+        "info line main",
+    ]
+
+
+def test_gdb_sees_the_same_symbols_lines_and_scopes(case: Case) -> None:
+    dv = case.dv("prog")
+    low = min(int(s["vaddr"]) for s in case.reports["prog"]["segments"] if s["type"] == 1 and s["flags"] & 1)
+    before = _gdb(case.orig / "prog", *_static_commands(case.recipe))
+    after = _gdb(case.new / "prog", *_static_commands(case.recipe))
+    assert "No line number information" not in before and "No symbol" not in before, before
+    assert _normalise_static(after, dv, low) == before
+
+
+def _mask(text: str) -> str:
+    """Run-time output with addresses and thread/process ids masked."""
+    text = re.sub(r"0x[0-9a-f]+", "ADDR", text)
+    return "\n".join(line for line in text.splitlines() if not line.startswith(("[", "process ")))
+
+
+def test_gdb_backtrace_arguments_and_locals_at_a_crash(case: Case) -> None:
+    if case.recipe.lang == "c":
+        env = {"HUGIFY_TEST_CRASH": "1"}
+        commands = ["run", "bt", "info args", "info locals", "frame 1", "info locals"]
+    elif case.recipe.lang == "cxx":
+        env = {}
+        commands = ["break lib_throw", "run", "bt", "info args", "finish"]
+    else:
+        env = {}
+        commands = ["break main::f42", "run", "bt", "info args", "info locals"]
+    before = _gdb(case.orig / "prog", *commands, env=env)
+    after = _gdb(case.new / "prog", *commands, env=env)
+    assert "#0" in before and "#1" in before, before
+    if case.recipe.lang == "c":
+        assert re.search(r"crash_here \(depth=(depth@entry=)?5, why=", before) and "local = 15" in before, before
+    assert _mask(after) == _mask(before)
+
+
+def _verify_errors(path: Path, recipe: Recipe) -> set[str]:
+    """What a DWARF verifier complains about, addresses masked. llvm-dwarfdump
+    --verify is quadratic on large C++ units, so those get eu-readelf's full parse."""
+    if recipe.lang == "cxx":
+        cmd, keep = ["eu-readelf", "-w", str(path)], lambda line: True
+    else:
+        cmd, keep = ["llvm-dwarfdump", "--verify", str(path)], lambda line: "error" in line.lower()
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+    text = res.stderr if recipe.lang == "cxx" else res.stdout + res.stderr
+    lines = text.replace(str(path), "FILE").splitlines()
+    return {re.sub(r"0x[0-9a-f]+", "N", line) for line in lines if keep(line)} | {f"exit {res.returncode}"}
+
+
+@pytest.mark.parametrize("recipe", [r for r in DWARF_RECIPES if not r.heavy_units], ids=lambda r: r.name)
+def test_dwarf_verifier_reports_nothing_new(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
+    case = case_for(recipe, tmp_path_factory)
+    for name in case.reports:
+        assert _verify_errors(case.new / name, recipe) <= _verify_errors(case.orig / name, recipe), name
+
+
+def test_dwz_accepts_the_rewritten_file(case: Case, tmp_path: Path) -> None:
+    for name in case.reports:
+        results = []
+        for which, src in (("orig", case.orig / name), ("new", case.new / name)):
+            copy = tmp_path / f"{which}-{name}"
+            shutil.copy(src, copy)
+            results.append(subprocess.run(["dwz", str(copy)], capture_output=True, text=True, check=False).returncode)
+        assert results[1] == results[0], name
+
+
+def test_separate_debug_file_is_found_by_build_id(case: Case, tmp_path: Path) -> None:
+    """What find-debuginfo and dh_strip do: split the debug info off the rewritten
+    file; gdb then finds it by the (flipped) build-id."""
+    new = case.new / "prog"
+    bid = readelf_build_id(new).hex()
+    debug = tmp_path / "debug" / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
+    debug.parent.mkdir(parents=True)
+    stripped = tmp_path / "prog"
+    subprocess.run(["objcopy", "--only-keep-debug", str(new), str(debug)], check=True)
+    subprocess.run(["objcopy", "--strip-debug", str(new), str(stripped)], check=True)
+    command = _static_commands(case.recipe)[0]
+    with_file = _gdb(stripped, command, init=(f"set debug-file-directory {tmp_path / 'debug'}",))
+    assert _gdb(new, command) == with_file
+    assert "is at address" in with_file or "starts at address" in with_file, with_file
+
+
+def _compression_types(path: Path) -> dict[str, int]:
+    out = {}
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        for s in elf.iter_sections():
+            if s.name.startswith(".zdebug_"):
+                out[s.name] = -1
+            elif s.name.startswith(".debug_") and s["sh_flags"] & SHF_COMPRESSED:
+                f.seek(s["sh_offset"])
+                out[s.name] = struct.unpack("<I", f.read(4))[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    "recipe", [r for r in DWARF_RECIPES if r.compress_after or any("-gz" in d for d in r.debug)], ids=lambda r: r.name
+)
+def test_compressed_sections_stay_compressed_the_same_way(
+    recipe: Recipe, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    case = case_for(recipe, tmp_path_factory)
+    for name in case.reports:
+        before, after = _compression_types(case.orig / name), _compression_types(case.new / name)
+        assert before and after == before, name
