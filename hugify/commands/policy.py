@@ -1,0 +1,73 @@
+"""``hugify policy show|check``: the effective policy and where each value comes from."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hugify.exitcodes import Exit
+
+
+def show(args: argparse.Namespace) -> Exit:
+    import json
+
+    from hugify import policy
+
+    try:
+        layers = policy.load(args.policy)
+        pol = policy.resolve(layers, args.package)
+    except policy.PolicyError as e:
+        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+        return Exit.INVALID
+    overrides = None if args.package else policy.package_overrides(layers)
+    if args.json:
+        doc = {
+            "package": args.package,
+            "layers": [{"path": str(p), "present": present} for p, present in layers.files],
+            "values": pol.as_json(),
+        }
+        if overrides:
+            doc["packages"] = {name: policy.settings_json(o) for name, o in sorted(overrides.items())}
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        sys.stdout.write(policy.render(pol, layers, overrides))
+    return Exit.OK
+
+
+def check(args: argparse.Namespace) -> Exit:
+    from hugify import policy
+
+    code = Exit.OK
+    for f in args.files:
+        try:
+            policy.check_file(Path(f))
+        except policy.PolicyError as e:
+            print(e, file=sys.stderr)
+            code = Exit.INVALID
+            continue
+        print(f"{f}: ok")
+    return code
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("policy", help="show the effective policy, or validate policy files")
+    cmds = p.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    s = cmds.add_parser(
+        "show",
+        help="print the effective policy and the file each value came from",
+        description="Layers, later wins: built-in defaults, /usr/lib/hugify/policy.toml, "
+        "/etc/hugify/policy.toml (HUGIFY_POLICY_PATH replaces these two), --policy FILE.",
+    )
+    s.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    s.add_argument("--package", metavar="NAME", help="show the values in effect for this package")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=show)
+    c = cmds.add_parser(
+        "check",
+        help="validate policy files (exit status 3 if any is invalid)",
+        description="Reports every unknown key, wrong type and bad value with file, line and a hint.",
+    )
+    c.add_argument("files", nargs="+", metavar="FILE")
+    c.set_defaults(func=check)

@@ -1,0 +1,94 @@
+"""``hugify tree ROOT``: transform every eligible ELF file of a package build tree."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from hugify.exitcodes import Exit
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of jobs")
+    return n
+
+
+def _regex(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {e}") from e
+
+
+def run(args: argparse.Namespace) -> Exit:
+    from hugify import policy, tree
+
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"hugify: {root}: not a directory", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        pol = policy.resolve(policy.load(args.policy), args.package)
+    except policy.PolicyError as e:
+        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+        return Exit.INVALID
+    if args.arch is not None and policy.canonical_arch(args.arch) is None:
+        print(f"hugify: note: unknown --arch {args.arch!r}: every ELF file counts as foreign", file=sys.stderr)
+    opts = tree.Options(
+        root=root,
+        policy=pol,
+        jobs=args.jobs or os.cpu_count() or 1,
+        arch=args.arch,
+        exclude_regexes=tuple(args.exclude_regex),
+        manifest=Path(args.manifest) if args.manifest else None,
+        report=Path(args.report) if args.report else None,
+        manifest_only=args.manifest_only,
+        progress=sys.stderr.isatty() and not args.no_progress,
+    )
+    return tree.run(opts)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "tree",
+        help="transform the eligible ELF files of a package build root in place",
+        description="Selects ELF executables and shared objects by content, applies the policy, and "
+        "transforms each inode once, in parallel, keeping owner, mode, xattrs, times and hardlinks. "
+        "Logs one line per ELF file and a summary. Exit status: 0, or 1 when files failed and the "
+        'policy says on_error = "fail"; 3 for an unusable policy.',
+    )
+    p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
+    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    p.add_argument("--package", metavar="NAME", help="apply the policy's [packages.NAME] overrides")
+    p.add_argument("--jobs", "-j", type=_jobs, metavar="N", help="files transformed at once (default: CPUs)")
+    p.add_argument("--manifest", metavar="OUT", help="write the package manifest (docs/manifest.md) here")
+    p.add_argument("--report", metavar="OUT.json", help="write a JSON report of every ELF file here")
+    p.add_argument(
+        "--arch",
+        metavar="ARCH",
+        help="the package's architecture (rpm or Debian name); ELF files of other architectures are skipped",
+    )
+    p.add_argument(
+        "--exclude-regex",
+        type=_regex,
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="skip installed paths this regular expression matches (searched; repeatable)",
+    )
+    p.add_argument(
+        "--manifest-only",
+        action="store_true",
+        help="transform nothing; list the files whose code is already huge-page aligned "
+        "(to refresh build-ids after a later tool such as debugedit rewrote them)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress display, even on a terminal")
+    p.set_defaults(func=run)

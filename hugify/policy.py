@@ -1,0 +1,701 @@
+"""The distro-wide policy: which files `hugify tree` transforms, and how.
+
+Policies are TOML files read in layers; a later layer wins key by key:
+
+1. built-in defaults (the values documented in the shipped ``policy/policy.toml``),
+2. the vendor file ``/usr/lib/hugify/policy.toml``,
+3. the administrator's ``/etc/hugify/policy.toml``,
+4. ``--policy FILE``.
+
+``include``/``exclude`` lists are replaced as a whole. ``[packages.NAME]`` tables
+override the top-level keys for one package and win over the top-level keys of
+every layer (the more specific setting wins; among package tables, the later
+layer). The environment variable ``HUGIFY_POLICY_PATH`` (colon-separated files)
+replaces layers 2 and 3, for build chroots and tests.
+
+The schema is strict: unknown keys, wrong types and bad values are reported with
+file, line and a hint, all at once, and nothing is built with a policy that has
+any of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from hugify.sizes import parse_size
+
+VENDOR_POLICY = Path("/usr/lib/hugify/policy.toml")
+ADMIN_POLICY = Path("/etc/hugify/policy.toml")
+ENV_PATH = "HUGIFY_POLICY_PATH"
+DEFAULT_SOURCE = "built-in default"
+
+#: A setting's place in the policy: ("threshold",), ("huge_page_size", "x86_64"),
+#: ("packages", "foo", "enabled"), ...
+Key = tuple[str, ...]
+
+# --- architectures -----------------------------------------------------------------
+
+#: Canonical architecture names (rpm's) and the other names they go by (Debian's, ...).
+ARCH_ALIASES: dict[str, tuple[str, ...]] = {
+    "x86_64": ("amd64",),
+    "aarch64": ("arm64",),
+    "i386": ("i486", "i586", "i686"),
+    "ppc64le": ("ppc64el",),
+    "riscv64": (),
+    "s390x": (),
+    "loongarch64": (),
+}
+_ARCH_NAMES = {alias: canon for canon, aliases in ARCH_ALIASES.items() for alias in (canon, *aliases)}
+
+
+def canonical_arch(name: str) -> str | None:
+    """The canonical name of an architecture (``amd64`` -> ``x86_64``), or None."""
+    return _ARCH_NAMES.get(name)
+
+
+# --- problems ------------------------------------------------------------------------
+
+
+class Problem(NamedTuple):
+    file: str
+    line: int | None
+    message: str
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        text = f"{where}: {self.message}"
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+
+class PolicyError(Exception):
+    """One or more policy files are unusable; ``problems`` says where and why."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(map(str, problems)))
+        self.problems = problems
+
+
+class _Bad(Exception):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+# --- values ------------------------------------------------------------------------
+
+
+def _type_name(v: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}
+    if type(v) in names:
+        return f"{names[type(v)]} ({json.dumps(v)})"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "a table"
+    return f"a {type(v).__name__}"
+
+
+def _closest(word: str, options: Iterable[str]) -> str | None:
+    import difflib  # only needed to explain a mistake
+
+    options = list(options)
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if match:
+        return match[0]
+    return next((o for o in sorted(options) if word and o.startswith(word)), None)
+
+
+def _check_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad(f"expected true or false, got {_type_name(v)}", "write true or false, without quotes")
+    return v
+
+
+def _check_size(v: Any) -> int:
+    hint = 'a number of bytes or a string with a binary unit, such as 4096, "64K" or "1M"'
+    if isinstance(v, bool) or not isinstance(v, int | str):
+        raise _Bad(f"expected a size, got {_type_name(v)}", hint)
+    if isinstance(v, str):
+        try:
+            return parse_size(v)
+        except ValueError as e:
+            raise _Bad(str(e), hint) from None
+    if v < 0:
+        raise _Bad(f"a size cannot be negative ({v})", hint)
+    return int(v)
+
+
+def _check_huge_page(v: Any) -> int:
+    n = _check_size(v)
+    if n < 64 << 10 or n > 1 << 30 or n & (n - 1):
+        raise _Bad(
+            f"{n} bytes is not a huge-page size",
+            'a power of two between "64K" and "1G"; "2M" on x86_64, and on aarch64 with 4K base pages',
+        )
+    return n
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if isinstance(v, str) and v in options:
+            return v
+        listed = ", ".join(f'"{o}"' for o in options)
+        near = _closest(v, options) if isinstance(v, str) else None
+        hint = f'did you mean "{near}"? ' if near else ""
+        raise _Bad(f"expected one of {listed}, got {_type_name(v)}", f"{hint}write it as a quoted string")
+
+    return check
+
+
+def _check_globs(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list):
+        raise _Bad(f"expected an array of path globs, got {_type_name(v)}", 'for example ["/usr/bin/*"]')
+    problems: list[_Bad] = []
+    for i, g in enumerate(v):
+        if not isinstance(g, str):
+            problems.append(_Bad(f"element {i + 1} is {_type_name(g)}, not a string", 'for example ["/usr/bin/*"]'))
+            continue
+        try:
+            glob_regex(g)
+        except _Bad as e:
+            problems.append(_Bad(f"element {i + 1} ({json.dumps(g)}): {e.message}", e.hint))
+    if problems:
+        raise _Bad("; ".join(p.message for p in problems), "; ".join(dict.fromkeys(p.hint or "" for p in problems)))
+    return tuple(v)
+
+
+#: Key references cosign understands besides file paths.
+KEY_SCHEMES = ("awskms://", "gcpkms://", "azurekms://", "hashivault://", "k8s://", "pkcs11:", "env://")
+
+
+def _check_key_ref(v: Any) -> str:
+    hint = "an absolute path to a key file, or a URI starting with " + ", ".join(KEY_SCHEMES)
+    if not isinstance(v, str):
+        raise _Bad(f"expected a string, got {_type_name(v)}", hint)
+    if v and not v.startswith("/") and not v.startswith(KEY_SCHEMES):
+        raise _Bad(f"{json.dumps(v)} is neither an absolute path nor a known key URI", hint)
+    return v
+
+
+# --- path globs --------------------------------------------------------------------
+
+
+def _glob_component(part: str) -> str:
+    out, i = [], 0
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i + 1
+            if j < len(part) and part[j] in "!^":
+                j += 1
+            if j < len(part) and part[j] == "]":
+                j += 1
+            end = part.find("]", j)
+            if end < 0:
+                raise _Bad("unclosed [ in the glob", "close the character class, or write [[] for a literal [")
+            body = part[i + 1 : end]
+            negate = body[:1] in ("!", "^")
+            body = body[1:] if negate else body
+            body = body.replace("\\", "\\\\").replace("[", "\\[")
+            out.append(f"[^/{body}]" if negate else f"[{body}]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def glob_regex(pattern: str) -> str:
+    """The regular expression for a path glob: ``*`` and ``?`` stay within one
+    path component, ``**`` spans any number of them (zero included)."""
+    if not pattern.startswith("/"):
+        raise _Bad("a path glob must be absolute", f'start it with "/", for example "/{pattern}"')
+    parts = pattern.split("/")[1:]
+    if any(p == "" for p in parts):
+        raise _Bad("a path glob has an empty component (// or a trailing /)", 'to match a tree, end with "/**"')
+    rx = ""
+    for p in parts:
+        rx += "(?:/[^/]+)*" if p == "**" else "/" + _glob_component(p)
+    return rf"\A{rx}\Z"
+
+
+# --- the schema --------------------------------------------------------------------
+
+
+class Field(NamedTuple):
+    check: Callable[[Any], Any]
+    default: Any
+    doc: str
+    is_size: bool = False
+
+
+#: Keys allowed at the top level and in [packages.NAME].
+FIELDS: dict[str, Field] = {
+    "enabled": Field(_check_bool, True, "transform anything at all"),
+    "threshold": Field(_check_size, 1 << 20, "minimum executable-segment size", is_size=True),
+    "mode": Field(_choice("auto", "shift", "align"), "auto", "auto, shift or align"),
+    "on_error": Field(_choice("warn", "fail"), "warn", "exit status when a file cannot be transformed"),
+    "refuse_stripped": Field(_check_bool, True, "skip files without a symbol table"),
+    "include": Field(_check_globs, ("/**",), "installed paths to consider (globs)"),
+    "exclude": Field(
+        _check_globs,
+        ("/boot/**", "/usr/lib/firmware/**", "/usr/lib/modules/**"),
+        "installed paths never to touch (globs)",
+    ),
+}
+HUGE_PAGE = Field(_check_huge_page, 2 << 20, "huge-page size", is_size=True)
+DEFAULT_HUGE_PAGES = {"x86_64": 2 << 20, "aarch64": 2 << 20, "i386": 2 << 20}
+SIGNING: dict[str, Field] = {
+    "mode": Field(_choice("off", "optional", "required"), "off", "off, optional or required"),
+    "key": Field(_check_key_ref, "", "private key file or KMS/PKCS#11 URI"),
+    "public_key": Field(_check_key_ref, "", "public key file or URI"),
+    "tlog_upload": Field(_check_bool, False, "upload to a transparency log"),
+}
+_PACKAGE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+~-]*\Z")
+
+
+def field_for(key: Key) -> Field:
+    """The schema entry of a (valid) key, package overrides included."""
+    if key[0] == "packages":
+        key = key[2:]
+    if key[0] == "huge_page_size":
+        return HUGE_PAGE
+    if key[0] == "signing":
+        return SIGNING[key[1]]
+    return FIELDS[key[0]]
+
+
+def defaults() -> dict[Key, Setting]:
+    out: dict[Key, Setting] = {(k,): Setting(f.default, DEFAULT_SOURCE) for k, f in FIELDS.items()}
+    out.update({("huge_page_size", a): Setting(v, DEFAULT_SOURCE) for a, v in DEFAULT_HUGE_PAGES.items()})
+    out.update({("signing", k): Setting(f.default, DEFAULT_SOURCE) for k, f in SIGNING.items()})
+    return out
+
+
+# --- reading files -----------------------------------------------------------------
+
+
+class Setting(NamedTuple):
+    value: Any
+    source: str
+    line: int | None = None
+    #: "packages.NAME" when the value comes from a package table.
+    via: str | None = None
+
+    def where(self) -> str:
+        place = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{place} [{self.via}]" if self.via else place
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _read_key(s: str, i: int) -> tuple[list[str], int] | None:
+    """Parses a TOML (dotted, possibly quoted) key at s[i:]; returns parts and the end."""
+    parts = []
+    while True:
+        while i < len(s) and s[i] in " \t":
+            i += 1
+        if i >= len(s):
+            return None
+        if s[i] == '"':
+            m = re.compile(r'"((?:[^"\\]|\\.)*)"').match(s, i)
+            if not m:
+                return None
+            try:
+                parts.append(json.loads(m.group(0)))
+            except ValueError:
+                parts.append(m.group(1))
+        elif s[i] == "'":
+            m = re.compile(r"'([^']*)'").match(s, i)
+            if not m:
+                return None
+            parts.append(m.group(1))
+        else:
+            m = _BARE_KEY.match(s, i)
+            if not m:
+                return None
+            parts.append(m.group(0))
+        i = m.end()
+        while i < len(s) and s[i] in " \t":
+            i += 1
+        if i < len(s) and s[i] == ".":
+            i += 1
+            continue
+        return parts, i
+
+
+def key_lines(text: str) -> dict[Key, int]:
+    """Where each key is set (table headers included), by a line scan: tomllib
+    reports no positions. Best effort; only used to point at problems."""
+    lines: dict[Key, int] = {}
+    table: Key = ()
+    open_quote: str | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if open_quote:
+            if raw.count(open_quote) % 2 == 1:
+                open_quote = None
+            continue
+        if not s or s.startswith("#"):
+            continue
+        if s.startswith("["):
+            header = _read_key(s, 2 if s.startswith("[[") else 1)
+            if header:
+                table = tuple(header[0])
+                lines.setdefault(table, n)
+            continue
+        kv = _read_key(s, 0)
+        if kv and kv[1] < len(s) and s[kv[1]] == "=":
+            lines.setdefault((*table, *kv[0]), n)
+            rest = s[kv[1] + 1 :]
+            for q in ('"""', "'''"):
+                if rest.count(q) % 2 == 1:
+                    open_quote = q
+    return lines
+
+
+def _line_of(lines: Mapping[Key, int], key: Key) -> int | None:
+    for end in range(len(key), 0, -1):
+        if key[:end] in lines:
+            return lines[key[:end]]
+    return None
+
+
+def _dotted(key: Key) -> str:
+    return ".".join(k if _BARE_KEY.fullmatch(k) else json.dumps(k) for k in key)
+
+
+class _Reader:
+    """Validates one parsed file into flat settings, collecting every problem."""
+
+    def __init__(self, file: str, text: str) -> None:
+        self.file = file
+        self.lines = key_lines(text)
+        self.out: dict[Key, Setting] = {}
+        self.problems: list[Problem] = []
+
+    def bad(self, key: Key, message: str, hint: str | None = None) -> None:
+        self.problems.append(Problem(self.file, _line_of(self.lines, key), message, hint))
+
+    def leaf(self, key: Key, value: Any, f: Field) -> None:
+        try:
+            self.out[key] = Setting(f.check(value), self.file, _line_of(self.lines, key))
+        except _Bad as e:
+            self.bad(key, f"{_dotted(key)}: {e.message}", e.hint)
+
+    def table(self, key: Key, value: Any) -> dict[str, Any] | None:
+        if isinstance(value, dict):
+            return value
+        self.bad(key, f"{_dotted(key)}: expected a table, got {_type_name(value)}", f"write it as [{_dotted(key)}]")
+        return None
+
+    def unknown(self, key: Key, allowed: Iterable[str]) -> None:
+        allowed = sorted(allowed)
+        near = _closest(key[-1], allowed)
+        hint = (f'did you mean "{near}"? ' if near else "") + "known keys here: " + ", ".join(allowed)
+        self.bad(key, f"unknown key {_dotted(key)}", hint)
+
+    def settings(self, doc: Mapping[str, Any], prefix: Key) -> None:
+        top = not prefix
+        allowed = [*FIELDS, "huge_page_size", *(["signing", "packages"] if top else [])]
+        for name, value in doc.items():
+            key = (*prefix, name)
+            if name in FIELDS:
+                self.leaf(key, value, FIELDS[name])
+            elif name == "huge_page_size":
+                self.huge_pages(key, value)
+            elif name == "signing" and top:
+                tbl = self.table(key, value)
+                for k, v in (tbl or {}).items():
+                    if k in SIGNING:
+                        self.leaf((*key, k), v, SIGNING[k])
+                    else:
+                        self.unknown((*key, k), SIGNING)
+            elif name == "packages" and top:
+                for pkg, body in (self.table(key, value) or {}).items():
+                    if not _PACKAGE_NAME.match(pkg):
+                        self.bad(
+                            (*key, pkg),
+                            f"{json.dumps(pkg)} is not a package name",
+                            "letters, digits and . _ + ~ -, starting with a letter or digit",
+                        )
+                    elif (tbl := self.table((*key, pkg), body)) is not None:
+                        self.settings(tbl, (*key, pkg))
+            else:
+                self.unknown(key, allowed)
+
+    def huge_pages(self, key: Key, value: Any) -> None:
+        seen: dict[str, str] = {}
+        for arch, v in (self.table(key, value) or {}).items():
+            canon = canonical_arch(arch)
+            if canon is None:
+                near = _closest(arch, _ARCH_NAMES)
+                self.bad(
+                    (*key, arch),
+                    f"unknown architecture {json.dumps(arch)} in {_dotted(key)}",
+                    (f'did you mean "{near}"? ' if near else "") + "known: " + ", ".join(sorted(_ARCH_NAMES)),
+                )
+            elif canon in seen:
+                self.bad((*key, arch), f"{arch} and {seen[canon]} name the same architecture", "keep one of them")
+            else:
+                seen[canon] = arch
+                try:
+                    setting = Setting(HUGE_PAGE.check(v), self.file, _line_of(self.lines, (*key, arch)))
+                    self.out[(*key[:-1], "huge_page_size", canon)] = setting
+                except _Bad as e:
+                    self.bad((*key, arch), f"{_dotted((*key, arch))}: {e.message}", e.hint)
+
+
+def read_file(path: Path) -> dict[Key, Setting]:
+    """Reads and validates one policy file into flat settings; raises PolicyError."""
+    file = str(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise PolicyError([Problem(file, None, f"cannot read: {e.strerror or e}")]) from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise PolicyError([Problem(file, line, "not valid UTF-8", "TOML files are UTF-8 text")]) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = re.search(r"\s*\(at (?:line (\d+), column \d+|end of document)\)$", msg)
+        where = (int(m.group(1)) if m.group(1) else text.count("\n") + 1) if m else None
+        msg = msg[: m.start()] if m else msg
+        hint = 'TOML syntax: key = value, strings in "quotes", [table] headers'
+        raise PolicyError([Problem(file, where, f"TOML syntax error: {msg}", hint)]) from None
+    reader = _Reader(file, text)
+    reader.settings(doc, ())
+    if reader.problems:
+        raise PolicyError(reader.problems)
+    return reader.out
+
+
+# --- layers and the effective policy ---------------------------------------------
+
+
+def system_files() -> list[Path]:
+    """The vendor and administrator files (present or not), in layer order."""
+    env = os.environ.get(ENV_PATH)
+    if env is not None:
+        return [Path(p) for p in env.split(":") if p]
+    return [_vendor_file(), ADMIN_POLICY]
+
+
+def _vendor_file() -> Path:
+    # `make install PREFIX=X` puts the package in X/lib/hugify/python/hugify and the
+    # vendor policy in X/lib/hugify/policy.toml.
+    pkg = Path(__file__).resolve().parent
+    if pkg.parent.name == "python" and pkg.parent.parent.name == "hugify":
+        return pkg.parent.parent / "policy.toml"
+    return VENDOR_POLICY
+
+
+class Layers(NamedTuple):
+    """The files read, in order, and their settings."""
+
+    files: list[tuple[Path, bool]]  # (path, present)
+    settings: list[dict[Key, Setting]]
+
+
+def load(extra: Path | None = None, files: list[Path] | None = None) -> Layers:
+    """Reads the system layers (absent ones are skipped) and `extra` (must exist).
+    Raises PolicyError listing the problems of every file."""
+    layers = Layers([], [])
+    problems: list[Problem] = []
+    wanted = [(p, False) for p in (system_files() if files is None else files)]
+    if extra is not None:
+        wanted.append((extra, True))
+    for path, required in wanted:
+        if not required and not path.exists():
+            layers.files.append((path, False))
+            continue
+        try:
+            layers.settings.append(read_file(path))
+            layers.files.append((path, True))
+        except PolicyError as e:
+            problems += e.problems
+    if problems:
+        raise PolicyError(problems)
+    return layers
+
+
+class Policy:
+    """The effective values for one package (or none), each with its origin."""
+
+    def __init__(self, settings: Mapping[Key, Setting], package: str | None) -> None:
+        self.settings = dict(settings)
+        self.package = package
+        self._include = [re.compile(glob_regex(g)) for g in self.include]
+        self._exclude = [re.compile(glob_regex(g)) for g in self.exclude]
+
+    def _get(self, *key: str) -> Any:
+        return self.settings[key].value
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._get("enabled"))
+
+    @property
+    def threshold(self) -> int:
+        return int(self._get("threshold"))
+
+    @property
+    def mode(self) -> str:
+        return str(self._get("mode"))
+
+    @property
+    def on_error(self) -> str:
+        return str(self._get("on_error"))
+
+    @property
+    def refuse_stripped(self) -> bool:
+        return bool(self._get("refuse_stripped"))
+
+    @property
+    def include(self) -> tuple[str, ...]:
+        return tuple(self._get("include"))
+
+    @property
+    def exclude(self) -> tuple[str, ...]:
+        return tuple(self._get("exclude"))
+
+    def huge_page(self, arch: str) -> int | None:
+        """The huge-page size for an architecture (any of its names), or None."""
+        s = self.settings.get(("huge_page_size", canonical_arch(arch) or arch))
+        return int(s.value) if s else None
+
+    def signing(self, name: str) -> Any:
+        return self._get("signing", name)
+
+    def where(self, *key: str) -> str:
+        return self.settings[key].where()
+
+    def excluded_by(self, path: str) -> str | None:
+        """Why an installed path is not selected, or None if it is."""
+        for g, rx in zip(self.exclude, self._exclude, strict=True):
+            if rx.match(path):
+                return f'matches exclude glob "{g}" ({self.where("exclude")})'
+        if not any(rx.match(path) for rx in self._include):
+            return f"matches no include glob ({self.where('include')})"
+        return None
+
+    def as_json(self) -> dict[str, Any]:
+        return settings_json(self.settings)
+
+
+def settings_json(settings: Mapping[Key, Setting]) -> dict[str, Any]:
+    """Settings by dotted key, each with its value and origin, for --json output."""
+    return {
+        _dotted(k): {
+            "value": list(s.value) if isinstance(s.value, tuple) else s.value,
+            "source": s.source,
+            "line": s.line,
+            "via": s.via,
+        }
+        for k, s in sorted(settings.items())
+    }
+
+
+def package_overrides(layers: Layers) -> dict[str, dict[Key, Setting]]:
+    """Every package table of every layer, merged (later layers win), by package."""
+    out: dict[str, dict[Key, Setting]] = {}
+    for layer in layers.settings:
+        for k, s in layer.items():
+            if k[0] == "packages":
+                out.setdefault(k[1], {})[k[2:]] = s
+    return out
+
+
+def resolve(layers: Layers, package: str | None = None) -> Policy:
+    """The effective policy: defaults, then the top-level keys of every layer, then
+    the package's tables of every layer. Raises PolicyError for combinations that
+    are invalid as a whole."""
+    eff = defaults()
+    for layer in layers.settings:
+        eff.update({k: s for k, s in layer.items() if k[0] != "packages"})
+    if package is not None:
+        for k, s in package_overrides(layers).get(package, {}).items():
+            eff[k] = Setting(s.value, s.source, s.line, f"packages.{_dotted((package,))}")
+    mode = eff[("signing", "mode")]
+    if mode.value == "required" and not eff[("signing", "key")].value:
+        raise PolicyError(
+            [
+                Problem(
+                    mode.source,
+                    mode.line,
+                    'signing.mode is "required" but no signing.key is configured in any layer',
+                    'set signing.key, or use mode = "optional"',
+                )
+            ]
+        )
+    return Policy(eff, package)
+
+
+def check_file(path: Path) -> Policy:
+    """Validates one file on its own (over the built-in defaults)."""
+    return resolve(load(path, files=[]))
+
+
+# --- showing -----------------------------------------------------------------------
+
+
+def size_text(n: int) -> str:
+    """A size as a policy file would write it: "2M", "64K", or plain bytes."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n and n % (1 << shift) == 0:
+            return f'"{n >> shift}{unit}"'
+    return str(n)
+
+
+def toml_value(key: Key, v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int) and field_for(key).is_size:
+        return size_text(v)
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(json.dumps(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def render(policy: Policy, layers: Layers, overrides: Mapping[str, Mapping[Key, Setting]] | None = None) -> str:
+    """The effective policy as TOML, each value commented with where it came from."""
+    read = [DEFAULT_SOURCE] + [f"{p}{'' if present else ' (absent)'}" for p, present in layers.files]
+    lines = ["# effective hugify policy" + (f" for package {policy.package}" if policy.package else "")]
+    lines.append("# layers, later wins: " + ", ".join(read))
+
+    def emit(key: Key, s: Setting, name: str) -> None:
+        text = f"{name} = {toml_value(key, s.value)}"
+        lines.append(f"{text:<44} # {s.where()}")
+
+    def section(title: str | None, items: Iterable[tuple[Key, Setting]], strip: int) -> None:
+        items = list(items)
+        if not items:
+            return
+        if title:
+            lines.extend(["", f"[{title}]"])
+        for k, s in items:
+            emit(k, s, _dotted(k[strip:]))
+
+    settings = policy.settings
+    section(None, [((k,), settings[(k,)]) for k in FIELDS], 0)
+    section("huge_page_size", sorted((k, s) for k, s in settings.items() if k[0] == "huge_page_size"), 1)
+    section("signing", [(("signing", k), settings[("signing", k)]) for k in SIGNING], 1)
+    for pkg in sorted(overrides or {}):
+        assert overrides is not None
+        section(f"packages.{_dotted((pkg,))}", sorted(overrides[pkg].items()), 0)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,523 @@
+"""``hugify tree``: the buildroot walker that the rpm and debhelper steps call.
+
+It selects ELF executables and shared objects by their header (never by name or
+mode bits), applies the policy, transforms each inode once, in parallel and in
+place, and keeps what the build put there: owner, mode (setuid/setgid too),
+extended attributes (``security.capability`` too), timestamps (clamped to
+``SOURCE_DATE_EPOCH`` when set), and hardlinks (every name is re-linked to the new
+inode). Symlinks are never followed or touched, nor is anything under
+``/usr/lib/debug``. A file that fails is logged and left byte-identical; it never
+stops the others. The policy's ``on_error`` decides the exit status.
+
+Outputs: a brp-style log on stdout (one line per ELF file, in path order, then a
+summary), the package manifest (docs/manifest.md) and a JSON report.
+
+Reason ids decided here rather than by the rewriter (whose ids `hugify explain`
+lists): excluded (policy globs, --exclude-regex), foreign-arch (not the package's
+architecture), unsupported-arch (no huge_page_size for it), stripped (no symbol
+table and refuse_stripped), io-error, internal (a bug; the file is untouched), and
+with --manifest-only, not-aligned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import struct
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+from hugify import _core, manifest, render
+from hugify.exitcodes import Exit
+from hugify.policy import Policy, canonical_arch
+from hugify.rewrite import Settings, rewrite, temporary_name
+
+PT_LOAD, PF_X = 1, 1
+ET_EXEC, ET_DYN = 2, 3
+SHT_SYMTAB = 2
+#: Installed trees that are never walked: separate debug files describe code, they
+#: are not code, and debug tools rely on their layout matching the file they describe.
+PRUNED = ("/usr/lib/debug",)
+#: (e_machine, 64-bit, little-endian) -> canonical architecture name.
+MACHINES = {
+    (62, True, True): "x86_64",
+    (3, False, True): "i386",
+    (183, True, True): "aarch64",
+    (21, True, True): "ppc64le",
+    (243, True, True): "riscv64",
+    (22, True, False): "s390x",
+    (258, True, True): "loongarch64",
+}
+# --- reading ELF headers -------------------------------------------------------------
+
+
+class ElfHead(NamedTuple):
+    arch: str | None
+    #: Whether a SHT_SYMTAB section exists; None when the section table is unreadable
+    #: (the core then says what is wrong with the file).
+    has_symtab: bool | None
+
+
+def probe(path: Path) -> ElfHead | None:
+    """The header facts of an ELF executable or shared object; None for any other
+    file. A file that has the ELF magic but is too damaged to tell its type is a
+    candidate too, so that it is reported rather than silently passed over."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF":
+                return None
+            is64, little = head[4:5] == b"\x02", head[5:6] != b"\x02"
+            end = "<" if little else ">"
+            if len(head) < 20:
+                return ElfHead(None, None)
+            e_type, e_machine = struct.unpack_from(end + "HH", head, 16)
+            if e_type not in (ET_EXEC, ET_DYN):
+                return None
+            return ElfHead(MACHINES.get((e_machine, is64, little)), _has_symtab(f, head, is64, end))
+    except OSError:
+        return ElfHead(None, None)
+
+
+def _has_symtab(f: Any, head: bytes, is64: bool, end: str) -> bool | None:
+    try:
+        if is64:
+            (shoff,) = struct.unpack_from(end + "Q", head, 0x28)
+            shentsize, shnum = struct.unpack_from(end + "HH", head, 0x3A)
+        else:
+            (shoff,) = struct.unpack_from(end + "I", head, 0x20)
+            shentsize, shnum = struct.unpack_from(end + "HH", head, 0x2E)
+        if not shoff or shentsize < (64 if is64 else 40):
+            return None if shoff else False
+        f.seek(shoff)
+        first = f.read(shentsize)
+        if len(first) < shentsize:
+            return None
+        if shnum == 0:  # extended numbering: the count is section 0's sh_size
+            shnum = struct.unpack_from(end + ("Q" if is64 else "I"), first, 0x20 if is64 else 0x14)[0]
+        if shnum == 0:
+            return False
+        if shnum > 1 << 20:
+            return None
+        table = first + f.read(shentsize * (shnum - 1))
+        if len(table) < shentsize * shnum:
+            return None
+        return any(struct.unpack_from(end + "I", table, i * shentsize + 4)[0] == SHT_SYMTAB for i in range(shnum))
+    except (OSError, struct.error):
+        return None
+
+
+# --- walking -----------------------------------------------------------------------
+
+
+class Candidate(NamedTuple):
+    """One inode to consider, with all its names in the tree (in walk order)."""
+
+    paths: list[str]
+    files: list[Path]
+    head: ElfHead
+    st: os.stat_result
+
+
+def installed_path(root: Path, file: Path) -> str:
+    return "/" + file.relative_to(root).as_posix()
+
+
+def walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Regular files under root, in a stable order; symlinks and pruned trees skipped."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if installed_path(root, here / d) not in PRUNED)
+        for name in sorted(filenames):
+            p = here / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield p, st
+
+
+def candidates(root: Path) -> list[Candidate]:
+    """The ELF executables and shared objects under root, one per inode."""
+    by_inode: dict[tuple[int, int], Candidate] = {}
+    for p, st in walk(root):
+        key = (st.st_dev, st.st_ino)
+        if key in by_inode:
+            by_inode[key].paths.append(installed_path(root, p))
+            by_inode[key].files.append(p)
+            continue
+        head = probe(p)
+        if head is not None:
+            by_inode[key] = Candidate([installed_path(root, p)], [p], head, st)
+    return sorted(by_inode.values(), key=lambda c: c.paths[0])
+
+
+# --- outcomes ----------------------------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    paths: list[str]
+    status: str  # transformed | listed | skipped | failed
+    reason: str | None = None
+    detail: str = ""
+    report: dict[str, Any] | None = None
+    #: (build-id, exec offset, exec size, huge page) when the file goes into the manifest.
+    entry: tuple[str, int, int, int] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.paths[0],
+            "paths": self.paths,
+            "status": self.status,
+            "reason": self.reason,
+            "detail": self.detail,
+        }
+        if self.entry:
+            out.update(zip(("build_id", "exec_offset", "exec_size", "huge_page"), self.entry, strict=True))
+        if self.report:
+            res = self.report["result"]
+            code = self.report["code_bytes"]
+            out.update(
+                mode=res["mode"],
+                dv=res["dv"],
+                df=res["df"],
+                growth=res["growth"],
+                code_bytes=code,
+                covered_code=res["covered_code"],
+                coverage=round(res["covered_code"] / code, 4) if code else 0.0,
+                build_id_before=self.report["build_id"],
+            )
+        return out
+
+
+def _exec_load(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((s for s in segments if s["type"] == PT_LOAD and s["flags"] & PF_X), None)
+
+
+def _entry(segments: list[dict[str, Any]], build_id: str | None, hp: int) -> tuple[str, int, int, int] | None:
+    """The manifest fields if the executable segment can be mapped with huge pages:
+    aligned to the page, its file offset congruent to its address, and spanning at
+    least one whole window (what the runtime checks, docs/runtime.md)."""
+    x = _exec_load(segments)
+    if not x or x["align"] < hp or x["align"] % hp or x["offset"] % hp != x["vaddr"] % hp:
+        return None
+    if -(-x["vaddr"] // hp) * hp + hp > x["vaddr"] + x["filesz"]:
+        return None
+    return (build_id or "-", x["offset"], x["filesz"], hp)
+
+
+# --- the work on one inode -----------------------------------------------------------
+
+
+class Job(NamedTuple):
+    candidate: Candidate
+    settings: Settings
+    manifest_only: bool
+    refuse_stripped: str | None  # where the policy says so, or None
+    epoch: int | None  # SOURCE_DATE_EPOCH
+
+
+def _clamped(ns: int, epoch: int | None) -> int:
+    return ns if epoch is None else min(ns, epoch * 1_000_000_000)
+
+
+def _listing(job: Job, skip: tuple[str, str] | None) -> Outcome:
+    """Lists an already aligned file in the manifest; otherwise skips it."""
+    c, s = job.candidate, job.settings
+    try:
+        r = _core.inspect(c.files[0], s.huge_page, s.threshold, s.mode)
+        entry = _entry(r["segments"], r["build_id"], s.huge_page)
+        if entry and r["exec_segment_size"] < s.threshold:
+            entry = None
+    except (_core.HugifyError, OSError):
+        entry = None
+    if entry:
+        detail = "the executable segment is already huge-page aligned"
+        return Outcome(c.paths, "listed", "already-aligned", detail, entry=entry)
+    if skip:
+        return Outcome(c.paths, "skipped", *skip)
+    return Outcome(c.paths, "skipped", "not-aligned", "the executable segment is not huge-page aligned")
+
+
+def _relink(c: Candidate, epoch: int | None) -> None:
+    """After the first name got a new inode: clamp its times, point the other names at it."""
+    first = c.files[0]
+    if epoch is not None and c.st.st_mtime_ns > epoch * 1_000_000_000:
+        os.utime(first, ns=(_clamped(c.st.st_atime_ns, epoch), _clamped(c.st.st_mtime_ns, epoch)))
+    for other in c.files[1:]:
+        tmp = temporary_name(other)
+        os.link(first, tmp)
+        try:
+            os.replace(tmp, other)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def process(job: Job) -> Outcome:
+    """Transforms one inode in place (or lists it). Never raises."""
+    c, s = job.candidate, job.settings
+    try:
+        if job.manifest_only:
+            return _listing(job, None)
+        if job.refuse_stripped and c.head.has_symtab is False:
+            why = "no symbol table, so references to the ELF header cannot be ruled out by name"
+            return _listing(job, ("stripped", f"{why} (refuse_stripped = true, {job.refuse_stripped})"))
+        try:
+            report = rewrite(c.files[0], None, s, keep_times=True)
+        except _core.HugifyError as e:
+            if e.reason == "already-aligned":
+                return _listing(job, (e.reason, e.detail))
+            return Outcome(c.paths, "skipped" if e.kind == "refused" else "failed", e.reason, e.detail)
+        except OSError as e:
+            return Outcome(c.paths, "failed", "io-error", _os_detail(e))
+        res = report["result"]
+        entry = _entry(res["segments"], res["build_id"], s.huge_page)
+        try:
+            _relink(c, job.epoch)
+        except OSError as e:
+            detail = f"transformed {c.paths[0]}, but re-linking its other names failed: {_os_detail(e)}"
+            return Outcome(c.paths, "failed", "io-error", detail, report=report, entry=entry)
+        return Outcome(c.paths, "transformed", report=report, entry=entry)
+    except Exception as e:  # a bug must not stop the other files
+        return Outcome(c.paths, "failed", "internal", f"{type(e).__name__}: {e}")
+
+
+def _os_detail(e: OSError) -> str:
+    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+
+
+# --- the whole run -----------------------------------------------------------------
+
+
+class Options(NamedTuple):
+    root: Path
+    policy: Policy
+    jobs: int = 1
+    arch: str | None = None
+    exclude_regexes: tuple[re.Pattern[str], ...] = ()
+    manifest: Path | None = None
+    report: Path | None = None
+    manifest_only: bool = False
+    out: TextIO | None = None  # the log; None: standard output
+    progress: bool = False
+
+
+def source_date_epoch() -> int | None:
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return int(value) if value.isdigit() else None
+
+
+def _decide(c: Candidate, opts: Options) -> Settings | Outcome:
+    """What to do with a candidate: the settings to transform it with, or why not."""
+    pol = opts.policy
+    for path in c.paths:
+        why = pol.excluded_by(path)
+        if why is None:
+            why = next(
+                (f"matches --exclude-regex {rx.pattern!r}" for rx in opts.exclude_regexes if rx.search(path)), None
+            )
+        if why:
+            return Outcome(c.paths, "skipped", "excluded", f"{path} {why}" if path != c.paths[0] else why)
+    arch = c.head.arch
+    if arch is None and c.head.has_symtab is None:
+        # Too damaged to tell its architecture: the rewriter says what is wrong with it.
+        return Settings(threshold=pol.threshold, mode=pol.mode)
+    if arch is None:
+        return Outcome(c.paths, "skipped", "unsupported-arch", "an architecture hugify has no name for")
+    build = canonical_arch(opts.arch) if opts.arch else None
+    if opts.arch and build != arch:
+        return Outcome(c.paths, "skipped", "foreign-arch", f"{arch} file in a {opts.arch} package")
+    hp = pol.huge_page(arch)
+    if hp is None:
+        return Outcome(c.paths, "skipped", "unsupported-arch", f"the policy has no huge_page_size for {arch}")
+    return Settings(hp, pol.threshold, pol.mode)
+
+
+class _Progress:
+    """A one-line status display on stderr, for terminals only."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.lock = threading.Lock()
+
+    def tick(self, path: str) -> None:
+        with self.lock:
+            self.done += 1
+            if self.enabled:
+                sys.stderr.write(f"\r\x1b[Khugify: [{self.done}/{self.total}] {path}")
+                sys.stderr.flush()
+
+    def print(self, out: TextIO, line: str) -> None:
+        with self.lock:
+            if self.enabled:
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+            print(line, file=out, flush=True)
+
+    def clear(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def log_line(o: Outcome, on_error: str) -> str:
+    path = o.paths[0]
+    also = f" (also: {', '.join(o.paths[1:])})" if len(o.paths) > 1 else ""
+    if o.status == "transformed":
+        assert o.report is not None
+        return f"hugify: {render.transform_line(path, o.report)}{also}"
+    if o.status == "listed":
+        return f"hugify: {path}: already aligned ({o.reason}), listed in the manifest{also}"
+    if o.status == "skipped":
+        return f"hugify: {path}: skipped ({o.reason}): {o.detail}{also}"
+    level = "error" if on_error == "fail" else "warning"
+    return f"hugify: {level}: {path}: not transformed ({o.reason}): {o.detail}; the file is unchanged{also}"
+
+
+def _write_atomic(path: Path, text: str, epoch: int | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(temporary_name(path))
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.chmod(tmp, 0o644)
+        if epoch is not None:
+            os.utime(tmp, (epoch, epoch))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def execute(
+    jobs: list[Job | Outcome],
+    workers: int,
+    on_done: Callable[[Outcome], None],
+    tick: Callable[[Outcome], None] = lambda o: None,
+) -> list[Outcome]:
+    """Runs the jobs in a thread pool (the core releases the GIL). `tick` sees each
+    outcome as soon as it is ready (from a worker thread); `on_done` sees them in the
+    order of `jobs`, each once it and all before it are done."""
+    outcomes: list[Outcome] = []
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures: list[Future[Outcome] | Outcome] = []
+        for j in jobs:
+            if isinstance(j, Job):
+                fut = pool.submit(process, j)
+                fut.add_done_callback(lambda f: tick(f.result()))
+                futures.append(fut)
+            else:
+                futures.append(j)
+        for f in futures:
+            o = f.result() if isinstance(f, Future) else f
+            outcomes.append(o)
+            on_done(o)
+    return outcomes
+
+
+def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[Outcome]:
+    pol = opts.policy
+    found = candidates(opts.root)
+    stripped_rule = pol.where("refuse_stripped") if pol.refuse_stripped else None
+    jobs: list[Job | Outcome] = []
+    for c in found:
+        decision = _decide(c, opts)
+        if isinstance(decision, Outcome):
+            jobs.append(decision)
+        else:
+            jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch))
+    dirs = {f.parent: f.parent.stat() for c in found for f in c.files}
+    progress = _Progress(sum(isinstance(j, Job) for j in jobs), opts.progress)
+
+    def log(o: Outcome) -> None:
+        if not opts.manifest_only:
+            progress.print(out, log_line(o, pol.on_error))
+
+    outcomes = execute(jobs, opts.jobs, log, lambda o: progress.tick(o.paths[0]))
+    progress.clear()
+    # Replacing (or trying to replace) a file changes its directory's times: put them back.
+    for directory, st in sorted(dirs.items()):
+        with contextlib.suppress(OSError):
+            if directory.stat().st_mtime_ns != st.st_mtime_ns:
+                os.utime(directory, ns=(_clamped(st.st_atime_ns, epoch), _clamped(st.st_mtime_ns, epoch)))
+    return outcomes
+
+
+def run(opts: Options) -> Exit:
+    """Walks, transforms, writes the manifest and the report, logs; the exit status."""
+    pol, epoch, out = opts.policy, source_date_epoch(), opts.out or sys.stdout
+    outcomes: list[Outcome] = []
+    if pol.enabled:
+        outcomes = _walk_and_transform(opts, out, epoch)
+    else:
+        print(f"hugify: disabled by the policy (enabled = false, {pol.where('enabled')}); nothing changed", file=out)
+    entries = [
+        manifest.Entry(p, *o.entry)
+        for o in outcomes
+        if o.entry
+        for p in o.paths
+        if "\t" not in p and "\n" not in p  # not representable in a manifest
+    ]
+    failed = [o for o in outcomes if o.status == "failed"]
+    code = Exit.FAILED if failed and pol.on_error == "fail" else Exit.OK
+    try:
+        if opts.manifest:
+            _write_atomic(opts.manifest, manifest.render(entries), epoch)
+        if opts.report:
+            _write_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
+    except OSError as e:
+        print(f"hugify: error: cannot write {_os_detail(e)}", file=sys.stderr)
+        return Exit.IO
+    print(_summary(opts, outcomes, entries), file=out, flush=True)
+    if failed:
+        n = f"{len(failed)} file{'s' if len(failed) > 1 else ''}"
+        where = pol.where("on_error")
+        if code == Exit.FAILED:
+            print(f'hugify: error: {n} could not be transformed and on_error = "fail" ({where})', file=out)
+        else:
+            print(
+                f'hugify: warning: {n} could not be transformed; on_error = "warn" ({where}): the build goes on',
+                file=out,
+            )
+    return code
+
+
+def _summary(opts: Options, outcomes: list[Outcome], entries: list[manifest.Entry]) -> str:
+    count = {s: sum(o.status == s for o in outcomes) for s in ("transformed", "listed", "skipped", "failed")}
+    who = f"{opts.policy.package}: " if opts.policy.package else ""
+    where = f"; manifest {opts.manifest} ({len(entries)} entries)" if opts.manifest else ""
+    if opts.manifest_only:
+        return f"hugify: {who}manifest only: {count['listed']} aligned file(s) listed{where}"
+    return (
+        f"hugify: {who}{count['transformed']} transformed, {count['listed']} already aligned, "
+        f"{count['skipped']} skipped, {count['failed']} failed{where}"
+    )
+
+
+def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
+    pol = opts.policy
+    doc = {
+        "hugify_tree_report": 1,
+        "package": pol.package,
+        "arch": opts.arch,
+        "enabled": pol.enabled,
+        "manifest_only": opts.manifest_only,
+        "policy": pol.as_json(),
+        "files": [o.as_json() for o in outcomes],
+        "summary": {
+            **{s: sum(o.status == s for o in outcomes) for s in ("transformed", "listed", "skipped", "failed")},
+            "on_error": pol.on_error,
+            "exit_status": int(code),
+        },
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
