@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""The runtime side: exec latency and minor page faults of a hugified >= 6 MiB program,
+original vs hugified-and-prefetched, and the overheads of hugify-run and of the audit
+library against a direct exec, all measured interleaved in one run (the machines here
+are noisy: every figure is also given as a ratio against its peer).
+
+Targets (issue 8): hugify-run start-up overhead under 2 ms when everything is
+prefetched; audit library under 50 us per loaded object; `hugify prefetch` under 5 ms
+per already-prefetched file.
+
+usage: bench/runtime_bench.py [--rounds N] [--libs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+RUNTIME = REPO / "runtime"
+HUGIFY_RUN = RUNTIME / "hugify-run"
+AUDIT = RUNTIME / "libhugify-audit.so"
+DEVNULL = os.open(os.devnull, os.O_WRONLY)
+
+
+def hugify(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        [sys.executable, "-m", "hugify.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"hugify {' '.join(map(str, args))} failed:\n{res.stdout}{res.stderr}")
+    return res
+
+
+def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """Wall time of fork+exec+run+exit, and the child's minor page faults (wait4)."""
+    start = time.perf_counter()
+    pid = os.posix_spawn(
+        argv[0], argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, DEVNULL, 1), (os.POSIX_SPAWN_DUP2, DEVNULL, 2)]
+    )
+    _, status, ru = os.wait4(pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv} exited with {os.waitstatus_to_exitcode(status)}")
+    return wall, ru.ru_minflt
+
+
+def interleaved(cases: dict[str, Callable[[], tuple[float, int]]], rounds: int) -> dict[str, list[tuple[float, int]]]:
+    """Every round runs every case once, in a new random order (no case always follows
+    the same other one)."""
+    out: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
+    for f in cases.values():  # warm-up
+        f()
+    rng = random.Random(8)
+    order = list(cases)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            out[k].append(cases[k]())
+    return out
+
+
+def med(xs: list[tuple[float, int]], i: int = 0) -> float:
+    return statistics.median(x[i] for x in xs)
+
+
+def p10(xs: list[tuple[float, int]]) -> float:
+    return sorted(x[0] for x in xs)[len(xs) // 10]
+
+
+def sh(cmd: list[str | Path], cwd: Path) -> None:
+    subprocess.run([str(c) for c in cmd], cwd=cwd, check=True, capture_output=True)
+
+
+def build_many_libs(work: Path, n: int) -> tuple[Path, Path]:
+    """Two small programs, one linking n tiny shared libraries and one linking none: the
+    audit overhead's growth between them is its cost per (non-hugified) object."""
+    work.mkdir()
+    for i in range(n):
+        (work / f"l{i}.c").write_text(f"int f{i}(int x) {{ return x + {i}; }}\n")
+        sh(["gcc", "-O1", "-fPIC", "-shared", "-o", f"libl{i}.so", f"l{i}.c"], work)
+    calls = " + ".join(f"f{i}(1)" for i in range(n))
+    decls = "".join(f"int f{i}(int);" for i in range(n))
+    (work / "many.c").write_text(f"{decls}\nint main(void) {{ return ({calls}) < 0; }}\n")
+    (work / "none.c").write_text("int main(void) { return 0; }\n")
+    libs = [f"-ll{i}" for i in range(n)]
+    sh(["gcc", "-O1", "-o", "many", "many.c", "-L.", *libs, "-Wl,-rpath,$ORIGIN"], work)
+    sh(["gcc", "-O1", "-o", "none", "none.c"], work)
+    return work / "many", work / "none"
+
+
+def coverage(files: list[Path]) -> dict[str, float]:
+    st = json.loads(hugify("status", "--json", *files).stdout)
+    return {Path(f["path"]).name: f.get("coverage", 0.0) for f in st["files"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=200, help="interleaved repetitions (default 200)")
+    ap.add_argument("--libs", type=int, default=40, help="libraries of the per-object audit measurement")
+    args = ap.parse_args()
+
+    subprocess.run(["make", "-s", "-C", RUNTIME, "all", "timing"], check=True)
+    from fixtures import BY_NAME, build
+
+    src = build(BY_NAME["gcc-bfd-large"])
+    work = Path(tempfile.mkdtemp(prefix="hugify-runtime-bench-"))
+    try:
+        orig, hug = work / "orig", work / "hug"
+        orig.mkdir()
+        hug.mkdir()
+        for name in ("prog", "libhug.so"):
+            shutil.copy2(src / name, orig / name)
+            hugify("transform", "--threshold", "0", src / name, "-o", hug / name)
+        hug_files = [hug / "prog", hug / "libhug.so"]
+        for f in hug_files:  # written pages are dirty and not 2 MiB folios: flush, then prefetch
+            fd = os.open(f, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        hugify("prefetch", *hug_files)
+        code = subprocess.run(["readelf", "-lW", hug / "prog"], capture_output=True, text=True, check=True).stdout
+        exec_size = next(int(x.split()[5], 16) for x in code.splitlines() if x.split()[:1] == ["LOAD"] and " R E " in x)
+        many, none = build_many_libs(work / "libs", args.libs)
+
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_"))}
+        audit = {**base, "LD_AUDIT": str(AUDIT)}
+        run_audit = {**base, "HUGIFY_AUDIT_LIB": str(AUDIT)}
+        run_plain = {**base, "HUGIFY_AUDIT_LIB": ""}
+        o, h, r = str(orig / "prog"), str(hug / "prog"), str(HUGIFY_RUN)
+        cases: dict[str, Callable[[], tuple[float, int]]] = {
+            "original": lambda: spawn([o], base),
+            "hugified+prefetched": lambda: spawn([h], base),
+            "hugified via hugify-run": lambda: spawn([r, h], run_audit),
+            "hugified via hugify-run, no audit": lambda: spawn([r, h], run_plain),
+            "hugified with LD_AUDIT": lambda: spawn([h], audit),
+            "original with LD_AUDIT": lambda: spawn([o], audit),
+            f"{args.libs} libraries": lambda: spawn([str(many)], base),
+            f"{args.libs} libraries with LD_AUDIT": lambda: spawn([str(many)], audit),
+            "no library": lambda: spawn([str(none)], base),
+            "no library with LD_AUDIT": lambda: spawn([str(none)], audit),
+        }
+        cov_before = coverage(hug_files)
+        res = interleaved(cases, args.rounds)
+        cov_after = coverage(hug_files)
+
+        # Time inside each la_objopen, from the measurement build of the audit library.
+        timing_env = {**base, "LD_AUDIT": str(RUNTIME / "libhugify-audit-timing.so")}
+        per_object: dict[str, list[float]] = {}
+        for _ in range(50):
+            out = subprocess.run([h], env=timing_env, capture_output=True, text=True, check=True).stderr
+            for line in out.splitlines():
+                if line.startswith("hugify-audit: "):
+                    us, name = line.split(maxsplit=2)[1:]
+                    per_object.setdefault(Path(name).name, []).append(float(us))
+
+        # hugify prefetch on files already in place: its own per-file timing, for the two
+        # files and for 16 more copies of them (one smaps read serves a whole batch).
+        batch = work / "batch"
+        batch.mkdir()
+        copies = []
+        for i in range(8):
+            for f in hug_files:
+                c = batch / f"{i}-{f.name}"
+                shutil.copy2(f, c)
+                fd = os.open(c, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+                copies.append(c)
+        hugify("prefetch", "--quiet", *copies)
+        per_file = []
+        for _ in range(5):
+            rep = json.loads(hugify("prefetch", "--json", *hug_files, *copies).stdout)
+            assert all(w["state"] == "huge" for f in rep["files"] for w in f["windows"]), rep
+            per_file.append(statistics.mean(f["elapsed_ms"] for f in rep["files"]))
+        one = []
+        for _ in range(5):
+            rep = json.loads(hugify("prefetch", "--json", hug_files[0]).stdout)
+            one.append(rep["files"][0]["elapsed_ms"])
+        cli = []
+        for _ in range(5):
+            t = time.perf_counter()
+            hugify("prefetch", "--quiet", hug_files[0])
+            cli.append((time.perf_counter() - t) * 1e3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"program: gcc-bfd-large, executable segment {exec_size / 2**20:.1f} MiB hugified; {args.rounds} rounds")
+    print(f"huge-page coverage of the hugified files before/after timing: {cov_before} / {cov_after}")
+    print(f"{'case':42} {'median us':>10} {'p10 us':>9} {'minflt':>7}")
+    for k, v in res.items():
+        print(f"{k:42} {med(v) * 1e6:10.0f} {p10(v) * 1e6:9.0f} {med(v, 1):7.0f}")
+
+    def ratio(a: str, b: str) -> str:
+        return f"{med(res[a]) / med(res[b]):.3f} (p10 {p10(res[a]) / p10(res[b]):.3f})"
+
+    print()
+    print("exec latency, hugified+prefetched / original:", ratio("hugified+prefetched", "original"))
+    print(
+        "minor faults, hugified+prefetched / original: "
+        f"{med(res['hugified+prefetched'], 1) / med(res['original'], 1):.3f} "
+        f"({med(res['hugified+prefetched'], 1):.0f} vs {med(res['original'], 1):.0f})"
+    )
+    run_over = med(res["hugified via hugify-run"]) - med(res["hugified+prefetched"])
+    run_over10 = p10(res["hugified via hugify-run"]) - p10(res["hugified+prefetched"])
+    print(
+        "hugify-run (with audit) / direct exec:",
+        ratio("hugified via hugify-run", "hugified+prefetched"),
+        f"overhead {run_over * 1e6:.0f} us (p10 {run_over10 * 1e6:.0f} us); target < 2000 us:",
+        "met" if run_over < 2e-3 else "MISSED",
+    )
+    print(
+        "hugify-run (no audit) / direct exec:",
+        ratio("hugified via hugify-run, no audit", "hugified+prefetched"),
+    )
+    objects = 5  # prog, libhug.so, libc.so.6, ld.so, vdso: la_objopen calls
+    aud = med(res["hugified with LD_AUDIT"]) - med(res["hugified+prefetched"])
+    print(
+        "LD_AUDIT / direct exec:",
+        ratio("hugified with LD_AUDIT", "hugified+prefetched"),
+        f"overhead {aud * 1e6:.0f} us for {objects} objects, loading the library included",
+    )
+    print("time in la_objopen per object (median of 50 runs, measurement build):")
+    for name, v in per_object.items():
+        kind = "hugified" if name in ("(main)", "libhug.so") else "not hugified"
+        print(f"  {name:28} {kind:13} {statistics.median(v):7.1f} us")
+    n = args.libs
+    slope = (
+        (med(res[f"{n} libraries with LD_AUDIT"]) - med(res[f"{n} libraries"]))
+        - (med(res["no library with LD_AUDIT"]) - med(res["no library"]))
+    ) / n
+    fixed = med(res["no library with LD_AUDIT"]) - med(res["no library"])
+    print(
+        f"LD_AUDIT per additional (plain) object, from exec times: {slope * 1e6:.1f} us; fixed cost of the "
+        f"audit library {fixed * 1e6:.0f} us; target < 50 us per object (la_objopen times above):",
+        "met" if max(statistics.median(v) for v in per_object.values()) < 50 else "MISSED",
+    )
+    print(
+        f"hugify prefetch, already prefetched: {statistics.median(per_file):.2f} ms per file in a batch of "
+        f"{len(copies) + 2}, {statistics.median(one):.2f} ms for one file alone "
+        f"(whole command incl. Python start-up {statistics.median(cli):.0f} ms); target < 5 ms per file:",
+        "met" if statistics.median(one) < 5 else "MISSED",
+    )
+
+
+if __name__ == "__main__":
+    main()

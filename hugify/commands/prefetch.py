@@ -1,0 +1,152 @@
+"""``hugify prefetch [--all | FILE…]``: load hugified files into the page cache as 2 MiB
+folios, so that every process maps their code with huge pages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hugify.exitcodes import Exit, worst
+
+if TYPE_CHECKING:
+    from hugify.prefetch import Target
+
+#: Exit status for a file that could not be handled, by error reason.
+_ERROR_EXIT = {"missing": Exit.IO, "io-error": Exit.IO, "not-hugified": Exit.INVALID, "refused": Exit.REFUSED}
+
+
+def file_exit(t: Target) -> Exit:
+    from hugify import prefetch as pf
+
+    if t.error:
+        return _ERROR_EXIT.get(t.error[0], Exit.OK)
+    if t.count(pf.FAILED):
+        return Exit.FAILED
+    if t.count(pf.UNSUPPORTED):
+        return Exit.REFUSED
+    return Exit.OK  # huge, left to the kernel, or busy (retried by the timer)
+
+
+def file_line(t: Target) -> str:
+    """One line per file: what happened, and the first problem with its reason."""
+    from hugify import prefetch as pf
+
+    n = len(t.windows)
+    good = t.count(*pf.GOOD_STATES)
+    parts = [f"{t.path}: {good}/{n} windows huge"]
+    detail = [f"{t.count(s)} {s}" for s in (pf.LOADED, pf.REPAIRED) if t.count(s)]
+    if t.count(pf.KERNEL):
+        detail.append(f"{t.count(pf.KERNEL)} left to the kernel's exec readahead")
+    if detail:
+        parts.append(f" ({', '.join(detail)})")
+    for state in (pf.FAILED, pf.BUSY):
+        bad = [w for w in t.windows if w.state == state]
+        if bad:
+            parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].reason}")
+    if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
+        parts.append(f"; {t.count(pf.UNSUPPORTED)} unsupported: files on {t.fs} cannot be prefetched")
+    if t.names[1:]:
+        parts.append(f" (also {', '.join(t.names[1:])})")
+    return "".join(parts)
+
+
+def run(args: argparse.Namespace) -> Exit:
+    if args.all == bool(args.files) or (args.manifests and args.all):
+        print("hugify prefetch: give --all, or FILE arguments (with --manifests: manifest files)", file=sys.stderr)
+        return Exit.USAGE
+    from hugify import prefetch as pf
+
+    problems: list[str] = []
+    if args.all:
+        targets, problems = pf.targets_from_manifests(pf.manifest_files(args.manifest_dir))
+    elif args.manifests:
+        targets, problems = pf.targets_from_manifests(Path(f) for f in args.files)
+    else:
+        targets = [pf.Target(f) for f in args.files]
+    for p in problems:
+        pf.say(p)
+    codes: list[Exit] = [Exit.IO for _ in problems]
+    messages: list[str] = []
+    with pf.session(args.runtime_dir) as r:
+        r.record()  # the THP mode (and verdict) for the audit library, also when refusing
+        problem = r.system.problem()
+        if problem:
+            pf.say(problem)
+            if args.json:
+                _dump({"system": r.system.as_json(), "refused": problem, "files": []})
+            return Exit.REFUSED
+        for t in targets:
+            if t.entry and t.entry.huge_page != r.hp:
+                t.error = ("refused", f"aligned to {t.entry.huge_page:#x}, this system's PMD huge page is {r.hp:#x}")
+        work = pf.open_targets([t for t in targets if not t.error], r.hp)
+        try:
+            r.prefetch(work)
+        finally:
+            pf.close_targets(work)
+        messages = [f"files on {fs}: {why}" for fs, why in r.unable_fs.items()]
+        for m in messages:
+            pf.say(m)  # once per filesystem, not once per file
+        for t in targets:
+            code = file_exit(t)
+            codes.append(code)
+            if args.json:
+                continue
+            if t.error:
+                if t.error[0] != "hardlink":
+                    pf.say(f"{t.path}: {t.error[1]}")
+            elif not args.quiet or code != Exit.OK or t.count(pf.BUSY):
+                print(file_line(t))
+        if not args.json and not args.quiet and work:
+            windows = sum(len(t.windows) for t in work)
+            huge = sum(t.count(*pf.GOOD_STATES) for t in work)
+            ms = sum(t.elapsed for t in work) * 1e3
+            print(f"{len(work)} files, {huge}/{windows} windows huge, {ms:.1f} ms")
+        if args.json:
+            _dump(
+                {
+                    "system": r.system.as_json(),
+                    "messages": messages,
+                    "files": [t.as_json() for t in targets],
+                }
+            )
+    return worst(codes)
+
+
+def _dump(obj: dict[str, Any]) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
+    print()
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "prefetch",
+        help="load hugified files into the page cache as 2 MiB huge pages",
+        description="Loads the code of hugified files into the page cache as 2 MiB folios, so that every "
+        "process that maps them gets huge pages, and reports per file how many 2 MiB windows are huge, "
+        "busy (small folios mapped by running processes) or failed, with the reason.",
+        epilog="Exit status: 0 every window is huge, busy, or left to the kernel; 1 some window failed; "
+        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once); "
+        "5 a file is missing or unreadable; 2 usage.",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="files to prefetch (or manifests, with --manifests)")
+    p.add_argument("--all", action="store_true", help="every file listed in the installed manifests")
+    p.add_argument(
+        "--manifests", action="store_true", help="the FILE arguments are manifests: prefetch the files they list"
+    )
+    p.add_argument(
+        "--manifest-dir",
+        metavar="DIR",
+        type=Path,
+        help="where --all finds the manifests (default: $HUGIFY_MANIFEST_DIR or /usr/lib/hugify/manifest.d)",
+    )
+    p.add_argument(
+        "--runtime-dir",
+        metavar="DIR",
+        help="where the kernel verdict is recorded (default: $HUGIFY_RUNTIME_DIR or /run/hugify)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="report only files with a problem")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)

@@ -1,0 +1,118 @@
+"""``hugify status [--json]``: the installed hugified files, how much of their code is
+in 2 MiB folios right now, and the system settings that decide it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hugify.exitcodes import Exit
+
+
+def _yes(v: bool | None, unknown: str = "unknown") -> str:
+    return unknown if v is None else "yes" if v else "no"
+
+
+def run(args: argparse.Namespace) -> Exit:
+    from hugify import prefetch as pf
+    from hugify.sizes import human
+
+    problems: list[str] = []
+    if args.files:
+        targets = [pf.Target(f) for f in args.files]
+    else:
+        targets, problems = pf.targets_from_manifests(pf.manifest_files(args.manifest_dir))
+    with pf.session(args.runtime_dir) as r:
+        s = r.system
+        features = {
+            "cachestat": s.cachestat,
+            "pagemap_scan": r.kernel.pagemap_scan(),
+            "exec_pmd_readahead": s.exec_pmd_readahead,
+            "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
+        }
+        cannot_measure = s.process_thp_disabled
+        work = pf.open_targets(targets, r.hp)
+        try:
+            if not cannot_measure:
+                r.measure(work)
+        finally:
+            pf.close_targets(work)
+        if args.json:
+            files = []
+            for t in targets:
+                d = t.as_json()
+                for k in ("elapsed_ms",):
+                    d.pop(k, None)
+                if cannot_measure and "coverage" in d:
+                    d["coverage"] = d["huge_bytes"] = None
+                files.append(d)
+            out: dict[str, Any] = {
+                "system": s.as_json() | {"features": features, "problem": s.problem()},
+                "files": files,
+                "problems": problems,
+            }
+            json.dump(out, sys.stdout, indent=2, sort_keys=True)
+            print()
+            return Exit.OK
+        print(
+            f"kernel {s.kernel}; transparent huge pages: enabled={s.thp_enabled or 'unavailable'} "
+            f"defrag={s.thp_defrag or '-'}; PMD huge page {human(s.pmd_size)}; base page {human(s.page_size)}"
+        )
+        verdict = s.exec_pmd_readahead
+        print(
+            f"kernel features: cachestat {_yes(features['cachestat'])}; "
+            f"PAGEMAP_SCAN {_yes(features['pagemap_scan'])}; "
+            f"exec mappings read as PMD folios by the kernel itself "
+            f"{_yes(verdict, 'unknown (no hugify prefetch this boot)')}; "
+            f"read-only THP for filesystems {_yes(features['read_only_thp_for_fs'])}"
+        )
+        problem = s.problem()
+        if problem:
+            print(f"note: {problem}")
+        if cannot_measure:
+            print("note: coverage cannot be measured from this process")
+        for p in problems:
+            print(f"hugify: {p}", file=sys.stderr)
+        if not targets:
+            print("no hugified files installed (no manifests)" if not args.files else "no files")
+            return Exit.OK
+        width = min(max(len(t.path) for t in targets), 70)
+        print(f"{'FILE':<{width}}  {'CODE':>10}  {'IN 2M FOLIOS':>12}  COVERAGE")
+        total_code = total_huge = 0
+        for t in targets:
+            if t.error:
+                if t.error[0] == "hardlink":
+                    continue
+                print(f"{t.path:<{width}}  {'-':>10}  {'-':>12}  {t.error[1]}")
+                continue
+            total_code += t.code_size
+            total_huge += t.huge_bytes
+            cov = "-" if cannot_measure else f"{100 * t.huge_bytes / t.code_size:5.1f} %"
+            extra = f"  (also {', '.join(t.names[1:])})" if t.names[1:] else ""
+            print(f"{t.path:<{width}}  {human(t.code_size):>10}  {human(t.huge_bytes):>12}  {cov}{extra}")
+        if total_code and not cannot_measure:
+            print(
+                f"total: {human(total_code)} of code, {human(total_huge)} in 2 MiB folios "
+                f"({100 * total_huge / total_code:.1f} %)"
+            )
+    return Exit.OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "status",
+        help="installed hugified files and how much of their code is on huge pages now",
+        description="Lists the files of the installed manifests (or the given files) with the share of "
+        "their code that the page cache holds in 2 MiB folios right now, and the system settings that "
+        "matter. Reads nothing into the page cache.",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="files to report instead of the installed ones")
+    p.add_argument(
+        "--manifest-dir", metavar="DIR", type=Path, help="default: $HUGIFY_MANIFEST_DIR or /usr/lib/hugify/manifest.d"
+    )
+    p.add_argument("--runtime-dir", metavar="DIR", help="where `hugify prefetch` records the kernel verdict")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)

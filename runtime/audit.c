@@ -1,0 +1,321 @@
+/* libhugify-audit.so — an LD_AUDIT library.
+ *
+ * On la_objopen of an object whose executable segment spans whole 2 MiB windows at a
+ * 2 MiB-aligned address (a hugified object, recognised from its program headers), it
+ * marks that mapping MADV_HUGEPAGE, so that faults read 2 MiB folios, faults the
+ * windows in (which reads them if they are not cached), and repairs windows that the
+ * page cache holds as small folios. la_objopen runs after ld.so has mapped an object
+ * and before it relocates or runs any of it.
+ *
+ * It implements no la_symbind*, and la_objopen returns 0: symbol binding is never
+ * audited or changed. It is linked without libc (see hp_sys.h) so that ld.so has to
+ * load nothing else into the audit namespace. */
+#define _GNU_SOURCE
+#include <link.h>
+#include <sys/mman.h>
+
+#include "hp_core.h"
+#include "hp_sys.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static struct hp_ctx ctx;
+static int ready; /* ctx initialised (at the first hugified object) */
+
+/* The compiler may emit calls to these for structure copies and initialisers. */
+void *memset(void *d, int c, size_t n);
+void *memcpy(void *d, const void *s, size_t n);
+__attribute__((visibility("hidden"))) void *memset(void *d, int c, size_t n)
+{
+    unsigned char *p = d;
+    while (n--)
+        *p++ = (unsigned char)c;
+    return d;
+}
+__attribute__((visibility("hidden"))) void *memcpy(void *d, const void *s, size_t n)
+{
+    unsigned char *p = d;
+    const unsigned char *q = s;
+    while (n--)
+        *p++ = *q++;
+    return d;
+}
+
+EXPORT unsigned int la_version(unsigned int version)
+{
+    /* la_objopen and la_activity are the same in every version. */
+    return version;
+}
+
+/* Once per process, at the first hugified object: are huge pages allowed, and does
+ * the kernel read executable mappings as PMD folios by itself? Both come from the
+ * record `hugify prefetch` keeps in /run/hugify for this boot (reading sysfs costs
+ * about 20 us); without one, from sysfs. */
+static int prepare(struct hp_ctx *c)
+{
+    struct hp_verdict v = hp_read_verdict("/run/hugify");
+    if (v.valid) {
+        c->aware = v.aware;
+        return v.thp_never ? -1 : 0;
+    }
+    char buf[128];
+    int fd = hp_open("/sys/kernel/mm/transparent_hugepage/enabled", O_RDONLY);
+    long n = fd >= 0 ? hp_read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        hp_close(fd);
+    if (n <= 0)
+        return -1; /* no THP in this kernel */
+    buf[n] = 0;
+    for (long i = 0; i + 7 <= n; i++)
+        if (buf[i] == '[' && buf[i + 1] == 'n' && buf[i + 2] == 'e' && buf[i + 3] == 'v')
+            return -1; /* "[never]": the administrator turned huge pages off */
+    return 0;
+}
+
+/* The program headers of the main program, from the auxiliary vector. */
+static const Elf64_Phdr *main_phdrs(unsigned *phnum)
+{
+    Elf64_auxv_t aux[64];
+    const Elf64_Phdr *ph = 0;
+    *phnum = 0;
+    int fd = hp_open("/proc/self/auxv", O_RDONLY);
+    if (fd < 0)
+        return 0;
+    long n = hp_read(fd, aux, sizeof aux);
+    hp_close(fd);
+    for (long i = 0; i < n / (long)sizeof aux[0] && aux[i].a_type != AT_NULL; i++) {
+        if (aux[i].a_type == AT_PHDR)
+            ph = (const Elf64_Phdr *)aux[i].a_un.a_val;
+        else if (aux[i].a_type == AT_PHNUM)
+            *phnum = (unsigned)aux[i].a_un.a_val;
+    }
+    return *phnum ? ph : 0;
+}
+
+/* The program headers of a loaded object, read from its mapped ELF header, and
+ * accepted only if its PT_DYNAMIC lands exactly on the link map's l_ld. */
+static const Elf64_Phdr *object_phdrs(struct link_map *map, unsigned *phnum)
+{
+    unsigned char resident;
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)map->l_addr;
+    if (map->l_addr == 0 || (map->l_addr & (HP_PAGE - 1)))
+        return 0;
+    if (hp_mincore((void *)map->l_addr, HP_PAGE, &resident) != 0)
+        return 0; /* not mapped: the first PT_LOAD does not start at address 0 */
+    if (hp_elf_ok(eh) != 0 || eh->e_phoff + (uint64_t)eh->e_phnum * sizeof(Elf64_Phdr) > HP_PAGE)
+        return 0;
+    const Elf64_Phdr *ph = (const Elf64_Phdr *)(map->l_addr + eh->e_phoff);
+    *phnum = eh->e_phnum;
+    return ph;
+}
+
+/* The path of the file mapped at `addr`, from /proc/self/maps (short at start-up). */
+static int mapped_path(uintptr_t addr, char *out, size_t cap)
+{
+    char buf[4096], line[4096 + 128];
+    size_t ll = 0;
+    int found = -1;
+    int fd = hp_open("/proc/self/maps", O_RDONLY);
+    if (fd < 0)
+        return -1;
+    for (;;) {
+        long n = hp_read(fd, buf, sizeof buf);
+        if (n <= 0)
+            break;
+        for (long i = 0; i < n && found < 0; i++) {
+            if (buf[i] != '\n') {
+                if (ll < sizeof line - 1)
+                    line[ll++] = buf[i];
+                continue;
+            }
+            line[ll] = 0;
+            ll = 0;
+            uintptr_t lo = 0, hi = 0;
+            const char *p = line;
+            for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++)
+                lo = lo * 16 + (uintptr_t)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
+            if (*p++ != '-')
+                continue;
+            for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++)
+                hi = hi * 16 + (uintptr_t)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
+            if (addr < lo || addr >= hi)
+                continue;
+            while (*p && *p != '/')
+                p++;
+            size_t k = 0;
+            for (; p[k] && k < cap - 1; k++)
+                out[k] = p[k];
+            out[k] = 0;
+            found = k > 0 && k < cap - 1 ? 0 : -1;
+            break;
+        }
+        if (found >= 0)
+            break;
+    }
+    hp_close(fd);
+    return found;
+}
+
+static const Elf64_Phdr *main_ph;
+static unsigned main_phnum;
+static uintptr_t main_at;
+
+/* Opens the main program's file: /proc/self/exe, unless ld.so was run as a command
+ * ("ld.so PROGRAM"); then the file mapped where the program is. */
+static int open_main_file(const Elf64_Phdr *ph, unsigned phnum, uintptr_t at, char *path, size_t cap)
+{
+    Elf64_Ehdr eh;
+    Elf64_Phdr fph[32];
+    int fd = hp_open("/proc/self/exe", O_RDONLY);
+    if (fd >= 0 && phnum <= 32 && hp_pread(fd, &eh, sizeof eh, 0) == (long)sizeof eh && hp_elf_ok(&eh) == 0 &&
+        eh.e_phnum == phnum && hp_pread(fd, fph, phnum * sizeof *fph, eh.e_phoff) == (long)(phnum * sizeof *fph)) {
+        const unsigned char *a = (const void *)fph, *b = (const void *)ph;
+        size_t i = 0;
+        while (i < phnum * sizeof *fph && a[i] == b[i])
+            i++;
+        if (i == phnum * sizeof *fph) {
+            static const char self[] = "/proc/self/exe";
+            for (size_t k = 0; k < sizeof self && k < cap; k++)
+                path[k] = self[k];
+            return fd;
+        }
+    }
+    if (fd >= 0)
+        hp_close(fd);
+    if (mapped_path(at, path, cap) != 0)
+        return -1;
+    return hp_open(path, O_RDONLY);
+}
+
+static int open_main(struct hp_target *t)
+{
+    static char path[4096];
+    t->fd = open_main_file(main_ph, main_phnum, main_at, path, sizeof path);
+    t->path = path;
+    return t->fd;
+}
+
+static int dynamic_matches(struct link_map *map, const Elf64_Phdr *ph, unsigned phnum)
+{
+    for (unsigned i = 0; i < phnum; i++)
+        if (ph[i].p_type == PT_DYNAMIC)
+            return map->l_addr + ph[i].p_vaddr == (uintptr_t)map->l_ld;
+    return 0;
+}
+
+static unsigned int objopen(struct link_map *map, uintptr_t caller);
+
+#ifdef HUGIFY_AUDIT_TIMING
+/* Measurement build (make libhugify-audit-timing.so, used by bench/runtime_bench.py):
+ * reports the time spent in each la_objopen on stderr as "hugify-audit: US NAME". */
+static long now_ns(void)
+{
+    struct {
+        long s, ns;
+    } t;
+    HP_SYS(__NR_clock_gettime, 1 /* CLOCK_MONOTONIC */, &t, 0, 0, 0, 0);
+    return t.s * 1000000000L + t.ns;
+}
+
+EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie)
+{
+    (void)lmid;
+    (void)cookie;
+    long t0 = now_ns();
+    unsigned int r = objopen(map, (uintptr_t)__builtin_return_address(0));
+    long us10 = (now_ns() - t0) / 100;
+    char b[512], digits[24];
+    int n = 0, k = 0;
+    static const char tag[] = "hugify-audit: ";
+    for (const char *p = tag; *p; p++)
+        b[n++] = *p;
+    do {
+        digits[k++] = (char)('0' + us10 % 10);
+        us10 /= 10;
+    } while (us10 || k < 2);
+    while (k > 1)
+        b[n++] = digits[--k];
+    b[n++] = '.';
+    b[n++] = digits[0];
+    b[n++] = ' ';
+    for (const char *p = map->l_name && *map->l_name ? map->l_name : "(main)"; *p && n < 500; p++)
+        b[n++] = *p;
+    b[n++] = '\n';
+    hp_write(2, b, (size_t)n);
+    return r;
+}
+#else
+EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie)
+{
+    (void)lmid;
+    (void)cookie;
+    return objopen(map, (uintptr_t)__builtin_return_address(0));
+}
+#endif
+
+/* `caller`: an address in ld.so's code, which is running. */
+static unsigned int objopen(struct link_map *map, uintptr_t caller)
+{
+    const char *name = map->l_name;
+    int is_main = name == 0 || name[0] == 0;
+    unsigned phnum = 0;
+    const Elf64_Phdr *ph = is_main && map->l_addr == 0 ? main_phdrs(&phnum) : object_phdrs(map, &phnum);
+    if (!ph && is_main)
+        ph = main_phdrs(&phnum);
+    if (!ph || !dynamic_matches(map, ph, phnum))
+        return 0;
+    struct hp_range r[HP_MAX_RANGES];
+    int nr = hp_exec_ranges(ph, phnum, HP_DEFAULT_SIZE, r, HP_MAX_RANGES);
+    if (nr == 0)
+        return 0; /* not hugified: the common case ends here */
+    if (!ready) {
+        hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
+        ctx.prepare = prepare;
+        ready = 1;
+    }
+
+    for (int i = 0; i < nr; i++) {
+        uintptr_t at = map->l_addr + r[i].vaddr;
+        if ((at & (HP_DEFAULT_SIZE - 1)) || !r[i].readable)
+            continue; /* not aligned at run time (ld.so ignored p_align), or unreadable */
+        struct hp_target t;
+        hp_memzero(&t, sizeof t);
+        t.map = (char *)at;
+        t.stride = HP_DEFAULT_SIZE;
+        t.nwin = r[i].len / HP_DEFAULT_SIZE;
+        t.off = r[i].off;
+        t.fd = -1;
+        t.size = -1;
+        t.path = is_main ? 0 : name;
+        if (is_main) {
+            main_ph = ph;
+            main_phnum = phnum;
+            main_at = at;
+            t.open_file = open_main;
+        }
+        /* The whole executable mapping, so that the VMA is not split. */
+        for (unsigned k = 0; k < phnum; k++) {
+            const Elf64_Phdr *p = &ph[k];
+            if (p->p_type == PT_LOAD && (p->p_flags & PF_X) && p->p_vaddr <= r[i].vaddr &&
+                r[i].vaddr < p->p_vaddr + p->p_memsz) {
+                uintptr_t lo = (map->l_addr + p->p_vaddr) & ~(uintptr_t)(HP_PAGE - 1);
+                uintptr_t hi = (map->l_addr + p->p_vaddr + p->p_memsz + HP_PAGE - 1) & ~(uintptr_t)(HP_PAGE - 1);
+                t.advise = (char *)lo;
+                t.advise_len = hi - lo;
+            }
+        }
+        t.zap_ok = !(caller >= at && caller < at + r[i].len); /* never under ld.so's feet */
+        struct hp_stats st;
+        hp_memzero(&st, sizeof st);
+        hp_settle(&ctx, &t, &st);
+    }
+    return 0;
+}
+
+EXPORT void la_activity(uintptr_t *cookie, unsigned int flag)
+{
+    (void)cookie;
+    /* Loading is over: close /proc/self/pagemap before the program runs again. */
+    if (flag == LA_ACT_CONSISTENT && ready > 0)
+        hp_ctx_release(&ctx);
+}

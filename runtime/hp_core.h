@@ -1,0 +1,105 @@
+/* The part of the hugify runtime shared by hugify-run and libhugify-audit.so:
+ * recognising a hugified object from its program headers, and getting the
+ * 2 MiB windows of its code into the page cache as 2 MiB folios.
+ *
+ * It uses only the raw system calls of hp_sys.h, so that the audit library can be
+ * linked without libc. See docs/runtime.md for the method. */
+#ifndef HUGIFY_HP_CORE_H
+#define HUGIFY_HP_CORE_H
+
+#include <elf.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HP_DEFAULT_SIZE (2UL << 20)
+#define HP_PAGE 4096UL /* smallest base page; only used to size probes */
+#define HP_MAX_RANGES 4
+
+/* The whole huge-page windows of one executable PT_LOAD: file offset and link-time
+ * address of the first window (both multiples of the huge-page size) and the length
+ * (a multiple of it). */
+struct hp_range {
+    uint64_t off, vaddr, len;
+    int readable; /* PF_R: the code can be read to fault it in */
+};
+
+/* What happened to the windows of one object. */
+struct hp_stats {
+    uint32_t windows;    /* whole windows considered */
+    uint32_t huge;       /* in a 2 MiB folio at the end (includes loaded and repaired) */
+    uint32_t loaded;     /* were not cached; read in as 2 MiB folios */
+    uint32_t repaired;   /* were cached in small folios; evicted and read in again */
+    uint32_t busy;       /* small folios that could not be evicted (mapped elsewhere) */
+    uint32_t failed;     /* evicted, but read in again as small folios */
+    uint32_t skipped;    /* not cached, left to the kernel's own exec readahead */
+    uint32_t unverified; /* no way to tell (no PAGEMAP_SCAN and no per-window VMA) */
+};
+
+struct hp_ctx {
+    uint64_t hp;     /* huge-page (PMD) size */
+    int pagemap_fd;  /* /proc/self/pagemap, opened on first use; -1 closed */
+    int scan;        /* PAGEMAP_SCAN works: 1 yes, 0 no, -1 not tried */
+    int cachestat;   /* cachestat(2) works: 1 yes, 0 no, -1 not tried */
+    int aware;       /* the kernel reads executable mappings as PMD folios by itself */
+    int smaps;       /* without PAGEMAP_SCAN, verify windows that are VMAs of their own
+                      * from /proc/self/smaps (small processes only) */
+    /* Called once, before the first window is read or repaired (never when every
+     * window is in place already): sets `aware`; returns 0 to go on, -1 to leave the
+     * page cache alone (transparent huge pages disabled). NULL: nothing to check. */
+    int (*prepare)(struct hp_ctx *c);
+    int prepared; /* 0 not yet, 1 go on, -1 leave alone */
+};
+
+/* The windows of one object and its file. */
+struct hp_target {
+    char *map;       /* window i is mapped (readable) at map + i * stride, hp-aligned */
+    uint64_t stride;
+    uint64_t nwin;
+    uint64_t off;    /* file offset of window 0 */
+    int fd;          /* the file, or -1: opened with open_file (or path) when needed */
+    long size;       /* file size, or -1: found out when the file is opened */
+    const char *path;
+    int (*open_file)(struct hp_target *t); /* optional; sets fd (and may set size) */
+    char *advise;    /* range to mark MADV_HUGEPAGE before any window is read; NULL: done */
+    size_t advise_len;
+    int zap_ok;      /* the caller's page-table entries of a window may be dropped */
+    int own_fd;      /* set when the core opened fd (it closes it) */
+};
+
+void hp_ctx_init(struct hp_ctx *c, uint64_t hp);
+/* Closes the pagemap descriptor (the audit library does so whenever the link map is
+ * consistent, so that the program never sees a descriptor it did not open). */
+void hp_ctx_release(struct hp_ctx *c);
+
+/* Whether PAGEMAP_SCAN (Linux 6.7) can tell PMD-mapped windows apart; without it
+ * windows are verified from /proc/self/smaps and must each be a VMA of their own. */
+int hp_scan_works(struct hp_ctx *c);
+
+/* Checks an ELF header for this machine's class and architecture; 0 if usable. */
+int hp_elf_ok(const Elf64_Ehdr *eh);
+/* Fills `out` with the window ranges of the executable segments; returns how many.
+ * A hugified object has an executable PT_LOAD with p_align >= hp whose file offset and
+ * address agree modulo hp and that spans at least one whole hp window. */
+int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, uint64_t hp, struct hp_range *out, int max);
+
+/* Settles the windows of `t`: faults each (an uncached window is read through the
+ * MADV_HUGEPAGE mapping as one 2 MiB folio), checks which are PMD-mapped, and evicts
+ * and reads again those held in small folios that nobody else maps. When every window
+ * is in place it costs a mincore(2) and a fault per window and one PAGEMAP_SCAN. */
+void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st);
+
+/* What `hugify prefetch` recorded in DIR/kernel-exec-pmd for the current boot:
+ * "BOOT-ID AWARE THP", AWARE 1 if the kernel reads executable mappings as PMD folios
+ * by itself (0 no, - not known), THP the transparent_hugepage/enabled mode. */
+struct hp_verdict {
+    int valid; /* a record of this boot was found */
+    int aware;
+    int thp_never;
+};
+struct hp_verdict hp_read_verdict(const char *dir);
+
+/* Small helpers, usable without libc. */
+size_t hp_strlen(const char *s);
+void hp_memzero(void *p, size_t n);
+
+#endif

@@ -1,0 +1,108 @@
+/* Raw Linux system calls for the hugify runtime.
+ *
+ * The LD_AUDIT library is linked without libc (a libc in the audit namespace would
+ * cost a second copy of libc's start-up in every process), so everything the shared
+ * core needs goes through these wrappers. They return the kernel's result: a
+ * negative errno on failure, never -1 with errno set. */
+#ifndef HUGIFY_HP_SYS_H
+#define HUGIFY_HP_SYS_H
+
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+
+#ifndef __NR_cachestat
+#define __NR_cachestat 451 /* the same number on every architecture (Linux 6.5) */
+#endif
+
+#if defined(__x86_64__)
+static inline long hp_syscall6(long n, long a, long b, long c, long d, long e, long f)
+{
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#elif defined(__aarch64__)
+static inline long hp_syscall6(long n, long a, long b, long c, long d, long e, long f)
+{
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    register long x5 __asm__("x5") = f;
+    __asm__ volatile("svc 0"
+                     : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                     : "memory", "cc");
+    return x0;
+}
+#else
+#error "hugify runtime: add the system call convention of this architecture to hp_sys.h"
+#endif
+
+#define HP_SYS(n, a, b, c, d, e, f)                                                          \
+    hp_syscall6((long)(n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+
+static inline int hp_open(const char *path, int flags)
+{
+    return (int)HP_SYS(__NR_openat, AT_FDCWD, path, flags | O_CLOEXEC, 0, 0, 0);
+}
+static inline long hp_close(int fd) { return HP_SYS(__NR_close, fd, 0, 0, 0, 0, 0); }
+static inline long hp_read(int fd, void *buf, size_t n) { return HP_SYS(__NR_read, fd, buf, n, 0, 0, 0); }
+static inline long hp_write(int fd, const void *buf, size_t n)
+{
+    return HP_SYS(__NR_write, fd, buf, n, 0, 0, 0);
+}
+static inline long hp_pread(int fd, void *buf, size_t n, uint64_t off)
+{
+    return HP_SYS(__NR_pread64, fd, buf, n, off, 0, 0);
+}
+static inline void *hp_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t off)
+{
+    return (void *)HP_SYS(__NR_mmap, addr, len, prot, flags, fd, off);
+}
+static inline int hp_mmap_failed(const void *p) { return (unsigned long)p > -4096UL; }
+static inline long hp_munmap(void *addr, size_t len) { return HP_SYS(__NR_munmap, addr, len, 0, 0, 0, 0); }
+static inline long hp_madvise(void *addr, size_t len, int advice)
+{
+    return HP_SYS(__NR_madvise, addr, len, advice, 0, 0, 0);
+}
+static inline long hp_mincore(void *addr, size_t len, unsigned char *vec)
+{
+    return HP_SYS(__NR_mincore, addr, len, vec, 0, 0, 0);
+}
+/* (fd, offset, len, advice) on both x86_64 and aarch64 */
+static inline long hp_fadvise(int fd, uint64_t off, uint64_t len, int advice)
+{
+    return HP_SYS(__NR_fadvise64, fd, off, len, advice, 0, 0);
+}
+static inline long hp_lseek(int fd, long off, int whence)
+{
+    return HP_SYS(__NR_lseek, fd, off, whence, 0, 0, 0);
+}
+static inline long hp_ioctl(int fd, unsigned long req, void *arg)
+{
+    return HP_SYS(__NR_ioctl, fd, req, arg, 0, 0, 0);
+}
+
+struct hp_cachestat_range {
+    uint64_t off, len;
+};
+struct hp_cachestat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static inline long hp_cachestat_call(int fd, struct hp_cachestat_range *r, struct hp_cachestat *cs)
+{
+    return HP_SYS(__NR_cachestat, fd, r, cs, 0, 0, 0);
+}
+
+#endif

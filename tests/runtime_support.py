@@ -1,0 +1,264 @@
+"""Support for the runtime tests (test_runtime*.py): a hugified test program that
+reports its own /proc/self/smaps, cache dropping, and serialisation of the tests that
+depend on the state of the page cache.
+
+The test program `prog` (about 4.4 MiB of code) links `libbig.so` (about 2.5 MiB of
+code) through RUNPATH $ORIGIN and, given a path, dlopen()s `libplug.so` (about 1.6 MiB).
+All three are hugified with `hugify transform`. It runs all of its code, reads one
+byte of every 2 MiB of each executable mapping, and prints /proc/self/smaps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME = REPO / "runtime"
+HUGIFY_RUN = RUNTIME / "hugify-run"
+AUDIT_LIB = RUNTIME / "libhugify-audit.so"
+HP = 2 << 20
+#: Every test that drops the page cache or depends on it holds this lock, so that the
+#: two pytest-xdist workers never evict each other's freshly prefetched files.
+LOCK = Path("/tmp/hugify-runtime-tests.lock")
+
+
+def _functions(prefix: str, count: int, fill: int) -> str:
+    out = [
+        f'long {prefix}_f{i}(long x) {{ __asm__ volatile(".fill {fill}, 1, 0x90"); return x * 3 + {i}; }}'
+        for i in range(count)
+    ]
+    table = ", ".join(f"{prefix}_f{i}" for i in range(count))
+    out.append(f"long (*const {prefix}_table[])(long) = {{ {table} }};")
+    out.append(
+        f"long {prefix}_all(long x) {{ for (int i = 0; i < {count}; i++) x = {prefix}_table[i](x) & 0xffff;"
+        " return x; }"
+    )
+    return "\n".join(out) + "\n"
+
+
+MAIN = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+long lib_all(long);
+
+/* Reads one byte of every 2 MiB of every executable file mapping: each window is
+ * faulted once, so smaps shows how the page cache holds it. */
+static void touch_code(void) {
+    FILE *m = fopen("/proc/self/maps", "r");
+    char line[4096];
+    while (fgets(line, sizeof line, m)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && perms[0] == 'r' && perms[2] == 'x'
+            && strchr(line, '/'))
+            for (unsigned long a = (lo + 0x1fffff) & ~0x1fffffUL; a < hi; a += 0x200000)
+                (void)*(volatile char *)a;
+    }
+    fclose(m);
+}
+
+int main(int argc, char **argv) {
+    long x = exe_all(1) + lib_all(2);
+    if (argc > 1 && strcmp(argv[1], "-")) {
+        void *h = dlopen(argv[1], RTLD_NOW);
+        if (!h) { printf("dlopen: %s\n", dlerror()); return 1; }
+        long (*f)(long) = (long (*)(long))dlsym(h, "plug_all");
+        x += f(3);
+    }
+    if (argc > 2)  /* wait until told to go on: lets a test look at this process */
+        { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
+    touch_code();
+    printf("result %ld\n--- smaps\n", x);
+    fflush(stdout);
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        fwrite(buf, 1, n, stdout);
+    return 0;
+}
+"""
+
+
+@dataclass
+class Programs:
+    """Hugified copies in `dir`: prog, libbig.so, libplug.so; `orig` has the originals."""
+
+    dir: Path
+    orig: Path
+
+    @property
+    def prog(self) -> Path:
+        return self.dir / "prog"
+
+    @property
+    def lib(self) -> Path:
+        return self.dir / "libbig.so"
+
+    @property
+    def plug(self) -> Path:
+        return self.dir / "libplug.so"
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.prog, self.lib, self.plug]
+
+
+def _run(cmd: list[str | Path], cwd: Path | None = None) -> None:
+    res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
+
+
+def hugify(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs the hugify CLI of this checkout."""
+    cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=full, check=False)
+
+
+def build_runtime() -> None:
+    """Builds runtime/ (make is incremental; the lock keeps workers from racing)."""
+    with locked(Path("/tmp/hugify-runtime-build.lock")):
+        _run(["make", "-s", "-C", RUNTIME])
+
+
+def build_programs(work: Path) -> Programs:
+    """Compiles the test program and its libraries in `work`/orig and hugifies them
+    into `work`/hugified."""
+    src = work / "orig"
+    src.mkdir(parents=True)
+    (src / "lib.c").write_text(_functions("lib", 160, 16384))
+    (src / "plug.c").write_text(_functions("plug", 100, 16384))
+    (src / "main.c").write_text(_functions("exe", 280, 16384) + MAIN)
+    _run(["gcc", "-O1", "-fPIC", "-shared", "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"], src)
+    _run(["gcc", "-O1", "-fPIC", "-shared", "-o", "libplug.so", "plug.c"], src)
+    _run(
+        ["gcc", "-O1", "-fPIE", "-pie", "-o", "prog", "main.c", "-L.", "-lbig", "-Wl,-rpath,$ORIGIN", "-ldl"],
+        src,
+    )
+    out = work / "hugified"
+    out.mkdir()
+    for name in ("prog", "libbig.so", "libplug.so"):
+        res = hugify("transform", "--threshold", "0", src / name, "-o", out / name)
+        assert res.returncode == 0, res.stderr
+    return Programs(out, src)
+
+
+def copy_programs(p: Programs, dest: Path) -> Programs:
+    """Fresh copies (new inodes, so no page-cache state is shared with other tests),
+    written back to disk so that nothing is dirty."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in p.files:
+        shutil.copy2(f, dest / f.name)
+        fd = os.open(dest / f.name, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return Programs(dest, p.orig)
+
+
+@contextlib.contextmanager
+def locked(path: Path = LOCK) -> Iterator[None]:
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def drop_caches() -> None:
+    """Empties the page cache (as root): every file is cold afterwards."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def read_plainly(paths: list[Path]) -> None:
+    """Reads files with read() in 64 KiB pieces: the page cache then holds them in
+    small folios (the pollution hugify prefetch has to repair)."""
+    for p in paths:
+        with p.open("rb", buffering=0) as f:
+            while f.read(65536):
+                pass
+
+
+@dataclass
+class Mapping:
+    size: int
+    pmd: int
+
+
+def parse_smaps(output: str) -> dict[str, Mapping]:
+    """Executable file mappings of the program's own smaps: path -> size, FilePmdMapped."""
+    assert "--- smaps\n" in output, output[-2000:]
+    text = output.split("--- smaps\n", 1)[1]
+    out: dict[str, Mapping] = {}
+    cur: tuple[int, str, str] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$", line)
+        if m:
+            cur = (int(m[2], 16) - int(m[1], 16), m[3], m[4])
+            continue
+        if line.startswith("FilePmdMapped:") and cur and "x" in cur[1] and cur[2].startswith("/"):
+            size, _, path = cur
+            prev = out.get(path, Mapping(0, 0))
+            out[path] = Mapping(prev.size + size, prev.pmd + int(line.split()[1]) * 1024)
+    return out
+
+
+def run_program(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
+    full = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD")}
+    res = subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, env={**full, **(env or {})}, check=False, timeout=120
+    )
+    assert res.returncode == 0, f"{argv} -> {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr}"
+    assert "result " in res.stdout
+    return parse_smaps(res.stdout)
+
+
+def exec_segment_size(path: Path) -> int:
+    """The size of the executable PT_LOAD, read with readelf."""
+    out = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
+    sizes = [
+        int(f[5], 16) for f in (line.split() for line in out.splitlines()) if f and f[0] == "LOAD" and "E" in f[6:-1]
+    ]
+    assert len(sizes) == 1, out
+    return sizes[0]
+
+
+def cached_pages(path: Path) -> int:
+    """Pages of the file in the page cache, by mincore(2) on a mapping that is never
+    faulted (independent of the cachestat(2) hugify uses)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 2, fd, 0)  # PROT_READ, MAP_PRIVATE
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        try:
+            vec = ctypes.create_string_buffer((size + 4095) // 4096)
+            assert libc.mincore(addr, size, vec) == 0
+            return sum(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)

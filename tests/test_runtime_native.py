@@ -1,0 +1,173 @@
+"""hugify-run and libhugify-audit.so beyond the page cache: what the audit library
+exports and links, that it changes nothing a program sees, how hugify-run finds the
+libraries ld.so will load, how it passes arguments and exit statuses through, and
+`make install` of runtime/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from runtime_support import (
+    AUDIT_LIB,
+    HUGIFY_RUN,
+    REPO,
+    RUNTIME,
+    Programs,
+    build_programs,
+    build_runtime,
+    copy_programs,
+    drop_caches,
+    exec_segment_size,
+    locked,
+    parse_smaps,
+    run_program,
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Programs:
+    assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
+    build_runtime()
+    return build_programs(tmp_path_factory.mktemp("native-programs"))
+
+
+def run(argv: list, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_"))}
+    return subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, env={**base, **(env or {})}, check=False, **kw
+    )
+
+
+def test_audit_library_exports_only_the_audit_interface():
+    syms = subprocess.run(
+        ["nm", "-D", "--defined-only", AUDIT_LIB], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert sorted(s for s in syms if s.startswith("la_")) == ["la_activity", "la_objopen", "la_version"]
+    assert not [s for s in syms if "symbind" in s or "plt" in s]
+    dyn = subprocess.run(["readelf", "-dW", AUDIT_LIB], capture_output=True, text=True, check=True).stdout
+    assert "(NEEDED)" not in dyn  # no libc: ld.so loads nothing else into the audit namespace
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", AUDIT_LIB], capture_output=True, text=True, check=True
+    ).stdout
+    assert undefined.strip() == ""
+
+
+def test_audit_changes_nothing_the_program_sees(built: Programs):
+    """Same output and exit status with and without the audit library, for the original
+    and the hugified program, lazy and immediate binding."""
+    for prog in (built.orig / "prog", built.prog):
+        plug = prog.parent / "libplug.so"
+        outputs = set()
+        for env in ({}, {"LD_AUDIT": str(AUDIT_LIB)}, {"LD_AUDIT": str(AUDIT_LIB), "LD_BIND_NOW": "1"}):
+            res = run([prog, plug], env)
+            assert res.returncode == 0, res.stderr
+            assert res.stderr == ""
+            outputs.add(res.stdout.split("\n--- smaps")[0])
+        assert len(outputs) == 1, outputs
+
+
+def test_hugify_run_passes_arguments_environment_and_status(tmp_path: Path):
+    script = tmp_path / "script"
+    script.write_text('#!/bin/sh\nprintf "%s|" "$@"; printf "%s" "$LD_AUDIT"; exit 7\n')
+    script.chmod(0o755)
+    res = run([HUGIFY_RUN, script, "a b", "", "-c"], {"HUGIFY_AUDIT_LIB": "/x/audit.so", "LD_AUDIT": "/y/other.so"})
+    assert res.returncode == 7
+    assert res.stdout == "a b||-c|/y/other.so:/x/audit.so"
+    # found on PATH like a shell would, and `--` ends hugify-run's options
+    res = run([HUGIFY_RUN, "--", "true"], {"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    res = run([HUGIFY_RUN, "--version"])
+    assert res.returncode == 0 and res.stdout.startswith("hugify-run ")
+
+
+def test_hugify_run_errors(tmp_path: Path):
+    assert run([HUGIFY_RUN]).returncode == 2
+    res = run([HUGIFY_RUN, "--bogus"])
+    assert res.returncode == 2 and "unknown option --bogus" in res.stderr
+    res = run([HUGIFY_RUN, "no-such-command-hugify"])
+    assert res.returncode == 127
+    assert res.stderr.strip() == "hugify-run: no-such-command-hugify: command not found"
+    data = tmp_path / "data"
+    data.write_text("not a program\n")
+    res = run([HUGIFY_RUN, data])
+    assert res.returncode == 126 and res.stderr == f"hugify-run: {data}: Permission denied\n"
+
+
+def test_hugify_run_resolves_libraries_like_ld_so(built: Programs, tmp_path: Path):
+    """A program without RUNPATH finds its hugified library through LD_LIBRARY_PATH, a
+    preloaded library is included, and a missing one does not stop the program."""
+    progs = copy_programs(built, tmp_path / "bin")
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    shutil.move(progs.lib, libs / "libbig.so")
+    src = tmp_path / "main2.c"
+    src.write_text("long lib_all(long);\nint main(void) { return lib_all(1) < 0; }\n")
+    prog2 = tmp_path / "prog2"
+    subprocess.run(["gcc", "-o", prog2, src, f"-L{libs}", "-lbig"], check=True)
+    env = {"HUGIFY_DEBUG": "1", "HUGIFY_AUDIT_LIB": "", "HUGIFY_RUNTIME_DIR": str(tmp_path)}
+    with locked():
+        drop_caches()
+        res = run(
+            [HUGIFY_RUN, prog2], {**env, "LD_LIBRARY_PATH": f"/nonexistent:{libs}", "LD_PRELOAD": str(progs.plug)}
+        )
+        bad = run([HUGIFY_RUN, prog2], {**env, "LD_PRELOAD": "libnotthere.so"})
+    assert res.returncode == 0, res.stderr
+    assert f"hugify-run: {libs}/libbig.so: 2 windows: 2 huge (2 loaded" in res.stderr, res.stderr
+    assert f"hugify-run: {progs.plug}: 1 windows: 1 huge (1 loaded" in res.stderr, res.stderr
+    # without LD_LIBRARY_PATH ld.so cannot start it; hugify-run still runs it and passes the error on
+    assert bad.returncode == 127 and "libbig.so" in bad.stderr and "libnotthere.so" in bad.stderr
+
+
+def test_hugify_run_is_quiet_and_prefetches_only_hugified_objects(built: Programs, tmp_path: Path):
+    progs = copy_programs(built, tmp_path / "bin")
+    with locked():
+        drop_caches()
+        res = run([HUGIFY_RUN, progs.prog, "-"], {"HUGIFY_AUDIT_LIB": ""})
+        plain = run([HUGIFY_RUN, progs.orig / "prog", "-"], {"HUGIFY_AUDIT_LIB": "", "HUGIFY_DEBUG": "1"})
+    assert res.returncode == 0 and res.stderr == ""
+    maps = parse_smaps(res.stdout)
+    assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)
+    assert plain.returncode == 0
+    assert "windows" not in plain.stderr  # nothing hugified: nothing mapped, nothing read
+    assert "objects in" in plain.stderr
+
+
+def test_audit_handles_a_program_loaded_through_ld_so(built: Programs, tmp_path: Path):
+    """`ld.so PROGRAM`: the program is not the main map the kernel loaded; it still is
+    recognised from its program headers."""
+    progs = copy_programs(built, tmp_path / "bin")
+    ldso = next(p for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1") if Path(p).exists())
+    with locked():
+        drop_caches()
+        maps = run_program([ldso, progs.prog, "-"], env={"LD_AUDIT": str(AUDIT_LIB)})
+    for p in (progs.prog, progs.lib):
+        assert maps[str(p)].pmd == exec_segment_size(p)
+
+
+def test_runtime_make_install(tmp_path: Path):
+    """`make install DESTDIR= PREFIX=` puts the dispatcher, the audit library and the
+    trigger helper in place, with the audit library's path built into hugify-run."""
+    src = tmp_path / "src"
+    shutil.copytree(RUNTIME, src / "runtime", ignore=shutil.ignore_patterns("hugify-run", "*.so", "build-config.h*"))
+    shutil.copytree(REPO / "systemd", src / "systemd")
+    shutil.copy(REPO / "Cargo.toml", src / "Cargo.toml")
+    dest = tmp_path / "dest"
+    subprocess.run(
+        ["make", "-s", "-C", src / "runtime", "install", f"DESTDIR={dest}", "PREFIX=/opt/hugify"],
+        check=True,
+        capture_output=True,
+    )
+    run_bin = dest / "opt/hugify/bin/hugify-run"
+    lib = dest / "opt/hugify/lib/hugify/libhugify-audit.so"
+    trig = dest / "opt/hugify/lib/hugify/prefetch-trigger"
+    assert os.access(run_bin, os.X_OK) and lib.is_file() and os.access(trig, os.X_OK)
+    assert b"/opt/hugify/lib/hugify/libhugify-audit.so" in run_bin.read_bytes()
+    assert "HUGIFY=${HUGIFY:-/opt/hugify/bin/hugify}" in trig.read_text()
+    res = run([run_bin, "sh", "-c", 'echo "$LD_AUDIT"'])
+    assert res.stdout.strip() == "/opt/hugify/lib/hugify/libhugify-audit.so"
+    subprocess.run(["make", "-s", "-C", src / "runtime", "clean"], check=True)
+    assert not (src / "runtime" / "hugify-run").exists()

@@ -1,0 +1,263 @@
+"""The systemd units and the package triggers: `systemd-analyze verify` on the units,
+their sandbox, the service started for real where systemd is PID 1 (otherwise its
+ExecStart run directly under the unit's privilege and priority limits), and the
+trigger helper run the way rpm and dpkg run it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runtime_support import (
+    HP,
+    REPO,
+    Programs,
+    build_programs,
+    build_runtime,
+    copy_programs,
+    drop_caches,
+    exec_segment_size,
+    locked,
+    run_program,
+)
+
+UNITS = REPO / "systemd"
+SERVICE = UNITS / "hugify-prefetch.service"
+TIMER = UNITS / "hugify-prefetch.timer"
+TRIGGER = UNITS / "hugify-prefetch-trigger"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Programs:
+    assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
+    build_runtime()
+    return build_programs(tmp_path_factory.mktemp("unit-programs"))
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Path:
+    """An executable `hugify` that runs this checkout's CLI (what /usr/bin/hugify is)."""
+    p = tmp_path / "hugify"
+    p.write_text(
+        f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m hugify.cli "$@"\n'
+    )
+    p.chmod(0o755)
+    return p
+
+
+def manifest_for(progs: Programs, directory: Path, name: str = "test.list") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [f"{p}\t-\t{HP:#x}\t{exec_segment_size(p):#x}\t{HP:#x}" for p in sorted(progs.files)]
+    m = directory / name
+    m.write_text("# hugify manifest v1\n" + "\n".join(lines) + "\n")
+    return m
+
+
+def unit_value(unit: Path, key: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in unit.read_text().splitlines() if line.startswith(f"{key}=")]
+
+
+def installed_units(tmp_path: Path, launcher: Path) -> tuple[Path, Path]:
+    """The units as `make install` installs them for a hugify at `launcher`."""
+    d = tmp_path / "units"
+    d.mkdir()
+    (d / SERVICE.name).write_text(SERVICE.read_text().replace("/usr/bin/hugify", str(launcher)))
+    shutil.copy(TIMER, d / TIMER.name)
+    return d / SERVICE.name, d / TIMER.name
+
+
+def systemd_is_pid1() -> bool:
+    return Path("/run/systemd/system").is_dir() and Path("/proc/1/comm").read_text().strip() == "systemd"
+
+
+# --- units -----------------------------------------------------------------------------------
+
+
+def test_units_verify_clean(tmp_path: Path, launcher: Path):
+    service, timer = installed_units(tmp_path, launcher)
+    res = subprocess.run(["systemd-analyze", "verify", service, timer], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout + res.stderr == "", res.stdout + res.stderr
+
+
+def test_service_is_sandboxed_tightly(tmp_path: Path, launcher: Path):
+    service, _ = installed_units(tmp_path, launcher)
+    res = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", service], capture_output=True, text=True, check=False
+    )
+    m = re.search(r"Overall exposure level for hugify-prefetch.service: ([0-9.]+) (\w+)", res.stdout)
+    assert m, res.stdout + res.stderr
+    assert float(m.group(1)) <= 1.5, res.stdout  # "OK" starts below 4.0
+    for key, value in [
+        ("Type", "oneshot"),
+        ("ProtectSystem", "strict"),
+        ("NoNewPrivileges", "yes"),
+        ("PrivateNetwork", "yes"),
+        ("IPAddressDeny", "any"),
+        ("CapabilityBoundingSet", "CAP_DAC_READ_SEARCH"),
+        ("Nice", "19"),
+        ("IOSchedulingPriority", "7"),
+        ("WantedBy", "sysinit.target"),
+    ]:
+        assert unit_value(service, key) == [value], key
+    assert unit_value(TIMER, "WantedBy") == ["timers.target"]
+    assert unit_value(TIMER, "OnUnitInactiveSec")
+
+
+def test_service_runs_for_real(built: Programs, tmp_path: Path, launcher: Path):
+    """Where systemd is PID 1 the service is started with systemctl; otherwise its
+    ExecStart runs directly, with the unit's capability bounding set, no new privileges,
+    no network, and its CPU and I/O priority (what can be applied without systemd)."""
+    progs = copy_programs(built, tmp_path / "bin")
+    mdir = tmp_path / "manifest.d"
+    manifest_for(progs, mdir)
+    rdir = tmp_path / "run"
+    service, _ = installed_units(tmp_path, launcher)
+    (exec_start,) = unit_value(service, "ExecStart")
+    argv = [*shlex.split(exec_start), "--manifest-dir", str(mdir), "--runtime-dir", str(rdir)]
+    assert argv[:4] == [str(launcher), "prefetch", "--all", "--quiet"]
+    ok = {0, *map(int, unit_value(service, "SuccessExitStatus")[0].split())}
+    with locked():
+        drop_caches()
+        if systemd_is_pid1():
+            unit = Path("/run/systemd/system/hugify-prefetch-test.service")
+            dropin = Path(f"{unit}.d")
+            text = service.read_text().replace(exec_start, shlex.join(argv))
+            unit.write_text(text.replace("ConditionPathIsDirectory=/usr/lib/hugify/manifest.d", ""))
+            dropin.mkdir(exist_ok=True)
+            rdir.mkdir()
+            # this test's files live in /tmp and its Python under /root: let the sandbox see them
+            (dropin / "test.conf").write_text(f"[Service]\nPrivateTmp=no\nProtectHome=no\nReadWritePaths={rdir}\n")
+            try:
+                subprocess.run(["systemctl", "daemon-reload"], check=True)
+                subprocess.run(["systemctl", "start", unit.name], check=True)
+                result = subprocess.run(
+                    ["systemctl", "show", "-P", "Result", unit.name], capture_output=True, text=True, check=True
+                ).stdout.strip()
+                assert result == "success"
+            finally:
+                unit.unlink()
+                shutil.rmtree(dropin)
+                subprocess.run(["systemctl", "daemon-reload"], check=False)
+        else:
+            (cap,) = unit_value(service, "CapabilityBoundingSet")
+            wrap = [
+                "unshare",
+                "--net",
+                "setpriv",
+                "--no-new-privs",
+                f"--bounding-set=-all,+{cap.removeprefix('CAP_').lower()}",
+                "nice",
+                "-n",
+                unit_value(service, "Nice")[0],
+                "ionice",
+                "-c",
+                "2",
+                "-n",
+                unit_value(service, "IOSchedulingPriority")[0],
+            ]
+            res = subprocess.run([*wrap, *argv], capture_output=True, text=True, check=False)
+            assert res.returncode in ok, res.stdout + res.stderr
+            assert res.stdout == "" and res.stderr == "", res.stdout + res.stderr  # --quiet: all is well
+        maps = run_program([progs.prog])
+    for p in (progs.prog, progs.lib):
+        assert maps[str(p)].pmd == exec_segment_size(p)
+
+
+# --- package triggers --------------------------------------------------------------------------
+
+
+def trigger_env(tmp_path: Path, launcher: Path, **extra: str) -> dict[str, str]:
+    """No systemctl on PATH: the helper runs the prefetch itself (the path taken in
+    chroots, containers and package builds)."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    for t in ("sh", "cat", "grep", "xargs", "nice", "python3"):
+        found = shutil.which(t)
+        assert found, t
+        (tools / t).symlink_to(found)
+    return {"PATH": str(tools), "HUGIFY": str(launcher), **extra}
+
+
+def test_rpm_file_trigger_prefetches_the_new_manifests(built: Programs, tmp_path: Path, launcher: Path):
+    progs = copy_programs(built, tmp_path / "bin")
+    mdir = tmp_path / "manifest.d"
+    m = manifest_for(progs, mdir, "pkg-a.list")
+    other = copy_programs(built, tmp_path / "other")
+    manifest_for(other, mdir, "pkg-b.list")  # installed earlier: not in this transaction
+    # what %transfiletriggerin gets on stdin: every installed path under the prefix
+    stdin = f"{mdir}\n{m}\n"
+    with locked():
+        drop_caches()
+        res = subprocess.run(
+            [TRIGGER, "--stdin"],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=trigger_env(tmp_path, launcher, HUGIFY_RUNTIME_DIR=str(tmp_path / "run")),
+            check=False,
+        )
+        maps = run_program([progs.prog])
+        untouched = run_program([other.prog])
+    assert res.returncode == 0, res.stderr
+    assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)
+    assert maps[str(progs.lib)].pmd == exec_segment_size(progs.lib)
+    assert untouched[str(other.prog)].pmd == 0
+
+
+def test_dpkg_trigger_prefetches_everything_and_never_fails(built: Programs, tmp_path: Path, launcher: Path):
+    progs = copy_programs(built, tmp_path / "bin")
+    mdir = tmp_path / "manifest.d"
+    manifest_for(progs, mdir)
+    (mdir / "broken.list").write_text("# hugify manifest v1\n/nonexistent/file\t-\t0x200000\t0x200000\t0x200000\n")
+    env = trigger_env(tmp_path, launcher, HUGIFY_MANIFEST_DIR=str(mdir), HUGIFY_RUNTIME_DIR=str(tmp_path / "run"))
+    with locked():
+        drop_caches()
+        res = subprocess.run([TRIGGER], capture_output=True, text=True, env=env, check=False)
+        maps = run_program([progs.prog])
+    assert res.returncode == 0, res.stderr  # a missing file is reported, not fatal to dpkg
+    assert "/nonexistent/file: not found" in res.stderr
+    assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)
+    broken = subprocess.run(
+        [TRIGGER], capture_output=True, text=True, env={**env, "HUGIFY": "/nonexistent/hugify"}, check=False
+    )
+    assert broken.returncode == 0
+
+
+def test_trigger_declarations(tmp_path: Path):
+    """The dpkg triggers file and the rpm scriptlet are accepted by dpkg-deb and rpmspec."""
+    dpkg = UNITS / "dpkg"
+    lines = [x for x in (dpkg / "hugify-runtime.triggers").read_text().splitlines() if x and not x.startswith("#")]
+    assert lines == ["interest-noawait /usr/lib/hugify/manifest.d"]
+    pkg = tmp_path / "deb"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: hugify-runtime-test\nVersion: 1\nArchitecture: all\nMaintainer: t <t@example.org>\nDescription: t\n"
+    )
+    shutil.copy(dpkg / "hugify-runtime.triggers", pkg / "DEBIAN" / "triggers")
+    post = (dpkg / "hugify-runtime.postinst").read_text().replace("#DEBHELPER#\n", "")
+    (pkg / "DEBIAN" / "postinst").write_text(post)
+    (pkg / "DEBIAN" / "postinst").chmod(0o755)
+    subprocess.run(["dpkg-deb", "--build", pkg, tmp_path / "t.deb"], capture_output=True, check=True)
+    info = subprocess.run(
+        ["dpkg-deb", "-I", tmp_path / "t.deb", "triggers"], capture_output=True, text=True, check=True
+    )
+    assert "interest-noawait /usr/lib/hugify/manifest.d" in info.stdout
+    assert subprocess.run(["sh", "-n", dpkg / "hugify-runtime.postinst"], check=False).returncode == 0
+
+    spec = tmp_path / "t.spec"
+    spec.write_text(
+        "Name: hugify-runtime-test\nVersion: 1\nRelease: 1\nSummary: t\nLicense: MIT\nBuildArch: noarch\n"
+        "%description\nt\n%files\n" + (UNITS / "rpm" / "hugify-runtime.triggers.spec").read_text()
+    )
+    parsed = subprocess.run(["rpmspec", "--parse", spec], capture_output=True, text=True, check=False)
+    assert parsed.returncode == 0, parsed.stderr
+    assert (
+        "%transfiletriggerin -- /usr/lib/hugify/manifest.d\n/usr/lib/hugify/prefetch-trigger --stdin" in parsed.stdout
+    )
