@@ -18,6 +18,7 @@ EXT = hugify/_core.abi3.so
 all: build
 
 build: $(EXT)
+	$(MAKE) -C runtime PREFIX=$(PREFIX)
 
 # The extension is a plain cdylib; no build frontend is needed to install it.
 $(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml bindings/Cargo.toml Cargo.toml
@@ -31,6 +32,15 @@ install: build
 	install -m 0644 $(EXT) $(DESTDIR)$(PYDIR)/hugify/
 	sed -e 's|@PYTHON@|$(PYTHON)|' -e 's|@PYDIR@|$(PYDIR)|' tools/hugify.in > $(DESTDIR)$(BINDIR)/hugify
 	chmod 0755 $(DESTDIR)$(BINDIR)/hugify
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PREFIX)/lib/rpm/macros.d
+	install -m 0644 policy/policy.toml $(DESTDIR)$(LIBDIR)/policy.toml
+	install -m 0755 brp-scripts/brp-hugify $(DESTDIR)$(PREFIX)/lib/rpm/brp-hugify
+	sed -e 's|%{_bindir}/hugify|$(BINDIR)/hugify|' -e 's|%{_rpmconfigdir}/brp-hugify|$(PREFIX)/lib/rpm/brp-hugify|' \
+		brp-scripts/macros.hugify > $(DESTDIR)$(PREFIX)/lib/rpm/macros.d/macros.hugify
+	$(MAKE) -C runtime install DESTDIR=$(DESTDIR) PREFIX=$(PREFIX)
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	sed -e 's|/usr/bin/hugify|$(BINDIR)/hugify|' systemd/hugify-prefetch.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.service
+	install -m 0644 systemd/hugify-prefetch.timer $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.timer
 
 setup:
 	tools/setup-dev-env

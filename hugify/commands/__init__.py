@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMANDS = ["inspect", "transform", "explain"]
+COMMANDS = ["inspect", "transform", "explain", "tree", "policy", "prefetch", "status"]
 
 
 def register_all(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
