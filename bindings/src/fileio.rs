@@ -2,7 +2,7 @@
 //! temporary file (copying unchanged ranges in the kernel), and self-check the
 //! written bytes. Renaming into place is the caller's decision.
 
-use hugify_core::output::{fill, Source};
+use hugify_core::output::Chunk;
 use hugify_core::{Error, Options, Reason, Transformed};
 use memmap2::Mmap;
 use std::fs::{File, OpenOptions};
@@ -48,8 +48,11 @@ pub fn transform_file(src: &Path, tmp: &Path, opts: &Options) -> Result<Transfor
     let (file, m) = map(src)?;
     let input: &[u8] = m.as_deref().unwrap_or(&[]);
     let t = hugify_core::transform(input, opts)?;
+    // Planning read much of the input; writing copies most of it in the kernel and
+    // re-reads only edited blocks, so the pages planning touched can go now.
+    release(m.as_ref());
     let out = OpenOptions::new().write(true).read(true).create_new(true).mode(0o600).open(tmp).map_err(io_err(tmp))?;
-    let result = write_pieces(&t, &file, input, &out).map_err(io_err(tmp)).and_then(|()| {
+    let result = write_pieces(&t, &file, input, m.as_ref(), &out).map_err(io_err(tmp)).and_then(|()| {
         // SAFETY: we created this file and nobody else writes it.
         let written = unsafe { Mmap::map(&out) }.map_err(io_err(tmp))?;
         hugify_core::verify(input, &written, &t).map_err(Failure::Core)
@@ -61,21 +64,32 @@ pub fn transform_file(src: &Path, tmp: &Path, opts: &Options) -> Result<Transfor
     Ok(t)
 }
 
-fn write_pieces(t: &Transformed, src: &File, input: &[u8], out: &File) -> io::Result<()> {
+fn write_pieces(t: &Transformed, src: &File, input: &[u8], map: Option<&Mmap>, out: &File) -> io::Result<()> {
     out.set_len(t.output.size)?;
-    let mut buf = Vec::new();
-    for p in &t.output.pieces {
-        match &p.src {
-            Source::Input(s) => copy_range(src, *s, out, p.dst, p.len, input)?,
-            Source::Owned(b) => out.write_all_at(b, p.dst)?,
-            Source::Trap(_) => {
-                buf.resize(p.len as usize, 0);
-                fill(&mut buf, p, input);
-                out.write_all_at(&buf, p.dst)?;
+    let mut since_release = 0usize;
+    t.output.for_each_chunk(input, |c| match c {
+        Chunk::Copy { src: from, dst, len } => copy_range(src, from, out, dst, len, input),
+        Chunk::Bytes { dst, data } => {
+            out.write_all_at(data, dst)?;
+            // Edited blocks read the input through the mapping: let those pages go
+            // every few MiB so that writing never holds the whole input.
+            since_release += data.len();
+            if since_release >= 8 << 20 {
+                release(map);
+                since_release = 0;
             }
+            Ok(())
         }
+    })
+}
+
+/// Drops the mapped input pages from this process (the page cache keeps them).
+fn release(map: Option<&Mmap>) {
+    if let Some(m) = map {
+        // SAFETY: the mapping is a read-only view of a file; MADV_DONTNEED only drops
+        // page-table entries, and later reads fault the same bytes back in.
+        let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
     }
-    Ok(())
 }
 
 /// Copies `len` bytes in the kernel; falls back to a plain write where the file

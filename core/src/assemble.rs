@@ -172,7 +172,7 @@ pub fn assemble(
     ehdr[f.shstrndx as usize..f.shstrndx as usize + 2].copy_from_slice(&strndx_field.to_le_bytes());
     patch_changed(&mut patches, elf, 0, &ehdr, 2);
 
-    Output::new(pieces, patches.into_sorted()?, elf.data)
+    Output::new(pieces, patches.into_sorted()?, plan.map)
 }
 
 /// Adds edits for the chunks of `new` that differ from the input at `at`.

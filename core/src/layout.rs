@@ -308,12 +308,13 @@ fn check_sections_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
 }
 
 /// Program headers that describe loaded memory must lie inside a PT_LOAD, at the
-/// offset that load maps them from. (A TLS template's .tbss part needs no space.)
+/// offset that load maps them from. (A TLS template's .tbss part needs no space; lld
+/// rounds PT_GNU_RELRO's memory size up to a page, past the end of its load.)
 fn check_headers_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
     for p in &elf.phdrs {
         let size = match p.p_type {
-            PT_TLS => p.p_filesz,
-            PT_DYNAMIC | PT_GNU_EH_FRAME | PT_GNU_RELRO | PT_PHDR | PT_INTERP | PT_NOTE => p.p_memsz,
+            PT_TLS | PT_GNU_RELRO => p.p_filesz,
+            PT_DYNAMIC | PT_GNU_EH_FRAME | PT_PHDR | PT_INTERP | PT_NOTE => p.p_memsz,
             _ => continue,
         };
         if size == 0 {

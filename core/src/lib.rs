@@ -263,9 +263,12 @@ pub fn transform(data: &[u8], opts: &Options) -> Result<Transformed> {
     }
     .expect("a chosen plan exists");
     let ctx = repair::Ctx { elf: &planned.elf, an: &planned.an, plan: &plan };
-    let patches = repair::collect(&ctx)?;
-    let replacements = dwarf::repair(&planned.elf, &plan.map)?;
-    let output = assemble::assemble(&planned.elf, &planned.an, &plan, patches, replacements)?;
+    let elf_patches = repair::collect(&ctx)?;
+    let debug = dwarf::repair(&planned.elf, &plan.map)?;
+    // The debug edits can number millions: keep those vectors and add the few others.
+    let mut patches = debug.patches;
+    patches.append(elf_patches);
+    let output = assemble::assemble(&planned.elf, &planned.an, &plan, patches, debug.replacements)?;
     Ok(Transformed { report: planned.report, output, plan })
 }
 

@@ -1,10 +1,12 @@
 //! The output file as a list of pieces: ranges copied from the input, trap-filled
-//! padding, and new bytes. Holes between pieces are zero. Keeping copies as input
-//! ranges lets the I/O layer move most bytes with `copy_file_range` without ever
-//! holding the whole file in memory; only 64 KiB blocks that carry edits are owned.
+//! padding, and new bytes, plus edits of input bytes applied while writing. Holes
+//! between pieces are zero. Keeping copies as input ranges lets the I/O layer move
+//! most bytes with `copy_file_range`, and applying edits block by block while
+//! writing means the output is never held in memory as a whole.
 
 use crate::error::{Error, Reason, Result};
-use crate::patch::Patch;
+use crate::patch::Sorted;
+use crate::plan::AddrMap;
 use std::io::{self, Seek, SeekFrom, Write};
 
 /// Where a piece's bytes come from.
@@ -34,8 +36,32 @@ pub struct Piece {
 pub struct Output {
     /// Non-overlapping pieces sorted by output offset.
     pub pieces: Vec<Piece>,
+    /// Edits of input bytes; applied while writing.
+    pub edits: Sorted,
+    /// The address map moves apply.
+    pub map: AddrMap,
     /// Total file size.
     pub size: u64,
+}
+
+/// A unit of output writing: a range to copy from the input, or bytes to write.
+pub enum Chunk<'a> {
+    /// Copy `len` input bytes at `src` to output offset `dst`.
+    Copy {
+        /// Input offset.
+        src: u64,
+        /// Output offset.
+        dst: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Write `data` at output offset `dst`.
+    Bytes {
+        /// Output offset.
+        dst: u64,
+        /// The bytes.
+        data: &'a [u8],
+    },
 }
 
 const BLOCK: u64 = 64 * 1024;
@@ -43,7 +69,7 @@ const BLOCK: u64 = 64 * 1024;
 impl Output {
     /// Builds the output from layout pieces and input-offset edits. Every edit must
     /// land inside exactly one input-sourced piece.
-    pub fn new(mut pieces: Vec<Piece>, patches: Vec<Patch>, input: &[u8]) -> Result<Output> {
+    pub fn new(mut pieces: Vec<Piece>, edits: Sorted, map: AddrMap) -> Result<Output> {
         pieces.retain(|p| p.len > 0);
         pieces.sort_by_key(|p| p.dst);
         for w in pieces.windows(2) {
@@ -51,91 +77,127 @@ impl Output {
                 return Err(Error::new(Reason::Internal, format!("output pieces overlap at {:#x}", w[1].dst)));
             }
         }
+        let mut inputs: Vec<(u64, u64)> = pieces
+            .iter()
+            .filter_map(|p| if let Source::Input(s) = p.src { Some((s, s + p.len)) } else { None })
+            .collect();
+        inputs.sort_unstable();
+        for w in inputs.windows(2) {
+            if w[0].1 > w[1].0 {
+                return Err(Error::new(Reason::Internal, format!("input bytes at {:#x} are copied twice", w[1].0)));
+            }
+        }
+        // Both lists are sorted: one linear pass checks every edit.
+        let mut i = 0;
+        for (off, end) in edits.spans() {
+            while inputs.get(i).is_some_and(|r| r.1 <= off) {
+                i += 1;
+            }
+            if inputs.get(i).is_none_or(|r| off < r.0 || end > r.1) {
+                return Err(Error::new(Reason::Internal, format!("an edit at input offset {off:#x} lands nowhere")));
+            }
+        }
         let size = pieces.last().map_or(0, |p| p.dst + p.len);
-        let mut used = 0usize;
-        let mut out = Vec::with_capacity(pieces.len() + patches.len().min(4096));
-        for piece in pieces {
-            let Source::Input(src) = piece.src else {
-                out.push(piece);
-                continue;
+        Ok(Output { pieces, edits, map, size })
+    }
+
+    /// Produces the output in order as chunks; edited input ranges come out as
+    /// blocks of at most 64 KiB with the edits applied, so memory stays bounded.
+    pub fn for_each_chunk<E>(
+        &self,
+        input: &[u8],
+        mut f: impl FnMut(Chunk<'_>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let mut buf = Vec::new();
+        for piece in &self.pieces {
+            let src = match &piece.src {
+                Source::Owned(b) => {
+                    f(Chunk::Bytes { dst: piece.dst, data: b })?;
+                    continue;
+                }
+                Source::Trap(_) => {
+                    buf.resize(piece.len as usize, 0);
+                    fill(&mut buf, piece, input);
+                    f(Chunk::Bytes { dst: piece.dst, data: &buf })?;
+                    continue;
+                }
+                Source::Input(s) => *s,
             };
             let end = src + piece.len;
-            let first = patches.partition_point(|p| p.off < src);
-            let last = patches.partition_point(|p| p.off < end);
-            if first == last {
-                out.push(piece);
-                continue;
-            }
-            used += last - first;
+            let to_dst = |o: u64| piece.dst + (o - src);
+            let (patches, moves) = (&self.edits.patches, &self.edits.moves);
+            let (mut i, pb) = (patches.partition_point(|p| p.off() < src), patches.partition_point(|p| p.off() < end));
+            let (mut j, mb) = (moves.partition_point(|m| m.off() < src), moves.partition_point(|m| m.off() < end));
             let mut cursor = src;
-            let mut i = first;
-            while i < last {
-                let block_start = (src + (patches[i].off - src) / BLOCK * BLOCK).max(cursor);
+            loop {
+                let next = match (patches[i..pb].first(), moves[j..mb].first()) {
+                    (Some(p), Some(m)) => p.off().min(m.off()),
+                    (Some(p), None) => p.off(),
+                    (None, Some(m)) => m.off(),
+                    (None, None) => break,
+                };
+                let block_start = (src + (next - src) / BLOCK * BLOCK).max(cursor);
                 let mut block_end = (block_start + BLOCK).min(end);
-                let mut j = i;
-                while j < last && patches[j].off < block_end {
-                    block_end = block_end.max(patches[j].off + u64::from(patches[j].len));
-                    j += 1;
+                let (i0, j0) = (i, j);
+                loop {
+                    if i < pb && patches[i].off() < block_end {
+                        block_end = block_end.max(patches[i].end());
+                        i += 1;
+                    } else if j < mb && moves[j].off() < block_end {
+                        block_end = block_end.max(moves[j].end());
+                        j += 1;
+                    } else {
+                        break;
+                    }
                 }
-                if block_end > end {
-                    return Err(Error::new(
-                        Reason::Internal,
-                        format!("an edit at {:#x} crosses the end of its piece", patches[j - 1].off),
-                    ));
-                }
-                let to_dst = |o: u64| piece.dst + (o - src);
                 if block_start > cursor {
-                    out.push(Piece { dst: to_dst(cursor), len: block_start - cursor, src: Source::Input(cursor) });
+                    f(Chunk::Copy { src: cursor, dst: to_dst(cursor), len: block_start - cursor })?;
                 }
-                let mut bytes = input[block_start as usize..block_end as usize].to_vec();
-                for p in &patches[i..j] {
-                    let at = (p.off - block_start) as usize;
-                    bytes[at..at + p.data().len()].copy_from_slice(p.data());
+                buf.clear();
+                buf.extend_from_slice(&input[block_start as usize..block_end as usize]);
+                for p in &patches[i0..i] {
+                    let at = (p.off() - block_start) as usize;
+                    buf[at..at + p.data().len()].copy_from_slice(p.data());
                 }
-                out.push(Piece { dst: to_dst(block_start), len: block_end - block_start, src: Source::Owned(bytes) });
+                for m in &moves[j0..j] {
+                    m.apply(&mut buf, block_start, &self.map);
+                }
+                f(Chunk::Bytes { dst: to_dst(block_start), data: &buf })?;
                 cursor = block_end;
-                i = j;
             }
             if cursor < end {
-                out.push(Piece { dst: piece.dst + (cursor - src), len: end - cursor, src: Source::Input(cursor) });
+                f(Chunk::Copy { src: cursor, dst: to_dst(cursor), len: end - cursor })?;
             }
         }
-        if used != patches.len() {
-            return Err(Error::new(
-                Reason::Internal,
-                format!("{} edits land outside the copied input", patches.len() - used),
-            ));
-        }
-        Ok(Output { pieces: out, size })
+        Ok(())
     }
 
     /// Materialises the output in memory.
     pub fn to_vec(&self, input: &[u8]) -> Vec<u8> {
         let mut v = vec![0u8; self.size as usize];
-        for p in &self.pieces {
-            let dst = &mut v[p.dst as usize..(p.dst + p.len) as usize];
-            fill(dst, p, input);
-        }
+        let _ = self.for_each_chunk(input, |c| -> std::result::Result<(), ()> {
+            match c {
+                Chunk::Copy { src, dst, len } => {
+                    v[dst as usize..(dst + len) as usize].copy_from_slice(&input[src as usize..(src + len) as usize])
+                }
+                Chunk::Bytes { dst, data } => v[dst as usize..dst as usize + data.len()].copy_from_slice(data),
+            }
+            Ok(())
+        });
         v
     }
 
     /// Writes the output to a seekable writer (holes are left unwritten, so a new
-    /// file stays sparse there). Input pieces are copied from `input`.
+    /// file stays sparse there).
     pub fn write_to<W: Write + Seek>(&self, input: &[u8], w: &mut W) -> io::Result<()> {
-        let mut buf = Vec::new();
-        for p in &self.pieces {
-            w.seek(SeekFrom::Start(p.dst))?;
-            match &p.src {
-                Source::Input(src) => w.write_all(&input[*src as usize..(*src + p.len) as usize])?,
-                Source::Owned(b) => w.write_all(b)?,
-                Source::Trap(_) => {
-                    buf.resize(p.len as usize, 0);
-                    fill(&mut buf, p, input);
-                    w.write_all(&buf)?;
-                }
-            }
-        }
-        Ok(())
+        self.for_each_chunk(input, |c| {
+            let (dst, data) = match c {
+                Chunk::Copy { src, dst, len } => (dst, &input[src as usize..(src + len) as usize]),
+                Chunk::Bytes { dst, data } => (dst, data),
+            };
+            w.seek(SeekFrom::Start(dst))?;
+            w.write_all(data)
+        })
     }
 }
 
@@ -155,6 +217,9 @@ pub fn fill(dst: &mut [u8], p: &Piece, input: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::patch::{Move, Patch};
+
+    const NO_MAP: AddrMap = AddrMap { start: 0, end: 0, dv: 0 };
 
     #[test]
     fn edits_become_owned_blocks_and_holes_stay_zero() {
@@ -164,11 +229,10 @@ mod tests {
             Piece { dst: 4096, len: 150_000, src: Source::Input(1000) },
             Piece { dst: 200_000, len: 8, src: Source::Trap(&[0xcc]) },
         ];
-        let patches = vec![
-            Patch { off: 10, len: 1, bytes: [0xaa, 0, 0, 0, 0, 0, 0, 0] },
-            Patch { off: 1000 + 70_000, len: 4, bytes: [1, 2, 3, 4, 0, 0, 0, 0] },
-        ];
-        let out = Output::new(pieces, patches, &input).unwrap();
+        let patches = vec![Patch::new(10, &[0xaa]), Patch::new(1000 + 70_000, &[1, 2, 3, 4])];
+        let map = AddrMap { start: 1, end: u64::MAX, dv: 0x100 };
+        let moves = vec![Move::new(1000 + 140_000, 8)];
+        let out = Output::new(pieces, Sorted { patches, moves }, map).unwrap();
         let v = out.to_vec(&input);
         assert_eq!(v.len(), 200_008);
         assert_eq!(v[10], 0xaa);
@@ -177,6 +241,8 @@ mod tests {
         assert_eq!(&v[4096 + 70_000..4096 + 70_004], &[1, 2, 3, 4]);
         assert_eq!(v[4096 + 70_004], input[1000 + 70_004]);
         assert_eq!(v[4096 + 149_999], input[1000 + 149_999]);
+        let old = u64::from_le_bytes(input[141_000..141_008].try_into().unwrap());
+        assert_eq!(u64::from_le_bytes(v[4096 + 140_000..4096 + 140_008].try_into().unwrap()), old + 0x100);
         assert!(v[200_000..].iter().all(|&b| b == 0xcc));
         let mut cur = std::io::Cursor::new(Vec::new());
         out.write_to(&input, &mut cur).unwrap();
@@ -187,9 +253,8 @@ mod tests {
 
     #[test]
     fn an_edit_outside_the_copies_is_an_internal_error() {
-        let input = vec![0u8; 64];
         let pieces = vec![Piece { dst: 0, len: 32, src: Source::Input(0) }];
-        let patches = vec![Patch { off: 40, len: 1, bytes: [1, 0, 0, 0, 0, 0, 0, 0] }];
-        assert_eq!(Output::new(pieces, patches, &input).unwrap_err().reason, Reason::Internal);
+        let edits = Sorted { patches: vec![Patch::new(40, &[1])], moves: Vec::new() };
+        assert_eq!(Output::new(pieces, edits, NO_MAP).unwrap_err().reason, Reason::Internal);
     }
 }

@@ -29,13 +29,13 @@ pub(crate) fn repair(
     let data = secs.data(sec);
     let mut constants = refs.addr_constants.clone();
     constants.sort_unstable();
-    let users: Vec<&UnitInfo> = units.iter().filter(|u| u.has_addr_base).collect();
-    let v5 = users.iter().any(|u| u.encoding.version >= 5);
-    let gnu = users.iter().any(|u| u.encoding.version < 5);
-    if v5 && gnu {
+    // DWARF 5 contributions have headers; the GNU split-DWARF extension of DWARF 4
+    // (the only other user of .debug_addr) has none.
+    let v5 = units.iter().any(|u| u.encoding.version >= 5);
+    if v5 && refs.split_units && units.iter().any(|u| u.encoding.version < 5) {
         return Err(Error::new(Reason::UnsupportedDwarf, ".debug_addr is used by both DWARF 5 and GNU DWARF 4 units"));
     }
-    let asz = users.first().map_or(8, |u| u.encoding.address_size);
+    let asz = units.first().map_or(8, |u| u.encoding.address_size);
     let mut entries = |from: u64, to: u64, asz: u8| -> Result<()> {
         let mut at = from;
         while at + u64::from(asz) <= to {
@@ -60,8 +60,12 @@ pub(crate) fn repair(
             length = crate::elf::read_u64(data, at + 4).map_err(|_| bad(at, "truncated header"))?;
             header = 12;
         }
-        let end = (at + header).checked_add(length).filter(|&e| e <= data.len() as u64).ok_or_else(|| bad(at, "contribution runs past the section end"))?;
-        let version = data.get((at + header) as usize..(at + header + 2) as usize).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let end = (at + header)
+            .checked_add(length)
+            .filter(|&e| e <= data.len() as u64)
+            .ok_or_else(|| bad(at, "contribution runs past the section end"))?;
+        let version =
+            data.get((at + header) as usize..(at + header + 2) as usize).map(|b| u16::from_le_bytes([b[0], b[1]]));
         let (Some(5), Some(&asz), Some(&0)) =
             (version, data.get((at + header + 2) as usize), data.get((at + header + 3) as usize))
         else {

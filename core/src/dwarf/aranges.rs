@@ -22,15 +22,20 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
         } else {
             offset_size
         };
-        let end = pos.checked_add(length).filter(|&e| e <= len).ok_or_else(|| bad(set, "set runs past the section end"))?;
+        let end =
+            pos.checked_add(length).filter(|&e| e <= len).ok_or_else(|| bad(set, "set runs past the section end"))?;
         let version = read_u16(data, pos).map_err(|_| bad(set, "truncated header"))?;
         if version != 2 {
             return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_aranges at {set:#x}: version {version}")));
         }
         pos += 2 + offset_size;
-        let (asz, seg) = (*data.get(pos as usize).ok_or_else(|| bad(set, "truncated header"))?, data.get(pos as usize + 1));
+        let (asz, seg) =
+            (*data.get(pos as usize).ok_or_else(|| bad(set, "truncated header"))?, data.get(pos as usize + 1));
         if seg != Some(&0) || !matches!(asz, 4 | 8) {
-            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_aranges at {set:#x}: address size {asz}")));
+            return Err(Error::new(
+                Reason::UnsupportedDwarf,
+                format!(".debug_aranges at {set:#x}: address size {asz}"),
+            ));
         }
         let tuple = 2 * u64::from(asz);
         let mut at = set + align_up(pos + 2 - set, tuple);

@@ -12,7 +12,7 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, asz: u8, ed: &mut Edits) ->
     let data = secs.data(sec);
     let base = gimli::EndianSlice::new(data, gimli::LittleEndian);
     let encoding = gimli::Encoding { format: gimli::Format::Dwarf32, version: 4, address_size: asz };
-    let place = Place { sec, base, encoding, addr_base: 0 };
+    let place = Place { sec, name: ".debug_frame", base, encoding, addr_base: 0 };
     let mut constants = Vec::new();
     cfi::walk(data, Flavour::DebugFrame, asz, |f| match f {
         Field::Pointer { off, size, value, .. } => ed.address(map, sec, off, value, size),

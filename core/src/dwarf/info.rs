@@ -1,9 +1,13 @@
 //! `.debug_info` and `.debug_types`: attributes with DW_FORM_addr move; expressions
 //! (exprloc, and blocks of attributes whose value is an expression) are walked;
 //! references to location and range lists are collected for `lists`.
+//!
+//! The walk is the costliest part of a DWARF repair, so units are spread over the
+//! available cores, and attributes whose form cannot hold an address, an expression
+//! or a list reference are skipped without being decoded.
 
 use super::expr::{self, Place};
-use super::{gimli_err, Edits, Refs, Sections, Slice};
+use super::{gimli_err, Edits, Refs, SecId, Sections, Slice};
 use crate::error::{Error, Reason, Result};
 use crate::leb::read_uleb;
 use crate::plan::AddrMap;
@@ -18,8 +22,6 @@ pub(crate) struct UnitInfo {
     pub low_pc: u64,
     /// DW_AT_addr_base / DW_AT_GNU_addr_base.
     pub addr_base: u64,
-    /// Whether the unit named an addr_base at all.
-    pub has_addr_base: bool,
 }
 
 /// Attributes whose *block* form holds a DWARF expression, beyond those gimli
@@ -34,7 +36,9 @@ const EXPRESSION_BLOCKS: &[dw::DwAt] = &[
 /// Attributes whose block form is raw data.
 const DATA_BLOCKS: &[dw::DwAt] = &[dw::DW_AT_const_value, dw::DW_AT_discr_list, dw::DW_AT_discr_value];
 
-/// Walks every unit; returns per-unit facts in iteration order.
+type Header<'a> = gimli::UnitHeader<Slice<'a>>;
+
+/// Walks every unit; returns per-unit facts in section order.
 pub(crate) fn repair(
     dwarf: &gimli::Dwarf<Slice<'_>>,
     secs: &Sections,
@@ -42,60 +46,128 @@ pub(crate) fn repair(
     ed: &mut Edits,
     refs: &mut Refs,
 ) -> Result<Vec<UnitInfo>> {
-    let mut units = Vec::new();
+    let mut headers = Vec::new();
     if let Some(sec) = secs.id(".debug_info") {
-        let base = gimli::EndianSlice::new(secs.data(sec), gimli::LittleEndian);
         let mut iter = dwarf.units();
-        loop {
-            let header = iter.next().map_err(|e| gimli_err(".debug_info", 0, e))?;
-            let Some(header) = header else { break };
-            walk_unit(dwarf, header, sec, base, map, ed, refs, &mut units)?;
+        while let Some(h) = iter.next().map_err(|e| gimli_err(".debug_info", 0, e))? {
+            headers.push((sec, ".debug_info", h));
         }
     }
     if let Some(sec) = secs.id(".debug_types") {
-        let base = gimli::EndianSlice::new(secs.data(sec), gimli::LittleEndian);
         let mut iter = dwarf.type_units();
-        loop {
-            let header = iter.next().map_err(|e| gimli_err(".debug_types", 0, e))?;
-            let Some(header) = header else { break };
-            walk_unit(dwarf, header, sec, base, map, ed, refs, &mut units)?;
+        while let Some(h) = iter.next().map_err(|e| gimli_err(".debug_types", 0, e))? {
+            headers.push((sec, ".debug_types", h));
         }
     }
+    let shares = super::in_parallel(
+        &headers,
+        |(_, _, h)| h.length_including_self(),
+        |share, ed| {
+            let mut refs = Refs::default();
+            let mut units = Vec::new();
+            for (sec, name, header) in share {
+                walk_unit(dwarf, *header, *sec, name, secs, map, ed, &mut refs, &mut units)?;
+            }
+            Ok((units, refs))
+        },
+        ed,
+    )?;
+    let mut units = Vec::new();
+    for (u, mut r) in shares {
+        let base = units.len();
+        let base = base as u32;
+        refs.loclists.extend(r.loclists.iter().map(|&(o, i)| (o, i + base)));
+        refs.rnglists.extend(r.rnglists.iter().map(|&(o, i)| (o, i + base)));
+        refs.addr_constants.append(&mut r.addr_constants);
+        refs.split_units |= r.split_units;
+        units.extend(u);
+    }
     Ok(units)
+}
+
+/// Whether an attribute of this form can hold an address, an expression or a list
+/// reference (data4/data8 are list offsets in DWARF 2 and 3).
+fn interesting(form: dw::DwForm, version: u16) -> bool {
+    matches!(
+        form,
+        dw::DW_FORM_addr
+            | dw::DW_FORM_addrx
+            | dw::DW_FORM_addrx1
+            | dw::DW_FORM_addrx2
+            | dw::DW_FORM_addrx3
+            | dw::DW_FORM_addrx4
+            | dw::DW_FORM_GNU_addr_index
+            | dw::DW_FORM_exprloc
+            | dw::DW_FORM_block
+            | dw::DW_FORM_block1
+            | dw::DW_FORM_block2
+            | dw::DW_FORM_block4
+            | dw::DW_FORM_sec_offset
+            | dw::DW_FORM_loclistx
+            | dw::DW_FORM_rnglistx
+            | dw::DW_FORM_indirect
+    ) || (version < 4 && matches!(form, dw::DW_FORM_data4 | dw::DW_FORM_data8))
+}
+
+/// How to walk the attributes of one abbreviation: runs to skip, and the indices
+/// of attributes to decode.
+enum Step {
+    Skip(usize, usize),
+    Read(usize),
 }
 
 #[allow(clippy::too_many_arguments)]
 fn walk_unit<'a>(
     dwarf: &gimli::Dwarf<Slice<'a>>,
-    header: gimli::UnitHeader<Slice<'a>>,
-    sec: super::SecId,
-    base: Slice<'a>,
+    header: Header<'a>,
+    sec: SecId,
+    name: &'static str,
+    secs: &Sections,
     map: &AddrMap,
     ed: &mut Edits,
     refs: &mut Refs,
     units: &mut Vec<UnitInfo>,
 ) -> Result<()> {
-    let name = if ed.secs.name(sec) == ".debug_types" { ".debug_types" } else { ".debug_info" };
     let start = header.offset().0 as u64;
     let err = |at: u64| move |e| gimli_err(name, at, e);
     let unit = gimli::Unit::new(dwarf, header).map_err(err(start))?;
     let encoding = unit.encoding();
-    let index = units.len();
-    units.push(UnitInfo {
-        encoding,
-        low_pc: unit.low_pc,
-        addr_base: unit.addr_base.0 as u64,
-        has_addr_base: unit.addr_base.0 != 0 || has_addr_base_attr(&unit),
-    });
+    let index = units.len() as u32;
+    units.push(UnitInfo { encoding, low_pc: unit.low_pc, addr_base: unit.addr_base.0 as u64 });
     refs.split_units |= unit.dwo_id.is_some();
-    let place = Place { sec, base, encoding, addr_base: unit.addr_base.0 as u64 };
+    let base = gimli::EndianSlice::new(secs.data(sec), gimli::LittleEndian);
+    let place = Place { sec, name, base, encoding, addr_base: unit.addr_base.0 as u64 };
+    // Per abbreviation code (small, dense integers in practice): which attributes to
+    // decode. Indexed rather than hashed: this lookup happens once per DIE.
+    let mut plans: Vec<Option<Vec<Step>>> = Vec::new();
     let mut raw = unit.entries_raw(None).map_err(err(start))?;
     while !raw.is_empty() {
         let at = start + raw.next_offset().0 as u64;
         let Some(abbrev) = raw.read_abbreviation().map_err(err(at))? else { continue };
-        for spec in abbrev.attributes() {
+        let specs = abbrev.attributes();
+        let code = abbrev.code() as usize;
+        if code >= plans.len() {
+            if code > 1 << 20 {
+                return Err(Error::new(
+                    Reason::UnsupportedDwarf,
+                    format!("{name} at {at:#x}: abbreviation code {code}"),
+                ));
+            }
+            plans.resize_with(code + 1, || None);
+        }
+        let steps = plans[code].get_or_insert_with(|| plan(specs, encoding.version));
+        for step in steps.iter() {
+            let i = match *step {
+                Step::Skip(a, b) => {
+                    let at = start + raw.next_offset().0 as u64;
+                    raw.skip_attributes(&specs[a..b]).map_err(err(at))?;
+                    continue;
+                }
+                Step::Read(i) => i,
+            };
+            let spec = specs[i];
             let at = start + raw.next_offset().0 as u64;
-            let attr = raw.read_attribute(*spec).map_err(err(at))?;
+            let attr = raw.read_attribute(spec).map_err(err(at))?;
             match attr.value() {
                 V::Addr(a) => {
                     let off = if spec.form() == dw::DW_FORM_indirect { at + uleb_len(base, at)? } else { at };
@@ -109,7 +181,7 @@ fn walk_unit<'a>(
                 V::Block(_) => {
                     return Err(Error::new(
                         Reason::UnsupportedDwarf,
-                        format!("{} at {at:#x}: block value of {} cannot be classified", ed.secs.name(sec), attr.name()),
+                        format!("{name} at {at:#x}: block value of {} cannot be classified", attr.name()),
                     ))
                 }
                 V::LocationListsRef(o) => refs.loclists.push((o.0 as u64, index)),
@@ -129,14 +201,22 @@ fn walk_unit<'a>(
     Ok(())
 }
 
-fn has_addr_base_attr(unit: &gimli::Unit<Slice<'_>>) -> bool {
-    let mut cursor = unit.entries();
-    match cursor.next_dfs() {
-        Ok(Some(root)) => {
-            root.attr(dw::DW_AT_addr_base).is_some() || root.attr(dw::DW_AT_GNU_addr_base).is_some()
+fn plan(specs: &[gimli::AttributeSpecification], version: u16) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut run = 0;
+    for (i, s) in specs.iter().enumerate() {
+        if interesting(s.form(), version) {
+            if run < i {
+                steps.push(Step::Skip(run, i));
+            }
+            steps.push(Step::Read(i));
+            run = i + 1;
         }
-        _ => false,
     }
+    if run < specs.len() {
+        steps.push(Step::Skip(run, specs.len()));
+    }
+    steps
 }
 
 fn uleb_len(base: Slice<'_>, at: u64) -> Result<u64> {

@@ -11,7 +11,13 @@ use crate::plan::AddrMap;
 const DW_LNS_FIXED_ADVANCE_PC: u8 = 9;
 const DW_LNE_SET_ADDRESS: u8 = 2;
 
-pub(crate) fn repair(dwarf: &gimli::Dwarf<Slice<'_>>, secs: &Sections, map: &AddrMap, asz: u8, ed: &mut Edits) -> Result<()> {
+pub(crate) fn repair(
+    dwarf: &gimli::Dwarf<Slice<'_>>,
+    secs: &Sections,
+    map: &AddrMap,
+    asz: u8,
+    ed: &mut Edits,
+) -> Result<()> {
     let Some(sec) = secs.id(".debug_line") else { return Ok(()) };
     let data = secs.data(sec);
     let base = gimli::EndianSlice::new(data, gimli::LittleEndian);
@@ -68,7 +74,10 @@ fn walk(
                 if data[at] == DW_LNE_SET_ADDRESS {
                     let size = len - 1;
                     if !matches!(size, 4 | 8) {
-                        return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_line at {at:#x}: address of {size} bytes")));
+                        return Err(Error::new(
+                            Reason::UnsupportedDwarf,
+                            format!(".debug_line at {at:#x}: address of {size} bytes"),
+                        ));
                     }
                     let mut v = [0u8; 8];
                     v[..size].copy_from_slice(&data[at + 1..at + 1 + size]);

@@ -13,9 +13,8 @@ use super::{Edits, Refs, SecId, Sections, Slice};
 use crate::error::{Error, Reason, Result};
 use crate::leb::read_uleb;
 use crate::plan::AddrMap;
-use std::collections::HashSet;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Ranges,
     Locations,
@@ -30,37 +29,58 @@ struct Ctx<'r, 'a> {
     addr: Option<&'a [u8]>,
 }
 
-pub(crate) fn repair(units: &[UnitInfo], secs: &Sections, map: &AddrMap, refs: &mut Refs, ed: &mut Edits) -> Result<()> {
-    let addr = secs.id(".debug_addr").map(|s| secs.data(s));
-    let (loclists, rnglists) = (std::mem::take(&mut refs.loclists), std::mem::take(&mut refs.rnglists));
-    for (kind, list) in [(Kind::Locations, &loclists), (Kind::Ranges, &rnglists)] {
-        let mut seen = HashSet::new();
-        for &(off, unit) in list {
-            let u = &units[unit];
-            let v5 = u.encoding.version >= 5;
-            let name = match (kind, v5) {
-                (Kind::Locations, false) => ".debug_loc",
-                (Kind::Locations, true) => ".debug_loclists",
-                (Kind::Ranges, false) => ".debug_ranges",
-                (Kind::Ranges, true) => ".debug_rnglists",
-            };
-            if !seen.insert((name, off)) {
-                continue;
-            }
-            let sec = secs.id(name).ok_or_else(|| {
-                Error::new(Reason::BadDwarf, format!("a DIE refers to {name} at {off:#x}, but there is no such section"))
-            })?;
-            let data = secs.data(sec);
-            let c = Ctx { map, sec, name, data, base_slice: gimli::EndianSlice::new(data, gimli::LittleEndian), addr };
-            let constants = &mut refs.addr_constants;
-            if v5 {
-                list_v5(&c, kind, off, u, ed, constants)?;
-            } else {
-                list_v4(&c, kind, off, u, ed, constants)?;
-            }
+pub(crate) fn repair(
+    units: &[UnitInfo],
+    secs: &Sections,
+    map: &AddrMap,
+    refs: &mut Refs,
+    ed: &mut Edits,
+) -> Result<()> {
+    for kind in [Kind::Locations, Kind::Ranges] {
+        let mut lists = std::mem::take(if kind == Kind::Locations { &mut refs.loclists } else { &mut refs.rnglists });
+        // Every list once per unit that names it (several DIEs often share one).
+        crate::patch::sort_if_needed(&mut lists, |l| *l);
+        lists.dedup();
+        let constants =
+            super::in_parallel(&lists, |_| 1, |share, ed| walk_lists(kind, share, units, secs, map, ed), ed)?;
+        for mut c in constants {
+            refs.addr_constants.append(&mut c);
         }
     }
     Ok(())
+}
+
+fn walk_lists(
+    kind: Kind,
+    lists: &[(u64, u32)],
+    units: &[UnitInfo],
+    secs: &Sections,
+    map: &AddrMap,
+    ed: &mut Edits,
+) -> Result<Vec<u64>> {
+    let addr = secs.id(".debug_addr").map(|s| secs.data(s));
+    let mut constants = Vec::new();
+    for &(off, unit) in lists {
+        let u = &units[unit as usize];
+        let v5 = u.encoding.version >= 5;
+        let name = match (kind, v5) {
+            (Kind::Locations, false) => ".debug_loc",
+            (Kind::Locations, true) => ".debug_loclists",
+            (Kind::Ranges, false) => ".debug_ranges",
+            (Kind::Ranges, true) => ".debug_rnglists",
+        };
+        let sec = secs.id(name).ok_or_else(|| {
+            Error::new(Reason::BadDwarf, format!("a DIE refers to {name} at {off:#x}, but there is no such section"))
+        })?;
+        let data = secs.data(sec);
+        let c = Ctx { map, sec, name, data, base_slice: gimli::EndianSlice::new(data, gimli::LittleEndian), addr };
+        if v5 {
+            list_v5(&c, kind, off, u, ed, &mut constants)?;
+        } else {
+            list_v4(&c, kind, off, u, ed, &mut constants)?;
+        }
+    }
+    Ok(constants)
 }
 
 fn err(c: &Ctx, at: u64, what: &str) -> Error {
@@ -68,7 +88,10 @@ fn err(c: &Ctx, at: u64, what: &str) -> Error {
 }
 
 fn word(c: &Ctx, at: u64, size: u8) -> Result<u64> {
-    let b = c.data.get(at as usize..at as usize + size as usize).ok_or_else(|| err(c, at, "list runs past the section end"))?;
+    let b = c
+        .data
+        .get(at as usize..at as usize + size as usize)
+        .ok_or_else(|| err(c, at, "list runs past the section end"))?;
     let mut v = [0u8; 8];
     v[..size as usize].copy_from_slice(b);
     Ok(u64::from_le_bytes(v))
@@ -113,7 +136,8 @@ fn list_v4(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
         at = next;
         if kind == Kind::Locations {
             let len = word(c, at, 2)?;
-            let place = Place { sec: c.sec, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
+            let place =
+                Place { sec: c.sec, name: c.name, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
             if at + 2 + len > c.data.len() as u64 {
                 return Err(err(c, at, "expression runs past the section end"));
             }
@@ -152,7 +176,8 @@ fn list_v5(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
     let indexed = |i: u64| -> Result<u64> {
         let addr = c.addr.ok_or_else(|| err(c, start, "an indexed entry needs .debug_addr, which is missing"))?;
         let off = u.addr_base + i * a;
-        let b = addr.get(off as usize..(off + a) as usize).ok_or_else(|| err(c, start, "address index out of range"))?;
+        let b =
+            addr.get(off as usize..(off + a) as usize).ok_or_else(|| err(c, start, "address index out of range"))?;
         let mut v = [0u8; 8];
         v[..asz as usize].copy_from_slice(b);
         Ok(u64::from_le_bytes(v))
@@ -220,7 +245,8 @@ fn list_v5(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
         }
         if has_expr {
             let len = uleb(&mut at)?;
-            let place = Place { sec: c.sec, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
+            let place =
+                Place { sec: c.sec, name: c.name, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
             if at + len > c.data.len() as u64 {
                 return Err(err(c, at, "expression runs past the section end"));
             }

@@ -23,6 +23,7 @@ mod sections;
 use crate::elf::consts::PT_TLS;
 use crate::elf::Elf;
 use crate::error::{Error, Reason, Result};
+use crate::patch::{Move, Patch, Patches};
 use crate::plan::AddrMap;
 use sections::{SecId, Sections};
 
@@ -36,38 +37,88 @@ pub struct Replacement {
     pub data: Vec<u8>,
 }
 
-/// Copy-on-write edits of the debug sections: reads always see the input bytes.
-pub(crate) struct Edits<'s, 'a> {
-    secs: &'s Sections<'a>,
-    copies: Vec<Option<Vec<u8>>>,
+/// What the DWARF repair changes: in-place edits of uncompressed sections (input file
+/// offsets), and new contents for compressed sections.
+#[derive(Default)]
+pub struct Changes {
+    /// Edits keyed by input file offset.
+    pub patches: Patches,
+    /// Recompressed sections.
+    pub replacements: Vec<Replacement>,
 }
 
-impl<'s, 'a> Edits<'s, 'a> {
-    fn new(secs: &'s Sections<'a>) -> Self {
-        Edits { secs, copies: vec![None; secs.len()] }
+/// Edits of the debug sections, by section and section offset: mostly address
+/// moves, a few literal writes. Reads always see the input bytes.
+pub(crate) struct Edits {
+    lens: Vec<u64>,
+    puts: Vec<Vec<Patch>>,
+    moves: Vec<Vec<Move>>,
+}
+
+impl Edits {
+    fn with_lens(lens: Vec<u64>) -> Self {
+        let n = lens.len();
+        Edits { lens, puts: vec![Vec::new(); n], moves: vec![Vec::new(); n] }
+    }
+
+    fn new(secs: &Sections) -> Self {
+        Edits::with_lens((0..secs.len()).map(|i| secs.data(SecId(i)).len() as u64).collect())
+    }
+
+    fn check(&self, sec: SecId, off: u64, size: u8) -> Result<()> {
+        if off + u64::from(size) > self.lens[sec.0] || size > 8 || size == 0 {
+            return Err(Error::new(Reason::BadDwarf, format!("debug section field at {off:#x} lies beyond its end")));
+        }
+        Ok(())
     }
 
     /// Writes `value` as a little-endian field of `size` bytes at `off` of `sec`.
     fn put(&mut self, sec: SecId, off: u64, value: u64, size: u8) -> Result<()> {
-        let data = self.secs.data(sec);
-        let end = off as usize + size as usize;
-        if end > data.len() || size > 8 {
-            return Err(Error::new(
-                Reason::BadDwarf,
-                format!("{}: field at {off:#x} lies beyond the section end", self.secs.name(sec)),
-            ));
-        }
-        let copy = self.copies[sec.0].get_or_insert_with(|| data.to_vec());
-        copy[off as usize..end].copy_from_slice(&value.to_le_bytes()[..size as usize]);
+        self.check(sec, off, size)?;
+        self.puts[sec.0].push(Patch::new(off, &value.to_le_bytes()[..size as usize]));
         Ok(())
     }
 
-    /// Moves the address of `size` bytes at `off` if it lies in the moved range.
+    /// Moves the address `value`, read from the `size` bytes at `off`, if it lies in
+    /// the moved range.
     fn address(&mut self, map: &AddrMap, sec: SecId, off: u64, value: u64, size: u8) -> Result<()> {
         if map.moves(value) {
-            self.put(sec, off, map.map(value), size)?;
+            self.check(sec, off, size)?;
+            if !matches!(size, 4 | 8) {
+                return Err(Error::new(Reason::UnsupportedDwarf, format!("an address of {size} bytes at {off:#x}")));
+            }
+            self.moves[sec.0].push(Move::new(off, size));
         }
         Ok(())
+    }
+
+    /// Takes over the edits another walker made.
+    fn merge(&mut self, other: Edits) {
+        fn take<T>(mine: &mut Vec<T>, theirs: Vec<T>) {
+            if mine.is_empty() {
+                *mine = theirs;
+            } else {
+                mine.extend(theirs);
+            }
+        }
+        for (mine, theirs) in self.puts.iter_mut().zip(other.puts) {
+            take(mine, theirs);
+        }
+        for (mine, theirs) in self.moves.iter_mut().zip(other.moves) {
+            take(mine, theirs);
+        }
+    }
+
+    /// An empty edit set for one section of `len` bytes.
+    #[cfg(test)]
+    fn for_tests(len: u64) -> Self {
+        Edits::with_lens(vec![len])
+    }
+
+    /// The address moves of one section so far.
+    #[cfg(test)]
+    fn moves_of(&self, sec: SecId) -> &[Move] {
+        &self.moves[sec.0]
     }
 }
 
@@ -75,24 +126,23 @@ impl<'s, 'a> Edits<'s, 'a> {
 #[derive(Default)]
 pub(crate) struct Refs {
     /// Location lists to walk: (section offset, unit index).
-    pub loclists: Vec<(u64, usize)>,
+    pub loclists: Vec<(u64, u32)>,
     /// Range lists to walk: (section offset, unit index).
-    pub rnglists: Vec<(u64, usize)>,
+    pub rnglists: Vec<(u64, u32)>,
     /// `.debug_addr` offsets that hold constants (DW_OP_constx), not addresses.
     pub addr_constants: Vec<u64>,
     /// Whether any unit is a split-DWARF skeleton.
     pub split_units: bool,
 }
 
-/// Rewrites the debug sections of `elf` for the address map; returns the sections
-/// that changed.
-pub fn repair(elf: &Elf, map: &AddrMap) -> Result<Vec<Replacement>> {
+/// Rewrites the debug sections of `elf` for the address map.
+pub fn repair(elf: &Elf, map: &AddrMap) -> Result<Changes> {
     if map.dv == 0 {
-        return Ok(Vec::new());
+        return Ok(Changes::default());
     }
     let secs = Sections::load(elf)?;
     if secs.len() == 0 {
-        return Ok(Vec::new());
+        return Ok(Changes::default());
     }
     let mut ed = Edits::new(&secs);
     let asz = elf.class.word() as u8;
@@ -106,7 +156,49 @@ pub fn repair(elf: &Elf, map: &AddrMap) -> Result<Vec<Replacement>> {
     aranges::repair(&secs, map, &mut ed)?;
     frame::repair(&secs, map, asz, &mut ed)?;
     gdb_index::repair(&secs, map, &mut ed)?;
-    secs.finish(ed.copies)
+    secs.finish(ed, map)
+}
+
+/// Runs `work` over `items` split into one contiguous share per core, each with its
+/// own edits; merges the edits and returns the per-share results in order.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    weight: impl Fn(&T) -> usize + Sync,
+    work: impl Fn(&[T], &mut Edits) -> Result<R> + Sync,
+    ed: &mut Edits,
+) -> Result<Vec<R>> {
+    let lens = &ed.lens.clone();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let total: usize = items.iter().map(&weight).sum();
+    let mut shares: Vec<&[T]> = Vec::new();
+    let (mut start, mut acc) = (0, 0);
+    for (i, item) in items.iter().enumerate() {
+        acc += weight(item);
+        if acc * threads >= total * (shares.len() + 1) || i + 1 == items.len() {
+            shares.push(&items[start..=i]);
+            start = i + 1;
+        }
+    }
+    let results: Vec<Result<(R, Edits)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = shares
+            .iter()
+            .map(|share| {
+                let work = &work;
+                scope.spawn(move || {
+                    let mut mine = Edits::with_lens(lens.clone());
+                    work(share, &mut mine).map(|r| (r, mine))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a DWARF walker thread panicked")).collect()
+    });
+    let mut out = Vec::with_capacity(results.len());
+    for r in results {
+        let (r, e) = r?;
+        ed.merge(e);
+        out.push(r);
+    }
+    Ok(out)
 }
 
 /// Converts a gimli error into a located DWARF error.

@@ -2,10 +2,12 @@
 //! or zstd, and legacy `.zdebug_*`), and recompressed with the same algorithm after
 //! editing.
 
-use super::{Replacement, Slice};
+use super::{Changes, Edits, Replacement, Slice};
 use crate::elf::consts::SHF_COMPRESSED;
 use crate::elf::{read_u32, read_u64, Elf};
 use crate::error::{Error, Reason, Result};
+use crate::patch::{sort_if_needed, Patch, Patches, Sorted};
+use crate::plan::AddrMap;
 use std::borrow::Cow;
 use std::io::{Read, Write};
 
@@ -52,7 +54,10 @@ pub fn is_debug_section(name: &str) -> bool {
 enum Compression {
     None,
     /// SHF_COMPRESSED with the given ch_type and header size.
-    Elf { ch_type: u32, header: usize },
+    Elf {
+        ch_type: u32,
+        header: usize,
+    },
     /// `.zdebug_*`: "ZLIB", 8-byte big-endian size, zlib stream.
     Legacy,
 }
@@ -66,6 +71,7 @@ pub struct SecId(pub usize);
 
 struct Section<'a> {
     index: usize,
+    file_offset: u64,
     name: String,
     raw: &'a [u8],
     data: Cow<'a, [u8]>,
@@ -108,7 +114,7 @@ impl<'a> Sections<'a> {
             } else {
                 (Cow::Borrowed(raw), Compression::None)
             };
-            list.push(Section { index: s.index, name, raw, data, compression });
+            list.push(Section { index: s.index, file_offset: s.sh_offset, name, raw, data, compression });
         }
         Ok(Sections { list })
     }
@@ -128,11 +134,6 @@ impl<'a> Sections<'a> {
         &self.list[id.0].data
     }
 
-    /// Canonical name.
-    pub fn name(&self, id: SecId) -> &str {
-        &self.list[id.0].name
-    }
-
     /// gimli's view of the sections (missing ones are empty).
     pub fn gimli(&self) -> gimli::Dwarf<Slice<'_>> {
         let load = |id: gimli::SectionId| -> std::result::Result<Slice<'_>, ()> {
@@ -142,26 +143,68 @@ impl<'a> Sections<'a> {
         gimli::Dwarf::load(load).expect("loading never fails")
     }
 
-    /// Turns the edited copies into replacement contents, recompressing as needed.
-    pub fn finish(&self, copies: Vec<Option<Vec<u8>>>) -> Result<Vec<Replacement>> {
-        let mut out = Vec::new();
-        for (s, copy) in self.list.iter().zip(copies) {
-            let Some(data) = copy else { continue };
+    /// Turns the edits into file-offset edits for uncompressed sections, and into
+    /// new (recompressed) contents for compressed ones.
+    pub fn finish(&self, ed: Edits, map: &AddrMap) -> Result<Changes> {
+        let mut out = Changes::default();
+        let mut parts = Vec::new();
+        for ((s, puts), moves) in self.list.iter().zip(ed.puts).zip(ed.moves) {
+            if puts.is_empty() && moves.is_empty() {
+                continue;
+            }
+            // Lists may share entries (GCC reuses the tail of a range list): the same
+            // field reached twice must get the same edit; anything else is a conflict.
+            let (mut puts, mut moves) = (puts, moves);
+            sort_if_needed(&mut puts, Patch::off);
+            puts.dedup();
+            sort_if_needed(&mut moves, |m| *m);
+            moves.dedup();
+            let sorted = Patches::from_parts(puts, moves).into_sorted().map_err(|e| {
+                Error::new(
+                    Reason::UnsupportedDwarf,
+                    format!("{}: a field would be edited in two ways ({})", s.name, e.detail),
+                )
+            })?;
+            if s.compression == Compression::None {
+                let Sorted { mut patches, mut moves } = sorted;
+                for p in patches.iter_mut() {
+                    *p = Patch::new(s.file_offset + p.off(), p.data());
+                }
+                for m in moves.iter_mut() {
+                    *m = m.rebased(s.file_offset);
+                }
+                parts.push(Patches::from_parts(patches, moves));
+                continue;
+            }
+            let mut data = s.data.to_vec();
+            for p in &sorted.patches {
+                data[p.off() as usize..p.end() as usize].copy_from_slice(p.data());
+            }
+            for m in &sorted.moves {
+                m.apply(&mut data, 0, map);
+            }
             let data = match s.compression {
-                Compression::None => data,
                 Compression::Elf { ch_type, header } => {
                     let mut v = s.raw[..header].to_vec();
                     v.extend(compress(ch_type, &data, &s.name)?);
                     v
                 }
-                Compression::Legacy => {
+                _ => {
                     let mut v = b"ZLIB".to_vec();
                     v.extend_from_slice(&(data.len() as u64).to_be_bytes());
                     v.extend(compress(ELFCOMPRESS_ZLIB, &data, &s.name)?);
                     v
                 }
             };
-            out.push(Replacement { index: s.index, data });
+            out.replacements.push(Replacement { index: s.index, data });
+        }
+        // Millions of edits: grow the largest set rather than copy it (sorting the
+        // concatenated runs afterwards is a merge).
+        parts.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        let mut parts = parts.into_iter();
+        out.patches = parts.next().unwrap_or_default();
+        for p in parts {
+            out.patches.append(p);
         }
         Ok(out)
     }
@@ -183,7 +226,9 @@ fn decompress_elf<'a>(elf: &Elf, name: &str, raw: &[u8]) -> Result<(Cow<'a, [u8]
             }
             v
         }
-        t => return Err(Error::new(Reason::UnsupportedDwarf, format!("{name}: compression type {t} is not supported"))),
+        t => {
+            return Err(Error::new(Reason::UnsupportedDwarf, format!("{name}: compression type {t} is not supported")))
+        }
     };
     Ok((Cow::Owned(data), Compression::Elf { ch_type, header }))
 }
