@@ -21,7 +21,7 @@ def main() -> None:
     ]
     for i in range(count):
         arms = []
-        for c in range(16):
+        for c in range(32):
             k = (i * 13 + c * 7) % 89 + 1
             if c % 4 == 0:
                 arms.append(f"{c} => x.wrapping_mul({k}).wrapping_add({i})")
@@ -32,7 +32,7 @@ def main() -> None:
             else:
                 arms.append(f"{c} => x.rotate_left({c}) ^ {k}")
         arms.append("_ => x")
-        parts.append(f"#[inline(never)] fn f{i}(x: u64) -> u64 {{ match (x ^ {i}) % 16 {{ " + ", ".join(arms) + " } }")
+        parts.append(f"#[inline(never)] fn f{i}(x: u64) -> u64 {{ match (x ^ {i}) % 32 {{ " + ", ".join(arms) + " } }")
     table = ", ".join(f"f{i}" for i in range(count))
     parts.append(f"static TABLE: [fn(u64) -> u64; {count}] = [{table}];")
     parts.append(
