@@ -11,7 +11,8 @@ Policies are TOML files read in layers; a later layer wins key by key:
 override the top-level keys for one package and win over the top-level keys of
 every layer (the more specific setting wins; among package tables, the later
 layer). The environment variable ``HUGIFY_POLICY_PATH`` (colon-separated files)
-replaces layers 2 and 3, for build chroots and tests.
+replaces layers 2 and 3, for build chroots and tests. ``HUGIFY_SIGNING_KEY``, when
+set, wins over ``signing.key`` of every layer: builders inject their key there.
 
 The schema is strict: unknown keys, wrong types and bad values are reported with
 file, line and a hint, all at once, and nothing is built with a policy that has
@@ -20,6 +21,7 @@ any of them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -33,6 +35,8 @@ from hugify.sizes import parse_size
 VENDOR_POLICY = Path("/usr/lib/hugify/policy.toml")
 ADMIN_POLICY = Path("/etc/hugify/policy.toml")
 ENV_PATH = "HUGIFY_POLICY_PATH"
+#: A signing key reference that wins over signing.key of every layer.
+SIGNING_KEY_ENV = "HUGIFY_SIGNING_KEY"
 DEFAULT_SOURCE = "built-in default"
 
 #: A setting's place in the policy: ("threshold",), ("huge_page_size", "x86_64"),
@@ -185,6 +189,15 @@ def _check_key_ref(v: Any) -> str:
     return v
 
 
+def _check_key_refs(v: Any) -> str | tuple[str, ...]:
+    """One public key reference, or an array of them (any one may vouch: key rotation)."""
+    if not isinstance(v, list):
+        return _check_key_ref(v)
+    if not v or not all(isinstance(k, str) and k for k in v):
+        raise _Bad("expected a non-empty array of key references", 'for example ["/usr/share/keys/old.pub", ...]')
+    return tuple(_check_key_ref(k) for k in v)
+
+
 # --- path globs --------------------------------------------------------------------
 
 
@@ -260,10 +273,15 @@ DEFAULT_HUGE_PAGES = {"x86_64": 2 << 20, "aarch64": 2 << 20, "i386": 2 << 20}
 SIGNING: dict[str, Field] = {
     "mode": Field(_choice("off", "optional", "required"), "off", "off, optional or required"),
     "key": Field(_check_key_ref, "", "private key file or KMS/PKCS#11 URI"),
-    "public_key": Field(_check_key_ref, "", "public key file or URI"),
+    "public_key": Field(_check_key_refs, "", "public key file or URI, or an array of them (rotation)"),
     "tlog_upload": Field(_check_bool, False, "upload to a transparency log"),
 }
 _PACKAGE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+~-]*\Z")
+
+
+def is_package_name(name: str) -> bool:
+    """Whether a name is usable as a package name (rpm's or Debian's)."""
+    return bool(_PACKAGE_NAME.match(name))
 
 
 def field_for(key: Key) -> Field:
@@ -426,7 +444,7 @@ class _Reader:
                         self.unknown((*key, k), SIGNING)
             elif name == "packages" and top:
                 for pkg, body in (self.table(key, value) or {}).items():
-                    if not _PACKAGE_NAME.match(pkg):
+                    if not is_package_name(pkg):
                         self.bad(
                             (*key, pkg),
                             f"{json.dumps(pkg)} is not a package name",
@@ -597,6 +615,19 @@ class Policy:
     def as_json(self) -> dict[str, Any]:
         return settings_json(self.settings)
 
+    def digest(self) -> str:
+        """sha256 (hex) of the effective values that decide what `hugify tree` does:
+        every key but signing.*, by dotted name, as canonical JSON (sorted keys, no
+        spaces, arrays for lists, UTF-8). Where a value came from does not count,
+        nor which key signs. signing/predicate-v1.md documents it for verifiers."""
+        values = {
+            _dotted(k): list(s.value) if isinstance(s.value, tuple) else s.value
+            for k, s in self.settings.items()
+            if k[0] != "signing"
+        }
+        text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
 
 def settings_json(settings: Mapping[Key, Setting]) -> dict[str, Any]:
     """Settings by dotted key, each with its value and origin, for --json output."""
@@ -621,25 +652,45 @@ def package_overrides(layers: Layers) -> dict[str, dict[Key, Setting]]:
     return out
 
 
-def resolve(layers: Layers, package: str | None = None) -> Policy:
+def _signing_key_from_env() -> Setting | None:
+    """$HUGIFY_SIGNING_KEY as a setting. Its value is never shown in a message: a
+    misplaced secret (key material instead of a reference) must not reach a log."""
+    value = os.environ.get(SIGNING_KEY_ENV, "")
+    if not value:
+        return None
+    source = f"${SIGNING_KEY_ENV} (environment)"
+    try:
+        return Setting(_check_key_ref(value), source)
+    except _Bad as e:
+        raise PolicyError(
+            [Problem(source, None, "neither an absolute path nor a known key URI (the value is not shown)", e.hint)]
+        ) from None
+
+
+def resolve(layers: Layers, package: str | None = None, *, for_build: bool = True) -> Policy:
     """The effective policy: defaults, then the top-level keys of every layer, then
-    the package's tables of every layer. Raises PolicyError for combinations that
-    are invalid as a whole."""
+    the package's tables of every layer, then $HUGIFY_SIGNING_KEY. Raises
+    PolicyError for combinations that are invalid as a whole; with for_build
+    false (verifying installed files), a required signing key may be absent."""
     eff = defaults()
     for layer in layers.settings:
         eff.update({k: s for k, s in layer.items() if k[0] != "packages"})
     if package is not None:
         for k, s in package_overrides(layers).get(package, {}).items():
             eff[k] = Setting(s.value, s.source, s.line, f"packages.{_dotted((package,))}")
+    env_key = _signing_key_from_env()
+    if env_key is not None:
+        eff[("signing", "key")] = env_key
     mode = eff[("signing", "mode")]
-    if mode.value == "required" and not eff[("signing", "key")].value:
+    if for_build and mode.value == "required" and not eff[("signing", "key")].value:
         raise PolicyError(
             [
                 Problem(
                     mode.source,
                     mode.line,
-                    'signing.mode is "required" but no signing.key is configured in any layer',
-                    'set signing.key, or use mode = "optional"',
+                    f'signing.mode is "required" but no signing.key is configured in any layer '
+                    f"and ${SIGNING_KEY_ENV} is not set",
+                    f'set signing.key or ${SIGNING_KEY_ENV}, or use mode = "optional"',
                 )
             ]
         )

@@ -22,6 +22,7 @@ with --manifest-only, not-aligned.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -171,6 +172,8 @@ class Outcome(NamedTuple):
     report: dict[str, Any] | None = None
     #: (build-id, exec offset, exec size, huge page) when the file goes into the manifest.
     entry: tuple[str, int, int, int] | None = None
+    #: sha256 (hex) of the file before it was transformed, for the signed statement.
+    sha256_before: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -193,7 +196,10 @@ class Outcome(NamedTuple):
                 code_bytes=code,
                 covered_code=res["covered_code"],
                 coverage=round(res["covered_code"] / code, 4) if code else 0.0,
+                huge_page=self.report["huge_page"],
                 build_id_before=self.report["build_id"],
+                build_id_after=res["build_id"],
+                sha256_before=self.sha256_before,
             )
         return out
 
@@ -273,6 +279,8 @@ def process(job: Job) -> Outcome:
             why = "no symbol table, so references to the ELF header cannot be ruled out by name"
             return _listing(job, ("stripped", f"{why} (refuse_stripped = true, {job.refuse_stripped})"))
         try:
+            with c.files[0].open("rb") as f:
+                before = hashlib.file_digest(f, "sha256").hexdigest()
             report = rewrite(c.files[0], None, s, keep_times=True)
         except _core.HugifyError as e:
             if e.reason == "already-aligned":
@@ -286,8 +294,8 @@ def process(job: Job) -> Outcome:
             _relink(c, job.epoch)
         except OSError as e:
             detail = f"transformed {c.paths[0]}, but re-linking its other names failed: {_os_detail(e)}"
-            return Outcome(c.paths, "failed", "io-error", detail, report=report, entry=entry)
-        return Outcome(c.paths, "transformed", report=report, entry=entry)
+            return Outcome(c.paths, "failed", "io-error", detail, report, entry, before)
+        return Outcome(c.paths, "transformed", report=report, entry=entry, sha256_before=before)
     except Exception as e:  # a bug must not stop the other files
         return Outcome(c.paths, "failed", "internal", f"{type(e).__name__}: {e}")
 
@@ -508,11 +516,13 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
     pol = opts.policy
     doc = {
         "hugify_tree_report": 1,
+        "hugify_version": _core.VERSION,
         "package": pol.package,
         "arch": opts.arch,
         "enabled": pol.enabled,
         "manifest_only": opts.manifest_only,
         "policy": pol.as_json(),
+        "policy_digest": pol.digest(),
         "files": [o.as_json() for o in outcomes],
         "summary": {
             **{s: sum(o.status == s for o in outcomes) for s in ("transformed", "listed", "skipped", "failed")},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMANDS = ["inspect", "transform", "explain", "tree", "policy", "prefetch", "status"]
+COMMANDS = ["inspect", "transform", "explain", "tree", "policy", "prefetch", "status", "sign", "verify"]
 
 
 def register_all(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

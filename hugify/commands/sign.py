@@ -1,0 +1,93 @@
+"""``hugify sign ROOT --report REPORT``: the package's signed statement of what hugify
+changed, made after the last tool that rewrites files (docs/signing.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hugify.exitcodes import Exit
+
+
+def run(args: argparse.Namespace) -> Exit:
+    from hugify import policy, signing
+
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"hugify: {root}: not a directory", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        pol = policy.resolve(policy.load(args.policy), args.package)
+    except policy.PolicyError as e:
+        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+        return Exit.INVALID
+    try:
+        report = signing.read_report(Path(args.report))
+    except OSError as e:
+        print(f"hugify: cannot read the hugify tree report {args.report}: {e.strerror or e}", file=sys.stderr)
+        return Exit.IO
+    except signing.ReportError as e:
+        print(f"hugify: {e}", file=sys.stderr)
+        return Exit.INVALID
+    name = args.package or report.get("package")
+    if not isinstance(name, str) or not policy.is_package_name(name):
+        print("hugify: the statement needs a package name: pass --package", file=sys.stderr)
+        return Exit.USAGE
+    req = signing.SignRequest(
+        root=root,
+        report=report,
+        name=name,
+        mode=pol.signing("mode"),
+        mode_where=pol.where("signing", "mode"),
+        key=pol.signing("key"),
+        key_where=pol.where("signing", "key"),
+        tlog_upload=pol.signing("tlog_upload"),
+        install=not args.no_install,
+        output=Path(args.output) if args.output else None,
+        file_list=Path(args.file_list) if args.file_list else None,
+    )
+    try:
+        ok = signing.sign(req, lambda line: print(line, flush=True))
+    except signing.ReportError as e:
+        print(f"hugify: {args.report}: {e}", file=sys.stderr)
+        return Exit.INVALID
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"hugify: error: {where}{e.strerror or e}", file=sys.stderr)
+        return Exit.IO
+    return Exit.OK if ok else Exit.FAILED
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "sign",
+        help="write the package's signed statement of what hugify changed",
+        description="After the last tool that rewrites files (rpm: after %__os_install_post; Debian: "
+        "after dh_strip), hashes the files `hugify tree` transformed as they are now and writes an in-toto "
+        "statement (signing/predicate-v1.md) to ROOT/usr/share/hugify/attestations/NAME.intoto.json, signed "
+        "with cosign into NAME.bundle as the policy's [signing] section says (signing.key or "
+        "$HUGIFY_SIGNING_KEY; cosign from $HUGIFY_COSIGN or PATH; COSIGN_PASSWORD for key files). "
+        'Exit status: 0; 1 when signing failed and signing.mode is "required" (nothing written); '
+        "2 usage; 3 unusable policy or report; 5 I/O error.",
+    )
+    p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
+    p.add_argument("--report", required=True, metavar="REPORT.json", help="the report `hugify tree --report` wrote")
+    p.add_argument(
+        "--package",
+        metavar="NAME",
+        help="the package: policy [packages.NAME], and NAME.intoto.json (default: the report's package)",
+    )
+    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    p.add_argument("--no-install", action="store_true", help="write nothing into ROOT (only --output)")
+    p.add_argument(
+        "--output",
+        metavar="PREFIX",
+        help="also write PREFIX.intoto.json and PREFIX.bundle, for publication beside the packages",
+    )
+    p.add_argument(
+        "--file-list",
+        metavar="OUT",
+        help="write the installed paths of the files written into ROOT here, one a line (rpm: %%files -f)",
+    )
+    p.set_defaults(func=run)

@@ -1,0 +1,111 @@
+"""``hugify verify [PATH… | --all]``: is each hugified file exactly what the signed
+statement of its package says (docs/signing.md)?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from hugify.exitcodes import Exit
+
+
+def _installed_path(arg: str, root: Path) -> str:
+    """An argument as an installed path: a file inside ROOT (by its name on this
+    system) or a path as installed ("/usr/bin/foo"). On the running system,
+    symbolic links are resolved (/lib -> /usr/lib, libfoo.so -> libfoo.so.1)."""
+    if root == Path("/"):
+        return os.path.realpath(arg)
+    full = Path(os.path.abspath(arg))
+    real_root = Path(os.path.abspath(root))
+    if real_root != Path("/") and full.is_relative_to(real_root):
+        return "/" + full.relative_to(real_root).as_posix()
+    return os.path.normpath("/" + arg.lstrip("/"))
+
+
+def _public_keys(args: argparse.Namespace, signing_key: str, public_key: str | tuple[str, ...]) -> list[str]:
+    if args.key:
+        return list(args.key)
+    if public_key:
+        return [public_key] if isinstance(public_key, str) else list(public_key)
+    # A KMS or token key reference stands for its public half too; a key file does not.
+    return [signing_key] if signing_key and not signing_key.startswith("/") else []
+
+
+def run(args: argparse.Namespace) -> int:
+    from hugify import policy, signing
+
+    if bool(args.paths) == args.all:
+        print("hugify: verify: name the files to check, or --all", file=sys.stderr)
+        return Exit.USAGE
+    root = Path(args.root)
+    try:
+        pol = policy.resolve(policy.load(args.policy), for_build=False)
+    except policy.PolicyError as e:
+        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+        return Exit.INVALID
+    installed = None
+    if args.paths:
+        installed = [_installed_path(p, root) for p in args.paths]
+        absent = [p for p in installed if not (root / p.lstrip("/")).exists()]
+        if absent:
+            print(f"hugify: verify: no such file: {', '.join(absent)}", file=sys.stderr)
+            return Exit.USAGE
+    directory = Path(args.attestations) if args.attestations else root / signing.ATTESTATION_DIR.lstrip("/")
+    keys = _public_keys(args, pol.signing("key"), pol.signing("public_key"))
+    try:
+        attestations = signing.load_attestations(directory)
+        with tempfile.TemporaryDirectory(prefix="hugify-verify-") as tmp:
+            check = signing.Verifier(keys, pol.signing("tlog_upload"), Path(tmp))
+            results = signing.verify(root, installed, attestations, check)
+    except signing.SigningError as e:
+        print(f"hugify: verify: {e}", file=sys.stderr)
+        return Exit.USAGE
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"hugify: verify: {where}{e.strerror or e}", file=sys.stderr)
+        return Exit.IO
+    status = signing.exit_status(results)
+    if args.json:
+        counts = {v.id: sum(r.verdict is v for r in results) for v in signing.Verdict}
+        doc = {"files": [r.as_json() for r in results], "summary": counts, "exit_status": status}
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        for r in results:
+            print(r.line())
+        counts_text = ", ".join(f"{n} {v.text}" for v in signing.Verdict if (n := sum(r.verdict is v for r in results)))
+        print(f"hugify: verify: {counts_text or 'no hugified files'}")
+    return status
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check installed hugified files against their package's signed statement",
+        description="For each file: find the statement that lists it (ROOT/usr/share/hugify/attestations/"
+        "*.intoto.json), check the signature of the bundle beside it with cosign against the distribution's "
+        "public key, check that the statement is what was signed, and compare the file's sha256 with the "
+        "signed one. Verdicts and exit statuses: verified 0, no statement 10, unsigned 11, modified since "
+        "signing 12, bad signature 13 (a run exits with the highest); 2 usage or no public key, 3 unusable "
+        "policy, 5 I/O error. With --all, files listed but not installed (a subpackage) are reported as "
+        "such and do not change the status.",
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help="installed files (or files inside --root)")
+    p.add_argument("--all", action="store_true", help="every file of every statement")
+    p.add_argument("--root", default="/", metavar="DIR", help="the system (or extracted packages) to check")
+    p.add_argument(
+        "--attestations", metavar="DIR", help="where the statements are (default: ROOT/usr/share/hugify/attestations)"
+    )
+    p.add_argument(
+        "--key",
+        action="append",
+        metavar="PUB",
+        help="a trusted public key (file or KMS URI); repeatable; default: the policy's signing.public_key",
+    )
+    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
