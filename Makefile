@@ -10,10 +10,14 @@ BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib/hugify
 PYDIR = $(LIBDIR)/python
 CARGO ?= cargo
+MANDIR = $(PREFIX)/share/man
+PERL5DIR ?= $(PREFIX)/share/perl5
+HELP2MAN ?= help2man
+VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 VENV = .venv
 EXT = hugify/_core.abi3.so
 
-.PHONY: all build install test lint unit pytest demo setup clean
+.PHONY: all build install test lint unit pytest demo setup clean dist
 
 all: build
 
@@ -41,6 +45,16 @@ install: build
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
 	sed -e 's|/usr/bin/hugify|$(BINDIR)/hugify|' systemd/hugify-prefetch.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.service
 	install -m 0644 systemd/hugify-prefetch.timer $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.timer
+	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
+	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
+	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
+	for c in dh_hugify dh_hugify_sign; do \
+		pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
+	done
+	$(HELP2MAN) --no-info --name='put the code of ELF programs and libraries on huge pages' --include=spec/hugify.h2m \
+		--output=$(DESTDIR)$(MANDIR)/man1/hugify.1 'env PYTHONPATH=$(CURDIR) $(PYTHON) -m hugify.cli'
+	$(HELP2MAN) --no-info --name='load a program and its libraries as huge pages, then run it' \
+		--output=$(DESTDIR)$(MANDIR)/man1/hugify-run.1 runtime/hugify-run
 
 setup:
 	tools/setup-dev-env
@@ -62,6 +76,11 @@ test: lint unit pytest
 
 demo: setup build
 	tools/demo
+
+# A source tarball of the last commit (what spec/hugify.spec builds from).
+dist:
+	mkdir -p dist
+	git archive --format=tar.gz --prefix=hugify-$(VERSION)/ -o dist/hugify-$(VERSION).tar.gz HEAD
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,368 @@
+"""Support for the Debian packaging tests (test_debhelper.py, test_packages.py):
+building the test source package tests/deb/hugify-deb-test for real with
+dpkg-buildpackage, extracting what it produced, and caching the results.
+
+Heavy builds are cached under the test cache (tests/fixtures.py: cache_root()),
+keyed by everything that goes into them (the package sources, hugify's sources,
+the tool versions), one directory per key; a changed input rebuilds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fixtures import cache_root
+from helpers import HP, REPO, Load, readelf_build_id, readelf_loads
+
+DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
+GEN_CODE = REPO / "tests" / "programs" / "gen_code.py"
+DH_HUGIFY_DIR = REPO / "dh-hugify"
+
+PROG, LINK, SMALL = "usr/bin/hugify-deb-test", "usr/bin/hugify-deb-test-link", "usr/bin/hugify-deb-small"
+MULTIARCH = subprocess.run(["gcc", "-print-multiarch"], capture_output=True, text=True, check=True).stdout.strip()
+LIB = f"usr/lib/{MULTIARCH}/libhugdebtest.so.1"
+DATA_MODULE = "usr/share/hugify-deb-test/hugtest-module"  # in the Architecture: all package
+UDEB_MODULE = "usr/lib/hugify-deb-test-udeb/hugtest-module"
+MANIFEST_DIR = "usr/lib/hugify/manifest.d"
+
+#: What the build environment must not inherit from whoever runs the tests.
+_SCRUBBED = (
+    "DEB_BUILD_OPTIONS",
+    "DEB_BUILD_PROFILES",
+    "DEB_BUILD_MAINT_OPTIONS",
+    "DH_EXTRA_ADDONS",
+    "DH_VERBOSE",
+    "DH_QUIET",
+    "DH_OPTIONS",
+    "DH_INTERNAL_OPTIONS",
+    "DH_NO_ACT",
+    "DH_ALWAYS_EXCLUDE",
+    "MAKEFLAGS",
+    "MAKELEVEL",
+    "MFLAGS",
+    "PERL5LIB",
+    "HUGIFY_POLICY_PATH",
+    "SOURCE_DATE_EPOCH",
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    env["LC_ALL"] = "C.UTF-8"
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock shared by every test process (pytest-xdist workers too)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- cache keys ----------------------------------------------------------------------
+
+
+def tool_versions(*packages: str) -> str:
+    """The installed versions of Debian packages (part of a cache key)."""
+    res = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package} ${Version}\\n", *packages], capture_output=True, text=True, check=False
+    )
+    return res.stdout
+
+
+BUILD_TOOLS = ("debhelper", "dpkg-dev", "gcc-12", "binutils", "dwz", "libc6-dev", "python3.11")
+
+
+def files_key(files: Iterable[tuple[str, Path]], *extra: str) -> str:
+    """A hash of (name, content) pairs (a symlink counts by its target) and strings."""
+    h = hashlib.sha256()
+    for name, path in sorted(files, key=lambda x: x[0]):
+        h.update(name.encode() + b"\0")
+        h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+        h.update(b"\0")
+    for e in extra:
+        h.update(e.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def tree_files(root: Path) -> list[tuple[str, Path]]:
+    return [(str(p.relative_to(root)), p) for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()]
+
+
+def package_source_files() -> list[tuple[str, Path]]:
+    """The test source package and the code generator copied into it."""
+    return [*tree_files(DEB_SRC), ("gen_code.py", GEN_CODE)]
+
+
+def cached_dir(group: str, name: str, key: str) -> Path:
+    """Where a cached build lives; older builds of the same name are removed."""
+    root = cache_root() / group
+    root.mkdir(parents=True, exist_ok=True)
+    return root / f"{name}-{key}"
+
+
+def drop_stale(final: Path) -> None:
+    name = final.name.rsplit("-", 1)[0]
+    for stale in final.parent.glob(f"{name}-*"):
+        if stale != final and re.fullmatch(r"[0-9a-f]{16}", stale.name[len(name) + 1 :]):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+# --- the test source package ------------------------------------------------------------
+
+
+def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = False, build_depends: str = "") -> Path:
+    """A fresh copy of tests/deb/hugify-deb-test in parent, with the dh line of
+    debian/rules, an empty override_dh_hugify target and extra Build-Depends as asked."""
+    src = parent / "hugify-deb-test"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(DEB_SRC, src, symlinks=True)
+    shutil.copy(GEN_CODE, src / "gen_code.py")
+    rules = src / "debian" / "rules"
+    text = rules.read_text()
+    assert "\tdh $@\n" in text
+    text = text.replace("\tdh $@\n", f"\tdh $@{' ' + dh_args if dh_args else ''}\n")
+    if override:
+        text += "\n# This package opts out of hugify.\noverride_dh_hugify:\n"
+    rules.write_text(text)
+    if build_depends:
+        control = src / "debian" / "control"
+        text = control.read_text()
+        old = "Build-Depends: debhelper-compat (= 13), python3\n"
+        assert old in text
+        control.write_text(text.replace(old, f"Build-Depends: debhelper-compat (= 13), python3, {build_depends}\n"))
+    return src
+
+
+def dpkg_buildpackage(src: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
+    """dpkg-buildpackage -us -uc -b in src: exit status and the log (stdout and
+    stderr in one stream, in order)."""
+    res = subprocess.run(
+        ["dpkg-buildpackage", "-us", "-uc", "-b", "-j2", *args],
+        cwd=src,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        check=False,
+    )
+    return res.returncode, res.stdout
+
+
+def collect(parent: Path, out: Path) -> None:
+    """Moves the .deb/.udeb/.changes/.buildinfo files from parent to out/debs and
+    extracts every package into out/pkgs/PACKAGE and all of them into out/root."""
+    (out / "debs").mkdir(parents=True)
+    for f in sorted(parent.iterdir()):
+        if f.suffix in (".deb", ".udeb", ".changes", ".buildinfo"):
+            shutil.move(f, out / "debs" / f.name)
+    for deb in sorted((out / "debs").iterdir()):
+        if deb.suffix in (".deb", ".udeb"):
+            pkg = deb_field(deb, "Package")
+            for dest in (out / "pkgs" / pkg, out / "root"):
+                dest.mkdir(parents=True, exist_ok=True)
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
+
+
+def deb_field(deb: Path, name: str) -> str:
+    return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@dataclass
+class DebBuild:
+    """A finished build: its exit status, log, and what it produced."""
+
+    dir: Path
+    rc: int = field(init=False)
+    log: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rc = int((self.dir / "rc").read_text())
+        self.log = (self.dir / "log").read_text()
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    def pkg(self, name: str) -> Path:
+        return self.dir / "pkgs" / name
+
+    def deb(self, package: str) -> Path:
+        debs = (self.dir / "debs").iterdir()
+        return next(d for d in debs if d.name.startswith(package + "_") and d.suffix in (".deb", ".udeb"))
+
+    def field(self, package: str, name: str) -> str:
+        return deb_field(self.deb(package), name)
+
+    def packages(self) -> list[str]:
+        return sorted(p.name for p in (self.dir / "pkgs").iterdir()) if (self.dir / "pkgs").is_dir() else []
+
+    def ok(self) -> DebBuild:
+        assert self.rc == 0, self.log[-6000:]
+        return self
+
+
+def save_result(out: Path, rc: int, log: str) -> None:
+    (out / "log").write_text(log)
+    (out / "rc").write_text(str(rc))
+
+
+def hugify_inputs() -> list[tuple[str, Path]]:
+    """Everything of this checkout that an in-tree dh_hugify run uses."""
+    files = [(f"dh-hugify/{n}", p) for n, p in tree_files(DH_HUGIFY_DIR)]
+    files += [(str(p.relative_to(REPO)), p) for p in sorted((REPO / "hugify").rglob("*.py"))]
+    files += [("hugify/_core.abi3.so", REPO / "hugify" / "_core.abi3.so"), ("policy", REPO / "policy" / "policy.toml")]
+    return files
+
+
+def in_tree_env(bin_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment that puts this checkout's add-on, dh_hugify and hugify
+    first: PERL5LIB for the Sequence module, PATH for the commands."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = bin_dir / "hugify"
+    text = (
+        "#!/bin/sh\n"
+        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
+        f'exec {sys.executable} -m hugify.cli "$@"\n'
+    )
+    if not wrapper.exists() or wrapper.read_text() != text:
+        tmp = wrapper.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(wrapper)
+    path = f"{bin_dir}:{DH_HUGIFY_DIR}:{os.environ['PATH']}"
+    return clean_env(PATH=path, PERL5LIB=str(DH_HUGIFY_DIR), **extra)
+
+
+# --- the test package built in variants (test_debhelper.py) ------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    dh_args: str = ""  # appended to `dh $@` in debian/rules
+    override: bool = False  # an empty override_dh_hugify target
+    env: tuple[tuple[str, str], ...] = ()
+    in_tree: bool = True  # this checkout's add-on on PERL5LIB and PATH
+
+
+VARIANTS = {
+    "plain": Variant(in_tree=False),  # no add-on anywhere
+    "with": Variant("--with hugify"),
+    "nohugify": Variant("--with hugify", env=(("DEB_BUILD_OPTIONS", "nohugify"),)),
+    "without": Variant("--without hugify", env=(("DH_EXTRA_ADDONS", "hugify"),)),
+    "override": Variant("--with hugify", override=True),
+    "extra-addons": Variant(env=(("DH_EXTRA_ADDONS", "hugify"),)),
+}
+
+
+def build_variant(name: str) -> DebBuild:
+    """The test package built (once per inputs) in the named variant."""
+    v = VARIANTS[name]
+    inputs = package_source_files() + (hugify_inputs() if v.in_tree else [])
+    key = files_key(inputs, repr(v), tool_versions(*BUILD_TOOLS))
+    final = cached_dir("debhelper", name, key)
+    if (final / "rc").exists():
+        return DebBuild(final)
+    with locked(cache_root() / "debhelper" / "build.lock"):
+        if (final / "rc").exists():
+            return DebBuild(final)
+        parent = cache_root() / "debhelper" / "build"  # one path for every variant
+        shutil.rmtree(parent, ignore_errors=True)
+        parent.mkdir(parents=True)
+        src = prepare_test_source(parent, dh_args=v.dh_args, override=v.override)
+        env = in_tree_env(cache_root() / "debhelper" / "bin", **dict(v.env)) if v.in_tree else clean_env(**dict(v.env))
+        rc, log = dpkg_buildpackage(src, env)
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        collect(parent, work)
+        reports = work / "reports"
+        for r in sorted((src / "debian" / ".debhelper" / "generated").glob("*/hugify-report.json")):
+            reports.mkdir(exist_ok=True)
+            shutil.copy(r, reports / f"{r.parent.name}.json")
+        save_result(work, rc, log)
+        work.rename(final)
+        shutil.rmtree(parent, ignore_errors=True)
+        drop_stale(final)
+    return DebBuild(final)
+
+
+# --- checks on ELF files -----------------------------------------------------------------
+
+
+def exec_load(path: Path) -> Load:
+    loads = [seg for seg in readelf_loads(path) if "E" in seg.flags]
+    assert len(loads) == 1, loads
+    return loads[0]
+
+
+def hugified(path: Path) -> bool:
+    x = exec_load(path)
+    return x.offset % HP == 0 and x.vaddr % HP == 0 and x.filesz % HP == 0 and x.align == HP
+
+
+def build_id(path: Path) -> str:
+    return readelf_build_id(path).hex()
+
+
+def debug_file(root: Path, bid: str) -> Path:
+    return root / "usr/lib/debug/.build-id" / bid[:2] / f"{bid[2:]}.debug"
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file and symlink under root: contents (symlinks: their target)."""
+    return {
+        str(p.relative_to(root)): os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
+
+
+def source_line(name: str, marker: str) -> int:
+    path = DEB_SRC / "src" / name
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if marker in line)
+
+
+def gdb_backtrace(root: Path, prog: str, breakpoint: str) -> str:
+    """Runs the extracted program under gdb with the extracted debug files, stops at
+    the breakpoint and prints a backtrace; gdb's whole output."""
+    cmd = [
+        "gdb",
+        "-batch",
+        "-nx",
+        "-iex",
+        f"set debug-file-directory {root / 'usr/lib/debug'}",
+        "-ex",
+        "set breakpoint pending on",
+        "-ex",
+        f"set environment LD_LIBRARY_PATH={root / 'usr/lib' / MULTIARCH}",
+        "-ex",
+        f"break {breakpoint}",
+        "-ex",
+        "run",
+        "-ex",
+        "bt",
+        str(root / prog),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    return res.stdout + res.stderr
+
+
+def run_program(root: Path, prog: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib" / MULTIARCH)}
+    return subprocess.run([str(root / prog)], capture_output=True, text=True, env=env, timeout=60, check=False)

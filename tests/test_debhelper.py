@@ -1,0 +1,475 @@
+"""The debhelper add-on (dh-hugify/), proven with the real tools.
+
+Slow tests build the test source package tests/deb/hugify-deb-test (debhelper-compat
+13: a program with more than 1 MiB of code linked to its own shared library
+package, a hardlinked second name, a small program, an Architecture: all package
+and a udeb that both hold a large ELF module) with `dpkg-buildpackage -us -uc -b`,
+in several variants, and check the .debs: dh_strip's -dbgsym packages must describe
+the hugified files, whose build-id differs from the plain build's in exactly one
+bit (Debian never recomputes build-ids). The add-on and hugify come from this
+checkout (PERL5LIB, PATH); test_packages.py does the same with hugify's own
+installed .deb.
+
+Fast tests run dh_hugify directly on debian/PKG trees holding a prebuilt program
+(tests/fixtures.py), and `dh --no-act` for the sequence.
+
+Every variant is built in the same directory, one at a time (a lock shared by the
+xdist workers), and cached by its inputs under the test cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from deb_support import (
+    DATA_MODULE,
+    LIB,
+    LINK,
+    MANIFEST_DIR,
+    PROG,
+    SMALL,
+    UDEB_MODULE,
+    DebBuild,
+    build_id,
+    build_variant,
+    debug_file,
+    exec_load,
+    files_of,
+    gdb_backtrace,
+    hugified,
+    in_tree_env,
+    run_program,
+    source_line,
+)
+from fixtures import BY_NAME
+from fixtures import build as build_fixture
+from helpers import bits_differing
+
+from hugify import manifest
+
+slow = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def deb_build() -> Callable[[str], DebBuild]:
+    return build_variant
+
+
+@slow
+def test_program_and_library_are_hugified_small_program_is_not(deb_build) -> None:
+    b, plain = deb_build("with").ok(), deb_build("plain").ok()
+    for f in (PROG, LIB):
+        assert hugified(b.root / f), f
+        assert not hugified(plain.root / f), f
+    assert not hugified(b.root / SMALL)
+    assert (b.root / SMALL).read_bytes() == (plain.root / SMALL).read_bytes()
+    assert "hugify: /usr/bin/hugify-deb-small: skipped (below-threshold)" in b.log
+    assert re.search(
+        r"hugify: /usr/bin/hugify-deb-test: transformed \(shift\).*\(also: /usr/bin/hugify-deb-test-link\)", b.log
+    )
+    assert re.search(rf"hugify: /{re.escape(LIB)}: transformed \(shift\)", b.log)
+    assert "hugify: hugify-deb-test: 1 transformed, 0 already aligned, 1 skipped, 0 failed" in b.log
+    assert "hugify: libhugdebtest1: 1 transformed, 0 already aligned, 0 skipped, 0 failed" in b.log
+
+
+@slow
+def test_dh_hugify_runs_after_dh_missing_and_before_dh_dwz_and_dh_strip(deb_build) -> None:
+    steps = [line.split()[0] for line in deb_build("with").ok().log.splitlines() if line.startswith("   dh_")]
+    cmds = ("dh_missing", "dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_sign", "dh_gencontrol")
+    order = [steps.index(cmd) for cmd in cmds]
+    assert order == sorted(order), steps
+
+
+@slow
+def test_hardlink_survives_the_package(deb_build) -> None:
+    b = deb_build("with").ok()
+    listing = subprocess.run(
+        ["dpkg-deb", "-c", str(b.deb("hugify-deb-test"))], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(rf"^h\S+ .* \./{LINK} link to \./{PROG}$", listing, re.M), listing
+    assert os.stat(b.root / PROG).st_ino == os.stat(b.root / LINK).st_ino
+
+
+@slow
+def test_architecture_all_package_and_udeb_are_left_alone(deb_build) -> None:
+    b, plain = deb_build("with").ok(), deb_build("plain").ok()
+    for f in (DATA_MODULE, UDEB_MODULE):
+        assert not hugified(b.root / f), f
+        assert (b.root / f).read_bytes() == (plain.root / f).read_bytes(), f
+        assert f"hugify: /{f}" not in b.log
+    assert not (b.pkg("hugify-deb-test-data") / MANIFEST_DIR).exists()
+    assert not (b.pkg("hugify-deb-test-udeb") / MANIFEST_DIR).exists()
+
+
+@slow
+def test_dbgsym_has_the_debug_file_of_the_shipped_build_id_one_bit_from_plain(deb_build) -> None:
+    b, plain = deb_build("with").ok(), deb_build("plain").ok()
+    for f, pkg in ((PROG, "hugify-deb-test"), (LIB, "libhugdebtest1")):
+        shipped, original = build_id(b.root / f), build_id(plain.root / f)
+        assert bits_differing(bytes.fromhex(shipped), bytes.fromhex(original)) == 1, (f, shipped, original)
+        dbg = debug_file(b.pkg(f"{pkg}-dbgsym"), shipped)
+        assert dbg.is_file(), f"{pkg}-dbgsym lacks {dbg}"
+        assert build_id(dbg) == shipped
+        # The debug file describes the hugified layout: the same program headers.
+        assert exec_load(dbg).vaddr == exec_load(b.root / f).vaddr
+        assert shipped in b.field(f"{pkg}-dbgsym", "Build-Ids").split()
+    ids = {build_id(b.root / f) for f in (PROG, SMALL)}
+    assert set(b.field("hugify-deb-test-dbgsym", "Build-Ids").split()) == ids
+    assert b.field("libhugdebtest1-dbgsym", "Build-Ids").split() == [build_id(b.root / LIB)]
+    # The small program was not transformed: its id is the plain build's.
+    assert build_id(b.root / SMALL) == build_id(plain.root / SMALL)
+
+
+@slow
+def test_gdb_breaks_at_source_lines_and_backtraces_with_the_dbgsym_files(deb_build) -> None:
+    b = deb_build("with").ok()
+    lib_line, main_line = source_line("lib.c", "lib-breakpoint"), source_line("main.c", "main-calls-lib")
+    out = gdb_backtrace(b.root, PROG, f"lib.c:{lib_line}")
+    assert re.search(rf"Breakpoint 1, lib_entry \(x=\S+\) at (\./)?src/lib\.c:{lib_line}", out), out
+    assert re.search(rf"#0\s+lib_entry \(x=\S+\) at (\./)?src/lib\.c:{lib_line}", out), out
+    assert re.search(rf"#1\s+0x[0-9a-f]+ in main \(.*\) at (\./)?src/main\.c:{main_line}", out), out
+    # A breakpoint in the moved code of the program itself (debug info through dwz's multifile).
+    out = gdb_backtrace(b.root, PROG, "exe_f700")
+    assert re.search(r"#0\s+exe_f700 \(x=\S+\) at (\./)?exe_gen\d\.c:\d+", out), out
+    assert re.search(r"#1\s+0x[0-9a-f]+ in exe_dispatch \(.*\) at (\./)?exe_table\.c:\d+", out), out
+    assert re.search(r"in main \(.*\) at (\./)?src/main\.c:\d+", out), out
+
+
+@slow
+def test_programs_run_correctly(deb_build) -> None:
+    b, plain = deb_build("with").ok(), deb_build("plain").ok()
+    expected = run_program(plain.root, PROG)
+    assert expected.returncode == 0 and expected.stdout.startswith("hugify-deb-test: "), expected
+    for prog in (PROG, LINK):
+        got = run_program(b.root, prog)
+        assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
+    assert run_program(b.root, SMALL).stdout == "hugify-deb-small\n"
+
+
+@slow
+def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -> None:
+    b = deb_build("with").ok()
+    expect = {"hugify-deb-test": [PROG, LINK], "libhugdebtest1": [LIB]}
+    for pkg, paths in expect.items():
+        m = b.pkg(pkg) / MANIFEST_DIR / f"{pkg}.list"
+        assert m.is_file(), f"{pkg} ships no manifest"
+        assert (m.stat().st_mode & 0o777) == 0o644
+        entries = {e.path: e for e in manifest.parse(m.read_text())}
+        assert sorted(entries) == sorted("/" + p for p in paths)
+        for p in paths:
+            e = entries["/" + p]
+            assert e.build_id == build_id(b.root / p), "the manifest must name the shipped build-id"
+            assert e.offset % e.huge_page == 0 and e.huge_page == 2 << 20
+    assert sorted(p.name for p in (b.root / MANIFEST_DIR).iterdir()) == ["hugify-deb-test.list", "libhugdebtest1.list"]
+    assert (b.dir / "reports" / "hugify-deb-test.json").is_file()
+
+
+@slow
+def test_dh_hugify_sign_records_the_shipped_files_after_dh_strip(deb_build) -> None:
+    b = deb_build("with").ok()
+    statement = b.pkg("hugify-deb-test") / "usr/share/hugify/attestations/hugify-deb-test.intoto.json"
+    shipped = hashlib.sha256((b.root / PROG).read_bytes()).hexdigest()
+    assert shipped in statement.read_text(), "the statement must cover the stripped file that ships"
+
+
+# --- opt-outs: byte-identical to a build without the add-on --------------------------------
+
+
+def _same_packages(b: DebBuild, plain: DebBuild) -> None:
+    assert b.packages() == plain.packages()
+    for pkg in plain.packages():
+        got, want = files_of(b.pkg(pkg)), files_of(plain.pkg(pkg))
+        assert sorted(got) == sorted(want), pkg
+        assert [k for k in want if got[k] != want[k]] == [], pkg
+        for fld in ("Build-Ids", "Depends", "Installed-Size"):
+            assert b.field(pkg, fld) == plain.field(pkg, fld), (pkg, fld)
+
+
+@slow
+@pytest.mark.parametrize("variant", ["nohugify", "without", "override"])
+def test_opt_out_is_byte_identical_to_a_build_without_the_add_on(deb_build, variant: str) -> None:
+    b, plain = deb_build(variant).ok(), deb_build("plain").ok()
+    assert "hugify: " not in b.log
+    steps = [line.split()[0] for line in b.log.splitlines() if line.startswith("   dh_")]
+    if variant == "nohugify":
+        assert "dh_hugify" in steps, "dh still runs dh_hugify, which exits at once"
+    elif variant == "override":
+        assert "dh_hugify" not in steps and "dh_hugify_sign" in steps, "dh_hugify_sign finds no report"
+    else:
+        assert "dh_hugify" not in steps and "dh_hugify_sign" not in steps
+    _same_packages(b, plain)
+
+
+@slow
+def test_dh_extra_addons_enables_it_without_changing_the_package(deb_build) -> None:
+    b, with_addon = deb_build("extra-addons").ok(), deb_build("with").ok()
+    assert "   dh_hugify" in b.log
+    assert hugified(b.root / PROG)
+    _same_packages(b, with_addon)
+
+
+# --- the sequence (fast: dh --no-act) --------------------------------------------------------
+
+
+def changelog(source: str) -> str:
+    trailer = " -- T <t@example.org>  Mon, 01 Jan 2024 00:00:00 +0000\n"
+    return f"{source} (1.0) unstable; urgency=medium\n\n  * Test.\n\n{trailer}"
+
+
+def _dh_source(tmp: Path, compat: int = 13, build_depends: str = "", bd_arch: str = "") -> Path:
+    src = tmp / "seq"
+    (src / "debian").mkdir(parents=True)
+    bd = f"debhelper-compat (= {compat}){', ' + build_depends if build_depends else ''}"
+    (src / "debian" / "control").write_text(
+        f"Source: hugify-seq\nBuild-Depends: {bd}\n"
+        + (f"Build-Depends-Arch: {bd_arch}\n" if bd_arch else "")
+        + "\nPackage: hugify-seq\nArchitecture: any\nDescription: test\n test\n"
+    )
+    (src / "debian" / "changelog").write_text(changelog("hugify-seq"))
+    return src
+
+
+def _sequence(src: Path, *args: str, **env: str) -> list[str]:
+    res = subprocess.run(
+        ["dh", *args, "--no-act"],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        env=in_tree_env(src.parent / "bin", **env),
+        check=True,
+    )
+    return [line.strip() for line in res.stdout.splitlines()]
+
+
+def test_sequence_puts_dh_hugify_before_dh_dwz(tmp_path: Path) -> None:
+    seq = _sequence(_dh_source(tmp_path), "binary", "--with", "hugify")
+    i = seq.index("dh_hugify")
+    assert seq[i - 1 : i + 4] == ["dh_missing", "dh_hugify", "dh_dwz -a", "dh_strip -a", "dh_hugify_sign"]
+
+
+@pytest.mark.parametrize(("compat", "after"), [(12, "dh_dwz"), (11, "dh_strip")])
+def test_sequence_in_older_compat_levels(tmp_path: Path, compat: int, after: str) -> None:
+    seq = _sequence(_dh_source(tmp_path, compat), "binary", "--with", "hugify")
+    assert seq[seq.index("dh_hugify") + 1] == after
+    assert seq[seq.index("dh_strip") + 1] == "dh_hugify_sign"
+    if compat == 11:
+        assert "dh_dwz" not in seq
+
+
+def test_activation_by_build_depends_and_dh_extra_addons(tmp_path: Path) -> None:
+    seq = _sequence(_dh_source(tmp_path / "bd", build_depends="dh-sequence-hugify"), "binary")
+    assert "dh_hugify" in seq
+    seq = _sequence(_dh_source(tmp_path / "bda", bd_arch="dh-sequence-hugify"), "binary")
+    assert "dh_hugify -a" in seq
+    src = _dh_source(tmp_path / "extra")
+    assert "dh_hugify" not in _sequence(src, "binary")
+    assert "dh_hugify" in _sequence(src, "binary", DH_EXTRA_ADDONS="hugify")
+    assert "dh_hugify" not in _sequence(src, "binary", "--without", "hugify", DH_EXTRA_ADDONS="hugify")
+    # Architecture: all packages never get it (nor does binary-indep run it).
+    assert "dh_hugify" not in _sequence(src, "binary-indep", "--with", "hugify")
+
+
+# --- dh_hugify itself on debian/PKG trees (fast) ---------------------------------------------
+
+CONTROL = """Source: hugify-opts
+Build-Depends: debhelper-compat (= 13)
+
+Package: pa
+Architecture: any
+Description: arch package with a program, its hardlink and a 0644 library
+ a
+
+Package: pb
+Architecture: any
+Description: arch package with a program
+ b
+
+Package: pc
+Architecture: all
+Description: arch-independent package holding an ELF file
+ c
+
+Package: pd
+Package-Type: udeb
+Section: debian-installer
+Architecture: any
+Description: udeb holding an ELF file
+ d
+
+Package: pe
+Architecture: any
+Description: arch package without ELF files
+ e
+"""
+
+
+@pytest.fixture(scope="module")
+def large_elf() -> Path:
+    """A program and a library with about 2.5 MiB of code each, with symbols."""
+    return build_fixture(BY_NAME["gcc-bfd"])
+
+
+@pytest.fixture
+def opts_src(tmp_path: Path, large_elf: Path) -> Path:
+    src = tmp_path / "src"
+    (src / "debian").mkdir(parents=True)
+    (src / "debian" / "control").write_text(CONTROL)
+    (src / "debian" / "changelog").write_text(changelog("hugify-opts"))
+    for pkg in ("pa", "pb", "pc", "pd"):
+        d = src / "debian" / pkg / "usr" / "bin"
+        d.mkdir(parents=True)
+        shutil.copy(large_elf / "prog", d / "prog")
+    os.link(src / "debian/pa/usr/bin/prog", src / "debian/pa/usr/bin/prog-link")
+    lib = src / "debian/pa/usr/lib/x86_64-linux-gnu/libhug.so.1"
+    lib.parent.mkdir(parents=True)
+    shutil.copy(large_elf / "libhug.so", lib)
+    lib.chmod(0o644)  # Debian's shared libraries are not executable
+    (src / "debian/pe/usr/share/doc/pe").mkdir(parents=True)
+    (src / "debian/pe/usr/share/doc/pe/README").write_text("no ELF here\n")
+    return src
+
+
+def _dh_hugify(src: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["dh_hugify", *args],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        env=in_tree_env(src.parent / "bin", **env),
+        check=False,
+    )
+
+
+def _transformed(src: Path) -> set[str]:
+    """The packages whose program was hugified."""
+    return {pkg for pkg in ("pa", "pb", "pc", "pd") if hugified(src / "debian" / pkg / "usr/bin/prog")}
+
+
+def test_dh_hugify_transforms_arch_packages_only(opts_src: Path, large_elf: Path) -> None:
+    original = (large_elf / "prog").read_bytes()
+    res = _dh_hugify(opts_src)
+    assert res.returncode == 0, res.stderr
+    assert _transformed(opts_src) == {"pa", "pb"}
+    for pkg in ("pc", "pd"):  # Architecture: all, udeb
+        assert (opts_src / "debian" / pkg / "usr/bin/prog").read_bytes() == original
+        assert not (opts_src / "debian" / pkg / "usr/lib/hugify").exists()
+    assert not (opts_src / "debian/pe/usr/lib").exists(), "no manifest for a package without ELF files"
+    pa = opts_src / "debian/pa"
+    lib = pa / "usr/lib/x86_64-linux-gnu/libhug.so.1"
+    assert hugified(lib), "a 0644 library is selected by its header"
+    assert lib.stat().st_mode & 0o777 == 0o644
+    assert os.stat(pa / "usr/bin/prog").st_ino == os.stat(pa / "usr/bin/prog-link").st_ino
+    entries = manifest.parse((pa / MANIFEST_DIR / "pa.list").read_text())
+    assert [e.path for e in entries] == ["/usr/bin/prog", "/usr/bin/prog-link", "/usr/lib/x86_64-linux-gnu/libhug.so.1"]
+    assert [e.path for e in manifest.parse((opts_src / "debian/pb" / MANIFEST_DIR / "pb.list").read_text())] == [
+        "/usr/bin/prog"
+    ]
+    assert "hugify: pa: 2 transformed" in res.stdout and "hugify: pb: 1 transformed" in res.stdout
+    assert (opts_src / "debian/.debhelper/generated/pa/hugify-report.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ((), {}, {"pa", "pb"}),
+        (("-a",), {}, {"pa", "pb"}),
+        (("-i",), {}, set()),
+        (("-ppb",), {}, {"pb"}),
+        (("-Npa",), {}, {"pb"}),
+        (("-ppc",), {}, set()),
+        ((), {"DH_INTERNAL_OPTIONS": "-ppa"}, {"pa"}),  # what dh passes inside override targets
+    ],
+)
+def test_package_selection_options(
+    opts_src: Path, args: tuple[str, ...], env: dict[str, str], expected: set[str]
+) -> None:
+    res = _dh_hugify(opts_src, *args, **env)
+    assert res.returncode == 0, res.stderr
+    assert _transformed(opts_src) == expected
+
+
+def test_exclude_option_is_a_literal_substring(opts_src: Path) -> None:
+    res = _dh_hugify(opts_src, "-ppa", "-X.so.1")
+    assert res.returncode == 0, res.stderr
+    assert "hugify: /usr/lib/x86_64-linux-gnu/libhug.so.1: skipped (excluded)" in res.stdout
+    assert not hugified(opts_src / "debian/pa/usr/lib/x86_64-linux-gnu/libhug.so.1")
+    assert hugified(opts_src / "debian/pa/usr/bin/prog")
+    res = _dh_hugify(opts_src, "-ppb", "-Xin/pr")  # "." and "/" are not special
+    assert "hugify: /usr/bin/prog: skipped (excluded)" in res.stdout
+    assert not hugified(opts_src / "debian/pb/usr/bin/prog")
+
+
+def test_no_act_changes_nothing_and_verbose_shows_the_command(opts_src: Path, large_elf: Path) -> None:
+    res = _dh_hugify(opts_src, "--no-act")
+    assert (res.returncode, res.stdout) == (0, ""), res.stderr
+    assert _transformed(opts_src) == set() and not (opts_src / "debian/pa/usr/lib/hugify").exists()
+    res = _dh_hugify(opts_src, "--no-act", "-v", "-ppa")
+    assert res.returncode == 0, res.stderr
+    assert (
+        "hugify tree debian/pa --package pa --arch amd64 --jobs 1 --manifest "
+        "debian/.debhelper/generated/pa/hugify-manifest.list --report "
+        "debian/.debhelper/generated/pa/hugify-report.json --no-progress"
+    ) in res.stdout
+    assert _transformed(opts_src) == set()
+
+
+def test_parallel_build_option_sets_the_jobs(opts_src: Path) -> None:
+    res = _dh_hugify(opts_src, "-v", "-ppa", DEB_BUILD_OPTIONS="parallel=3 nocheck")
+    assert res.returncode == 0, res.stderr
+    assert "--jobs 3" in res.stdout
+    assert _transformed(opts_src) == {"pa"}
+
+
+def test_nohugify_exits_at_once(opts_src: Path) -> None:
+    before = files_of(opts_src)
+    res = _dh_hugify(opts_src, DEB_BUILD_OPTIONS="parallel=2 nohugify")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+    assert files_of(opts_src) == before
+
+
+def test_params_after_double_dash_reach_hugify_tree(opts_src: Path, tmp_path: Path) -> None:
+    off = tmp_path / "off.toml"
+    off.write_text("enabled = false\n")
+    res = _dh_hugify(opts_src, "--", "--policy", str(off))
+    assert res.returncode == 0, res.stderr
+    assert "hugify: disabled by the policy (enabled = false" in res.stdout
+    assert _transformed(opts_src) == set()
+    assert not (opts_src / "debian/pa/usr/lib/hugify").exists(), "an empty manifest is not shipped"
+
+
+def test_a_file_that_cannot_be_transformed_warns_or_fails_the_build(opts_src: Path, tmp_path: Path) -> None:
+    damaged = opts_src / "debian/pb/usr/bin/prog"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # truncated inside its sections
+    before = damaged.read_bytes()
+    res = _dh_hugify(opts_src, "-ppb")
+    assert res.returncode == 0, res.stderr
+    assert "hugify: warning: /usr/bin/prog: not transformed" in res.stdout
+    fail = tmp_path / "fail.toml"
+    fail.write_text('on_error = "fail"\n')
+    res = _dh_hugify(opts_src, "-ppb", "--", "--policy", str(fail))
+    assert res.returncode != 0
+    assert "dh_hugify: error: hugify tree debian/pb" in res.stderr and "returned exit code 1" in res.stderr
+    assert damaged.read_bytes() == before
+
+
+def test_second_run_is_idempotent(opts_src: Path) -> None:
+    assert _dh_hugify(opts_src, "-ppa").returncode == 0
+    first = files_of(opts_src / "debian/pa")
+    res = _dh_hugify(opts_src, "-ppa")
+    assert res.returncode == 0, res.stderr
+    assert "hugify: /usr/bin/prog: already aligned" in res.stdout
+    assert files_of(opts_src / "debian/pa") == first
+
+
+def test_package_without_elf_files_does_not_run_hugify(opts_src: Path) -> None:
+    res = _dh_hugify(opts_src, "-ppe", "-v")
+    assert res.returncode == 0, res.stderr
+    assert "skipping pe: no ELF file" in res.stdout
+    assert "hugify tree" not in res.stdout

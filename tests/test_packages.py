@@ -1,0 +1,642 @@
+"""hugify's own packages, built and installed as a distribution would use them.
+
+* debian/: `dpkg-buildpackage -b -Ppkg.hugify.rustup` builds hugify_*.deb from a
+  copy of this checkout (the files git tracks or would track, without tests/ and
+  bench/); lintian must report no error. `apt-get install ./hugify_*.deb`, then the
+  test source package tests/deb/hugify-deb-test, with `Build-Depends:
+  dh-sequence-hugify` and a plain `dh $@`, is built with a clean environment (no
+  PERL5LIB, no PATH additions) and checked like in test_debhelper.py; its packages
+  are installed (the dpkg file trigger must prefetch them) and everything is purged.
+* spec/hugify.spec: `rpmbuild -bb` from a source tarball; `rpm -i --nodeps` into
+  Debian's rpm database; then the rpm test package tests/rpm/hugify-test.spec is
+  built with the installed macros and checked; its rpm is installed (the
+  %transfiletriggerin must run) and everything is erased.
+
+The installs happen for real (apt-get, dpkg and rpm with their maintainer scripts
+and triggers) but in a private mount namespace where /usr, /etc, /var and the rpm
+database are copy-on-write overlays on tmpfs: the tests running at the same time
+(pytest -n 2) never see /usr/bin/hugify, /usr/lib/rpm/macros.d/macros.hugify or
+/usr/lib/hugify, and nothing is left behind even when a session is killed. The
+sessions also hold an exclusive lock (cache_root()/system-install.lock), and purge
+or erase what they installed, checking that nothing remains.
+
+Builds and sessions are cached under the test cache, keyed by their inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from deb_support import (
+    LIB,
+    LINK,
+    MANIFEST_DIR,
+    PROG,
+    SMALL,
+    DebBuild,
+    build_id,
+    build_variant,
+    cached_dir,
+    clean_env,
+    collect,
+    debug_file,
+    dpkg_buildpackage,
+    drop_stale,
+    files_key,
+    hugified,
+    locked,
+    package_source_files,
+    prepare_test_source,
+    save_result,
+    tool_versions,
+)
+from fixtures import cache_root
+from helpers import REPO, bits_differing, readelf_build_id
+
+from hugify import manifest
+
+slow = pytest.mark.slow
+VERSION = re.search(r'^version = "(.*)"', (REPO / "Cargo.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+STD_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+PACKAGING_TOOLS = ("debhelper", "dpkg-dev", "dh-python", "help2man", "gcc-12", "python3.11", "rpm", "perl")
+RPM_TEST = REPO / "tests" / "rpm"
+
+
+# --- sources and toolchain ---------------------------------------------------------------
+
+
+def hugify_sources() -> list[tuple[str, Path]]:
+    """The files of the source package: what git tracks or would track (so no build
+    products), without the test suite and the benchmarks."""
+    res = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    out = []
+    for name in sorted(set(res.stdout.decode().split("\0"))):
+        if not name or name.split("/", 1)[0] in ("tests", "bench"):
+            continue
+        p = REPO / name
+        if p.is_symlink() or p.is_file():
+            out.append((name, p))
+    return out
+
+
+def copy_sources(files: list[tuple[str, Path]], dest: Path) -> None:
+    for name, p in files:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_symlink():
+            os.symlink(os.readlink(p), target)
+        else:
+            shutil.copy2(p, target)
+
+
+def rust_env() -> dict[str, str]:
+    """Where rustup's cargo lives; Rust >= 1.85 is needed (README)."""
+    cargo = shutil.which("cargo")
+    assert cargo, "cargo (Rust >= 1.85) is needed to build hugify's packages"
+    home = Path.home()
+    env = {
+        "CARGO_HOME": os.environ.get("CARGO_HOME", str(home / ".cargo")),
+        "RUSTUP_HOME": os.environ.get("RUSTUP_HOME", str(home / ".rustup")),
+        "cargo_dir": str(Path(cargo).parent),
+    }
+    return env
+
+
+def toolchain_key() -> str:
+    rustc = subprocess.run(["rustc", "-V"], capture_output=True, text=True, check=False).stdout
+    return tool_versions(*PACKAGING_TOOLS) + rustc
+
+
+# --- hugify's .deb ---------------------------------------------------------------------------
+
+
+def build_hugify_deb() -> DebBuild:
+    sources = hugify_sources()
+    final = cached_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
+    if (final / "rc").exists():
+        return DebBuild(final)
+    with locked(cache_root() / "packages" / "hugify-deb.lock"):
+        if (final / "rc").exists():
+            return DebBuild(final)
+        parent = cache_root() / "packages" / "hugify-deb-build"
+        shutil.rmtree(parent, ignore_errors=True)
+        src = parent / f"hugify-{VERSION}"
+        copy_sources(sources, src)
+        rust = rust_env()
+        # The build profile finds cargo in $CARGO_HOME/bin by itself; PATH gets the
+        # cargo directory only when it is somewhere else.
+        path = (
+            STD_PATH
+            if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
+            else f"{rust['cargo_dir']}:{STD_PATH}"
+        )
+        env = clean_env(PATH=path)
+        env.pop("CARGO_HOME", None)
+        env.pop("RUSTUP_HOME", None)
+        rc, log = dpkg_buildpackage(src, env, "-Ppkg.hugify.rustup")
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        collect(parent, work)
+        save_result(work, rc, log)
+        work.rename(final)
+        shutil.rmtree(parent, ignore_errors=True)
+        drop_stale(final)
+    return DebBuild(final)
+
+
+@pytest.fixture(scope="session")
+def hugify_deb() -> DebBuild:
+    return build_hugify_deb().ok()
+
+
+def test_build_depends_need_rust_1_85_unless_the_rustup_profile() -> None:
+    res = subprocess.run(
+        ["dpkg-checkbuilddeps", "-Ppkg.hugify.rustup"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run(["dpkg-checkbuilddeps"], cwd=REPO, capture_output=True, text=True, check=False)
+    cargo = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "cargo"], capture_output=True, text=True, check=False
+    )
+    new_enough = (
+        cargo.returncode == 0
+        and subprocess.run(["dpkg", "--compare-versions", cargo.stdout, "ge", "1.85"], check=False).returncode == 0
+    )
+    if not new_enough:  # Debian 12: cargo 0.66 / rustc 1.63
+        assert res.returncode != 0 and "cargo:native (>= 1.85)" in res.stderr, res.stderr
+
+
+def test_versions_agree() -> None:
+    changelog = subprocess.run(
+        ["dpkg-parsechangelog", "-S", "Version"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    spec = subprocess.run(
+        ["rpmspec", "-q", "--srpm", "--qf", "%{VERSION}", str(REPO / "spec" / "hugify.spec")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert changelog == spec == VERSION
+
+
+def test_debian_trigger_and_rpm_file_trigger_are_the_runtimes() -> None:
+    dpkg_trigger = (REPO / "systemd" / "dpkg" / "hugify-runtime.triggers").read_text()
+    assert (REPO / "debian" / "hugify.triggers").read_text() == dpkg_trigger
+    snippet = (REPO / "systemd" / "rpm" / "hugify-runtime.triggers.spec").read_text()
+    trigger = re.search(r"^%transfiletriggerin .*\n.*\n", snippet, re.M)
+    assert trigger, snippet
+    assert trigger.group(0) in (REPO / "spec" / "hugify.spec").read_text()
+    postinst = (REPO / "debian" / "hugify.postinst").read_text()
+    assert postinst.count("#DEBHELPER#") == 1 and "/usr/lib/hugify/prefetch-trigger || true" in postinst
+
+
+def test_debhelper_perl_compiles_and_documents_itself() -> None:
+    for f in ("dh_hugify", "Debian/Debhelper/Sequence/hugify.pm"):
+        res = subprocess.run(
+            ["perl", "-I", str(REPO / "dh-hugify"), "-c", str(REPO / "dh-hugify" / f)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert res.returncode == 0 and "syntax OK" in res.stderr, res.stderr
+    res = subprocess.run(
+        ["podchecker", str(REPO / "dh-hugify" / "dh_hugify")], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+
+
+SHIPPED = [
+    "usr/bin/hugify",
+    "usr/bin/hugify-run",
+    "usr/bin/dh_hugify",
+    "usr/bin/dh_hugify_sign",
+    "usr/share/perl5/Debian/Debhelper/Sequence/hugify.pm",
+    "usr/lib/hugify/policy.toml",
+    "usr/lib/hugify/prefetch-trigger",
+    "usr/lib/hugify/libhugify-audit.so",
+    "usr/lib/hugify/python/hugify/_core.abi3.so",
+    "usr/lib/hugify/python/hugify/cli.py",
+    "usr/lib/rpm/brp-hugify",
+    "usr/lib/rpm/macros.d/macros.hugify",
+]
+MAN_PAGES = ["hugify.1", "hugify-run.1", "dh_hugify.1", "dh_hugify_sign.1"]
+
+
+@slow
+def test_hugify_deb_is_built_with_cargo_locked_and_ships_everything(hugify_deb: DebBuild) -> None:
+    b = hugify_deb
+    assert "cargo build --release --locked" in b.log
+    root = b.pkg("hugify")
+    for f in SHIPPED:
+        assert (root / f).is_file(), f
+    for m in MAN_PAGES:
+        assert (root / "usr/share/man/man1" / f"{m}.gz").is_file(), m
+    units = {p.name for d in ("lib/systemd/system", "usr/lib/systemd/system") for p in (root / d).glob("*")}
+    assert units == {"hugify-prefetch.service", "hugify-prefetch.timer"}
+    assert (root / MANIFEST_DIR).is_dir()
+    assert "dh-sequence-hugify" in b.field("hugify", "Provides")
+    control = subprocess.run(
+        ["dpkg-deb", "--info", str(b.deb("hugify")), "triggers"], capture_output=True, text=True, check=True
+    )
+    assert "interest-noawait /usr/lib/hugify/manifest.d" in control.stdout
+    # The launcher runs the packaged CLI.
+    launcher = (root / "usr/bin/hugify").read_text()
+    assert launcher.startswith("#!/usr/bin/python3\n") and "/usr/lib/hugify/python" in launcher
+
+
+@slow
+def test_lintian_reports_no_errors(hugify_deb: DebBuild) -> None:
+    res = subprocess.run(
+        ["lintian", "--fail-on", "error", "--display-info", str(hugify_deb.deb("hugify"))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not re.search(r"^E: ", res.stdout, re.M), res.stdout
+
+
+# --- hugify's .rpm ------------------------------------------------------------------------------
+
+
+@dataclass
+class RpmBuild:
+    dir: Path
+    rc: int = field(init=False)
+    log: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rc = int((self.dir / "rc").read_text())
+        self.log = (self.dir / "log").read_text()
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def rpms(self) -> list[Path]:
+        return sorted((self.dir / "rpms").glob("*.rpm"))
+
+    def rpm(self, prefix: str) -> Path:
+        return next(r for r in self.rpms if r.name.startswith(prefix))
+
+    def ok(self) -> RpmBuild:
+        assert self.rc == 0, self.log[-6000:]
+        return self
+
+
+def collect_rpms(top: Path, out: Path) -> None:
+    (out / "rpms").mkdir(parents=True)
+    (out / "root").mkdir()
+    for r in sorted((top / "RPMS").rglob("*.rpm")):
+        shutil.move(r, out / "rpms" / r.name)
+    for r in sorted((out / "rpms").glob("*.rpm")):
+        subprocess.run(f"rpm2cpio '{r}' | cpio -idm --quiet", shell=True, cwd=out / "root", check=True)
+
+
+def build_hugify_rpm() -> RpmBuild:
+    sources = hugify_sources()
+    final = cached_dir("packages", "hugify-rpm", files_key(sources, toolchain_key()))
+    if (final / "rc").exists():
+        return RpmBuild(final)
+    with locked(cache_root() / "packages" / "hugify-rpm.lock"):
+        if (final / "rc").exists():
+            return RpmBuild(final)
+        parent = cache_root() / "packages" / "hugify-rpm-build"
+        shutil.rmtree(parent, ignore_errors=True)
+        top = parent / "top"
+        (top / "SOURCES").mkdir(parents=True)
+        (parent / "home").mkdir()  # no ~/.rpmmacros of whoever runs the tests
+        with tarfile.open(top / "SOURCES" / f"hugify-{VERSION}.tar.gz", "w:gz") as tar:
+            for name, p in sources:
+                tar.add(p, arcname=f"hugify-{VERSION}/{name}", recursive=False)
+        rust = rust_env()
+        env = clean_env(
+            HOME=str(parent / "home"),
+            CARGO_HOME=rust["CARGO_HOME"],
+            RUSTUP_HOME=rust["RUSTUP_HOME"],
+            PATH=f"{rust['cargo_dir']}:{STD_PATH}",
+        )
+        # --nodeps: Debian's rpm database does not know the Debian packages.
+        cmd = ["rpmbuild", "-bb", "--nodeps", "--define", f"_topdir {top}", str(REPO / "spec" / "hugify.spec")]
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        collect_rpms(top, work)
+        save_result(work, res.returncode, res.stdout)
+        work.rename(final)
+        shutil.rmtree(parent, ignore_errors=True)
+        drop_stale(final)
+    return RpmBuild(final)
+
+
+@pytest.fixture(scope="session")
+def hugify_rpm() -> RpmBuild:
+    return build_hugify_rpm().ok()
+
+
+@slow
+def test_hugify_rpm_is_built_with_make_install_and_ships_everything(hugify_rpm: RpmBuild) -> None:
+    b = hugify_rpm
+    assert re.search(r"make install DESTDIR=\S+ INSTALL=.* PREFIX=/usr", b.log), b.log[-3000:]
+    listing = subprocess.run(
+        ["rpm", "-qlp", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=True
+    )
+    files = set(listing.stdout.split())
+    for f in [
+        *SHIPPED,
+        "usr/lib/systemd/system/hugify-prefetch.service",
+        "usr/lib/systemd/system/hugify-prefetch.timer",
+    ]:
+        assert "/" + f in files, f
+    for m in MAN_PAGES:
+        assert any(f.startswith(f"/usr/share/man/man1/{m}") for f in files), m
+    assert "/" + MANIFEST_DIR in files
+    assert any(re.search(r"/__pycache__/cli\.cpython-\d+\.pyc$", f) for f in files), "byte-compiled at build time"
+    triggers = subprocess.run(
+        ["rpm", "-qp", "--filetriggers", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=False
+    )
+    assert "transfiletriggerin scriptlet (using /bin/sh) -- /usr/lib/hugify/manifest.d" in triggers.stdout
+    requires = subprocess.run(
+        ["rpm", "-qpR", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Debian::Debhelper" not in requires, "dh_hugify must not pull debhelper into rpm systems"
+
+
+# --- installed, in a private mount namespace ------------------------------------------------
+
+#: Mounts copy-on-write overlays (tmpfs) on /usr, /etc, /var and the rpm database,
+#: then runs the session script given as its first argument.
+NAMESPACE_SETUP = r"""
+set -euo pipefail
+W=$1
+ov=$W/overlay
+mkdir -p "$ov"
+mount -t tmpfs hugify-e2e "$ov"
+n=0
+for d in /usr /etc /var "$RPMDB"; do
+    [ -d "$d" ] || continue
+    n=$((n + 1))
+    mkdir -p "$ov/$n/upper" "$ov/$n/work"
+    mount -t overlay hugify-e2e -o "lowerdir=$d,upperdir=$ov/$n/upper,workdir=$ov/$n/work" "$d"
+done
+export DEBIAN_FRONTEND=noninteractive
+clean=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "HOME=$W/home" LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive)
+mkdir -p "$W/home"
+cat > "$W/record-hugify" <<EOF
+#!/bin/sh
+echo "\$*" >> "$W/trigger-calls"
+exec /usr/bin/hugify "\$@"
+EOF
+chmod 0755 "$W/record-hugify"
+"""
+
+DEB_SESSION = r"""
+echo "== apt-get install hugify"
+"${clean[@]}" apt-get install -y --no-install-recommends "$W"/debs/hugify_*.deb
+"${clean[@]}" sh -c 'for c in hugify dh_hugify dh_hugify_sign; do command -v $c; done' > "$W/which"
+echo "== dpkg-buildpackage (Build-Depends: dh-sequence-hugify)"
+cd "$W/src/hugify-deb-test"
+rc=0
+"${clean[@]}" dpkg-buildpackage -us -uc -b -j2 > "$W/build.log" 2>&1 || rc=$?
+echo "$rc" > "$W/build.rc"
+cd "$W"
+if [ "$rc" = 0 ]; then
+    echo "== apt-get install the built packages"
+    "${clean[@]}" HUGIFY="$W/record-hugify" apt-get install -y --no-install-recommends \
+        "$W"/src/hugify-deb-test_*.deb "$W"/src/libhugdebtest1_*.deb > "$W/install-built.log" 2>&1
+    "${clean[@]}" /usr/bin/hugify-deb-test > "$W/run.out" 2>&1 || true
+    "${clean[@]}" hugify status > "$W/hugify-status" 2>&1 || true
+    "${clean[@]}" apt-get purge -y hugify-deb-test libhugdebtest1 > "$W/purge-built.log" 2>&1
+fi
+echo "== apt-get purge hugify"
+"${clean[@]}" apt-get purge -y hugify > "$W/purge.log" 2>&1
+ls -d /usr/bin/hugify /usr/bin/dh_hugify /usr/lib/hugify /usr/share/perl5/Debian/Debhelper/Sequence/hugify.pm \
+    /usr/lib/rpm/macros.d/macros.hugify > "$W/left" 2>/dev/null || true
+dpkg-query -W -f '${db:Status-Abbrev}' hugify > "$W/status-after" 2>/dev/null || true
+"""
+
+RPM_SESSION = r"""
+echo "== rpm -i --nodeps hugify"
+"${clean[@]}" rpm --dbpath "$RPMDB" -i --nodeps "$W"/rpms/hugify-[0-9]*.rpm
+"${clean[@]}" rpm --dbpath "$RPMDB" -q hugify > "$W/rpm-q"
+"${clean[@]}" sh -c 'for c in hugify dh_hugify; do command -v $c; done' > "$W/which"
+echo "== rpmbuild tests/rpm/hugify-test.spec with the installed macros"
+rc=0
+"${clean[@]}" rpmbuild -bb --define "_topdir $W/top" --define "hugify_test_src $RPM_TEST" \
+    "$RPM_TEST/hugify-test.spec" > "$W/build.log" 2>&1 || rc=$?
+echo "$rc" > "$W/build.rc"
+if [ "$rc" = 0 ]; then
+    echo "== rpm -i the built package"
+    "${clean[@]}" HUGIFY="$W/record-hugify" rpm --dbpath "$RPMDB" -i --nodeps \
+        "$W"/top/RPMS/*/hugify-test-1.0-1.*.rpm > "$W/install-built.log" 2>&1
+    "${clean[@]}" LD_LIBRARY_PATH=/usr/lib64 /usr/bin/hugify-test > "$W/run.out" 2>&1 || true
+    "${clean[@]}" rpm --dbpath "$RPMDB" -e --nodeps hugify-test > "$W/erase-built.log" 2>&1
+fi
+echo "== rpm -e hugify"
+"${clean[@]}" rpm --dbpath "$RPMDB" -e --nodeps hugify > "$W/erase.log" 2>&1
+ls -d /usr/bin/hugify /usr/bin/dh_hugify /usr/lib/hugify /usr/lib/rpm/macros.d/macros.hugify \
+    > "$W/left" 2>/dev/null || true
+"${clean[@]}" rpm --dbpath "$RPMDB" -q hugify > "$W/status-after" 2>&1 || true
+"""
+
+
+@dataclass
+class Session:
+    """What an installed session left in its result directory."""
+
+    dir: Path
+
+    def text(self, name: str) -> str:
+        p = self.dir / name
+        return p.read_text() if p.exists() else ""
+
+    @property
+    def rc(self) -> int:
+        return int(self.text("session.rc"))
+
+    @property
+    def build_rc(self) -> int:
+        return int(self.text("build.rc") or -1)
+
+    def ok(self) -> Session:
+        assert self.rc == 0, self.text("session.log")[-6000:]
+        assert self.build_rc == 0, self.text("build.log")[-6000:]
+        return self
+
+
+def rpm_dbpath() -> str:
+    return subprocess.run(["rpm", "--eval", "%{_dbpath}"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_session(name: str, script: str, inputs_key: str, prepare: Callable[[Path], None]) -> Session:
+    """Runs a session script in a private mount namespace (see the module doc),
+    once per inputs; the result directory is cached."""
+    if os.geteuid() != 0:
+        pytest.skip("installs packages: needs root (and mount namespaces)")
+    final = cached_dir("packages", name, inputs_key)
+    if (final / "session.rc").exists():
+        return Session(final)
+    # One session at a time (it installs system-wide), and each only once: a worker
+    # that waited finds the other's result.
+    with locked(cache_root() / "system-install.lock"):
+        if not (final / "session.rc").exists():
+            _run_session(name, script, prepare, final)
+    return Session(final)
+
+
+def _run_session(name: str, script: str, prepare: Callable[[Path], None], final: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix=f"hugify-{name}-", dir="/tmp"))  # outside the overlays
+    try:
+        prepare(work)
+        (work / "session.sh").write_text(NAMESPACE_SETUP + script)
+        env = clean_env(PATH=STD_PATH, RPMDB=rpm_dbpath(), RPM_TEST=str(RPM_TEST))
+        res = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "bash", str(work / "session.sh"), str(work)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            timeout=1800,
+            check=False,
+        )
+        out = final.with_name(final.name + ".tmp")
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for f in work.iterdir():
+            if f.is_file():
+                shutil.copy(f, out / f.name)
+        if (work / "src").is_dir():
+            collect(work / "src", out / "deb")
+            save_result(out / "deb", int((work / "build.rc").read_text()), (work / "build.log").read_text())
+        if (work / "top").is_dir():
+            collect_rpms(work / "top", out / "rpm")
+        (out / "session.log").write_text(res.stdout)
+        (out / "session.rc").write_text(str(res.returncode))
+        out.rename(final)
+        drop_stale(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def deb_session(hugify_deb: DebBuild) -> Session:
+    def prepare(work: Path) -> None:
+        (work / "debs").mkdir()
+        shutil.copy(hugify_deb.deb("hugify"), work / "debs")
+        prepare_test_source(work / "src", build_depends="dh-sequence-hugify")
+
+    key = files_key(package_source_files(), hugify_deb.dir.name, DEB_SESSION, NAMESPACE_SETUP, toolchain_key())
+    return run_session("e2e-deb", DEB_SESSION, key, prepare)
+
+
+@pytest.fixture(scope="session")
+def rpm_session(hugify_rpm: RpmBuild) -> Session:
+    def prepare(work: Path) -> None:
+        (work / "rpms").mkdir()
+        shutil.copy(hugify_rpm.rpm(f"hugify-{VERSION}-"), work / "rpms")
+
+    rpm_inputs = [(p.name, p) for p in sorted(RPM_TEST.iterdir())]
+    rpm_inputs.append(("gen_code.py", REPO / "tests" / "programs" / "gen_code.py"))
+    key = files_key(rpm_inputs, hugify_rpm.dir.name, RPM_SESSION, NAMESPACE_SETUP, toolchain_key())
+    return run_session("e2e-rpm", RPM_SESSION, key, prepare)
+
+
+# --- Debian, end to end ---------------------------------------------------------------------
+
+
+@slow
+def test_installed_deb_provides_the_add_on_without_any_path_tricks(deb_session: Session) -> None:
+    s = deb_session.ok()
+    assert s.text("which").split() == ["/usr/bin/hugify", "/usr/bin/dh_hugify", "/usr/bin/dh_hugify_sign"]
+    log = s.text("build.log")
+    assert re.search(r"^dh binary$", log, re.M), "debian/rules says only `dh $@`"
+    steps = [line.split()[0] for line in log.splitlines() if line.startswith("   dh_")]
+    assert steps.index("dh_hugify") < steps.index("dh_dwz") < steps.index("dh_strip") < steps.index("dh_hugify_sign")
+    assert "hugify: hugify-deb-test: 1 transformed, 0 already aligned, 1 skipped, 0 failed" in log
+
+
+@slow
+def test_package_built_with_the_installed_add_on_is_hugified(deb_session: Session) -> None:
+    s = deb_session.ok()
+    b = DebBuild(s.dir / "deb").ok()
+    plain = build_variant("plain").ok()  # the same package built without the add-on
+    for f, pkg in ((PROG, "hugify-deb-test"), (LIB, "libhugdebtest1")):
+        assert hugified(b.root / f), f
+        shipped = build_id(b.root / f)
+        assert bits_differing(bytes.fromhex(shipped), readelf_build_id(plain.root / f)) == 1, f
+        assert build_id(debug_file(b.pkg(f"{pkg}-dbgsym"), shipped)) == shipped
+        assert shipped in b.field(f"{pkg}-dbgsym", "Build-Ids").split()
+        entries = {e.path: e.build_id for e in manifest.parse((b.pkg(pkg) / MANIFEST_DIR / f"{pkg}.list").read_text())}
+        assert entries["/" + f] == shipped
+    assert not hugified(b.root / SMALL)
+    assert os.stat(b.root / PROG).st_ino == os.stat(b.root / LINK).st_ino
+
+
+@slow
+def test_dpkg_trigger_prefetches_the_installed_packages(deb_session: Session) -> None:
+    s = deb_session.ok()
+    assert "Processing triggers for hugify" in s.text("install-built.log"), s.text("install-built.log")
+    assert "prefetch --quiet --all" in s.text("trigger-calls").splitlines()
+    assert s.text("run.out").startswith("hugify-deb-test: "), s.text("run.out")
+    assert "/usr/bin/hugify-deb-test" in s.text("hugify-status"), s.text("hugify-status")
+
+
+@slow
+def test_purging_hugify_leaves_nothing_behind(deb_session: Session) -> None:
+    s = deb_session.ok()
+    assert s.text("left") == "", "left after apt-get purge: " + s.text("left")
+    assert s.text("status-after").strip() in ("", "un", "pn"), s.text("status-after")
+
+
+# --- rpm, end to end ---------------------------------------------------------------------------
+
+
+@slow
+def test_installed_rpm_macros_hugify_the_rpm_test_package(rpm_session: Session) -> None:
+    s = rpm_session.ok()
+    assert s.text("rpm-q").startswith(f"hugify-{VERSION}-")
+    assert s.text("which").split() == ["/usr/bin/hugify", "/usr/bin/dh_hugify"]
+    log = s.text("build.log")
+    # The installed macros run the installed brp-hugify with the installed hugify,
+    # and it transforms before find-debuginfo extracts anything.
+    assert "+ /usr/lib/rpm/brp-hugify --hugify /usr/bin/hugify " in log, log[-4000:]
+    assert log.index("hugify: /usr/bin/hugify-test: transformed") < log.index("extracting debug info"), log[-4000:]
+    assert "hugify: hugify-test: 2 transformed, 0 already aligned, 1 skipped, 0 failed" in log
+    root = s.dir / "rpm" / "root"
+    for f in ("usr/bin/hugify-test", "usr/lib64/libhugtest.so.1"):
+        assert hugified(root / f), f
+        shipped = build_id(root / f)
+        assert build_id(debug_file(root, shipped)) == shipped
+    assert not hugified(root / "usr/bin/hugify-small")
+    entries = {e.path: e.build_id for e in manifest.parse((root / MANIFEST_DIR / "hugify-test.list").read_text())}
+    assert entries["/usr/bin/hugify-test"] == build_id(root / "usr/bin/hugify-test")
+
+
+@slow
+def test_rpm_file_trigger_prefetches_the_installed_package(rpm_session: Session) -> None:
+    s = rpm_session.ok()
+    calls = s.text("trigger-calls").splitlines()
+    assert "prefetch --quiet --manifests /usr/lib/hugify/manifest.d/hugify-test.list" in calls, calls
+    assert s.text("run.out").startswith("hugify-test: "), s.text("run.out")
+
+
+@slow
+def test_erasing_the_hugify_rpm_leaves_nothing_behind(rpm_session: Session) -> None:
+    s = rpm_session.ok()
+    assert s.text("left") == "", "left after rpm -e: " + s.text("left")
+    assert "is not installed" in s.text("status-after")
