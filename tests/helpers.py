@@ -36,9 +36,13 @@ def transform(src: Path, dst: Path, *extra: str) -> dict[str, Any]:
     return json.loads(res.stdout)
 
 
-def run_program(path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> tuple[int, str, str]:
+def run_program(
+    path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = (), runner: list[str] | None = None
+) -> tuple[int, str, str]:
+    """Runs a test program (through `runner`, e.g. qemu-user, for other architectures)."""
     full_env = {**os.environ, **(env or {})}
-    res = subprocess.run([str(path), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False)
+    cmd = [*(runner or []), str(path), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=300, check=False)
     return res.returncode, res.stdout, res.stderr
 
 
@@ -150,14 +154,20 @@ def relocations(path: Path) -> list[tuple[str, int, int, int | None]]:
 
 
 def word_at(path: Path, vaddr: int) -> int:
-    """The 8-byte word at a virtual address, found through the program headers."""
+    """The address-sized word at a virtual address, found through the program headers."""
     with path.open("rb") as f:
         elf = ELFFile(f)
+        size = elf.elfclass // 8
         for seg in elf.iter_segments():
             if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
                 f.seek(seg["p_offset"] + vaddr - seg["p_vaddr"])
-                return int.from_bytes(f.read(8), "little")
+                return int.from_bytes(f.read(size), "little")
     raise AssertionError(f"{vaddr:#x} is not in the file")
+
+
+def machine(path: Path) -> str:
+    with path.open("rb") as f:
+        return str(ELFFile(f)["e_machine"])
 
 
 def section_bytes(path: Path, name: str) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from fixtures import DWARF_RECIPES, Recipe, build
+from fixtures import CROSS_DWARF_RECIPES, DWARF_RECIPES, Recipe, build
 from helpers import readelf_build_id, transform
 
 SHF_COMPRESSED = 0x800
@@ -43,7 +43,10 @@ def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
     return _cases[recipe.name]
 
 
-@pytest.fixture(params=DWARF_RECIPES, ids=lambda r: r.name)
+ALL = DWARF_RECIPES + CROSS_DWARF_RECIPES
+
+
+@pytest.fixture(params=ALL, ids=lambda r: r.name)
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
     return case_for(request.param, tmp_path_factory)
 
@@ -149,7 +152,12 @@ def _mask(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith(("[", "process ")))
 
 
-def test_gdb_backtrace_arguments_and_locals_at_a_crash(case: Case) -> None:
+@pytest.mark.parametrize("recipe", DWARF_RECIPES, ids=lambda r: r.name)
+def test_gdb_backtrace_arguments_and_locals_at_a_crash(
+    recipe: Recipe, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Native programs only: the other architectures' programs run under qemu-user."""
+    case = case_for(recipe, tmp_path_factory)
     if case.recipe.lang == "c":
         env = {"HUGIFY_TEST_CRASH": "1"}
         commands = ["run", "bt", "info args", "info locals"]
@@ -169,12 +177,58 @@ def test_gdb_backtrace_arguments_and_locals_at_a_crash(case: Case) -> None:
     assert _mask(after) == _mask(before)
 
 
-def _verify_errors(path: Path, recipe: Recipe) -> set[str]:
+def _uleb(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def _call_sites_as_labels(path: Path, out: Path) -> Path:
+    """A copy of `path` whose abbreviations call DW_TAG_call_site DIEs labels.
+
+    llvm-dwarfdump 14 (and 16) --verify never returns from its call-site check when a
+    call site sits in a lexical block (it walks up from the call site instead of from
+    the current parent), which gcc emits on aarch64 for our dispatch loop. Renaming
+    the tag in place skips only that check; every attribute is still verified."""
+    data = bytearray(path.read_bytes())
+    with path.open("rb") as f:
+        abbrev = ELFFile(f).get_section_by_name(".debug_abbrev")
+        start, end = abbrev["sh_offset"], abbrev["sh_offset"] + abbrev["sh_size"]
+    at = start
+    while at < end:
+        code, at = _uleb(data, at)
+        if code == 0:
+            continue  # end of one unit's table
+        tag_at = at
+        tag, at = _uleb(data, at)
+        if tag in (0x48, 0x4109):  # DW_TAG_call_site, DW_TAG_GNU_call_site
+            # DW_TAG_label (0x0a), padded to the same length as a non-canonical ULEB.
+            data[tag_at:at] = bytes([0x8A] + [0x80] * (at - tag_at - 2) + [0]) if at - tag_at > 1 else b"\x0a"
+        at += 1  # DW_CHILDREN_*
+        while True:
+            name, at = _uleb(data, at)
+            form, at = _uleb(data, at)
+            if form == 0x21:  # DW_FORM_implicit_const carries its value here
+                _, at = _uleb(data, at)
+            if name == 0 and form == 0:
+                break
+    out.write_bytes(data)
+    return out
+
+
+def _verify_errors(path: Path, recipe: Recipe, tmp: Path) -> set[str]:
     """What a DWARF verifier complains about, addresses masked. llvm-dwarfdump
     --verify is quadratic on large C++ units, so those get eu-readelf's full parse."""
     if recipe.lang == "cxx":
         cmd, keep = ["eu-readelf", "-w", str(path)], lambda line: True
     else:
+        if recipe.triple and recipe.triple.startswith("aarch64"):
+            path = _call_sites_as_labels(path, tmp / path.name)
         cmd, keep = ["llvm-dwarfdump", "--verify", str(path)], lambda line: "error" in line.lower()
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
     text = res.stderr if recipe.lang == "cxx" else res.stdout + res.stderr
@@ -182,11 +236,16 @@ def _verify_errors(path: Path, recipe: Recipe) -> set[str]:
     return {re.sub(r"0x[0-9a-f]+", "N", line) for line in lines if keep(line)} | {f"exit {res.returncode}"}
 
 
-@pytest.mark.parametrize("recipe", [r for r in DWARF_RECIPES if not r.heavy_units], ids=lambda r: r.name)
-def test_dwarf_verifier_reports_nothing_new(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize("recipe", [r for r in ALL if not r.heavy_units], ids=lambda r: r.name)
+def test_dwarf_verifier_reports_nothing_new(
+    recipe: Recipe, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
     case = case_for(recipe, tmp_path_factory)
     for name in case.reports:
-        assert _verify_errors(case.new / name, recipe) <= _verify_errors(case.orig / name, recipe), name
+        (tmp_path / "new").mkdir(exist_ok=True)
+        (tmp_path / "orig").mkdir(exist_ok=True)
+        new = _verify_errors(case.new / name, recipe, tmp_path / "new")
+        assert new <= _verify_errors(case.orig / name, recipe, tmp_path / "orig"), name
 
 
 def test_dwz_accepts_the_rewritten_file(case: Case, tmp_path: Path) -> None:
@@ -207,8 +266,9 @@ def test_separate_debug_file_is_found_by_build_id(case: Case, tmp_path: Path) ->
     debug = tmp_path / "debug" / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
     debug.parent.mkdir(parents=True)
     stripped = tmp_path / "prog"
-    subprocess.run(["objcopy", "--only-keep-debug", str(new), str(debug)], check=True)
-    subprocess.run(["objcopy", "--strip-debug", str(new), str(stripped)], check=True)
+    objcopy = case.recipe.binutil("objcopy")
+    subprocess.run([objcopy, "--only-keep-debug", str(new), str(debug)], check=True)
+    subprocess.run([objcopy, "--strip-debug", str(new), str(stripped)], check=True)
     command = _static_commands(case.recipe)[0]
     with_file = _gdb(stripped, command, init=(f"set debug-file-directory {tmp_path / 'debug'}",))
     assert _gdb(new, command) == with_file

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures import RECIPES, Recipe, build
+from fixtures import CROSS_RECIPES, RECIPES, Recipe, build
 from helpers import (
     HP,
     bits_differing,
     dynamic_tags,
     elflint,
+    machine,
     readelf_build_id,
     readelf_loads,
     readelf_probes,
@@ -50,7 +51,11 @@ POINTER_TAGS = {
     "DT_TLSDESC_PLT",
     "DT_TLSDESC_GOT",
 }
-R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
+# Relocation types whose addend (or, for REL, the word in place) is an address of
+# the image: RELATIVE and IRELATIVE.
+ADDRESS_RELOCS = {"EM_X86_64": {8, 37}, "EM_AARCH64": {1027, 1032}, "EM_386": {8, 42}}
+TRAPS = {"EM_X86_64": b"\xcc", "EM_386": b"\xcc", "EM_AARCH64": b"\x00\x00\x20\xd4"}
+MATRIX = RECIPES + CROSS_RECIPES
 
 
 class Case:
@@ -73,11 +78,12 @@ def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
         orig = build(recipe)
         new = tmp_path_factory.mktemp(recipe.name)
         names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
-        _cases[recipe.name] = Case(recipe, orig, new, {n: transform(orig / n, new / n) for n in names})
+        reports = {n: transform(orig / n, new / n, *recipe.transform_args) for n in names}
+        _cases[recipe.name] = Case(recipe, orig, new, reports)
     return _cases[recipe.name]
 
 
-@pytest.fixture(params=RECIPES, ids=lambda r: r.name)
+@pytest.fixture(params=MATRIX, ids=lambda r: r.name)
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
     return case_for(request.param, tmp_path_factory)
 
@@ -93,12 +99,12 @@ def test_chosen_mode_and_reason(case: Case) -> None:
 
 @pytest.mark.parametrize("env", [{}, {"LD_BIND_NOW": "1"}], ids=["lazy", "bindnow"])
 def test_program_behaves_identically(case: Case, env: dict[str, str]) -> None:
-    expected = run_program(case.orig / "prog", env)
+    expected = run_program(case.orig / "prog", env, runner=case.recipe.runner)
     assert expected[0] == 0, expected
-    assert run_program(case.new / "prog", env) == expected
+    assert run_program(case.new / "prog", env, runner=case.recipe.runner) == expected
 
 
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r.has_lib], ids=lambda r: r.name)
+@pytest.mark.parametrize("recipe", [r for r in MATRIX if r.has_lib], ids=lambda r: r.name)
 def test_transformed_library_under_original_program(
     recipe: Recipe, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -106,7 +112,8 @@ def test_transformed_library_under_original_program(
     case = case_for(recipe, tmp_path_factory)
     shutil.copy(case.orig / "prog", tmp_path / "prog")
     shutil.copy(case.new / "libhug.so", tmp_path / "libhug.so")
-    assert run_program(tmp_path / "prog") == run_program(case.orig / "prog")
+    runner = case.recipe.runner
+    assert run_program(tmp_path / "prog", runner=runner) == run_program(case.orig / "prog", runner=runner)
 
 
 def test_elflint_reports_nothing_new(case: Case) -> None:
@@ -131,7 +138,7 @@ def test_build_id_differs_in_one_bit(case: Case) -> None:
 
 def test_transformation_is_deterministic(case: Case, tmp_path: Path) -> None:
     for name in case.files:
-        transform(case.orig / name, tmp_path / name)
+        transform(case.orig / name, tmp_path / name, *case.recipe.transform_args)
         assert (tmp_path / name).read_bytes() == (case.new / name).read_bytes()
 
 
@@ -148,6 +155,11 @@ class Moves:
         loads = readelf_loads(old)
         self.end = max(seg.vaddr + seg.memsz for seg in loads)
         self.by_index = {s["index"]: self.new_secs[k]["addr"] - s["addr"] for k, s in self.old_secs.items()}
+        self.moved_ranges = [
+            (s["addr"], s["addr"] + s["size"])
+            for k, s in self.old_secs.items()
+            if s["flags"] & 2 and self.new_secs[k]["addr"] != s["addr"]
+        ]
 
     def f(self, a: int) -> int:
         return a + self.dv if self.start is not None and self.start <= a <= self.end else a
@@ -175,7 +187,10 @@ def test_symbols_move_with_their_sections(case: Case) -> None:
             assert len(old[table]) == len(new[table])
             for (n, v, t, shndx), (n2, v2, _, _) in zip(old[table], new[table], strict=True):
                 assert n == n2
-                if t == "STT_TLS" or shndx in ("SHN_ABS", "SHN_COMMON"):
+                if n in ("_DYNAMIC", "_GLOBAL_OFFSET_TABLE_") and shndx == "SHN_ABS" and table == ".symtab":
+                    # aarch64 GNU ld's absolute markers: they move with the section they point into.
+                    want = v + m.dv if any(lo <= v < hi for lo, hi in m.moved_ranges) else v
+                elif t == "STT_TLS" or shndx in ("SHN_ABS", "SHN_COMMON"):
                     want = v
                 elif shndx == "SHN_UNDEF":
                     want = m.f(v) if v else 0
@@ -188,18 +203,19 @@ def test_relocations_and_dynamic_entries_move(case: Case) -> None:
     for name in case.files:
         m = Moves(case.orig / name, case.new / name)
         old, new = relocations(case.orig / name), relocations(case.new / name)
+        address_types = ADDRESS_RELOCS[machine(case.orig / name)]
         assert len(old) == len(new)
         for i, ((sec, off, typ, add), (sec2, off2, typ2, add2)) in enumerate(zip(old, new, strict=True)):
             assert (sec, typ) == (sec2, typ2)
             assert off2 == m.f(off), (name, sec, hex(off))
-            if typ in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
+            if typ in address_types and add is not None:
                 assert add2 == m.f(add), (name, hex(add))
             else:
                 assert add2 == add
-            # The word in place (GNU ld writes the addend there; RELR keeps it there).
-            if i % 97 == 0 and (typ in (-1, R_X86_64_RELATIVE)):
+            # The word in place: the addend for REL and RELR, a copy GNU ld writes for RELA.
+            if i % 97 == 0 and (typ == -1 or typ in address_types):
                 before = word_at(case.orig / name, off)
-                if typ == -1 or before == add:
+                if typ == -1 or add is None or before == add:
                     assert word_at(case.new / name, off2) == m.f(before), (name, hex(off))
         for (tag, v), (tag2, v2) in zip(dynamic_tags(case.orig / name), dynamic_tags(case.new / name), strict=True):
             assert tag == tag2
@@ -215,7 +231,7 @@ def test_probe_notes_move(case: Case) -> None:
             assert (n2, pc2, base2, sem2) == (n, m.f(pc), m.f(base), m.f(sem) if sem else 0)
 
 
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r.expect_mode == "shift"], ids=lambda r: r.name)
+@pytest.mark.parametrize("recipe", [r for r in MATRIX if r.expect_mode == "shift"], ids=lambda r: r.name)
 def test_padding_is_traps_and_described_by_sections(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
     case = case_for(recipe, tmp_path_factory)
     for name in case.files:
@@ -223,11 +239,13 @@ def test_padding_is_traps_and_described_by_sections(recipe: Recipe, tmp_path_fac
         assert pads, name
         data = (case.new / name).read_bytes()
         secs = sections(case.new / name)
+        trap = TRAPS[machine(case.new / name)]
         (x,) = [seg for seg in readelf_loads(case.new / name) if "E" in seg.flags]
         for k in pads:
             s = secs[k]
             off = x.offset + s["addr"] - x.vaddr
-            assert set(data[off : off + s["size"]]) == {0xCC}
+            assert s["addr"] % len(trap) == 0 and s["size"] % len(trap) == 0
+            assert data[off : off + s["size"]] == trap * (s["size"] // len(trap))
 
 
 def test_default_threshold_refuses_small_files(tmp_path: Path) -> None:
@@ -241,3 +259,18 @@ def test_default_threshold_refuses_small_files(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
     assert small.read_bytes() == before
     assert os.listdir(tmp_path) == []
+
+
+def test_aarch64_32m_huge_pages_for_16k_kernels(tmp_path: Path) -> None:
+    """--huge-page-size 32M (the PMD size of 16 KiB-page aarch64 kernels): the code gets
+    whole 32 MiB windows, and the program still runs."""
+    recipe = next(r for r in CROSS_RECIPES if r.name == "a64-gcc-bfd")
+    orig = build(recipe)
+    shutil.copy(orig / "libhug.so", tmp_path / "libhug.so")
+    report = transform(orig / "prog", tmp_path / "prog", "--huge-page-size", "32M")
+    assert report["result"]["mode"] == "shift", report
+    big = 32 << 20
+    (x,) = [seg for seg in readelf_loads(tmp_path / "prog") if "E" in seg.flags]
+    assert x.align == big and x.vaddr % big == 0 and x.offset % big == 0 and x.memsz % big == 0, x
+    assert x.vaddr % (64 << 10) == 0  # still a multiple of the 64 KiB max-page-size
+    assert run_program(tmp_path / "prog", runner=recipe.runner) == run_program(orig / "prog", runner=recipe.runner)

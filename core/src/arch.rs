@@ -32,12 +32,17 @@ pub struct Arch {
 }
 
 const X86_64: Arch = Arch { machine: EM_X86_64, name: "amd64", trap: &[0xcc], min_page: 4096 };
+/// `brk #0` (0xd4200000), little-endian.
+const AARCH64: Arch = Arch { machine: EM_AARCH64, name: "arm64", trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096 };
+const I386: Arch = Arch { machine: EM_386, name: "i386", trap: &[0xcc], min_page: 4096 };
 
 impl Arch {
     /// The architecture of `elf`, if the rewriter supports it.
     pub fn for_file(elf: &Elf) -> Result<Arch> {
         match (elf.ehdr.e_machine, elf.class.is64) {
             (EM_X86_64, true) => Ok(X86_64),
+            (EM_AARCH64, true) => Ok(AARCH64),
+            (EM_386, false) => Ok(I386),
             (m, is64) => Err(Error::new(
                 Reason::UnsupportedFormat,
                 format!("machine {m} ({}) is not supported", if is64 { "ELF64" } else { "ELF32" }),
@@ -55,6 +60,30 @@ impl Arch {
                 R_X86_64_JUMP_SLOT => Some(JumpSlot),
                 0 | R_X86_64_64 | R_X86_64_COPY | R_X86_64_GLOB_DAT | R_X86_64_DTPMOD64 | R_X86_64_DTPOFF64
                 | R_X86_64_TPOFF64 | R_X86_64_TLSDESC => Some(NoAddress),
+                _ => None,
+            },
+            EM_AARCH64 => match kind {
+                R_AARCH64_RELATIVE => Some(Relative),
+                R_AARCH64_IRELATIVE => Some(IRelative),
+                R_AARCH64_JUMP_SLOT => Some(JumpSlot),
+                0
+                | R_AARCH64_ABS64
+                | R_AARCH64_COPY
+                | R_AARCH64_GLOB_DAT
+                | R_AARCH64_TLS_DTPMOD64
+                | R_AARCH64_TLS_DTPREL64
+                | R_AARCH64_TLS_TPREL64
+                | R_AARCH64_TLSDESC => Some(NoAddress),
+                _ => None,
+            },
+            // i386 keeps addends in place (REL). R_386_32 and PC32 add a symbol (or,
+            // with symbol 0, nothing) to an offset: no address of this image.
+            EM_386 => match kind {
+                R_386_RELATIVE => Some(Relative),
+                R_386_IRELATIVE => Some(IRelative),
+                R_386_JMP_SLOT => Some(JumpSlot),
+                0 | R_386_32 | R_386_PC32 | R_386_COPY | R_386_GLOB_DAT | R_386_TLS_TPOFF | R_386_TLS_DTPMOD32
+                | R_386_TLS_DTPOFF32 | R_386_TLS_TPOFF32 | R_386_TLS_DESC => Some(NoAddress),
                 _ => None,
             },
             _ => None,

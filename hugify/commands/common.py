@@ -48,13 +48,13 @@ def settings(args: argparse.Namespace) -> Settings:
     return Settings(huge_page=args.huge_page_size, threshold=args.threshold, mode=args.mode)
 
 
-def failure(e: BaseException) -> tuple[Exit, dict[str, Any]]:
-    """An exit status and a structured description for a per-file failure.
+def failure(e: BaseException, path: str | None = None) -> tuple[Exit, dict[str, Any]]:
+    """An exit status and a structured description for a per-file failure of `path`.
     Anything that is neither a hugify verdict nor an I/O error propagates."""
     if isinstance(e, _core.HugifyError):
         return Exit.for_kind(e.kind), {"reason": e.reason, "kind": e.kind, "detail": e.detail}
     if isinstance(e, OSError):
-        where = f"{e.filename}: " if e.filename else ""
+        where = f"{e.filename}: " if e.filename and str(e.filename) != path else ""
         return Exit.IO, {"reason": "io-error", "kind": "io", "detail": f"{where}{e.strerror or e}"}
     raise e
 

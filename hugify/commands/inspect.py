@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> Exit:
         try:
             r = _core.inspect(path, s.huge_page, s.threshold, s.mode)
         except (_core.HugifyError, OSError) as e:
-            code, info = failure(e)
+            code, info = failure(e, path)
             codes.append(code)
             results.append({"path": path, "error": info})
             if not args.json:

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> Exit:
     try:
         r = rewrite(src, dst, settings(args))
     except (_core.HugifyError, OSError) as e:
-        code, info = failure(e)
+        code, info = failure(e, args.file)
         if args.json:
             json.dump({"path": args.file, "error": info}, sys.stdout, indent=2, sort_keys=True)
             print()

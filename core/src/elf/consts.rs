@@ -62,6 +62,7 @@ pub const SHN_COMMON: u16 = 0xfff2;
 pub const SHN_XINDEX: u16 = 0xffff;
 pub const PN_XNUM: u16 = 0xffff;
 
+pub const STB_LOCAL: u8 = 0;
 pub const STT_SECTION: u8 = 3;
 pub const STT_FILE: u8 = 4;
 pub const STT_TLS: u8 = 6;
@@ -126,6 +127,7 @@ pub const R_X86_64_TLSDESC: u32 = 36;
 pub const R_X86_64_IRELATIVE: u32 = 37;
 
 pub const R_386_32: u32 = 1;
+pub const R_386_PC32: u32 = 2;
 pub const R_386_COPY: u32 = 5;
 pub const R_386_GLOB_DAT: u32 = 6;
 pub const R_386_JMP_SLOT: u32 = 7;

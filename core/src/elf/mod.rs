@@ -421,6 +421,15 @@ impl<'a> Elf<'a> {
         records::read_symbols(self.data, self.class, s)
     }
 
+    /// The name of a symbol of symbol table `table` (None when unnamed or out of range).
+    pub fn symbol_name(&self, table: &Shdr, sym: &Sym) -> Option<&'a str> {
+        if sym.name == 0 {
+            return None;
+        }
+        let strtab = self.shdrs.get(table.sh_link as usize)?;
+        c_string(self.section_data(strtab), u64::from(sym.name))
+    }
+
     /// REL or RELA entries of a relocation section, with the file offset of each entry.
     pub fn relocations(&self, s: &Shdr) -> Result<Vec<(u64, Rel)>> {
         records::read_relocations(self.data, self.class, s)

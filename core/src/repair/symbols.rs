@@ -2,6 +2,11 @@
 //! TLS symbols hold offsets into the TLS block, absolute and common symbols hold no
 //! address of this image; they stay. Undefined symbols with a value are canonical
 //! PLT addresses (function-pointer equality) and move with the PLT.
+//!
+//! One exception among absolute symbols: GNU ld for aarch64 defines `_DYNAMIC` and
+//! `_GLOBAL_OFFSET_TABLE_` in `.symtab` as local absolute symbols holding addresses in
+//! `.dynamic` and `.got`. Those two markers move when the section holding their value
+//! moves; `.dynsym`, which the loader reads, keeps every absolute value.
 
 use super::Ctx;
 use crate::elf::consts::*;
@@ -9,9 +14,20 @@ use crate::elf::{read_u32, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
 
+/// Linker-defined markers that GNU ld for aarch64 makes local absolute symbols.
+const LINKER_MARKERS: &[&str] = &["_DYNAMIC", "_GLOBAL_OFFSET_TABLE_"];
+
 pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     let (elf, an, map) = (ctx.elf, ctx.an, &ctx.plan.map);
     let (value_field, _) = elf.class.sym_value_field();
+    let in_moved_section = |addr: u64| {
+        elf.shdrs.iter().any(|s| {
+            an.section_moves[s.index]
+                && s.sh_flags & SHF_ALLOC != 0
+                && addr >= s.sh_addr
+                && addr < s.sh_addr + s.sh_size
+        })
+    };
     for table in elf.shdrs.iter().filter(|s| s.sh_type == SHT_SYMTAB || s.sh_type == SHT_DYNSYM) {
         let xindex = extended_indices(ctx, table)?;
         for (i, (off, sym)) in elf.symbols(table)?.into_iter().enumerate() {
@@ -28,6 +44,12 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
                         an.section_moves.get(idx as usize).copied().unwrap_or(false)
                     }
                     n if n < SHN_LORESERVE => an.section_moves.get(usize::from(n)).copied().unwrap_or(false),
+                    SHN_ABS => {
+                        table.sh_type == SHT_SYMTAB
+                            && sym.info >> 4 == STB_LOCAL
+                            && elf.symbol_name(table, &sym).is_some_and(|n| LINKER_MARKERS.contains(&n))
+                            && in_moved_section(sym.value)
+                    }
                     _ => false,
                 };
             if moves {

@@ -1,0 +1,102 @@
+"""Real Debian libraries of another architecture: libc6 and libstdc++6 for arm64,
+fetched with apt-get download and unpacked with dpkg-deb, rewritten, and used by a
+test program under qemu-aarch64."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixtures import _locked, cache_root
+from helpers import HP, hugify, readelf_loads
+
+PACKAGES = ["libc6:arm64", "libstdc++6:arm64", "libgcc-s1:arm64"]
+
+WORKLOAD = r"""
+#include <iostream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+int main() {
+    std::map<std::string, int> m{{"one", 1}, {"two", 2}};
+    std::ostringstream out;
+    for (auto &[k, v] : m) out << k << '=' << v << ' ';
+    std::regex re("([a-z]+)=([0-9])");
+    std::string s = out.str();
+    int matches = 0;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
+        matches++;
+    try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
+    int t = 0;
+    std::thread([&] { t = 42; }).join();
+    std::cout << out.str() << " matches=" << matches << " thread=" << t << std::endl;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def arm64_root() -> Path:
+    """The packages unpacked into one tree (cached; re-fetched when versions change)."""
+    cache = cache_root() / "debs-arm64"
+    with _locked(cache_root() / "debs-arm64.lock"):
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, check=True, capture_output=True)
+        root = cache / "root"
+        for deb in sorted(cache.glob("*.deb")):
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    return root
+
+
+def _lib(root: Path, name: str) -> Path:
+    """A library of the unpacked packages (libc6 still installs under /lib)."""
+    for d in ("usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu"):
+        if (root / d / name).exists():
+            return (root / d / name).resolve()
+    raise AssertionError(f"{name} is not in {root}")
+
+
+def _run(root: Path, prog: Path, libdir: Path, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    """Runs `prog` under qemu with the unpacked packages as its root: its ld.so must
+    come from the same glibc build as the libc.so.6 it loads."""
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "LD_LIBRARY_PATH": str(libdir)}
+    if debug:
+        env["LD_DEBUG"] = "libs"
+    return subprocess.run(
+        ["qemu-aarch64", "-L", str(root), str(prog)], capture_output=True, text=True, env=env, timeout=300, check=True
+    )
+
+
+def test_arm64_libc_and_libstdcxx_under_qemu(arm64_root: Path, tmp_path: Path) -> None:
+    orig, new = tmp_path / "orig", tmp_path / "new"
+    orig.mkdir()
+    new.mkdir()
+    for name in ("libc.so.6", "libstdc++.so.6"):
+        src = _lib(arm64_root, name)
+        (orig / name).write_bytes(src.read_bytes())
+        report = json.loads(hugify("transform", "--json", src, "-o", new / name).stdout)
+        assert report["arch"] == "arm64" and report["result"]["mode"] == "shift", report
+        (x,) = [s for s in readelf_loads(new / name) if "E" in s.flags]
+        assert x.vaddr % HP == 0 and x.offset % HP == 0 and x.memsz % HP == 0
+    for d in (orig, new):
+        (d / "libgcc_s.so.1").write_bytes(_lib(arm64_root, "libgcc_s.so.1").read_bytes())
+    src = tmp_path / "w.cc"
+    src.write_text(WORKLOAD)
+    prog = tmp_path / "w"
+    subprocess.run(["aarch64-linux-gnu-g++", "-O2", "-pthread", str(src), "-o", str(prog)], check=True)
+    expected = _run(arm64_root, prog, orig).stdout
+    assert "thrown matches=2 thread=42" in expected
+    assert _run(arm64_root, prog, new).stdout == expected
+    loaded = _run(arm64_root, prog, new, debug=True).stderr
+    for name in ("libc.so.6", "libstdc++.so.6"):
+        assert f"calling init: {new / name}" in loaded, loaded
+
+
+def test_arm64_dynamic_loader_is_never_shifted(arm64_root: Path) -> None:
+    """ld.so computes its own address with adrp: the byte probe must see it."""
+    ldso = _lib(arm64_root, "ld-linux-aarch64.so.1")
+    (r,) = json.loads(hugify("inspect", "--json", "--threshold", "0", ldso, check=False).stdout)
+    assert r["plans"]["shift"]["reason"] == "ehdr-reference", r["plans"]["shift"]
