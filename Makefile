@@ -68,6 +68,8 @@ lint: setup build
 
 unit: setup
 	$(CARGO) test --release --locked
+	# Fuzz findings replayed with overflow checks on, as the fuzz targets build them.
+	$(CARGO) test --locked -p hugify-core --test fuzz_regressions
 
 pytest: setup build
 	$(VENV)/bin/python -m pytest -n 2 tests

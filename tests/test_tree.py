@@ -264,10 +264,20 @@ def test_source_date_epoch_later_than_the_files_keeps_their_times(tree: Tree) ->
 
 
 def test_parallel_and_serial_runs_give_the_same_bytes(tmp_path: Path, programs: tuple[Path, Path]) -> None:
+    """Reproducible builds: the jobs, locale, time zone and umask of the build do not
+    change a byte of the files, the manifest or the report."""
     outputs = []
-    for jobs in ("1", "4"):
+    settings = [("1", "C", "UTC", 0o022), ("4", "C.UTF-8", "Pacific/Auckland", 0o077)]
+    for jobs, locale, tz, umask in settings:
         t = make_tree(tmp_path / f"j{jobs}" / "root", programs)
-        res = t.run("--jobs", jobs, "--manifest", t.root.parent / "m.list", "--report", t.root.parent / "r.json")
+        old_umask = os.umask(umask)
+        try:
+            res = t.run(
+                "--jobs", jobs, "--manifest", t.root.parent / "m.list", "--report", t.root.parent / "r.json",
+                LC_ALL=locale, LANG=locale, TZ=tz,
+            )  # fmt: skip
+        finally:
+            os.umask(old_umask)
         files = {str(p.relative_to(t.root)): p.read_bytes() for p in sorted(t.root.rglob("*")) if p.is_file()}
         log = res.stdout.replace(str(t.root.parent), "TMP")
         outputs.append((files, (t.root.parent / "m.list").read_bytes(), (t.root.parent / "r.json").read_bytes(), log))

@@ -248,6 +248,18 @@ fn sorted_loads(elf: &Elf) -> Result<Vec<Phdr>> {
     if loads.is_empty() {
         return Err(refused(Reason::NoExecSegment, "the file has no PT_LOAD segments"));
     }
+    // Beyond what any user address space holds, a segment is corrupt (and its end
+    // could overflow the arithmetic of the plans).
+    let limit = if elf.class.is64 { 1u64 << 56 } else { 1u64 << 32 };
+    for p in &loads {
+        let end = p.p_vaddr.checked_add(p.p_memsz).filter(|&e| e <= limit);
+        if end.is_none() || p.p_align > limit {
+            return Err(Error::new(
+                Reason::BadSegments,
+                format!("PT_LOAD at {:#x} of {:#x} bytes lies beyond the address space", p.p_vaddr, p.p_memsz),
+            ));
+        }
+    }
     for w in loads.windows(2) {
         if w[1].p_vaddr < w[0].vend() {
             return Err(refused(

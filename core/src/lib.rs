@@ -12,6 +12,8 @@ mod cfi;
 mod dwarf;
 pub mod elf;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod hazards;
 pub mod layout;
 mod leb;

@@ -37,6 +37,9 @@ pub(crate) fn repair(
     }
     let asz = units.first().map_or(8, |u| u.encoding.address_size);
     let mut entries = |from: u64, to: u64, asz: u8| -> Result<()> {
+        if !matches!(asz, 4 | 8) {
+            return Err(Error::new(Reason::BadDwarf, format!(".debug_addr at {from:#x}: address size {asz}")));
+        }
         let mut at = from;
         while at + u64::from(asz) <= to {
             if constants.binary_search(&at).is_err() {

@@ -59,6 +59,13 @@ pub(crate) fn repair(
             headers.push((sec, ".debug_types", h));
         }
     }
+    // Every walker reads addresses of the unit's size into 8-byte words.
+    if let Some((_, name, h)) = headers.iter().find(|(_, _, h)| !matches!(h.encoding().address_size, 4 | 8)) {
+        return Err(Error::new(
+            Reason::BadDwarf,
+            format!("{name}: unit at {:#x} has address size {}", h.offset().0, h.encoding().address_size),
+        ));
+    }
     let shares = super::in_parallel(
         &headers,
         |(_, _, h)| h.length_including_self(),

@@ -71,7 +71,7 @@ impl Class {
     }
 }
 
-fn slice(data: &[u8], off: u64, len: u64) -> Result<&[u8]> {
+pub(super) fn slice(data: &[u8], off: u64, len: u64) -> Result<&[u8]> {
     let end = off.checked_add(len).filter(|&e| e <= data.len() as u64);
     match end {
         Some(end) => Ok(&data[off as usize..end as usize]),
@@ -289,7 +289,7 @@ impl<'a> Elf<'a> {
         for i in 0..n {
             shdrs.push(records::read_shdr(data, class, self.ehdr.e_shoff, i)?);
         }
-        for s in &shdrs[1..] {
+        for s in shdrs.iter().skip(1) {
             if s.has_file_data() && s.sh_offset.checked_add(s.sh_size).is_none_or(|e| e > data.len() as u64) {
                 return Err(invalid(
                     Reason::Truncated,
@@ -299,7 +299,8 @@ impl<'a> Elf<'a> {
                     ),
                 ));
             }
-            if s.sh_addralign > 1 && !s.sh_addralign.is_power_of_two() {
+            // Alignments past 4 GiB exist in no linker's output and would blow up the layout.
+            if s.sh_addralign > 1 && (!s.sh_addralign.is_power_of_two() || s.sh_addralign > 1 << 32) {
                 return Err(invalid(
                     Reason::BadSections,
                     format!("section {} has alignment {:#x}", s.index, s.sh_addralign),

@@ -2,7 +2,7 @@
 //! the ones in the System V gABI; every read is bounds-checked.
 
 use super::consts::*;
-use super::{read_u16, read_u32, read_u64, Class, Ehdr, Phdr, Shdr};
+use super::{read_u16, read_u32, read_u64, slice, Class, Ehdr, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 
 pub(super) fn read_ehdr(d: &[u8], c: Class) -> Result<Ehdr> {
@@ -124,7 +124,11 @@ pub(super) fn read_phdr(d: &[u8], c: Class, off: u64) -> Result<Phdr> {
 }
 
 pub(super) fn read_shdr(d: &[u8], c: Class, table: u64, index: u64) -> Result<Shdr> {
-    let off = table + index * c.shdr_size();
+    // The entry as a slice of its own: field offsets below cannot overflow.
+    let at = index.checked_mul(c.shdr_size()).and_then(|o| o.checked_add(table));
+    let at = at.ok_or_else(|| Error::new(Reason::Truncated, "section header offset overflows"))?;
+    let d = slice(d, at, c.shdr_size())?;
+    let off = 0;
     let w = |o: u64| -> Result<u64> {
         if c.is64 {
             read_u64(d, off + o)

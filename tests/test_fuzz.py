@@ -1,0 +1,26 @@
+"""A short bounded run of every fuzz target (bench/fuzz.py; cargo-fuzz + libFuzzer on
+the nightly toolchain): 30 s each on a corpus that grows across runs. A crash fails
+the test and names the saved input (see bench/fuzz.py for what to do with it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from helpers import REPO
+
+
+def test_fuzz_targets_survive_a_bounded_run() -> None:
+    res = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fuzz.py"), "--seconds", "30"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr[-5000:]
+    lines = res.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["inspect", "transform", "dwarf"], res.stdout
+    for line in lines:
+        runs = int(line.split(": ")[1].split(" runs")[0])
+        assert runs > 100, line  # the target really ran
