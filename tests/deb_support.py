@@ -9,19 +9,17 @@ the tool versions), one directory per key; a changed input rebuilds.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixtures import cache_root
+from fixtures import cache_root, locked
 from helpers import HP, REPO, Load, readelf_build_id, readelf_loads
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
@@ -61,18 +59,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["LC_ALL"] = "C.UTF-8"
     env.update(extra)
     return env
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock shared by every test process (pytest-xdist workers too)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- cache keys ----------------------------------------------------------------------

@@ -358,7 +358,8 @@ def _build_rust(r: Recipe, work: Path) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock shared by every test process (pytest-xdist workers too)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -374,7 +375,7 @@ def build(r: Recipe) -> Path:
     final = root / f"{r.name}-{recipe_key(r)}"
     if final.is_dir():
         return final
-    with _locked(root / f"{r.name}.lock"):
+    with locked(root / f"{r.name}.lock"):
         if final.is_dir():
             return final
         work = root / f".{final.name}.tmp"

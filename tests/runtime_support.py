@@ -11,15 +11,15 @@ byte of every 2 MiB of each executable mapping, and prints /proc/self/smaps.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME = REPO / "runtime"
@@ -170,14 +170,9 @@ def copy_programs(p: Programs, dest: Path) -> Programs:
     return Programs(dest, p.orig)
 
 
-@contextlib.contextmanager
-def locked(path: Path = LOCK) -> Iterator[None]:
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def locked(path: Path = LOCK) -> contextlib.AbstractContextManager[None]:
+    """The runtime tests' lock (they share the page cache and THP settings)."""
+    return fixtures.locked(path)
 
 
 def drop_caches() -> None:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures import _locked, cache_root
+from fixtures import cache_root, locked
 from helpers import HP, hugify, readelf_loads
 
 PACKAGES = ["libc6:arm64", "libstdc++6:arm64", "libgcc-s1:arm64"]
@@ -42,7 +42,7 @@ int main() {
 def arm64_root() -> Path:
     """The packages unpacked into one tree (cached; re-fetched when versions change)."""
     cache = cache_root() / "debs-arm64"
-    with _locked(cache_root() / "debs-arm64.lock"):
+    with locked(cache_root() / "debs-arm64.lock"):
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, check=True, capture_output=True)
         root = cache / "root"

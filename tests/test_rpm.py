@@ -18,19 +18,17 @@ compare against what the RPMs contain, never against hugify's own id.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from fixtures import locked
 from helpers import HP, REPO, readelf_build_id, readelf_loads
 
 from hugify import manifest
@@ -97,16 +95,6 @@ def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = base / "hugify-rpm"
     d.mkdir(exist_ok=True)
     return d
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _macro_path(files: tuple[tuple[Path, str], ...]) -> str:
@@ -200,7 +188,7 @@ def rpm_build(tmp_path_factory: pytest.TempPathFactory):
 
     def get(name: str) -> Built:
         out = shared / "variants" / name
-        with _locked(shared / "lock"):
+        with locked(shared / "lock"):
             if (out / "done").exists():
                 return _load(out)
             return _build(shared, name)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, _locked, build, cache_root
+from fixtures import BY_NAME, build, cache_root, locked
 from helpers import REPO, bits_differing, hugify, readelf_build_id
 from test_rpm import WITH_MACROS, _eval
 
@@ -243,7 +243,7 @@ def built(name: str) -> Built:
     final = base / f"sign-{name}-{_key(name)}"
     if (final / "done").exists():
         return _load(final)
-    with _locked(base / f"sign-{name}.lock"):
+    with locked(base / f"sign-{name}.lock"):
         if not (final / "done").exists():
             # Built in place (the policy names the key by its path); complete once "done" exists.
             shutil.rmtree(final, ignore_errors=True)
