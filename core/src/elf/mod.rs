@@ -382,10 +382,12 @@ impl<'a> Elf<'a> {
         self.phdrs.iter().filter(|p| p.p_type == PT_LOAD)
     }
 
-    /// The file bytes of a section (empty for NOBITS).
+    /// The file bytes of a section (empty for NOBITS). Parsing checked every section
+    /// but the null one, which a corrupt sh_link can still name: that reads as empty.
     pub fn section_data(&self, s: &Shdr) -> &'a [u8] {
         if s.has_file_data() {
-            &self.data[s.sh_offset as usize..(s.sh_offset + s.sh_size) as usize]
+            let end = s.sh_offset.saturating_add(s.sh_size);
+            self.data.get(s.sh_offset as usize..end as usize).unwrap_or(&[])
         } else {
             &[]
         }
