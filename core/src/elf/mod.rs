@@ -140,14 +140,16 @@ pub struct Phdr {
     pub p_align: u64,
 }
 
+// Ends saturate: parsing rejects what lies beyond the file or wraps the address
+// space, and code that looks at a corrupt header before that must not overflow.
 impl Phdr {
     /// One past the last virtual address.
     pub fn vend(&self) -> u64 {
-        self.p_vaddr + self.p_memsz
+        self.p_vaddr.saturating_add(self.p_memsz)
     }
     /// One past the last file byte.
     pub fn fend(&self) -> u64 {
-        self.p_offset + self.p_filesz
+        self.p_offset.saturating_add(self.p_filesz)
     }
     /// Whether `vaddr` lies in the file-backed part of this segment.
     pub fn file_contains(&self, vaddr: u64) -> bool {
@@ -195,12 +197,12 @@ impl Shdr {
     }
     /// One past the last virtual address.
     pub fn vend(&self) -> u64 {
-        self.sh_addr + self.sh_size
+        self.sh_addr.saturating_add(self.sh_size)
     }
     /// One past the last file byte (its offset if it has no file data).
     pub fn fend(&self) -> u64 {
         if self.has_file_data() {
-            self.sh_offset + self.sh_size
+            self.sh_offset.saturating_add(self.sh_size)
         } else {
             self.sh_offset
         }
