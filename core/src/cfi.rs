@@ -69,7 +69,7 @@ fn bad(what: impl Into<String>) -> Error {
 
 impl<'a> Cursor<'a> {
     fn need(&self, n: u64) -> Result<usize> {
-        if self.pos + n > self.end {
+        if self.pos.checked_add(n).is_none_or(|e| e > self.end) {
             return Err(bad(format!("record at {:#x} is truncated", self.pos)));
         }
         Ok(self.pos as usize)
@@ -192,7 +192,10 @@ pub fn walk(data: &[u8], flavour: Flavour, addr_size: u8, mut visit: impl FnMut(
             c.length(cie.fde_enc, cie.addr_size)?;
             if cie.has_z {
                 let aug_len = c.uleb()?;
-                let aug_end = c.pos + aug_len;
+                let aug_end = c
+                    .pos
+                    .checked_add(aug_len)
+                    .ok_or_else(|| bad(format!("FDE at {pos:#x} has an impossible augmentation length")))?;
                 c.pointer(cie.lsda_enc, cie.addr_size, &mut visit)?;
                 if c.pos > aug_end {
                     return Err(bad(format!("FDE at {pos:#x} has a short augmentation")));
@@ -219,6 +222,9 @@ fn parse_cie(c: &mut Cursor, addr_size: u8, visit: &mut impl FnMut(Field) -> Res
     let mut cie = Cie { fde_enc: PE_ABSPTR, lsda_enc: PE_OMIT, has_z: aug.first() == Some(&b'z'), addr_size };
     if version == 4 {
         cie.addr_size = c.u8()?;
+        if !matches!(cie.addr_size, 4 | 8) {
+            return Err(bad(format!("CIE at {at:#x} has address size {}", cie.addr_size)));
+        }
         let segment_size = c.u8()?;
         if segment_size != 0 {
             return Err(Error::new(Reason::UnsupportedDwarf, format!("CIE at {at:#x} uses segmented addresses")));
@@ -233,7 +239,10 @@ fn parse_cie(c: &mut Cursor, addr_size: u8, visit: &mut impl FnMut(Field) -> Res
     }
     if cie.has_z {
         let aug_len = c.uleb()?;
-        let aug_end = c.pos + aug_len;
+        let aug_end = c
+            .pos
+            .checked_add(aug_len)
+            .ok_or_else(|| bad(format!("CIE at {at:#x} has an impossible augmentation length")))?;
         for &ch in &aug[1..] {
             match ch {
                 b'L' => cie.lsda_enc = c.u8()?,
