@@ -7,11 +7,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from hugify import _core
-from hugify.commands import register_all
+from hugify.commands import register
 from hugify.exitcodes import Exit
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with just the command `only`."""
     parser = argparse.ArgumentParser(
         prog="hugify",
         description="Rewrite ELF programs and libraries so that their code lives on huge pages.",
@@ -20,12 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hugify {_core.VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    register_all(sub)
+    register(sub, only)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     func: Callable[[argparse.Namespace], Exit] = args.func
     try:
         return int(func(args))
