@@ -30,8 +30,9 @@ PACKAGES = [
     "binutils-x86-64-linux-gnu",
     "libsystemd-shared",
     "openssh-client",
+    "ripgrep",
 ]
-RUNS = {"git": ["--version"], "perl": ["-v"], "python3.11": ["--version"], "ssh": ["-V"]}
+RUNS = {"git": ["--version"], "perl": ["-v"], "python3.11": ["--version"], "ssh": ["-V"], "rg": ["--version"]}
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +85,4 @@ def test_debian_binaries_are_transformed_or_refused_with_a_reason(corpus: Path, 
     transformed = [n for n, r in results.items() if r in ("shift", "align")]
     assert len(transformed) >= 12, results
     assert any(n.endswith("/git") for n in transformed), results
+    assert "usr/bin/rg" in transformed, results  # Rust
