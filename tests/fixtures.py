@@ -369,6 +369,19 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def debian_packages(name: str, packages: list[str]) -> Path:
+    """The packages fetched with apt-get download (the archive's current versions)
+    and unpacked with dpkg-deb into one tree under the test cache."""
+    cache = cache_root() / name
+    with locked(cache_root() / f"{name}.lock"):
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", *packages], cwd=cache, check=True, capture_output=True)
+        root = cache / "root"
+        for deb in sorted(cache.glob("*.deb")):
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    return root
+
+
 def build(r: Recipe) -> Path:
     """The directory holding the recipe's programs, built on first use."""
     root = cache_root()

@@ -9,46 +9,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures import cache_root, locked
-from helpers import HP, hugify, readelf_loads
+from fixtures import debian_packages
+from helpers import CXX_WORKLOAD, HP, hugify, readelf_loads
 
 PACKAGES = ["libc6:arm64", "libstdc++6:arm64", "libgcc-s1:arm64"]
-
-WORKLOAD = r"""
-#include <iostream>
-#include <map>
-#include <regex>
-#include <sstream>
-#include <stdexcept>
-#include <thread>
-int main() {
-    std::map<std::string, int> m{{"one", 1}, {"two", 2}};
-    std::ostringstream out;
-    for (auto &[k, v] : m) out << k << '=' << v << ' ';
-    std::regex re("([a-z]+)=([0-9])");
-    std::string s = out.str();
-    int matches = 0;
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
-        matches++;
-    try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
-    int t = 0;
-    std::thread([&] { t = 42; }).join();
-    std::cout << out.str() << " matches=" << matches << " thread=" << t << std::endl;
-}
-"""
 
 
 @pytest.fixture(scope="session")
 def arm64_root() -> Path:
-    """The packages unpacked into one tree (cached; re-fetched when versions change)."""
-    cache = cache_root() / "debs-arm64"
-    with locked(cache_root() / "debs-arm64.lock"):
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, check=True, capture_output=True)
-        root = cache / "root"
-        for deb in sorted(cache.glob("*.deb")):
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
-    return root
+    return debian_packages("debs-arm64", PACKAGES)
 
 
 def _lib(root: Path, name: str) -> Path:
@@ -84,7 +53,7 @@ def test_arm64_libc_and_libstdcxx_under_qemu(arm64_root: Path, tmp_path: Path) -
     for d in (orig, new):
         (d / "libgcc_s.so.1").write_bytes(_lib(arm64_root, "libgcc_s.so.1").read_bytes())
     src = tmp_path / "w.cc"
-    src.write_text(WORKLOAD)
+    src.write_text(CXX_WORKLOAD)
     prog = tmp_path / "w"
     subprocess.run(["aarch64-linux-gnu-g++", "-O2", "-pthread", str(src), "-o", str(prog)], check=True)
     expected = _run(arm64_root, prog, orig).stdout

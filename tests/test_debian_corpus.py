@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from fixtures import cache_root, locked
+from fixtures import debian_packages
 from helpers import elflint, hugify
 
 PACKAGES = [
@@ -37,14 +37,7 @@ RUNS = {"git": ["--version"], "perl": ["-v"], "python3.11": ["--version"], "ssh"
 
 @pytest.fixture(scope="module")
 def corpus() -> Path:
-    cache = cache_root() / "debian-corpus"
-    with locked(cache_root() / "debian-corpus.lock"):
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, check=True, capture_output=True)
-        root = cache / "root"
-        for deb in sorted(cache.glob("*.deb")):
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
-    return root
+    return debian_packages("debian-corpus", PACKAGES)
 
 
 def _elf_dyn_files(root: Path) -> list[Path]:

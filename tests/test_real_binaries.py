@@ -8,32 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import HP, hugify, readelf_loads
+from helpers import CXX_WORKLOAD, HP, hugify, readelf_loads
 
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
-
-CXX_WORKLOAD = r"""
-#include <iostream>
-#include <map>
-#include <regex>
-#include <sstream>
-#include <stdexcept>
-#include <thread>
-int main() {
-    std::map<std::string, int> m{{"one", 1}, {"two", 2}};
-    std::ostringstream out;
-    for (auto &[k, v] : m) out << k << '=' << v << ' ';
-    std::regex re("([a-z]+)=([0-9])");
-    int matches = 0;
-    std::string s = out.str();
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
-        matches++;
-    try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
-    int t = 0;
-    std::thread([&] { t = 42; }).join();
-    std::cout << out.str() << " matches=" << matches << " thread=" << t << std::endl;
-}
-"""
 
 
 def _rewrite(src: Path, dst: Path) -> dict[str, str]:
