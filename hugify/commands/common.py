@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hugify import _core
 from hugify.exitcodes import Exit
 from hugify.rewrite import Settings
 from hugify.sizes import parse_size
+
+# Type-only: pathlib and the policy module stay out of `transform`'s start-up.
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from hugify.policy import Policy
 
 
 def size_arg(text: str) -> int:
@@ -61,3 +67,25 @@ def failure(e: BaseException, path: str | None = None) -> tuple[Exit, dict[str, 
 
 def say_failure(path: str, info: dict[str, Any]) -> None:
     print(f"hugify: {path}: {info['detail']} ({info['reason']})", file=sys.stderr)
+
+
+def build_root(text: str) -> Path | None:
+    """The build root a command works on, or None after saying it is not a directory."""
+    from pathlib import Path
+
+    root = Path(text)
+    if not root.is_dir():
+        print(f"hugify: {root}: not a directory", file=sys.stderr)
+        return None
+    return root
+
+
+def usable_policy(path: Path | None, package: str | None = None, *, for_build: bool = True) -> Policy | None:
+    """The effective policy, or None after saying why it is not usable."""
+    from hugify import policy
+
+    try:
+        return policy.resolve(policy.load(path), package, for_build=for_build)
+    except policy.PolicyError as e:
+        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+        return None

@@ -7,20 +7,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from hugify.commands.common import build_root, usable_policy
 from hugify.exitcodes import Exit
 
 
 def run(args: argparse.Namespace) -> Exit:
     from hugify import policy, signing
 
-    root = Path(args.root)
-    if not root.is_dir():
-        print(f"hugify: {root}: not a directory", file=sys.stderr)
+    root = build_root(args.root)
+    if root is None:
         return Exit.USAGE
-    try:
-        pol = policy.resolve(policy.load(args.policy), args.package)
-    except policy.PolicyError as e:
-        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+    pol = usable_policy(args.policy, args.package)
+    if pol is None:
         return Exit.INVALID
     try:
         report = signing.read_report(Path(args.report))

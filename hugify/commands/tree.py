@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from hugify.commands.common import build_root, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -31,14 +32,11 @@ def _regex(text: str) -> re.Pattern[str]:
 def run(args: argparse.Namespace) -> Exit:
     from hugify import policy, tree
 
-    root = Path(args.root)
-    if not root.is_dir():
-        print(f"hugify: {root}: not a directory", file=sys.stderr)
+    root = build_root(args.root)
+    if root is None:
         return Exit.USAGE
-    try:
-        pol = policy.resolve(policy.load(args.policy), args.package)
-    except policy.PolicyError as e:
-        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+    pol = usable_policy(args.policy, args.package)
+    if pol is None:
         return Exit.INVALID
     if args.arch is not None and policy.canonical_arch(args.arch) is None:
         print(f"hugify: note: unknown --arch {args.arch!r}: every ELF file counts as foreign", file=sys.stderr)

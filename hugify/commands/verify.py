@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hugify.commands.common import usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -36,16 +37,14 @@ def _public_keys(args: argparse.Namespace, signing_key: str, public_key: str | t
 
 
 def run(args: argparse.Namespace) -> int:
-    from hugify import policy, signing
+    from hugify import signing
 
     if bool(args.paths) == args.all:
         print("hugify: verify: name the files to check, or --all", file=sys.stderr)
         return Exit.USAGE
     root = Path(args.root)
-    try:
-        pol = policy.resolve(policy.load(args.policy), for_build=False)
-    except policy.PolicyError as e:
-        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+    pol = usable_policy(args.policy, for_build=False)
+    if pol is None:
         return Exit.INVALID
     installed = None
     if args.paths:
