@@ -244,7 +244,8 @@ fn walk_range(
             }
             Shape::ConstIndex => {
                 let index = uleb(&mut pos)?;
-                constants.push(at.addr_base + index * asz as u64);
+                let entry = index.checked_mul(asz as u64).and_then(|o| o.checked_add(at.addr_base));
+                constants.push(entry.ok_or_else(|| bad(op_at, "DW_OP_constx index beyond any .debug_addr"))?);
             }
             Shape::Unknown => {
                 return Err(Error::new(
