@@ -67,10 +67,11 @@ fn walk(
         }
         match op {
             0 => {
-                let len = uleb(&mut at)? as usize;
-                if len == 0 || at + len > end {
+                let len = uleb(&mut at)?;
+                if len == 0 || len > (end - at) as u64 {
                     return Err(bad(at));
                 }
+                let len = len as usize;
                 if data[at] == DW_LNE_SET_ADDRESS {
                     let size = len - 1;
                     if !matches!(size, 4 | 8) {

@@ -87,11 +87,16 @@ fn err(c: &Ctx, at: u64, what: &str) -> Error {
     Error::new(Reason::BadDwarf, format!("{} at {at:#x}: {what}", c.name))
 }
 
+/// The `len` bytes at `at`, or an error saying what ran past the section end.
+fn span(c: &Ctx, at: u64, len: u64, what: &str) -> Result<std::ops::Range<usize>> {
+    at.checked_add(len)
+        .filter(|&end| end <= c.data.len() as u64)
+        .map(|end| at as usize..end as usize)
+        .ok_or_else(|| err(c, at, what))
+}
+
 fn word(c: &Ctx, at: u64, size: u8) -> Result<u64> {
-    let b = c
-        .data
-        .get(at as usize..at as usize + size as usize)
-        .ok_or_else(|| err(c, at, "list runs past the section end"))?;
+    let b = &c.data[span(c, at, u64::from(size), "list runs past the section end")?];
     let mut v = [0u8; 8];
     v[..size as usize].copy_from_slice(b);
     Ok(u64::from_le_bytes(v))
@@ -136,16 +141,22 @@ fn list_v4(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
         at = next;
         if kind == Kind::Locations {
             let len = word(c, at, 2)?;
-            let place =
-                Place { sec: c.sec, name: c.name, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
-            if at + 2 + len > c.data.len() as u64 {
-                return Err(err(c, at, "expression runs past the section end"));
-            }
-            let body = c.base_slice.range(at as usize + 2..(at + 2 + len) as usize);
-            expr::walk(body, &place, c.map, ed, constants)?;
+            let body = span(c, at + 2, len, "expression runs past the section end")?;
+            walk_expression(c, u, body, ed, constants)?;
             at += 2 + len;
         }
     }
+}
+
+fn walk_expression(
+    c: &Ctx,
+    u: &UnitInfo,
+    body: std::ops::Range<usize>,
+    ed: &mut Edits,
+    constants: &mut Vec<u64>,
+) -> Result<()> {
+    let place = Place { sec: c.sec, name: c.name, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
+    expr::walk(c.base_slice.range(body), &place, c.map, ed, constants)
 }
 
 /// DWARF 5 list entry kinds (DW_RLE_* and DW_LLE_* share numbers 0-8).
@@ -175,9 +186,11 @@ fn list_v5(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
     };
     let indexed = |i: u64| -> Result<u64> {
         let addr = c.addr.ok_or_else(|| err(c, start, "an indexed entry needs .debug_addr, which is missing"))?;
-        let off = u.addr_base + i * a;
-        let b =
-            addr.get(off as usize..(off + a) as usize).ok_or_else(|| err(c, start, "address index out of range"))?;
+        let b = i
+            .checked_mul(a)
+            .and_then(|o| o.checked_add(u.addr_base))
+            .and_then(|off| addr.get(usize::try_from(off).ok()?..).and_then(|rest| rest.get(..asz as usize)))
+            .ok_or_else(|| err(c, start, "address index out of range"))?;
         let mut v = [0u8; 8];
         v[..asz as usize].copy_from_slice(b);
         Ok(u64::from_le_bytes(v))
@@ -245,14 +258,9 @@ fn list_v5(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
         }
         if has_expr {
             let len = uleb(&mut at)?;
-            let place =
-                Place { sec: c.sec, name: c.name, base: c.base_slice, encoding: u.encoding, addr_base: u.addr_base };
-            if at + len > c.data.len() as u64 {
-                return Err(err(c, at, "expression runs past the section end"));
-            }
-            let body = c.base_slice.range(at as usize..(at + len) as usize);
-            expr::walk(body, &place, c.map, ed, constants)?;
-            at += len;
+            let body = span(c, at, len, "expression runs past the section end")?;
+            walk_expression(c, u, body.clone(), ed, constants)?;
+            at = body.end as u64;
         }
     }
 }
