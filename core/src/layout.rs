@@ -163,7 +163,8 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
     check_sections_in_loads(elf, &loads)?;
     check_headers_in_loads(elf, &loads)?;
 
-    let mut alloc: Vec<&Shdr> = elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0).collect();
+    let mut alloc: Vec<&Shdr> =
+        elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0 && !detached_tls_bss(elf, s)).collect();
     alloc.sort_by_key(|s| (s.sh_addr, s.index));
     let first = alloc
         .iter()
@@ -283,6 +284,15 @@ fn sorted_loads(elf: &Elf) -> Result<Vec<Phdr>> {
     Ok(loads)
 }
 
+/// A .tbss that only a PT_TLS without an initial image describes, outside every
+/// load: Go's internal linker puts it at address 0. Nothing maps or moves it.
+fn detached_tls_bss(elf: &Elf, s: &Shdr) -> bool {
+    s.sh_flags & SHF_TLS != 0
+        && s.sh_type == SHT_NOBITS
+        && elf.phdrs.iter().any(|p| p.p_type == PT_TLS && p.p_filesz == 0 && s.sh_addr == p.p_vaddr)
+        && !elf.phdrs.iter().any(|p| p.p_type == PT_LOAD && s.sh_addr >= p.p_vaddr && s.sh_addr <= p.vend())
+}
+
 /// Every allocated section must lie inside one PT_LOAD, at the file offset that
 /// segment maps it from; otherwise moving segments would tear sections apart.
 fn check_sections_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
@@ -291,6 +301,9 @@ fn check_sections_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
         let tls_bss = s.sh_flags & SHF_TLS != 0 && s.sh_type == SHT_NOBITS;
         let inside =
             |l: &&Phdr| s.sh_addr >= l.p_vaddr && if tls_bss { s.sh_addr <= l.vend() } else { s.vend() <= l.vend() };
+        if detached_tls_bss(elf, s) {
+            continue;
+        }
         let Some(l) = loads.iter().find(inside) else {
             return Err(refused(
                 Reason::UnsupportedLayout,
