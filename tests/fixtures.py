@@ -370,15 +370,30 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def debian_packages(name: str, packages: list[str]) -> Path:
-    """The packages fetched with apt-get download (the archive's current versions)
-    and unpacked with dpkg-deb into one tree under the test cache."""
+    """The archive's current versions of the packages, fetched with apt-get download
+    and unpacked with dpkg-deb into one tree under the test cache. The tree is keyed
+    by the .deb file names, so an archive update unpacks a fresh one."""
     cache = cache_root() / name
     with locked(cache_root() / f"{name}.lock"):
         cache.mkdir(parents=True, exist_ok=True)
+        uris = subprocess.run(
+            ["apt-get", "download", "--print-uris", *packages], capture_output=True, text=True, check=True
+        ).stdout
+        debs = sorted(line.split()[1] for line in uris.splitlines())
+        key = hashlib.sha256("\n".join(debs).encode()).hexdigest()[:16]
+        root = cache / f"root-{key}"
+        if root.is_dir():
+            return root
+        for stale in cache.iterdir():
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            elif stale.name not in debs:
+                stale.unlink()
         subprocess.run(["apt-get", "download", *packages], cwd=cache, check=True, capture_output=True)
-        root = cache / "root"
-        for deb in sorted(cache.glob("*.deb")):
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+        work = cache / f".{root.name}.tmp"
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", str(cache / deb), str(work)], check=True)
+        work.rename(root)
     return root
 
 

@@ -1,81 +1,77 @@
-"""Real Debian 12 binaries: a dozen packages with large programs and libraries, fetched
-with apt-get download (versions as the archive has them), unpacked, and every ELF
-program or library with at least 1 MiB of code transformed. Each is transformed and
-passes eu-elflint with nothing new, or is refused with a reason; never reported as
-invalid input, an I/O error or an internal error. Transformed programs that take
---version still run."""
+"""Real Debian 12 binaries (tests/corpus_support.py): packages fetched with apt-get
+download, unpacked, and run through `hugify tree` as a package build would. Every
+ELF file with code over the threshold is transformed and passes eu-elflint with
+nothing new, or is refused with a reason; never failed. Each package's workload
+prints the same with the transformed files as with the originals, and really
+loads the transformed files."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
+from typing import Any
 
+import corpus_support as cs
 import pytest
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from fixtures import debian_packages
-from helpers import elflint, hugify
-
-PACKAGES = [
-    "git",
-    "perl-base",
-    "python3.11-minimal",
-    "libssl3",
-    "libsqlite3-0",
-    "libz3-4",
-    "libavcodec59",
-    "libicu72",
-    "libx265-199",
-    "binutils-x86-64-linux-gnu",
-    "libsystemd-shared",
-    "openssh-client",
-    "ripgrep",
-]
-RUNS = {"git": ["--version"], "perl": ["-v"], "python3.11": ["--version"], "ssh": ["-V"], "rg": ["--version"]}
+from helpers import elflint
 
 
 @pytest.fixture(scope="module")
-def corpus() -> Path:
-    return debian_packages("debian-corpus", PACKAGES)
+def original() -> Path:
+    return cs.corpus()
 
 
-def _elf_dyn_files(root: Path) -> list[Path]:
-    out = []
-    for p in sorted(root.rglob("*")):
-        if p.is_symlink() or not p.is_file() or "/debug/" in str(p):
-            continue
-        with p.open("rb") as f:
-            if f.read(4) != b"\x7fELF":
-                continue
-            f.seek(0)
-            try:
-                if ELFFile(f)["e_type"] == "ET_DYN":
-                    out.append(p)
-            except ELFError:
-                continue
-    return out
+@pytest.fixture(scope="module")
+def transformed(original: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("corpus") / "root"
+    cs.copy_tree(original, root)
+    report, _ = cs.transform_tree(root, jobs=2)
+    return root, report
 
 
-def test_debian_binaries_are_transformed_or_refused_with_a_reason(corpus: Path, tmp_path: Path) -> None:
-    results: dict[str, str] = {}
-    for src in _elf_dyn_files(corpus):
-        name = str(src.relative_to(corpus))
-        out = tmp_path / src.name
-        res = hugify("transform", "--json", src, "-o", out, check=False)
-        report = json.loads(res.stdout)
-        if res.returncode == 0:
-            assert elflint(out) - elflint(src) == set(), name
-            results[name] = report["result"]["mode"]
-            if src.name in RUNS:
-                want = subprocess.run([str(src), *RUNS[src.name]], capture_output=True, text=True, check=False)
-                got = subprocess.run([str(out), *RUNS[src.name]], capture_output=True, text=True, check=False)
-                assert (got.returncode, got.stdout) == (want.returncode, want.stdout), name
-            out.unlink()
+@pytest.fixture(scope="module")
+def inputs(original: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("corpus-inputs")
+    cs.prepare_inputs(original, data)
+    return data
+
+
+def test_every_file_is_transformed_or_refused_with_a_reason(
+    original: Path, transformed: tuple[Path, dict[str, Any]]
+) -> None:
+    root, report = transformed
+    files = report["files"]
+    assert not [f for f in files if f["status"] == "failed"]
+    for f in files:
+        rel = f["path"].lstrip("/")
+        if f["status"] == "transformed":
+            assert elflint(root / rel) - elflint(original / rel) == set(), rel
         else:
-            assert res.returncode == 4, (name, res.returncode, report)  # refused, never invalid/internal
-            results[name] = report["error"]["reason"]
-    transformed = [n for n, r in results.items() if r in ("shift", "align")]
-    assert len(transformed) >= 12, results
-    assert any(n.endswith("/git") for n in transformed), results
-    assert "usr/bin/rg" in transformed, results  # Rust
+            assert f["reason"] and f["detail"], f  # a reason id and a one-line message
+            assert (root / rel).read_bytes() == (original / rel).read_bytes(), rel
+    summary = cs.summarize(report, root)
+    print("\n".join(summary.lines()))
+    assert summary.transformed >= 25, summary
+    assert summary.share >= 0.85, summary
+    assert set(summary.refused) <= {"no-gain", "unsupported-layout"}, summary
+
+
+def test_every_package_has_a_workload(transformed: tuple[Path, dict[str, Any]]) -> None:
+    root, report = transformed
+    done = {p.lstrip("/") for f in report["files"] if f["status"] == "transformed" for p in f["paths"]}
+    for name, w in cs.WORKLOADS.items():
+        assert w.used_inodes(root) <= done, name  # a workload that used nothing transformed proves nothing
+    assert {p for w in cs.WORKLOADS.values() for p in w.packages} == set(cs.PACKAGES)
+
+
+@pytest.mark.parametrize("name", sorted(cs.WORKLOADS))
+def test_workload_prints_the_same(
+    name: str, original: Path, transformed: tuple[Path, dict[str, Any]], inputs: Path
+) -> None:
+    w = cs.WORKLOADS[name]
+    root, _ = transformed
+    want = cs.run_workload(w, original, inputs)
+    assert want.returncode == 0, want.stderr
+    assert want.stdout.strip(), "the workload printed nothing"
+    got = cs.run_workload(w, root, inputs)
+    assert (got.returncode, got.stdout) == (0, want.stdout), got.stderr
+    assert cs.missing_files(w, root, inputs) == set()
