@@ -109,51 +109,33 @@ static const Elf64_Phdr *object_phdrs(struct link_map *map, unsigned *phnum)
     return ph;
 }
 
+struct path_query {
+    uintptr_t addr;
+    char *out;
+    size_t cap;
+};
+
+static int path_line(const char *line, void *arg)
+{
+    struct path_query *q = arg;
+    uint64_t lo, hi;
+    const char *p = hp_maps_range(line, &lo, &hi);
+    if (!p || q->addr < lo || q->addr >= hi)
+        return 0;
+    while (*p && *p != '/')
+        p++;
+    size_t k = 0;
+    for (; p[k] && k < q->cap - 1; k++)
+        q->out[k] = p[k];
+    q->out[k] = 0;
+    return k > 0 && k < q->cap - 1 ? 1 : -1;
+}
+
 /* The path of the file mapped at `addr`, from /proc/self/maps (short at start-up). */
 static int mapped_path(uintptr_t addr, char *out, size_t cap)
 {
-    char buf[4096], line[4096 + 128];
-    size_t ll = 0;
-    int found = -1;
-    int fd = hp_open("/proc/self/maps", O_RDONLY);
-    if (fd < 0)
-        return -1;
-    for (;;) {
-        long n = hp_read(fd, buf, sizeof buf);
-        if (n <= 0)
-            break;
-        for (long i = 0; i < n && found < 0; i++) {
-            if (buf[i] != '\n') {
-                if (ll < sizeof line - 1)
-                    line[ll++] = buf[i];
-                continue;
-            }
-            line[ll] = 0;
-            ll = 0;
-            uintptr_t lo = 0, hi = 0;
-            const char *p = line;
-            for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++)
-                lo = lo * 16 + (uintptr_t)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
-            if (*p++ != '-')
-                continue;
-            for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++)
-                hi = hi * 16 + (uintptr_t)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
-            if (addr < lo || addr >= hi)
-                continue;
-            while (*p && *p != '/')
-                p++;
-            size_t k = 0;
-            for (; p[k] && k < cap - 1; k++)
-                out[k] = p[k];
-            out[k] = 0;
-            found = k > 0 && k < cap - 1 ? 0 : -1;
-            break;
-        }
-        if (found >= 0)
-            break;
-    }
-    hp_close(fd);
-    return found;
+    struct path_query q = {addr, out, cap};
+    return hp_each_line("/proc/self/maps", path_line, &q) == 1 ? 0 : -1;
 }
 
 static const Elf64_Phdr *main_ph;

@@ -148,23 +148,19 @@ static int hexval(char ch)
     return -1;
 }
 
-/* The FilePmdMapped bytes of the VMA that is exactly [addr, addr + len), from
- * /proc/self/smaps; -1 if there is no such VMA or smaps cannot be read. Used where
- * PAGEMAP_SCAN is missing (Linux < 6.7) and every window is a VMA of its own. */
-static long smaps_pmd_bytes(uintptr_t addr, uint64_t len)
+int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg)
 {
-    char buf[4096], line[256];
+    char buf[4096], line[4096 + 128];
     size_t ll = 0;
-    int inside = 0;
-    long result = -1;
-    int fd = hp_open("/proc/self/smaps", O_RDONLY);
+    int stop = 0;
+    int fd = hp_open(path, O_RDONLY);
     if (fd < 0)
         return -1;
-    for (;;) {
+    while (!stop) {
         long n = hp_read(fd, buf, sizeof buf);
         if (n <= 0)
             break;
-        for (long i = 0; i < n; i++) {
+        for (long i = 0; i < n && !stop; i++) {
             if (buf[i] != '\n') {
                 if (ll < sizeof line - 1)
                     line[ll++] = buf[i];
@@ -172,36 +168,66 @@ static long smaps_pmd_bytes(uintptr_t addr, uint64_t len)
             }
             line[ll] = 0;
             ll = 0;
-            if (!inside) {
-                uint64_t start = 0, end = 0;
-                const char *p = line;
-                int d;
-                while ((d = hexval(*p)) >= 0)
-                    start = start * 16 + (uint64_t)d, p++;
-                if (*p++ != '-' || start != addr)
-                    continue;
-                while ((d = hexval(*p)) >= 0)
-                    end = end * 16 + (uint64_t)d, p++;
-                if (end - start != len)
-                    goto out;
-                inside = 1;
-            } else if (starts_with(line, "FilePmdMapped:")) {
-                const char *v = line + 14;
-                long kb = 0;
-                while (*v == ' ')
-                    v++;
-                while (*v >= '0' && *v <= '9')
-                    kb = kb * 10 + (*v++ - '0');
-                result = kb * 1024;
-                goto out;
-            } else if (starts_with(line, "VmFlags:")) {
-                goto out;
-            }
+            stop = each(line, arg);
         }
     }
-out:
     hp_close(fd);
-    return result;
+    return stop;
+}
+
+const char *hp_maps_range(const char *line, uint64_t *start, uint64_t *end)
+{
+    const char *p = line;
+    int d;
+    *start = *end = 0;
+    if (hexval(*p) < 0)
+        return 0;
+    while ((d = hexval(*p)) >= 0)
+        *start = *start * 16 + (uint64_t)d, p++;
+    if (*p++ != '-' || hexval(*p) < 0)
+        return 0;
+    while ((d = hexval(*p)) >= 0)
+        *end = *end * 16 + (uint64_t)d, p++;
+    return p;
+}
+
+struct pmd_query {
+    uint64_t addr, len;
+    int inside;
+    long bytes;
+};
+
+static int pmd_line(const char *line, void *arg)
+{
+    struct pmd_query *q = arg;
+    if (!q->inside) {
+        uint64_t start, end;
+        if (!hp_maps_range(line, &start, &end) || start != q->addr)
+            return 0;
+        q->inside = 1;
+        return end - start != q->len; /* the window is not a VMA of its own */
+    }
+    if (starts_with(line, "FilePmdMapped:")) {
+        const char *v = line + 14;
+        long kb = 0;
+        while (*v == ' ')
+            v++;
+        while (*v >= '0' && *v <= '9')
+            kb = kb * 10 + (*v++ - '0');
+        q->bytes = kb * 1024;
+        return 1;
+    }
+    return starts_with(line, "VmFlags:");
+}
+
+/* The FilePmdMapped bytes of the VMA that is exactly [addr, addr + len), from
+ * /proc/self/smaps; -1 if there is no such VMA or smaps cannot be read. Used where
+ * PAGEMAP_SCAN is missing (Linux < 6.7) and every window is a VMA of its own. */
+static long smaps_pmd_bytes(uintptr_t addr, uint64_t len)
+{
+    struct pmd_query q = {addr, len, 0, -1};
+    hp_each_line("/proc/self/smaps", pmd_line, &q);
+    return q.bytes;
 }
 
 /* huge[i] = 1 if window `first + i` is mapped by one PMD; returns 0, or -1 if the

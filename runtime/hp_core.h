@@ -102,4 +102,13 @@ struct hp_verdict hp_read_verdict(const char *dir);
 size_t hp_strlen(const char *s);
 void hp_memzero(void *p, size_t n);
 
+/* Calls each(line, arg) for every line of the file at `path` (NUL-terminated, cut
+ * at 4 KiB); stops at the first non-zero return and returns it; 0 at the end of
+ * the file, -1 if it cannot be opened. For the short files of /proc. */
+int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg);
+
+/* The "start-end" address range heading a /proc/PID/maps or smaps line: the rest of
+ * the line after it, or 0 if the line does not start with one. */
+const char *hp_maps_range(const char *line, uint64_t *start, uint64_t *end);
+
 #endif

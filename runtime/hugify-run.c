@@ -8,7 +8,9 @@
  *
  * Environment: HUGIFY_DEBUG=1 reports per object on stderr; HUGIFY_AUDIT_LIB
  * overrides the audit library (empty: do not set LD_AUDIT); HUGIFY_RUNTIME_DIR
- * overrides /run/hugify (where `hugify prefetch` records the kernel verdict).
+ * overrides /run/hugify (where `hugify prefetch` records the kernel verdict);
+ * HUGIFY_FORCE_SMAPS=1 verifies from /proc/self/smaps as on kernels without
+ * PAGEMAP_SCAN (before 6.7), so that the tests cover that path on any kernel.
  */
 #define _GNU_SOURCE
 #include <elf.h>
@@ -626,6 +628,9 @@ int main(int argc, char **argv)
     if (!thp_never()) {
         hp_ctx_init(&ctx, read_sysfs_u64("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", HP_DEFAULT_SIZE));
         ctx.smaps = 1; /* a small process: smaps is cheap where PAGEMAP_SCAN is missing */
+        const char *force_smaps = getenv("HUGIFY_FORCE_SMAPS");
+        if (force_smaps && *force_smaps && strcmp(force_smaps, "0"))
+            ctx.scan = 0;
         const char *rd = getenv("HUGIFY_RUNTIME_DIR");
         runtime_dir = rd && *rd ? rd : "/run/hugify";
         ld_library_path = getenv("LD_LIBRARY_PATH");

@@ -94,8 +94,11 @@ def test_prefetch_makes_program_and_library_fully_huge(progs: Programs, tmp_path
     assert_huge(maps, progs.prog, progs.lib)
 
 
-def test_hugify_run_alone_on_cold_cache(progs: Programs, tmp_path: Path):
+@pytest.mark.parametrize("verify", ["pagemap-scan", "smaps"])
+def test_hugify_run_alone_on_cold_cache(progs: Programs, tmp_path: Path, verify: str):
+    """Also with the windows verified from /proc/self/smaps, as before Linux 6.7."""
     env = {"HUGIFY_AUDIT_LIB": "", "HUGIFY_DEBUG": "1", "HUGIFY_RUNTIME_DIR": str(tmp_path)}
+    env["HUGIFY_FORCE_SMAPS"] = "1" if verify == "smaps" else "0"
     with locked():
         drop_caches()
         res = subprocess.run(
