@@ -15,9 +15,10 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from fixtures import cache_root, locked
 from helpers import HP, REPO, Load, readelf_build_id, readelf_loads
@@ -171,8 +172,9 @@ def deb_field(deb: Path, name: str) -> str:
 
 
 @dataclass
-class DebBuild:
-    """A finished build: its exit status, log, and what it produced."""
+class CachedBuild:
+    """A finished build in the test cache (see cached_build): its exit status, its
+    log, and everything it produced unpacked into `root`."""
 
     dir: Path
     rc: int = field(init=False)
@@ -186,6 +188,36 @@ class DebBuild:
     def root(self) -> Path:
         return self.dir / "root"
 
+    def ok(self) -> Self:
+        assert self.rc == 0, self.log[-6000:]
+        return self
+
+
+def cached_build(final: Path, lock: Path, scratch: Path, build: Callable[[Path, Path], tuple[int, str]]) -> Path:
+    """`final`, built once per cache key: build(scratch, out) runs in an empty scratch
+    directory, puts what it produced into `out` and returns its exit status and log.
+    A worker that waited on the lock finds the other's result."""
+    if (final / "rc").exists():
+        return final
+    with locked(lock):
+        if (final / "rc").exists():
+            return final
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        rc, log = build(scratch, work)
+        save_result(work, rc, log)
+        work.rename(final)
+        shutil.rmtree(scratch, ignore_errors=True)
+        drop_stale(final)
+    return final
+
+
+class DebBuild(CachedBuild):
+    """A dpkg-buildpackage run (see collect for the layout of its directory)."""
+
     def pkg(self, name: str) -> Path:
         return self.dir / "pkgs" / name
 
@@ -198,10 +230,6 @@ class DebBuild:
 
     def packages(self) -> list[str]:
         return sorted(p.name for p in (self.dir / "pkgs").iterdir()) if (self.dir / "pkgs").is_dir() else []
-
-    def ok(self) -> DebBuild:
-        assert self.rc == 0, self.log[-6000:]
-        return self
 
 
 def save_result(out: Path, rc: int, log: str) -> None:
@@ -262,30 +290,21 @@ def build_variant(name: str) -> DebBuild:
     v = VARIANTS[name]
     inputs = package_source_files() + (hugify_inputs() if v.in_tree else [])
     key = files_key(inputs, repr(v), tool_versions(*BUILD_TOOLS))
-    final = cached_dir("debhelper", name, key)
-    if (final / "rc").exists():
-        return DebBuild(final)
-    with locked(cache_root() / "debhelper" / "build.lock"):
-        if (final / "rc").exists():
-            return DebBuild(final)
-        parent = cache_root() / "debhelper" / "build"  # one path for every variant
-        shutil.rmtree(parent, ignore_errors=True)
-        parent.mkdir(parents=True)
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
         src = prepare_test_source(parent, dh_args=v.dh_args, override=v.override)
         env = in_tree_env(cache_root() / "debhelper" / "bin", **dict(v.env)) if v.in_tree else clean_env(**dict(v.env))
         rc, log = dpkg_buildpackage(src, env)
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        collect(parent, work)
-        reports = work / "reports"
+        collect(parent, out)
+        reports = out / "reports"
         for r in sorted((src / "debian" / ".debhelper" / "generated").glob("*/hugify-report.json")):
             reports.mkdir(exist_ok=True)
             shutil.copy(r, reports / f"{r.parent.name}.json")
-        save_result(work, rc, log)
-        work.rename(final)
-        shutil.rmtree(parent, ignore_errors=True)
-        drop_stale(final)
-    return DebBuild(final)
+        return rc, log
+
+    # One scratch path for every variant: the builds take turns.
+    group = cache_root() / "debhelper"
+    return DebBuild(cached_build(cached_dir("debhelper", name, key), group / "build.lock", group / "build", build))
 
 
 # --- checks on ELF files -----------------------------------------------------------------

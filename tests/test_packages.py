@@ -32,7 +32,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,9 +42,11 @@ from deb_support import (
     MANIFEST_DIR,
     PROG,
     SMALL,
+    CachedBuild,
     DebBuild,
     build_id,
     build_variant,
+    cached_build,
     cached_dir,
     clean_env,
     collect,
@@ -126,14 +128,8 @@ def toolchain_key() -> str:
 
 def build_hugify_deb() -> DebBuild:
     sources = hugify_sources()
-    final = cached_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
-    if (final / "rc").exists():
-        return DebBuild(final)
-    with locked(cache_root() / "packages" / "hugify-deb.lock"):
-        if (final / "rc").exists():
-            return DebBuild(final)
-        parent = cache_root() / "packages" / "hugify-deb-build"
-        shutil.rmtree(parent, ignore_errors=True)
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
         src = parent / f"hugify-{VERSION}"
         copy_sources(sources, src)
         rust = rust_env()
@@ -148,14 +144,12 @@ def build_hugify_deb() -> DebBuild:
         env.pop("CARGO_HOME", None)
         env.pop("RUSTUP_HOME", None)
         rc, log = dpkg_buildpackage(src, env, "-Ppkg.hugify.rustup")
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        collect(parent, work)
-        save_result(work, rc, log)
-        work.rename(final)
-        shutil.rmtree(parent, ignore_errors=True)
-        drop_stale(final)
-    return DebBuild(final)
+        collect(parent, out)
+        return rc, log
+
+    group = cache_root() / "packages"
+    final = cached_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
+    return DebBuild(cached_build(final, group / "hugify-deb.lock", group / "hugify-deb-build", build))
 
 
 @pytest.fixture(scope="session")
@@ -273,19 +267,8 @@ def test_lintian_reports_no_errors(hugify_deb: DebBuild) -> None:
 # --- hugify's .rpm ------------------------------------------------------------------------------
 
 
-@dataclass
-class RpmBuild:
-    dir: Path
-    rc: int = field(init=False)
-    log: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rc = int((self.dir / "rc").read_text())
-        self.log = (self.dir / "log").read_text()
-
-    @property
-    def root(self) -> Path:
-        return self.dir / "root"
+class RpmBuild(CachedBuild):
+    """An rpmbuild run (see collect_rpms for the layout of its directory)."""
 
     @property
     def rpms(self) -> list[Path]:
@@ -293,10 +276,6 @@ class RpmBuild:
 
     def rpm(self, prefix: str) -> Path:
         return next(r for r in self.rpms if r.name.startswith(prefix))
-
-    def ok(self) -> RpmBuild:
-        assert self.rc == 0, self.log[-6000:]
-        return self
 
 
 def collect_rpms(top: Path, out: Path) -> None:
@@ -310,14 +289,8 @@ def collect_rpms(top: Path, out: Path) -> None:
 
 def build_hugify_rpm() -> RpmBuild:
     sources = hugify_sources()
-    final = cached_dir("packages", "hugify-rpm", files_key(sources, toolchain_key()))
-    if (final / "rc").exists():
-        return RpmBuild(final)
-    with locked(cache_root() / "packages" / "hugify-rpm.lock"):
-        if (final / "rc").exists():
-            return RpmBuild(final)
-        parent = cache_root() / "packages" / "hugify-rpm-build"
-        shutil.rmtree(parent, ignore_errors=True)
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
         top = parent / "top"
         (top / "SOURCES").mkdir(parents=True)
         (parent / "home").mkdir()  # no ~/.rpmmacros of whoever runs the tests
@@ -334,14 +307,12 @@ def build_hugify_rpm() -> RpmBuild:
         # --nodeps: Debian's rpm database does not know the Debian packages.
         cmd = ["rpmbuild", "-bb", "--nodeps", "--define", f"_topdir {top}", str(REPO / "spec" / "hugify.spec")]
         res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        collect_rpms(top, work)
-        save_result(work, res.returncode, res.stdout)
-        work.rename(final)
-        shutil.rmtree(parent, ignore_errors=True)
-        drop_stale(final)
-    return RpmBuild(final)
+        collect_rpms(top, out)
+        return res.returncode, res.stdout
+
+    group = cache_root() / "packages"
+    final = cached_dir("packages", "hugify-rpm", files_key(sources, toolchain_key()))
+    return RpmBuild(cached_build(final, group / "hugify-rpm.lock", group / "hugify-rpm-build", build))
 
 
 @pytest.fixture(scope="session")
@@ -486,8 +457,7 @@ def rpm_dbpath() -> str:
 def run_session(name: str, script: str, inputs_key: str, prepare: Callable[[Path], None]) -> Session:
     """Runs a session script in a private mount namespace (see the module doc),
     once per inputs; the result directory is cached."""
-    if os.geteuid() != 0:
-        pytest.skip("installs packages: needs root (and mount namespaces)")
+    assert os.geteuid() == 0, "the sessions install packages: they need root and mount namespaces (CI runs as root)"
     final = cached_dir("packages", name, inputs_key)
     if (final / "session.rc").exists():
         return Session(final)
