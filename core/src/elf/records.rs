@@ -202,7 +202,9 @@ impl Sym {
     }
 }
 
-fn check_table(s: &Shdr, ent: u64, what: &str, reason: Reason) -> Result<()> {
+/// A table of `ent`-byte entries: whole entries, all inside the file.
+fn check_table(d: &[u8], s: &Shdr, ent: u64, what: &str, reason: Reason) -> Result<()> {
+    slice(d, s.sh_offset, s.sh_size)?;
     if s.sh_size % ent != 0 {
         return Err(Error::new(
             reason,
@@ -214,7 +216,7 @@ fn check_table(s: &Shdr, ent: u64, what: &str, reason: Reason) -> Result<()> {
 
 pub(super) fn read_symbols(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Sym)>> {
     let (_, ent) = c.sym_value_field();
-    check_table(s, ent, "symbol table", Reason::BadSymbols)?;
+    check_table(d, s, ent, "symbol table", Reason::BadSymbols)?;
     let n = s.sh_size / ent;
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
@@ -255,7 +257,7 @@ pub struct Rel {
 pub(super) fn read_relocations(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Rel)>> {
     let rela = s.sh_type == SHT_RELA;
     let ent = c.word() * if rela { 3 } else { 2 };
-    check_table(s, ent, "relocation", Reason::BadRelocations)?;
+    check_table(d, s, ent, "relocation", Reason::BadRelocations)?;
     let n = s.sh_size / ent;
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
