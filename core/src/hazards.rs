@@ -66,7 +66,7 @@ fn check_soname(elf: &Elf) -> Result<()> {
         return Ok(());
     };
     for (_, d) in dynamic.iter().filter(|(_, d)| d.tag == DT_SONAME) {
-        let Some(off) = elf.vaddr_to_offset(strtab + d.val) else {
+        let Some(off) = strtab.checked_add(d.val).and_then(|a| elf.vaddr_to_offset(a)) else {
             continue;
         };
         let name = c_string(elf.data, off).unwrap_or("");
@@ -225,7 +225,51 @@ fn memchr2(a: u8, b: u8, hay: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{adrp_page, memchr2};
+    use super::{adrp_page, check_soname, memchr2};
+    use crate::elf::consts::*;
+    use crate::elf::{Class, Ehdr, Elf, Shdr};
+    use crate::error::Reason;
+
+    /// A file that is only `data` and a dynamic section of `size` bytes at `offset`.
+    fn dynamic_only(data: &[u8], offset: u64, size: u64) -> Elf<'_> {
+        let ehdr = Ehdr {
+            e_type: ET_DYN,
+            e_machine: EM_X86_64,
+            e_entry: 0,
+            e_phoff: 0,
+            e_shoff: 0,
+            e_phentsize: 56,
+            phnum: 0,
+            e_shentsize: 64,
+            shnum: 1,
+            shstrndx: 0,
+        };
+        let s = Shdr {
+            index: 0,
+            name: ".dynamic".into(),
+            sh_name: 0,
+            sh_type: SHT_DYNAMIC,
+            sh_flags: 0,
+            sh_addr: 0,
+            sh_offset: offset,
+            sh_size: size,
+            sh_link: 0,
+            sh_info: 0,
+            sh_addralign: 8,
+            sh_entsize: 16,
+        };
+        Elf { data, class: Class { is64: true }, ehdr, phdrs: Vec::new(), shdrs: vec![s] }
+    }
+
+    #[test]
+    fn soname_offsets_past_the_address_space_are_errors_or_skipped() {
+        let entries = [(DT_STRTAB, u64::MAX - 0xff), (DT_SONAME, 0x1000), (DT_NULL, 0)];
+        let data: Vec<u8> = entries.iter().flat_map(|&(t, v)| [t.to_le_bytes(), v.to_le_bytes()].concat()).collect();
+        assert!(check_soname(&dynamic_only(&data, 0, data.len() as u64)).is_ok());
+        // An empty dynamic section (unchecked by parsing) at the very end of the offsets.
+        let e = check_soname(&dynamic_only(&data, u64::MAX - 7, 0)).unwrap_err();
+        assert_eq!(e.reason, Reason::BadDynamic);
+    }
 
     /// `adrp x<rd>, page`, encoded by hand from the Arm ARM (C6.2.11).
     fn adrp(rd: u32, pc: u64, page: u64) -> u32 {

@@ -179,6 +179,13 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let align = moved_alignment(elf, an)?;
     let page = an.arch.min_page;
     let code_start = an.move_start;
+    if code_start < x.p_vaddr {
+        // S lies in the gap before the code (a .tbss at the end of the load before it).
+        return Err(refused(
+            Reason::UnsupportedLayout,
+            format!("{} at the split point {code_start:#x} lies before the executable segment", an.split_section),
+        ));
+    }
     let code_src = x.p_offset + (code_start - x.p_vaddr);
     let code_end = x.vend();
 
@@ -416,7 +423,8 @@ fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
     }
     an.exec_sections(elf)
         .map(|s| {
-            let (a, b) = (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr) + s.sh_size);
+            // Saturating: a .tbss needs only its start inside a load.
+            let (a, b) = (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size));
             b.min(we).saturating_sub(a.max(ws))
         })
         .sum()

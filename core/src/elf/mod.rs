@@ -319,7 +319,8 @@ impl<'a> Elf<'a> {
         if strtab.sh_type != SHT_STRTAB || !strtab.has_file_data() {
             return Err(invalid(Reason::BadSections, "the section name table is not a string table"));
         }
-        let names = &data[strtab.sh_offset as usize..(strtab.sh_offset + strtab.sh_size) as usize];
+        // Index 0 may name the null header, which the loop above does not check.
+        let names = slice(data, strtab.sh_offset, strtab.sh_size)?;
         for s in shdrs.iter_mut() {
             s.name = c_string(names, u64::from(s.sh_name))
                 .ok_or_else(|| invalid(Reason::BadSections, format!("section {} has a bad name offset", s.index)))?

@@ -170,7 +170,9 @@ pub(super) fn read_dynamic(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Dyn
     let ent = 2 * c.word();
     let mut out = Vec::new();
     let mut off = s.sh_offset;
-    while off + ent <= s.sh_offset + s.sh_size {
+    // Parsing checked neither empty nor null sections against the file: reads past it fail.
+    let end = s.sh_offset.saturating_add(s.sh_size);
+    while off.checked_add(ent).is_some_and(|e| e <= end) {
         let tag = if c.is64 { read_u64(d, off)? as i64 } else { i64::from(read_u32(d, off)? as i32) };
         let val = c.read_word(d, off + c.word())?;
         if tag == DT_NULL {

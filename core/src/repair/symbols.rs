@@ -25,7 +25,7 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
             an.section_moves[s.index]
                 && s.sh_flags & SHF_ALLOC != 0
                 && addr >= s.sh_addr
-                && addr < s.sh_addr + s.sh_size
+                && addr - s.sh_addr < s.sh_size
         })
     };
     for table in elf.shdrs.iter().filter(|s| s.sh_type == SHT_SYMTAB || s.sh_type == SHT_DYNSYM) {
