@@ -220,7 +220,14 @@ fn decompress_elf<'a>(elf: &Elf, name: &str, raw: &[u8]) -> Result<(Cow<'a, [u8]
     let data = match ch_type {
         ELFCOMPRESS_ZLIB => inflate(name, body, size)?,
         ELFCOMPRESS_ZSTD => {
-            let v = zstd::stream::decode_all(body).map_err(|e| bad(name, format!("zstd: {e}")))?;
+            // Read no more than the header claims (as for zlib): a small frame can expand to terabytes.
+            if size > 1 << 34 {
+                return Err(bad(name, format!("claims {size} bytes uncompressed")));
+            }
+            let mut v = Vec::new();
+            zstd::stream::read::Decoder::new(body)
+                .and_then(|d| d.take(size + 1).read_to_end(&mut v))
+                .map_err(|e| bad(name, format!("zstd: {e}")))?;
             if v.len() as u64 != size {
                 return Err(bad(name, "decompressed size differs from the compression header"));
             }
@@ -245,7 +252,8 @@ fn inflate(name: &str, body: &[u8], size: u64) -> Result<Vec<u8>> {
     if size > 1 << 34 {
         return Err(bad(name, format!("claims {size} bytes uncompressed")));
     }
-    let mut v = Vec::with_capacity(size as usize);
+    // The claimed size is only a hint: reserve no more than zlib can expand to (1032:1).
+    let mut v = Vec::with_capacity(size.min((body.len() as u64).saturating_mul(1032)) as usize);
     flate2::read::ZlibDecoder::new(body)
         .take(size + 1)
         .read_to_end(&mut v)
