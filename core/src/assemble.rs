@@ -18,6 +18,9 @@ use crate::plan::{map_offset, Plan};
 /// Name of the sections covering trap padding.
 pub const PAD_SECTION: &str = ".hugify.pad";
 
+/// The largest alignment of a section that is not loaded and has to be placed anew.
+const MAX_TAIL_ALIGN: u64 = 1 << 16;
+
 /// Builds the output of `plan`, applying `patches` (input-offset edits) and giving
 /// non-allocated sections in `replacements` their new contents (and sizes).
 pub fn assemble(
@@ -84,6 +87,14 @@ pub fn assemble(
     let mut new_size = vec![None; elf.shdrs.len()];
     let mut cursor = plan.tail_start;
     for s in tail {
+        // Real files align what is not loaded to a few bytes; a huge alignment would only
+        // pad the output with holes (and a file built in memory with gigabytes).
+        if s.sh_addralign > MAX_TAIL_ALIGN {
+            return Err(Error::new(
+                Reason::UnsupportedLayout,
+                format!("section {} ({}) is not loaded but aligned to {:#x}", s.index, s.name, s.sh_addralign),
+            ));
+        }
         let dst = align_up(cursor, s.sh_addralign);
         new_offset[s.index] = Some(dst);
         let (src, len) = match replaced[s.index].take() {
