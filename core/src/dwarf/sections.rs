@@ -219,20 +219,8 @@ fn decompress_elf<'a>(elf: &Elf, name: &str, raw: &[u8]) -> Result<(Cow<'a, [u8]
     let body = raw.get(header..).ok_or_else(|| bad(name, "truncated compression header"))?;
     let data = match ch_type {
         ELFCOMPRESS_ZLIB => inflate(name, body, size)?,
-        ELFCOMPRESS_ZSTD => {
-            // Read no more than the header claims (as for zlib): a small frame can expand to terabytes.
-            if size > 1 << 34 {
-                return Err(bad(name, format!("claims {size} bytes uncompressed")));
-            }
-            let mut v = Vec::new();
-            zstd::stream::read::Decoder::new(body)
-                .and_then(|d| d.take(size + 1).read_to_end(&mut v))
-                .map_err(|e| bad(name, format!("zstd: {e}")))?;
-            if v.len() as u64 != size {
-                return Err(bad(name, "decompressed size differs from the compression header"));
-            }
-            v
-        }
+        // zstd's expansion has no useful bound to reserve by.
+        ELFCOMPRESS_ZSTD => decompress_claimed(name, size, 0, "zstd", zstd::stream::read::Decoder::new(body))?,
         t => {
             return Err(Error::new(Reason::UnsupportedDwarf, format!("{name}: compression type {t} is not supported")))
         }
@@ -249,15 +237,26 @@ fn decompress_legacy(name: &str, raw: &[u8]) -> Result<Vec<u8>> {
 }
 
 fn inflate(name: &str, body: &[u8], size: u64) -> Result<Vec<u8>> {
+    // zlib expands at most 1032:1.
+    let most = (body.len() as u64).saturating_mul(1032);
+    decompress_claimed(name, size, most, "zlib", Ok(flate2::read::ZlibDecoder::new(body)))
+}
+
+/// The `size` bytes a compression header claims, read from `decoder` and no more (a
+/// small stream can expand to terabytes). The claim is only a hint for the buffer:
+/// at most `most` bytes are reserved up front.
+fn decompress_claimed(
+    name: &str,
+    size: u64,
+    most: u64,
+    what: &str,
+    decoder: std::io::Result<impl Read>,
+) -> Result<Vec<u8>> {
     if size > 1 << 34 {
         return Err(bad(name, format!("claims {size} bytes uncompressed")));
     }
-    // The claimed size is only a hint: reserve no more than zlib can expand to (1032:1).
-    let mut v = Vec::with_capacity(size.min((body.len() as u64).saturating_mul(1032)) as usize);
-    flate2::read::ZlibDecoder::new(body)
-        .take(size + 1)
-        .read_to_end(&mut v)
-        .map_err(|e| bad(name, format!("zlib: {e}")))?;
+    let mut v = Vec::with_capacity(size.min(most) as usize);
+    decoder.and_then(|d| d.take(size + 1).read_to_end(&mut v)).map_err(|e| bad(name, format!("{what}: {e}")))?;
     if v.len() as u64 != size {
         return Err(bad(name, "decompressed size differs from the compression header"));
     }
