@@ -164,7 +164,7 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
     check_headers_in_loads(elf, &loads)?;
 
     let mut alloc: Vec<&Shdr> =
-        elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0 && !detached_tls_bss(elf, s)).collect();
+        elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0 && !detached_tls_bss(elf, &loads, s)).collect();
     alloc.sort_by_key(|s| (s.sh_addr, s.index));
     let first = alloc
         .iter()
@@ -286,11 +286,10 @@ fn sorted_loads(elf: &Elf) -> Result<Vec<Phdr>> {
 
 /// A .tbss that only a PT_TLS without an initial image describes, outside every
 /// load: Go's internal linker puts it at address 0. Nothing maps or moves it.
-fn detached_tls_bss(elf: &Elf, s: &Shdr) -> bool {
-    s.sh_flags & SHF_TLS != 0
-        && s.sh_type == SHT_NOBITS
+fn detached_tls_bss(elf: &Elf, loads: &[Phdr], s: &Shdr) -> bool {
+    s.is_tls_bss()
         && elf.phdrs.iter().any(|p| p.p_type == PT_TLS && p.p_filesz == 0 && s.sh_addr == p.p_vaddr)
-        && !elf.phdrs.iter().any(|p| p.p_type == PT_LOAD && s.sh_addr >= p.p_vaddr && s.sh_addr <= p.vend())
+        && !loads.iter().any(|l| s.sh_addr >= l.p_vaddr && s.sh_addr <= l.vend())
 }
 
 /// Every allocated section must lie inside one PT_LOAD, at the file offset that
@@ -298,12 +297,12 @@ fn detached_tls_bss(elf: &Elf, s: &Shdr) -> bool {
 fn check_sections_in_loads(elf: &Elf, loads: &[Phdr]) -> Result<()> {
     for s in elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_size > 0) {
         // .tbss occupies no address space of its own: only its start must be inside.
-        let tls_bss = s.sh_flags & SHF_TLS != 0 && s.sh_type == SHT_NOBITS;
-        let inside =
-            |l: &&Phdr| s.sh_addr >= l.p_vaddr && if tls_bss { s.sh_addr <= l.vend() } else { s.vend() <= l.vend() };
-        if detached_tls_bss(elf, s) {
+        if detached_tls_bss(elf, loads, s) {
             continue;
         }
+        let tls_bss = s.is_tls_bss();
+        let inside =
+            |l: &&Phdr| s.sh_addr >= l.p_vaddr && if tls_bss { s.sh_addr <= l.vend() } else { s.vend() <= l.vend() };
         let Some(l) = loads.iter().find(inside) else {
             return Err(refused(
                 Reason::UnsupportedLayout,

@@ -199,6 +199,10 @@ impl Shdr {
     pub fn vend(&self) -> u64 {
         self.sh_addr.saturating_add(self.sh_size)
     }
+    /// A thread-local .bss: it occupies no address space of its own.
+    pub fn is_tls_bss(&self) -> bool {
+        self.sh_flags & SHF_TLS != 0 && self.sh_type == SHT_NOBITS
+    }
     /// One past the last file byte (its offset if it has no file data).
     pub fn fend(&self) -> u64 {
         if self.has_file_data() {
