@@ -189,7 +189,7 @@ fn list_v5(c: &Ctx, kind: Kind, start: u64, u: &UnitInfo, ed: &mut Edits, consta
         let b = i
             .checked_mul(a)
             .and_then(|o| o.checked_add(u.addr_base))
-            .and_then(|off| addr.get(usize::try_from(off).ok()?..).and_then(|rest| rest.get(..asz as usize)))
+            .and_then(|off| crate::elf::slice(addr, off, a).ok())
             .ok_or_else(|| err(c, start, "address index out of range"))?;
         let mut v = [0u8; 8];
         v[..asz as usize].copy_from_slice(b);

@@ -71,7 +71,8 @@ impl Class {
     }
 }
 
-pub(super) fn slice(data: &[u8], off: u64, len: u64) -> Result<&[u8]> {
+/// The `len` bytes at `off`, or an error saying they lie beyond the end of the file.
+pub(crate) fn slice(data: &[u8], off: u64, len: u64) -> Result<&[u8]> {
     let end = off.checked_add(len).filter(|&e| e <= data.len() as u64);
     match end {
         Some(end) => Ok(&data[off as usize..end as usize]),
