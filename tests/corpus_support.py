@@ -35,12 +35,12 @@ POLICY = 'refuse_stripped = false\nthreshold = "256K"\n'
 
 @dataclass(frozen=True)
 class Workload:
-    """A shell script, run in an empty directory once against the original tree and once against the
-    transformed one (`{root}` in it and in `env` names the tree, `{data}` the inputs
-    of prepare_inputs, `{lib}` the multiarch library directory); both runs must
-    print the same. `uses` are the transformed
-    files it must load: each is the program it runs or a library the dynamic loader
-    maps (checked with LD_DEBUG=libs), so a workload cannot pass without them."""
+    """A shell script, run in an empty directory once against the original tree and
+    once against the transformed one (`{root}` in it and in `env` names the tree,
+    `{data}` the inputs of prepare_inputs, `{lib}` the multiarch library directory);
+    both runs must print the same. `uses` are the transformed files it must load:
+    each is the program it runs or a library the dynamic loader maps (checked with
+    LD_DEBUG=libs), so a workload cannot pass without them."""
 
     packages: tuple[str, ...]
     script: str
