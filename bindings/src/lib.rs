@@ -5,8 +5,11 @@
 mod fileio;
 
 use fileio::Failure;
+use hugify_core::arch::{ArchName, ARCH_NAMES};
 use hugify_core::elf::Phdr;
-use hugify_core::{Error, Kind, ModeChoice, Options, PlanSummary, Reason, Report};
+use hugify_core::probe::Probe;
+use hugify_core::windows::WindowRun;
+use hugify_core::{Error, ModeChoice, Options, PlanSummary, Reason, Report};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -20,19 +23,11 @@ pyo3::create_exception!(
     "A file was refused, invalid, or hit an internal error."
 );
 
-fn kind_name(k: Kind) -> &'static str {
-    match k {
-        Kind::Invalid => "invalid",
-        Kind::Refused => "refused",
-        Kind::Internal => "internal",
-    }
-}
-
 fn to_py_err(py: Python<'_>, e: &Error) -> PyErr {
     let err = HugifyError::new_err(e.to_string());
     let v = err.value(py);
     let _ = v.setattr("reason", e.reason.id());
-    let _ = v.setattr("kind", kind_name(e.kind()));
+    let _ = v.setattr("kind", e.kind().name());
     let _ = v.setattr("detail", e.detail.clone());
     err
 }
@@ -70,6 +65,18 @@ fn segments<'py>(py: Python<'py>, phdrs: &[Phdr]) -> PyResult<Bound<'py, PyList>
     Ok(list)
 }
 
+fn windows<'py>(py: Python<'py>, runs: &[WindowRun]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for w in runs {
+        let d = PyDict::new(py);
+        d.set_item("offset", w.offset)?;
+        d.set_item("vaddr", w.vaddr)?;
+        d.set_item("len", w.len)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -77,7 +84,7 @@ fn hex(b: &[u8]) -> String {
 fn error_dict<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("reason", e.reason.id())?;
-    d.set_item("kind", kind_name(e.kind()))?;
+    d.set_item("kind", e.kind().name())?;
     d.set_item("detail", &e.detail)?;
     Ok(d)
 }
@@ -98,6 +105,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<B
             d.set_item("growth", s.growth)?;
             d.set_item("covered_code", s.covered_code)?;
             d.set_item("segments", segments(py, &s.phdrs)?)?;
+            d.set_item("windows", windows(py, &s.windows)?)?;
             d.set_item("build_id", s.build_id.as_deref().map(hex))?;
             Ok(d)
         }
@@ -115,6 +123,7 @@ fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>>
     d.set_item("code_bytes", r.code_bytes)?;
     d.set_item("exec_segment_size", r.exec_segment_size)?;
     d.set_item("covered_before", r.covered_before)?;
+    d.set_item("windows_before", windows(py, &r.windows_before)?)?;
     d.set_item("huge_page", r.huge_page)?;
     d.set_item("segments", segments(py, &r.phdrs)?)?;
     d.set_item("build_id", r.build_id.as_deref().map(hex))?;
@@ -198,10 +207,57 @@ fn transform_bytes<'py>(
     Ok((d, PyBytes::new(py, &out)))
 }
 
+fn probe_dict<'py>(py: Python<'py>, p: &Probe) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("arch", p.arch.map(|a| a.name))?;
+    d.set_item("is64", p.is64)?;
+    d.set_item("kind", p.kind.map(|k| k.name()))?;
+    d.set_item("has_symtab", p.has_symtab)?;
+    d.set_item("build_id", p.build_id.as_deref().map(hex))?;
+    let exec = p.exec_load.as_ref().map(|x| segments(py, std::slice::from_ref(x))).transpose()?;
+    d.set_item("exec_load", exec.map(|l| l.get_item(0)).transpose()?)?;
+    d.set_item("code_size", p.code_size)?;
+    d.set_item("huge_page", p.huge_page)?;
+    d.set_item("windows", windows(py, &p.windows)?)?;
+    d.set_item("huge_bytes", p.huge_bytes())?;
+    d.set_item("state", p.state().name())?;
+    d.set_item("manifest_span", p.manifest_span())?;
+    d.set_item("problem", p.problem.as_ref().map(|e| error_dict(py, e)).transpose()?)?;
+    Ok(d)
+}
+
+/// The header facts of an ELF executable or shared object (None for any other
+/// file), without planning. The file is read without readahead, so that probing
+/// never caches code pages as small folios.
+#[pyfunction]
+fn probe<'py>(py: Python<'py>, path: PathBuf, huge_page: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let p = guarded(py, || {
+        let (_f, m) = fileio::map(&path)?;
+        if let Some(m) = &m {
+            // Only advice: a failure costs readahead, not correctness.
+            let _ = m.advise(memmap2::Advice::Random);
+        }
+        Ok(hugify_core::probe::probe(m.as_deref().unwrap_or(&[]), huge_page))
+    })?;
+    p.map(|p| probe_dict(py, &p)).transpose()
+}
+
+/// Every architecture hugify can name: (canonical name, other spellings).
+#[pyfunction]
+fn arch_names() -> Vec<(&'static str, Vec<&'static str>)> {
+    ARCH_NAMES.iter().map(|a| (a.name, a.aliases.to_vec())).collect()
+}
+
+/// The canonical name of any spelling of an architecture (`amd64` -> `x86_64`).
+#[pyfunction]
+fn canonical_arch(name: &str) -> Option<&'static str> {
+    ArchName::canonical(name)
+}
+
 /// Every reason: (id, kind, summary).
 #[pyfunction]
 fn reasons() -> Vec<(&'static str, &'static str, &'static str)> {
-    Reason::ALL.iter().map(|r| (r.id(), kind_name(r.kind()), r.summary())).collect()
+    Reason::ALL.iter().map(|r| (r.id(), r.kind().name(), r.summary())).collect()
 }
 
 #[pymodule]
@@ -214,5 +270,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transform, m)?)?;
     m.add_function(wrap_pyfunction!(transform_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reasons, m)?)?;
+    m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_function(wrap_pyfunction!(arch_names, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical_arch, m)?)?;
     Ok(())
 }

@@ -18,12 +18,53 @@ pub enum RelocClass {
     NoAddress,
 }
 
+/// The names one architecture goes by. The canonical name is the kernel's and rpm's
+/// (`uname -m`, `%_arch`); Debian's and the others are aliases that policies, build
+/// systems and `--arch` may use.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchName {
+    /// e_machine.
+    pub machine: u16,
+    /// ELFCLASS64.
+    pub is64: bool,
+    /// ELFDATA2LSB.
+    pub little: bool,
+    /// The canonical name.
+    pub name: &'static str,
+    /// Other spellings: Debian's first, then rpm's sub-architectures.
+    pub aliases: &'static [&'static str],
+}
+
+/// Every architecture hugify can name, whether or not the rewriter supports it (a
+/// policy may set a huge-page size for it, and a build root may hold its files).
+pub const ARCH_NAMES: &[ArchName] = &[
+    ArchName { machine: EM_X86_64, is64: true, little: true, name: "x86_64", aliases: &["amd64"] },
+    ArchName { machine: EM_AARCH64, is64: true, little: true, name: "aarch64", aliases: &["arm64"] },
+    ArchName { machine: EM_386, is64: false, little: true, name: "i386", aliases: &["i486", "i586", "i686"] },
+    ArchName { machine: EM_PPC64, is64: true, little: true, name: "ppc64le", aliases: &["ppc64el"] },
+    ArchName { machine: EM_RISCV, is64: true, little: true, name: "riscv64", aliases: &[] },
+    ArchName { machine: EM_S390, is64: true, little: false, name: "s390x", aliases: &[] },
+    ArchName { machine: EM_LOONGARCH, is64: true, little: true, name: "loongarch64", aliases: &[] },
+];
+
+impl ArchName {
+    /// The architecture of an ELF header's (e_machine, class, byte order).
+    pub fn of_header(machine: u16, is64: bool, little: bool) -> Option<&'static ArchName> {
+        ARCH_NAMES.iter().find(|a| (a.machine, a.is64, a.little) == (machine, is64, little))
+    }
+
+    /// The canonical name for any spelling of an architecture.
+    pub fn canonical(name: &str) -> Option<&'static str> {
+        ARCH_NAMES.iter().find(|a| a.name == name || a.aliases.contains(&name)).map(|a| a.name)
+    }
+}
+
 /// An architecture the rewriter supports.
 #[derive(Clone, Copy, Debug)]
 pub struct Arch {
     /// e_machine.
     pub machine: u16,
-    /// Short name used in reports (Debian's architecture name).
+    /// The canonical name ([`ArchName::name`]).
     pub name: &'static str,
     /// The trap instruction that fills padding, repeated as needed.
     pub trap: &'static [u8],
@@ -31,9 +72,9 @@ pub struct Arch {
     pub min_page: u64,
 }
 
-const X86_64: Arch = Arch { machine: EM_X86_64, name: "amd64", trap: &[0xcc], min_page: 4096 };
+const X86_64: Arch = Arch { machine: EM_X86_64, name: "x86_64", trap: &[0xcc], min_page: 4096 };
 /// `brk #0` (0xd4200000), little-endian.
-const AARCH64: Arch = Arch { machine: EM_AARCH64, name: "arm64", trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096 };
+const AARCH64: Arch = Arch { machine: EM_AARCH64, name: "aarch64", trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096 };
 const I386: Arch = Arch { machine: EM_386, name: "i386", trap: &[0xcc], min_page: 4096 };
 
 impl Arch {

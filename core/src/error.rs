@@ -1,6 +1,9 @@
-//! The error model: every failure carries a stable reason id (documented in
-//! docs/reasons.md and by `hugify --explain ID`), a kind that decides the exit
-//! status, and a one-line detail naming where the problem is.
+//! The error model: every failure carries a stable reason id, a kind that decides
+//! the exit status, and a one-line detail naming where the problem is.
+//!
+//! The table below is the one registry of reason ids: the rewriter's own, and those
+//! the Python layers decide (policy, I/O, the runtime's), so that `hugify explain`
+//! knows every id any hugify command, brp-hugify or dh_hugify prints.
 
 use std::fmt;
 
@@ -11,8 +14,25 @@ pub enum Kind {
     Invalid,
     /// The input is valid but hugify will not (or cannot safely) transform it.
     Refused,
+    /// Reading or writing a file failed.
+    Io,
     /// A bug in hugify: a broken invariant or a failed self-check.
     Internal,
+    /// Not a failure: something a report notes.
+    Info,
+}
+
+impl Kind {
+    /// The name reports and `hugify explain` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Invalid => "invalid",
+            Kind::Refused => "refused",
+            Kind::Io => "io",
+            Kind::Internal => "internal",
+            Kind::Info => "info",
+        }
+    }
 }
 
 macro_rules! reasons {
@@ -71,6 +91,15 @@ reasons! {
     UnsupportedSection => (Refused, "unsupported-section", "The file has a section with addresses hugify does not know how to repair."),
     UnsupportedRelocation => (Refused, "unsupported-relocation", "A dynamic relocation type or encoding hugify does not know how to repair."),
     UnsupportedDwarf => (Refused, "unsupported-dwarf", "Debug information uses a DWARF version, form or opcode hugify cannot classify."),
+    Excluded => (Refused, "excluded", "The policy's exclude globs or an --exclude-regex exclude the file."),
+    Stripped => (Refused, "stripped", "The file has no symbol table and the policy refuses stripped files (refuse_stripped), since references to the ELF header cannot be ruled out by name."),
+    ForeignArch => (Refused, "foreign-arch", "The file is built for another architecture than the package."),
+    UnsupportedArch => (Refused, "unsupported-arch", "hugify has no name for the file's architecture, or the policy sets no huge-page size for it."),
+    NotAligned => (Refused, "not-aligned", "With --manifest-only: the file has no whole huge-page window at an offset congruent to its address, so it is not listed."),
+    NotHugified => (Invalid, "not-hugified", "A file a manifest lists has no whole huge-page window at an offset congruent to its address (not hugified, or replaced since)."),
+    IoError => (Io, "io-error", "Reading or writing the file failed; the message gives the system's error."),
+    Missing => (Io, "missing", "A file a manifest lists is not installed."),
+    Hardlink => (Info, "hardlink", "Another name of a file already handled: its inode is prefetched once."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }

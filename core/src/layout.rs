@@ -229,7 +229,7 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
     })
 }
 
-fn file_kind(elf: &Elf) -> Result<FileKind> {
+pub(crate) fn file_kind(elf: &Elf) -> Result<FileKind> {
     let has_interp = elf.phdrs.iter().any(|p| p.p_type == PT_INTERP);
     match elf.ehdr.e_type {
         ET_EXEC => Ok(FileKind::Executable),

@@ -20,15 +20,19 @@ mod leb;
 pub mod output;
 mod patch;
 pub mod plan;
+pub mod probe;
 mod repair;
+#[cfg(test)]
+mod testelf;
 mod verify;
+pub mod windows;
 
-use elf::consts::*;
 use elf::{Elf, Phdr};
 pub use error::{Error, Kind, Reason, Result};
 use layout::{Analysis, FileKind};
 pub use output::Output;
 use plan::{Mode, Plan};
+use windows::{covered, huge_windows, WindowRun};
 
 /// The default huge-page size: a PMD on x86-64 and on 4 KiB-page aarch64.
 pub const DEFAULT_HUGE_PAGE: u64 = 2 << 20;
@@ -72,10 +76,13 @@ pub struct PlanSummary {
     pub dv: u64,
     /// File displacement of the code.
     pub df: u64,
-    /// Output size minus input size.
+    /// Output size minus input size: of the file written, once transformed; before
+    /// that, of a trial layout without rewritten debug sections.
     pub growth: i64,
     /// Code bytes inside whole huge-page windows after the rewrite.
     pub covered_code: u64,
+    /// The whole huge-page windows after the rewrite.
+    pub windows: Vec<WindowRun>,
     /// The program headers after the rewrite.
     pub phdrs: Vec<Phdr>,
     /// The build-id after the rewrite (one bit flipped), if the file has one.
@@ -103,6 +110,8 @@ pub struct Report {
     pub exec_segment_size: u64,
     /// Code bytes inside whole huge-page windows before the rewrite.
     pub covered_before: u64,
+    /// The whole huge-page windows before the rewrite.
+    pub windows_before: Vec<WindowRun>,
     /// Program headers before the rewrite.
     pub phdrs: Vec<Phdr>,
     /// The build-id before the rewrite, if the file has one.
@@ -171,6 +180,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
             df: plan.df,
             growth: size as i64 - data.len() as i64,
             covered_code: plan.covered_code,
+            windows: huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page),
             phdrs: plan.phdrs.clone(),
             build_id: build_id.clone().map(|mut id| {
                 id[0] ^= repair::BUILD_ID_FLIP;
@@ -181,6 +191,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     let (shift, align) = (summarise(&cands.shift), summarise(&cands.align));
     let chosen = pre.and_then(|()| choose(&an, opts.mode, &shift, &align));
     let x = an.exec_load();
+    let windows_before = huge_windows(&elf.phdrs, an.kind == FileKind::Executable, opts.huge_page);
     let report = Report {
         arch: an.arch.name,
         kind: an.kind.name(),
@@ -190,7 +201,8 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
         split_section: an.split_section.clone(),
         code_bytes: an.code_bytes,
         exec_segment_size: x.p_memsz,
-        covered_before: covered_before(&elf, &an, opts.huge_page),
+        covered_before: covered(&windows_before, an.exec_sections(&elf).map(|s| (s.sh_addr, s.vend()))),
+        windows_before,
         phdrs: elf.phdrs.clone(),
         build_id,
         huge_page: opts.huge_page,
@@ -241,15 +253,6 @@ fn check_sections(elf: &Elf) -> Result<()> {
     Ok(())
 }
 
-fn covered_before(elf: &Elf, an: &Analysis, hp: u64) -> u64 {
-    let x = an.exec_load();
-    if x.p_offset % hp != x.p_vaddr % hp || x.p_align < hp {
-        return 0;
-    }
-    let (ws, we) = (elf::align_up(x.p_vaddr, hp), elf::align_down(x.vend(), hp));
-    an.exec_sections(elf).map(|s| s.vend().min(we).saturating_sub(s.sh_addr.max(ws))).sum()
-}
-
 /// Reports the layout of `data` and what each mode would do.
 pub fn inspect(data: &[u8], opts: &Options) -> Result<Report> {
     plan_file(data, opts, true).map(|p| p.report)
@@ -271,7 +274,16 @@ pub fn transform(data: &[u8], opts: &Options) -> Result<Transformed> {
     let mut patches = debug.patches;
     patches.append(elf_patches);
     let output = assemble::assemble(&planned.elf, &planned.an, &plan, patches, debug.replacements)?;
-    Ok(Transformed { report: planned.report, output, plan })
+    // Rewritten debug sections (recompressed) change the size the trial layout gave.
+    let mut report = planned.report;
+    let chosen = match mode {
+        Mode::Shift => &mut report.shift,
+        Mode::Align => &mut report.align,
+    };
+    if let Ok(s) = chosen {
+        s.growth = output.size as i64 - data.len() as i64;
+    }
+    Ok(Transformed { report, output, plan })
 }
 
 /// Re-parses `out` (the bytes of `t.output`) and checks every invariant of the
@@ -288,9 +300,4 @@ pub fn transform_to_vec(data: &[u8], opts: &Options) -> Result<(Transformed, Vec
     let out = t.output.to_vec(data);
     verify(data, &out, &t)?;
     Ok((t, out))
-}
-
-/// Whether a program header is the executable PT_LOAD.
-pub fn is_exec_load(p: &Phdr) -> bool {
-    p.p_type == PT_LOAD && p.p_flags & PF_X != 0
 }

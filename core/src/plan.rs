@@ -13,6 +13,7 @@ use crate::elf::{align_down, align_up, Elf, Phdr};
 use crate::error::{Error, Reason, Result};
 use crate::hazards;
 use crate::layout::{Analysis, FileKind, LoadPlace};
+use crate::windows::{covered, huge_windows};
 
 /// Which transformation a plan performs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +63,7 @@ impl AddrMap {
 
 /// One range of input file bytes and where it goes in the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Copy {
+pub struct Placement {
     /// Input offset.
     pub src: u64,
     /// Length.
@@ -83,7 +84,7 @@ pub struct Plan {
     /// The new program header table, in table order.
     pub phdrs: Vec<Phdr>,
     /// Loadable file content: the unchanged prefix, then each (part of a) segment.
-    pub copies: Vec<Copy>,
+    pub copies: Vec<Placement>,
     /// Output ranges filled with trap instructions.
     pub traps: Vec<(u64, u64)>,
     /// Output offset and address of a relocated program header table, if any.
@@ -232,7 +233,8 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let df = code_dst - code_src;
     let code_len = code_end - code_start;
 
-    let mut copies = vec![Copy { src: 0, len: code_src, dst: 0 }, Copy { src: code_src, len: code_len, dst: code_dst }];
+    let mut copies =
+        vec![Placement { src: 0, len: code_src, dst: 0 }, Placement { src: code_src, len: code_len, dst: code_dst }];
     let traps = vec![
         (file_start, code_dst - file_start),
         (code_dst + code_len, file_start + (window_end - window_start) - (code_dst + code_len)),
@@ -265,7 +267,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             });
         } else if an.places[i] == LoadPlace::Moves {
             let dst = place_after(cursor, l, page);
-            copies.push(Copy { src: l.p_offset, len: l.p_filesz, dst });
+            copies.push(Placement { src: l.p_offset, len: l.p_filesz, dst });
             cursor = cursor.max(dst + l.p_filesz);
             new_loads.push(Phdr { p_offset: dst, p_vaddr: l.p_vaddr + dv, p_paddr: l.p_paddr.wrapping_add(dv), ..*l });
         }
@@ -298,7 +300,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             "the executable's code offset is already congruent to its fixed address; rewriting gains nothing",
         ));
     }
-    let mut copies = vec![Copy { src: 0, len: x.p_offset, dst: 0 }];
+    let mut copies = vec![Placement { src: 0, len: x.p_offset, dst: 0 }];
     let mut cursor = x.p_offset;
     let mut new_loads = Vec::new();
     for (i, l) in an.loads.iter().enumerate() {
@@ -307,7 +309,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             continue;
         }
         let dst = if i == an.exec { x.p_offset + d } else { place_after(cursor, l, page) };
-        copies.push(Copy { src: l.p_offset, len: l.p_filesz, dst });
+        copies.push(Placement { src: l.p_offset, len: l.p_filesz, dst });
         cursor = cursor.max(dst + l.p_filesz);
         new_loads.push(Phdr { p_offset: dst, ..*l });
     }
@@ -343,7 +345,7 @@ fn place_after(cursor: u64, l: &Phdr, page: u64) -> u64 {
 }
 
 /// Maps an input file offset through the copies.
-pub fn map_offset(copies: &[Copy], off: u64) -> Option<u64> {
+pub fn map_offset(copies: &[Placement], off: u64) -> Option<u64> {
     copies.iter().find(|c| off >= c.src && off < c.src + c.len).map(|c| off - c.src + c.dst)
 }
 
@@ -353,7 +355,7 @@ fn rebuild_phdrs(
     elf: &Elf,
     new_loads: &[Phdr],
     map: &AddrMap,
-    copies: &[Copy],
+    copies: &[Placement],
     table: Option<(u64, u64)>,
     hp: u64,
 ) -> Result<Vec<Phdr>> {
@@ -407,25 +409,12 @@ fn rebuild_phdrs(
     Ok(out)
 }
 
-/// Bytes of executable sections that end up inside whole huge-page windows that lie
-/// entirely inside the executable segment, with offset congruent to address.
+/// Bytes of executable sections that end up inside whole huge-page windows of the
+/// planned program headers.
 fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
-    let hp = plan.huge_page;
-    let Some(x) = plan.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0) else {
-        return 0;
-    };
-    if x.p_offset % hp != x.p_vaddr % hp {
-        return 0;
-    }
-    let (ws, we) = (align_up(x.p_vaddr, hp), align_down(x.p_vaddr + x.p_filesz, hp));
-    if we <= ws {
-        return 0;
-    }
-    an.exec_sections(elf)
-        .map(|s| {
-            // Saturating: a .tbss needs only its start inside a load.
-            let (a, b) = (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size));
-            b.min(we).saturating_sub(a.max(ws))
-        })
-        .sum()
+    let runs = huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page);
+    // Saturating: a .tbss needs only its start inside a load.
+    let mapped =
+        an.exec_sections(elf).map(|s| (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size)));
+    covered(&runs, mapped)
 }

@@ -14,6 +14,10 @@ pub const ET_CORE: u16 = 4;
 pub const EM_386: u16 = 3;
 pub const EM_X86_64: u16 = 62;
 pub const EM_AARCH64: u16 = 183;
+pub const EM_PPC64: u16 = 21;
+pub const EM_S390: u16 = 22;
+pub const EM_RISCV: u16 = 243;
+pub const EM_LOONGARCH: u16 = 258;
 
 pub const PT_NULL: u32 = 0;
 pub const PT_LOAD: u32 = 1;

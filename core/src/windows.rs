@@ -1,0 +1,119 @@
+//! The one rule for "which code of this file can be mapped with huge pages as the
+//! file is": whole huge-page windows of an executable PT_LOAD whose file offset is
+//! congruent to its address and which the loader places at a huge-page-aligned
+//! address. `inspect`'s figure for today, each plan's coverage, the probe and the
+//! manifest entry all come from here. The C runtime (libc-free) keeps its own copy,
+//! `hp_exec_ranges` in runtime/hp_core.c, which tests/test_windows_table.py pins to
+//! this one file by file.
+
+use crate::elf::consts::{PF_X, PT_LOAD};
+use crate::elf::{align_down, align_up, Phdr};
+
+/// A run of whole huge-page windows inside one executable PT_LOAD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowRun {
+    /// File offset of the first window (a multiple of the huge-page size).
+    pub offset: u64,
+    /// Link-time address of the first window (congruent to `offset`).
+    pub vaddr: u64,
+    /// Bytes of the run (a multiple of the huge-page size, never 0).
+    pub len: u64,
+}
+
+impl WindowRun {
+    /// One past the last address of the run.
+    pub fn vend(&self) -> u64 {
+        self.vaddr + self.len
+    }
+}
+
+/// The whole huge-page windows of the executable loads among `phdrs`.
+///
+/// `fixed` says the file is an ET_EXEC: its segments go to their link-time
+/// addresses whatever their `p_align`. A PIE or library gets a huge-page-aligned
+/// base only if its loads ask for it (`p_align >= hp`), as glibc's loader and the
+/// kernel's ELF loader honour it. Only file-backed bytes count (`p_filesz`): the
+/// rest of `p_memsz` is anonymous memory.
+pub fn huge_windows(phdrs: &[Phdr], fixed: bool, hp: u64) -> Vec<WindowRun> {
+    let mut out = Vec::new();
+    for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0) {
+        let placed = fixed || p.p_align >= hp;
+        let congruent = p.p_vaddr.wrapping_sub(p.p_offset) % hp == 0;
+        let Some(end) = p.p_vaddr.checked_add(p.p_filesz) else { continue };
+        let (start, end) = (align_up(p.p_vaddr, hp), align_down(end, hp));
+        if placed && congruent && end > start {
+            out.push(WindowRun { offset: p.p_offset + (start - p.p_vaddr), vaddr: start, len: end - start });
+        }
+    }
+    out
+}
+
+/// Bytes of the address ranges `(start, end)` that lie inside the runs.
+pub fn covered(runs: &[WindowRun], ranges: impl Iterator<Item = (u64, u64)>) -> u64 {
+    ranges.map(|(a, b)| runs.iter().map(|r| b.min(r.vend()).saturating_sub(a.max(r.vaddr))).sum::<u64>()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HP: u64 = 2 << 20;
+
+    fn load(flags: u32, offset: u64, vaddr: u64, filesz: u64, memsz: u64, align: u64) -> Phdr {
+        Phdr {
+            p_type: PT_LOAD,
+            p_flags: flags,
+            p_offset: offset,
+            p_vaddr: vaddr,
+            p_paddr: vaddr,
+            p_filesz: filesz,
+            p_memsz: memsz,
+            p_align: align,
+        }
+    }
+
+    #[test]
+    fn hugify_output_is_all_windows() {
+        let ph = [load(4, 0, 0, 0x1000, 0x1000, HP), load(5, HP, HP, 3 * HP, 3 * HP, HP)];
+        assert_eq!(huge_windows(&ph, false, HP), vec![WindowRun { offset: HP, vaddr: HP, len: 3 * HP }]);
+    }
+
+    #[test]
+    fn small_alignment_places_a_pie_anywhere() {
+        let ph = [load(5, 0x1000, 0x1000, 8 * HP, 8 * HP, 0x1000)];
+        assert!(huge_windows(&ph, false, HP).is_empty());
+        // The same segment of an ET_EXEC sits at its fixed address: inner windows count.
+        let runs = huge_windows(&ph, true, HP);
+        assert_eq!(runs, vec![WindowRun { offset: HP, vaddr: HP, len: 7 * HP }]);
+    }
+
+    #[test]
+    fn offsets_must_be_congruent() {
+        let ph = [load(5, 0x1000, 0x401000, 8 * HP, 8 * HP, 0x1000)];
+        assert_eq!(huge_windows(&ph, true, HP)[0].offset, HP);
+        let ph = [load(5, 0x2000, 0x401000, 8 * HP, 8 * HP, 0x1000)];
+        assert!(huge_windows(&ph, true, HP).is_empty());
+    }
+
+    #[test]
+    fn only_file_bytes_and_only_code() {
+        // memsz beyond filesz is anonymous; a writable load is not code.
+        let ph = [load(5, 0, 0, HP + 0x1000, 4 * HP, HP), load(6, 4 * HP, 4 * HP, 4 * HP, 4 * HP, HP)];
+        assert_eq!(huge_windows(&ph, false, HP), vec![WindowRun { offset: 0, vaddr: 0, len: HP }]);
+    }
+
+    #[test]
+    fn no_whole_window_no_run_and_no_overflow() {
+        let ph = [load(5, 0x1000, 0x1000, HP, HP, HP)];
+        assert!(huge_windows(&ph, false, HP).is_empty());
+        let ph = [load(5, 0, u64::MAX - 10, 100, 100, HP)];
+        assert!(huge_windows(&ph, false, HP).is_empty());
+    }
+
+    #[test]
+    fn coverage_counts_bytes_inside_runs() {
+        let runs = [WindowRun { offset: HP, vaddr: HP, len: 2 * HP }];
+        assert_eq!(covered(&runs, [(0, HP + 10), (3 * HP - 5, 4 * HP)].into_iter()), 15);
+        assert_eq!(covered(&runs, [(4 * HP, 5 * HP)].into_iter()), 0);
+    }
+}
