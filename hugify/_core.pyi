@@ -1,5 +1,8 @@
+"""The Rust core (bindings/src/lib.rs): what each entry returns, so that mypy checks
+every layer against the core rather than against dicts of anything."""
+
 from os import PathLike
-from typing import Any
+from typing import Literal, TypedDict
 
 VERSION: str
 DEFAULT_HUGE_PAGE: int
@@ -10,11 +13,93 @@ class HugifyError(Exception):
     kind: str
     detail: str
 
-def inspect(path: str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto") -> dict[str, Any]: ...
+class Segment(TypedDict):
+    type: int
+    flags: int
+    offset: int
+    vaddr: int
+    filesz: int
+    memsz: int
+    align: int
+
+class WindowRun(TypedDict):
+    """Whole huge-page windows of one executable load (core/src/windows.rs)."""
+
+    offset: int
+    vaddr: int
+    len: int
+
+class Refusal(TypedDict):
+    reason: str
+    kind: str
+    detail: str
+
+class PlanRefused(Refusal):
+    ok: Literal[False]
+
+class Plan(TypedDict):
+    ok: Literal[True]
+    mode: str
+    dv: int
+    df: int
+    #: Of the file written, once transformed.
+    growth: int
+    covered_code: int
+    segments: list[Segment]
+    windows: list[WindowRun]
+    build_id: str | None
+
+class Plans(TypedDict):
+    shift: Plan | PlanRefused
+    align: Plan | PlanRefused
+
+class Report(TypedDict):
+    arch: str
+    kind: str
+    layout: str
+    linker: str | None
+    split: int
+    split_section: str
+    code_bytes: int
+    exec_segment_size: int
+    covered_before: int
+    windows_before: list[WindowRun]
+    huge_page: int
+    segments: list[Segment]
+    build_id: str | None
+    plans: Plans
+    chosen: str | None
+    refusal: Refusal | None
+
+class Transformed(Report):
+    result: Plan
+
+class Probe(TypedDict):
+    """Header facts of an ELF executable or shared object (core/src/probe.rs)."""
+
+    arch: str | None
+    is64: bool
+    kind: str | None
+    has_symtab: bool | None
+    build_id: str | None
+    exec_load: Segment | None
+    code_size: int
+    huge_page: int
+    windows: list[WindowRun]
+    huge_bytes: int
+    #: whole | partial | none: how much of the code is on huge pages as the file is.
+    state: Literal["whole", "partial", "none"]
+    #: The manifest's (offset, size), docs/manifest.md.
+    manifest_span: tuple[int, int] | None
+    #: Why the rest could not be read.
+    problem: Refusal | None
+
+def inspect(path: str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto") -> Report: ...
 def transform(
     src: str | PathLike[str], tmp: str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto"
-) -> dict[str, Any]: ...
-def transform_bytes(
-    data: bytes, huge_page: int, threshold: int, mode: str = "auto"
-) -> tuple[dict[str, Any], bytes]: ...
+) -> Transformed: ...
+def transform_bytes(data: bytes, huge_page: int, threshold: int, mode: str = "auto") -> tuple[Transformed, bytes]: ...
+def probe(path: str | PathLike[str], huge_page: int) -> Probe | None: ...
 def reasons() -> list[tuple[str, str, str]]: ...
+def arch_names() -> list[tuple[str, list[str]]]: ...
+def canonical_arch(name: str) -> str | None: ...

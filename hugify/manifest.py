@@ -42,14 +42,3 @@ def parse(text: str, origin: str = "<manifest>") -> list[Entry]:
         except ValueError:
             print(f"hugify: {origin}:{n}: skipping malformed manifest line", file=sys.stderr)
     return entries
-
-
-def read_all(directory: Path = MANIFEST_DIR) -> list[Entry]:
-    """Every entry of every manifest in `directory` (missing directory: none)."""
-    out: list[Entry] = []
-    for f in sorted(directory.glob("*.list")) if directory.is_dir() else []:
-        try:
-            out += parse(f.read_text(encoding="utf-8"), str(f))
-        except OSError as e:
-            print(f"hugify: {f}: {e.strerror}", file=sys.stderr)
-    return out

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from hugify import _core
 from hugify.sizes import parse_size
 
 VENDOR_POLICY = Path("/usr/lib/hugify/policy.toml")
@@ -45,22 +46,15 @@ Key = tuple[str, ...]
 
 # --- architectures -----------------------------------------------------------------
 
-#: Canonical architecture names (rpm's) and the other names they go by (Debian's, ...).
-ARCH_ALIASES: dict[str, tuple[str, ...]] = {
-    "x86_64": ("amd64",),
-    "aarch64": ("arm64",),
-    "i386": ("i486", "i586", "i686"),
-    "ppc64le": ("ppc64el",),
-    "riscv64": (),
-    "s390x": (),
-    "loongarch64": (),
-}
-_ARCH_NAMES = {alias: canon for canon, aliases in ARCH_ALIASES.items() for alias in (canon, *aliases)}
-
 
 def canonical_arch(name: str) -> str | None:
-    """The canonical name of an architecture (``amd64`` -> ``x86_64``), or None."""
-    return _ARCH_NAMES.get(name)
+    """The canonical name of an architecture (``amd64`` -> ``x86_64``), or None; the
+    names live in the core's one table (core/src/arch.rs)."""
+    return _core.canonical_arch(name)
+
+
+def _arch_spellings() -> list[str]:
+    return sorted(n for canon, aliases in _core.arch_names() for n in (canon, *aliases))
 
 
 # --- problems ------------------------------------------------------------------------
@@ -460,11 +454,12 @@ class _Reader:
         for arch, v in (self.table(key, value) or {}).items():
             canon = canonical_arch(arch)
             if canon is None:
-                near = _closest(arch, _ARCH_NAMES)
+                known = _arch_spellings()
+                near = _closest(arch, known)
                 self.bad(
                     (*key, arch),
                     f"unknown architecture {json.dumps(arch)} in {_dotted(key)}",
-                    (f'did you mean "{near}"? ' if near else "") + "known: " + ", ".join(sorted(_ARCH_NAMES)),
+                    (f'did you mean "{near}"? ' if near else "") + "known: " + ", ".join(known),
                 )
             elif canon in seen:
                 self.bad((*key, arch), f"{arch} and {seen[canon]} name the same architecture", "keep one of them")

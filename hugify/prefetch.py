@@ -2,9 +2,10 @@
 measuring how much of it is there: the engine of ``hugify prefetch`` and
 ``hugify status`` (method: docs/runtime.md).
 
-A hugified file is recognised from its program headers: an executable PT_LOAD whose
-file offset and address agree modulo the huge-page size and that spans at least one
-whole huge-page window. For each window, the page cache is asked how much of it is
+A file is recognised from its program headers: an executable PT_LOAD whose file
+offset and address agree modulo the huge-page size, that the loader places at a
+huge-page-aligned address, and that spans at least one whole huge-page window
+(hugified files, and files usable as they are). For each window, the page cache is asked how much of it is
 cached (``cachestat(2)``, ``mincore(2)`` on kernels without it); the window is mapped
 at a 2 MiB-aligned address through a mapping that carries ``MADV_HUGEPAGE`` and
 faulted, which reads an uncached window as one 2 MiB folio; ``/proc/self/smaps``
@@ -12,7 +13,8 @@ faulted, which reads an uncached window as one 2 MiB folio; ``/proc/self/smaps``
 Windows held in small folios are evicted (``POSIX_FADV_DONTNEED``) when no process
 maps them, and read again.
 
-Only the standard library and ``ctypes`` (imported lazily: the CLI must start fast).
+Which windows a file has is the core's answer (``_core.probe``); the rest is the
+standard library and ``ctypes`` (imported lazily: the CLI must start fast).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import contextlib
 import os
 import re
 import stat
-import struct
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -315,10 +316,6 @@ def system_info(kernel: Kernel, rdir: Path) -> System:
 
 # --- ELF ------------------------------------------------------------------------------
 
-PT_LOAD, PT_NOTE, PF_X = 1, 4, 1
-NT_GNU_BUILD_ID = 3
-_MACHINES = {"x86_64": 62, "aarch64": 183}
-
 
 class NotHugified(Exception):
     """The file is not (or no longer) a hugified ELF file; the message says why."""
@@ -326,66 +323,36 @@ class NotHugified(Exception):
 
 @dataclass(frozen=True)
 class Windows:
-    """The whole huge-page windows of a file's executable segments."""
+    """The whole huge-page windows of a file's executable segments (the core's probe)."""
 
     offsets: tuple[int, ...]  # file offsets, each a multiple of the huge-page size
     code_size: int  # bytes of the executable segments in the file
     build_id: str  # hex, or "-"
+    span: tuple[int, int]  # the manifest's (offset, size)
 
 
 def read_windows(fd: int, hp: int) -> Windows:
-    head = os.pread(fd, 4096, 0)
-    if len(head) < 64 or head[:4] != b"\x7fELF":
-        raise NotHugified("not an ELF file")
-    if head[4] != 2 or head[5] != 1:
-        raise NotHugified("not a 64-bit little-endian ELF file")
-    machine = struct.unpack_from("<H", head, 18)[0]
-    if machine != _MACHINES.get(os.uname().machine, machine):
-        raise NotHugified(f"ELF machine {machine} is not this system's")
-    (phoff,) = struct.unpack_from("<Q", head, 32)
-    phentsize, phnum = struct.unpack_from("<HH", head, 54)
-    if phentsize != 56 or not 0 < phnum <= 512:
-        raise NotHugified("malformed program headers")
-    ph = head[phoff : phoff + 56 * phnum] if phoff + 56 * phnum <= len(head) else b""
-    if len(ph) != 56 * phnum:
-        ph = os.pread(fd, 56 * phnum, phoff)
-        if len(ph) != 56 * phnum:
-            raise NotHugified("truncated program headers")
-    offsets: list[int] = []
-    code = 0
-    build_id = "-"
-    notes: list[tuple[int, int]] = []
-    small_align = 0
-    for i in range(phnum):
-        p_type, p_flags, off, vaddr, _, filesz, _, align = struct.unpack_from("<IIQQQQQQ", ph, 56 * i)
-        if p_type == PT_NOTE:
-            notes.append((off, filesz))
-        if p_type != PT_LOAD or not p_flags & PF_X or filesz == 0:
-            continue
-        code += filesz
-        if align < hp:  # the loader would not place it at a 2 MiB-aligned address
-            small_align = small_align or align
-            continue
-        if (vaddr - off) % hp:
-            continue
-        start, end = -(-off // hp) * hp, (off + filesz) // hp * hp
-        offsets += range(start, end, hp)
-    for off, size in notes:
-        data = os.pread(fd, min(size, 4096), off)
-        pos = 0
-        while pos + 12 <= len(data):
-            namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
-            name_end = pos + 12 + (namesz + 3) // 4 * 4
-            if ntype == NT_GNU_BUILD_ID and data[pos + 12 : pos + 12 + namesz] == b"GNU\0":
-                build_id = data[name_end : name_end + descsz].hex()
-            pos = name_end + (descsz + 3) // 4 * 4
-    if code == 0:
+    """The windows of the open file `fd`, as the core sees them (core/src/windows.rs)."""
+    from hugify import _core
+    from hugify.policy import canonical_arch
+
+    p = _core.probe(f"/proc/self/fd/{fd}", hp)
+    if p is None:
+        raise NotHugified("not an ELF executable or shared object")
+    if p["problem"]:
+        raise NotHugified(f"{p['problem']['detail']} ({p['problem']['reason']})")
+    host = canonical_arch(os.uname().machine)
+    if p["arch"] != host:
+        raise NotHugified(f"built for {p['arch'] or 'an unknown architecture'}, not this system's {host}")
+    x = p["exec_load"]
+    if x is None:
         raise NotHugified("no executable segment")
-    if not offsets and small_align:
-        raise NotHugified(f"not hugified: its executable segment is aligned to {small_align:#x}, not {hp >> 20} MiB")
-    if not offsets:
+    if not p["windows"] or p["manifest_span"] is None:
+        if p["kind"] != "executable" and x["align"] < hp:
+            raise NotHugified(f"not hugified: its executable segment is aligned to {x['align']:#x}, not {hp >> 20} MiB")
         raise NotHugified(f"not hugified: its code spans no whole {hp >> 20} MiB window at a matching offset")
-    return Windows(tuple(offsets), code, build_id)
+    offsets = tuple(r["offset"] + k * hp for r in p["windows"] for k in range(r["len"] // hp))
+    return Windows(offsets, p["code_size"], p["build_id"] or "-", p["manifest_span"])
 
 
 # --- targets --------------------------------------------------------------------------
@@ -521,7 +488,7 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
         t.fs = fss.get(st.st_dev, "?")
         if t.entry and t.entry.build_id not in ("-", w.build_id):
             t.notes.append(f"build-id {w.build_id} differs from the manifest's {t.entry.build_id}")
-        if t.entry and (t.entry.offset, t.entry.size) != (w.offsets[0], len(w.offsets) * hp):
+        if t.entry and (t.entry.offset, t.entry.size) != w.span:
             t.notes.append("executable segment differs from the manifest")
         by_inode[key] = t
         out.append(t)

@@ -4,8 +4,9 @@ Hugifier paper."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
+from hugify import _core
 from hugify.sizes import human
 
 PT_LOAD = 1
@@ -14,11 +15,11 @@ WINDOW_CHARS = 8
 MAX_WINDOWS = 20
 
 
-def _loads(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _loads(segments: Sequence[_core.Segment]) -> list[_core.Segment]:
     return [s for s in segments if s["type"] == PT_LOAD]
 
 
-def _kind(seg: dict[str, Any]) -> str:
+def _kind(seg: _core.Segment) -> str:
     if seg["flags"] & PF_X:
         return "X"
     if seg["flags"] & PF_W:
@@ -26,22 +27,9 @@ def _kind(seg: dict[str, Any]) -> str:
     return "R"
 
 
-def _huge_windows(loads: list[dict[str, Any]], hp: int) -> set[int]:
-    """Windows that lie wholly inside an executable load whose file offset is
-    congruent to its address: those can be mapped with one huge page each."""
-    out: set[int] = set()
-    for s in loads:
-        if not s["flags"] & PF_X or s["offset"] % hp != s["vaddr"] % hp:
-            continue
-        first = -(-s["vaddr"] // hp)
-        last = (s["vaddr"] + s["memsz"]) // hp
-        out.update(range(first, last))
-    return out
-
-
-def picture(segments: list[dict[str, Any]], hp: int, label: str) -> list[str]:
+def picture(segments: list[_core.Segment], runs: list[_core.WindowRun], hp: int, label: str) -> list[str]:
     """Two lines: the segments per window (R, X, W, '.' for nothing), and '^' under
-    every window that can be a huge page."""
+    every window that can be a huge page (the core's windows)."""
     loads = _loads(segments)
     end = max((s["vaddr"] + s["memsz"] for s in loads), default=0)
     nwin = max(1, -(-end // hp))
@@ -49,7 +37,7 @@ def picture(segments: list[dict[str, Any]], hp: int, label: str) -> list[str]:
     if nwin > MAX_WINDOWS:
         half = MAX_WINDOWS // 2
         windows = [*windows[:half], -1, *windows[-half:]]
-    huge = _huge_windows(loads, hp)
+    huge = {w for run in runs for w in range(run["vaddr"] // hp, (run["vaddr"] + run["len"]) // hp)}
     step = hp // WINDOW_CHARS
     top, bottom = [], []
     for w in windows:
@@ -71,9 +59,9 @@ def picture(segments: list[dict[str, Any]], hp: int, label: str) -> list[str]:
     return [f"{label:<8}|" + "|".join(top) + "|", " " * 9 + " ".join(bottom)]
 
 
-def _plan_line(name: str, plan: dict[str, Any], code: int, chosen: str | None) -> str:
+def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chosen: str | None) -> str:
     mark = "  <- chosen" if name == chosen else ""
-    if not plan["ok"]:
+    if plan["ok"] is False:
         return f"    {name:<6} not possible: {plan['detail']} ({plan['reason']})"
     cover = 100.0 * plan["covered_code"] / code if code else 0.0
     return (
@@ -82,7 +70,7 @@ def _plan_line(name: str, plan: dict[str, Any], code: int, chosen: str | None) -
     )
 
 
-def inspect_text(path: str, r: dict[str, Any]) -> str:
+def inspect_text(path: str, r: _core.Report) -> str:
     """The report `hugify inspect` prints for one file."""
     hp = r["huge_page"]
     code = r["code_bytes"]
@@ -94,20 +82,20 @@ def inspect_text(path: str, r: dict[str, Any]) -> str:
     ]
     before = 100.0 * r["covered_before"] / code if code else 0.0
     lines.append(f"  huge pages of {human(hp)}: {before:.1f}% of the code today")
-    for name in ("shift", "align"):
-        lines.append(_plan_line(name, r["plans"][name], code, r["chosen"]))
+    lines.append(_plan_line("shift", r["plans"]["shift"], code, r["chosen"]))
+    lines.append(_plan_line("align", r["plans"]["align"], code, r["chosen"]))
     if r["refusal"]:
         ref = r["refusal"]
         lines.append(f"  refused: {ref['detail']} ({ref['reason']})")
     lines.append("  windows of " + human(hp) + " (R read-only, X executable, W writable, ^ huge page):")
-    lines += ["  " + line for line in picture(r["segments"], hp, "before")]
-    if r["chosen"]:
-        after = r["plans"][r["chosen"]]["segments"]
-        lines += ["  " + line for line in picture(after, hp, "after")]
+    lines += ["  " + line for line in picture(r["segments"], r["windows_before"], hp, "before")]
+    after = r["plans"]["shift" if r["chosen"] == "shift" else "align"]
+    if r["chosen"] and after["ok"] is True:
+        lines += ["  " + line for line in picture(after["segments"], after["windows"], hp, "after")]
     return "\n".join(lines)
 
 
-def transform_line(path: str, r: dict[str, Any]) -> str:
+def transform_line(path: str, r: _core.Transformed) -> str:
     """One line saying what `hugify transform` did."""
     res = r["result"]
     code = r["code_bytes"]

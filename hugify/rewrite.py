@@ -9,7 +9,7 @@ import contextlib
 import itertools
 import os
 import stat
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from hugify import _core
 
@@ -49,7 +49,7 @@ def copy_metadata(src_stat: os.stat_result, src: StrPath, dst: StrPath, *, times
         os.utime(dst, ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
 
 
-def rewrite(src: StrPath, dst: StrPath | None, settings: Settings, *, keep_times: bool = False) -> dict[str, Any]:
+def rewrite(src: StrPath, dst: StrPath | None, settings: Settings, *, keep_times: bool = False) -> _core.Transformed:
     """Transforms `src` into `dst` (or in place when `dst` is None) atomically.
 
     Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid or

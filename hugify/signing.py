@@ -89,10 +89,10 @@ def _shipped_build_id(path: Path, huge_page: int) -> str | None:
     from hugify import _core
 
     try:
-        build_id = _core.inspect(path, huge_page, 0)["build_id"]
+        found = _core.probe(path, huge_page)
     except (_core.HugifyError, OSError):
         return None
-    return str(build_id) if build_id else None
+    return found["build_id"] if found else None
 
 
 def _need(mapping: Mapping[str, Any], key: str, where: str) -> Any:

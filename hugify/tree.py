@@ -9,14 +9,14 @@ inode). Symlinks are never followed or touched, nor is anything under
 ``/usr/lib/debug``. A file that fails is logged and left byte-identical; it never
 stops the others. The policy's ``on_error`` decides the exit status.
 
-Outputs: a brp-style log on stdout (one line per ELF file, in path order, then a
-summary), the package manifest (docs/manifest.md) and a JSON report.
+A file whose code already lies on whole huge-page windows (a non-PIE executable
+with congruent offsets, a file linked or transformed that way) needs no rewrite:
+it is listed in the manifest as it is (status ``as-is``), so that the runtime
+loads it as huge pages too.
 
-Reason ids decided here rather than by the rewriter (whose ids `hugify explain`
-lists): excluded (policy globs, --exclude-regex), foreign-arch (not the package's
-architecture), unsupported-arch (no huge_page_size for it), stripped (no symbol
-table and refuse_stripped), io-error, internal (a bug; the file is untouched), and
-with --manifest-only, not-aligned.
+Outputs: a brp-style log on stdout (one line per ELF file, in path order, then a
+summary), the package manifest (docs/manifest.md) and a JSON report. Every reason
+id they carry is in the core's one table (`hugify explain`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import json
 import os
 import re
 import stat
-import struct
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -35,84 +34,40 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
-from hugify import _core, manifest, render
+from hugify import _core, manifest, reasons, render
 from hugify.exitcodes import Exit
 from hugify.policy import Policy, canonical_arch
 from hugify.rewrite import Settings, rewrite, temporary_name
+from hugify.sizes import human
 
-PT_LOAD, PF_X = 1, 1
-ET_EXEC, ET_DYN = 2, 3
-SHT_SYMTAB = 2
 #: Installed trees that are never walked: separate debug files describe code, they
 #: are not code, and debug tools rely on their layout matching the file they describe.
 PRUNED = ("/usr/lib/debug",)
-#: (e_machine, 64-bit, little-endian) -> canonical architecture name.
-MACHINES = {
-    (62, True, True): "x86_64",
-    (3, False, True): "i386",
-    (183, True, True): "aarch64",
-    (21, True, True): "ppc64le",
-    (243, True, True): "riscv64",
-    (22, True, False): "s390x",
-    (258, True, True): "loongarch64",
-}
-# --- reading ELF headers -------------------------------------------------------------
 
 
-class ElfHead(NamedTuple):
-    arch: str | None
-    #: Whether a SHT_SYMTAB section exists; None when the section table is unreadable
-    #: (the core then says what is wrong with the file).
-    has_symtab: bool | None
-
-
-def probe(path: Path) -> ElfHead | None:
-    """The header facts of an ELF executable or shared object; None for any other
-    file. A file that has the ELF magic but is too damaged to tell its type is a
-    candidate too, so that it is reported rather than silently passed over."""
+def probe(path: Path) -> _core.Probe | None:
+    """The core's header facts of an ELF executable or shared object; None for any
+    other file. A file that has the ELF magic but is too damaged to tell its type,
+    or that cannot be read, is a candidate too (its problem set), so that it is
+    reported rather than silently passed over."""
     try:
-        with path.open("rb") as f:
-            head = f.read(64)
-            if head[:4] != b"\x7fELF":
-                return None
-            is64, little = head[4:5] == b"\x02", head[5:6] != b"\x02"
-            end = "<" if little else ">"
-            if len(head) < 20:
-                return ElfHead(None, None)
-            e_type, e_machine = struct.unpack_from(end + "HH", head, 16)
-            if e_type not in (ET_EXEC, ET_DYN):
-                return None
-            return ElfHead(MACHINES.get((e_machine, is64, little)), _has_symtab(f, head, is64, end))
-    except OSError:
-        return ElfHead(None, None)
-
-
-def _has_symtab(f: Any, head: bytes, is64: bool, end: str) -> bool | None:
-    try:
-        if is64:
-            (shoff,) = struct.unpack_from(end + "Q", head, 0x28)
-            shentsize, shnum = struct.unpack_from(end + "HH", head, 0x3A)
-        else:
-            (shoff,) = struct.unpack_from(end + "I", head, 0x20)
-            shentsize, shnum = struct.unpack_from(end + "HH", head, 0x2E)
-        if not shoff or shentsize < (64 if is64 else 40):
-            return None if shoff else False
-        f.seek(shoff)
-        first = f.read(shentsize)
-        if len(first) < shentsize:
-            return None
-        if shnum == 0:  # extended numbering: the count is section 0's sh_size
-            shnum = struct.unpack_from(end + ("Q" if is64 else "I"), first, 0x20 if is64 else 0x14)[0]
-        if shnum == 0:
-            return False
-        if shnum > 1 << 20:
-            return None
-        table = first + f.read(shentsize * (shnum - 1))
-        if len(table) < shentsize * shnum:
-            return None
-        return any(struct.unpack_from(end + "I", table, i * shentsize + 4)[0] == SHT_SYMTAB for i in range(shnum))
-    except (OSError, struct.error):
-        return None
+        return _core.probe(path, _core.DEFAULT_HUGE_PAGE)
+    except OSError as e:
+        return {
+            "arch": None,
+            "is64": False,
+            "kind": None,
+            "has_symtab": None,
+            "build_id": None,
+            "exec_load": None,
+            "code_size": 0,
+            "huge_page": _core.DEFAULT_HUGE_PAGE,
+            "windows": [],
+            "huge_bytes": 0,
+            "state": "none",
+            "manifest_span": None,
+            "problem": {"reason": "io-error", "kind": "io", "detail": _os_detail(e)},
+        }
 
 
 # --- walking -----------------------------------------------------------------------
@@ -123,7 +78,7 @@ class Candidate(NamedTuple):
 
     paths: list[str]
     files: list[Path]
-    head: ElfHead
+    probe: _core.Probe
     st: os.stat_result
 
 
@@ -155,21 +110,24 @@ def candidates(root: Path) -> list[Candidate]:
             by_inode[key].paths.append(installed_path(root, p))
             by_inode[key].files.append(p)
             continue
-        head = probe(p)
-        if head is not None:
-            by_inode[key] = Candidate([installed_path(root, p)], [p], head, st)
+        found = probe(p)
+        if found is not None:
+            by_inode[key] = Candidate([installed_path(root, p)], [p], found, st)
     return sorted(by_inode.values(), key=lambda c: c.paths[0])
 
 
 # --- outcomes ----------------------------------------------------------------------
 
 
+STATUSES = ("transformed", "as-is", "skipped", "failed")
+
+
 class Outcome(NamedTuple):
     paths: list[str]
-    status: str  # transformed | listed | skipped | failed
+    status: str  # transformed | as-is | skipped | failed
     reason: str | None = None
     detail: str = ""
-    report: dict[str, Any] | None = None
+    report: _core.Transformed | None = None
     #: (build-id, exec offset, exec size, huge page) when the file goes into the manifest.
     entry: tuple[str, int, int, int] | None = None
     #: sha256 (hex) of the file before it was transformed, for the signed statement.
@@ -204,22 +162,6 @@ class Outcome(NamedTuple):
         return out
 
 
-def _exec_load(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((s for s in segments if s["type"] == PT_LOAD and s["flags"] & PF_X), None)
-
-
-def _entry(segments: list[dict[str, Any]], build_id: str | None, hp: int) -> tuple[str, int, int, int] | None:
-    """The manifest fields if the executable segment can be mapped with huge pages:
-    aligned to the page, its file offset congruent to its address, and spanning at
-    least one whole window (what the runtime checks, docs/runtime.md)."""
-    x = _exec_load(segments)
-    if not x or x["align"] < hp or x["align"] % hp or x["offset"] % hp != x["vaddr"] % hp:
-        return None
-    if -(-x["vaddr"] // hp) * hp + hp > x["vaddr"] + x["filesz"]:
-        return None
-    return (build_id or "-", x["offset"], x["filesz"], hp)
-
-
 # --- the work on one inode -----------------------------------------------------------
 
 
@@ -235,22 +177,31 @@ def _clamped(ns: int, epoch: int | None) -> int:
     return ns if epoch is None else min(ns, epoch * 1_000_000_000)
 
 
-def _listing(job: Job, skip: tuple[str, str] | None) -> Outcome:
-    """Lists an already aligned file in the manifest; otherwise skips it."""
+def _entry(path: Path, hp: int, threshold: int) -> tuple[str, int, int, int] | None:
+    """The manifest fields of a file as it is on disk, if its code has whole huge-page
+    windows (core/src/windows.rs) and its executable segment is over the threshold."""
+    p = _core.probe(path, hp)
+    if not p or not p["manifest_span"] or not p["exec_load"] or p["exec_load"]["memsz"] < threshold:
+        return None
+    return (p["build_id"] or "-", *p["manifest_span"], hp)
+
+
+def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
+    """Lists a file whose code already lies on whole huge-page windows (an ET_EXEC
+    with congruent offsets, a file already aligned) in the manifest without a
+    rewrite; otherwise skips it."""
     c, s = job.candidate, job.settings
     try:
-        r = _core.inspect(c.files[0], s.huge_page, s.threshold, s.mode)
-        entry = _entry(r["segments"], r["build_id"], s.huge_page)
-        if entry and r["exec_segment_size"] < s.threshold:
-            entry = None
+        entry = _entry(c.files[0], s.huge_page, s.threshold)
     except (_core.HugifyError, OSError):
         entry = None
     if entry:
-        detail = "the executable segment is already huge-page aligned"
-        return Outcome(c.paths, "listed", "already-aligned", detail, entry=entry)
+        reason = skip[0] if skip else None
+        detail = f"{human(entry[2])} of its code on whole huge-page windows as it is"
+        return Outcome(c.paths, "as-is", reason, detail, entry=entry)
     if skip:
         return Outcome(c.paths, "skipped", *skip)
-    return Outcome(c.paths, "skipped", "not-aligned", "the executable segment is not huge-page aligned")
+    return Outcome(c.paths, "skipped", "not-aligned", "no whole huge-page window at an offset congruent to its address")
 
 
 def _relink(c: Candidate, epoch: int | None) -> None:
@@ -274,22 +225,21 @@ def process(job: Job) -> Outcome:
     c, s = job.candidate, job.settings
     try:
         if job.manifest_only:
-            return _listing(job, None)
-        if job.refuse_stripped and c.head.has_symtab is False:
+            return _as_is(job, None)
+        if job.refuse_stripped and c.probe["has_symtab"] is False:
             why = "no symbol table, so references to the ELF header cannot be ruled out by name"
-            return _listing(job, ("stripped", f"{why} (refuse_stripped = true, {job.refuse_stripped})"))
+            return _as_is(job, ("stripped", f"{why} (refuse_stripped = true, {job.refuse_stripped})"))
         try:
             with c.files[0].open("rb") as f:
                 before = hashlib.file_digest(f, "sha256").hexdigest()
             report = rewrite(c.files[0], None, s, keep_times=True)
         except _core.HugifyError as e:
-            if e.reason == "already-aligned":
-                return _listing(job, (e.reason, e.detail))
-            return Outcome(c.paths, "skipped" if e.kind == "refused" else "failed", e.reason, e.detail)
+            if e.kind == "refused":
+                return _as_is(job, (e.reason, e.detail))
+            return Outcome(c.paths, "failed", e.reason, e.detail)
         except OSError as e:
             return Outcome(c.paths, "failed", "io-error", _os_detail(e))
-        res = report["result"]
-        entry = _entry(res["segments"], res["build_id"], s.huge_page)
+        entry = _entry(c.files[0], s.huge_page, 0)  # the file written, not the plan
         try:
             _relink(c, job.epoch)
         except OSError as e:
@@ -336,8 +286,8 @@ def _decide(c: Candidate, opts: Options) -> Settings | Outcome:
             )
         if why:
             return Outcome(c.paths, "skipped", "excluded", f"{path} {why}" if path != c.paths[0] else why)
-    arch = c.head.arch
-    if arch is None and c.head.has_symtab is None:
+    arch = c.probe["arch"]
+    if arch is None and c.probe["problem"]:
         # Too damaged to tell its architecture: the rewriter says what is wrong with it.
         return Settings(threshold=pol.threshold, mode=pol.mode)
     if arch is None:
@@ -384,8 +334,9 @@ def log_line(o: Outcome, on_error: str) -> str:
     if o.status == "transformed":
         assert o.report is not None
         return f"hugify: {render.transform_line(path, o.report)}{also}"
-    if o.status == "listed":
-        return f"hugify: {path}: already aligned ({o.reason}), listed in the manifest{also}"
+    if o.status == "as-is":
+        why = f" ({o.reason})" if o.reason else ""
+        return f"hugify: {path}: as-is{why}: {o.detail}, listed in the manifest without a rewrite{also}"
     if o.status == "skipped":
         return f"hugify: {path}: skipped ({o.reason}): {o.detail}{also}"
     level = "error" if on_error == "fail" else "warning"
@@ -476,6 +427,7 @@ def run(opts: Options) -> Exit:
         for p in o.paths
         if "\t" not in p and "\n" not in p  # not representable in a manifest
     ]
+    reasons.printed(o.reason for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
     code = Exit.FAILED if failed and pol.on_error == "fail" else Exit.OK
     try:
@@ -501,13 +453,13 @@ def run(opts: Options) -> Exit:
 
 
 def _summary(opts: Options, outcomes: list[Outcome], entries: list[manifest.Entry]) -> str:
-    count = {s: sum(o.status == s for o in outcomes) for s in ("transformed", "listed", "skipped", "failed")}
+    count = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
     who = f"{opts.policy.package}: " if opts.policy.package else ""
     where = f"; manifest {opts.manifest} ({len(entries)} entries)" if opts.manifest else ""
     if opts.manifest_only:
-        return f"hugify: {who}manifest only: {count['listed']} aligned file(s) listed{where}"
+        return f"hugify: {who}manifest only: {count['as-is']} aligned file(s) listed{where}"
     return (
-        f"hugify: {who}{count['transformed']} transformed, {count['listed']} already aligned, "
+        f"hugify: {who}{count['transformed']} transformed, {count['as-is']} as-is, "
         f"{count['skipped']} skipped, {count['failed']} failed{where}"
     )
 
@@ -525,7 +477,7 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
         "policy_digest": pol.digest(),
         "files": [o.as_json() for o in outcomes],
         "summary": {
-            **{s: sum(o.status == s for o in outcomes) for s in ("transformed", "listed", "skipped", "failed")},
+            **{s: sum(o.status == s for o in outcomes) for s in STATUSES},
             "on_error": pol.on_error,
             "exit_status": int(code),
         },

@@ -247,7 +247,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     if (!ph || !dynamic_matches(map, ph, phnum))
         return 0;
     struct hp_range r[HP_MAX_RANGES];
-    int nr = hp_exec_ranges(ph, phnum, HP_DEFAULT_SIZE, r, HP_MAX_RANGES);
+    /* Only a non-PIE main program is loaded at address 0 (l_addr): fixed addresses. */
+    int nr = hp_exec_ranges(ph, phnum, is_main && map->l_addr == 0, HP_DEFAULT_SIZE, r, HP_MAX_RANGES);
     if (nr == 0)
         return 0; /* not hugified: the common case ends here */
     if (!ready) {

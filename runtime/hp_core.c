@@ -72,15 +72,16 @@ int hp_elf_ok(const Elf64_Ehdr *eh)
     return 0;
 }
 
-int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, uint64_t hp, struct hp_range *out, int max)
+int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max)
 {
     int n = 0;
     for (unsigned i = 0; i < phnum && n < max; i++) {
         const Elf64_Phdr *p = &ph[i];
         if (p->p_type != PT_LOAD || !(p->p_flags & PF_X) || p->p_filesz == 0)
             continue;
-        /* A smaller p_align: the loader would not put it at a 2 MiB-aligned address. */
-        if (p->p_align < hp)
+        /* A smaller p_align: the loader would not put a PIE or library at a 2 MiB-aligned
+         * address. An ET_EXEC goes to its link-time address whatever p_align says. */
+        if (!fixed && p->p_align < hp)
             continue;
         /* Offset and address must agree modulo the huge-page size, or no window of
          * the file can ever be one PMD of the process. */
@@ -88,7 +89,7 @@ int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, uint64_t hp, struct hp_
             continue;
         uint64_t start = (p->p_offset + hp - 1) & ~(hp - 1);
         uint64_t end = (p->p_offset + p->p_filesz) & ~(hp - 1);
-        if (end <= start || p->p_offset + p->p_filesz < p->p_offset)
+        if (end <= start || p->p_offset + p->p_filesz < p->p_offset || p->p_vaddr + p->p_filesz < p->p_vaddr)
             continue;
         out[n].off = start;
         out[n].vaddr = p->p_vaddr + (start - p->p_offset);

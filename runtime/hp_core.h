@@ -78,9 +78,11 @@ int hp_scan_works(struct hp_ctx *c);
 /* Checks an ELF header for this machine's class and architecture; 0 if usable. */
 int hp_elf_ok(const Elf64_Ehdr *eh);
 /* Fills `out` with the window ranges of the executable segments; returns how many.
- * A hugified object has an executable PT_LOAD with p_align >= hp whose file offset and
- * address agree modulo hp and that spans at least one whole hp window. */
-int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, uint64_t hp, struct hp_range *out, int max);
+ * The rule is the core's (core/src/windows.rs), pinned by tests/test_windows_table.py:
+ * an executable PT_LOAD whose file offset and address agree modulo hp, placed at an
+ * hp-aligned address (`fixed`: an ET_EXEC, at its link-time addresses; otherwise
+ * p_align >= hp), spanning at least one whole hp window of file bytes. */
+int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max);
 
 /* Settles the windows of `t`: faults each (an uncached window is read through the
  * MADV_HUGEPAGE mapping as one 2 MiB folio), checks which are PMD-mapped, and evicts

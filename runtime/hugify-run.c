@@ -427,7 +427,7 @@ static void process(int i, int fd, const struct stat *st_)
     unsigned phnum = eh->e_phnum;
 
     struct hp_range ranges[HP_MAX_RANGES];
-    int nr = hp_exec_ranges(ph, phnum, ctx.hp, ranges, HP_MAX_RANGES);
+    int nr = hp_exec_ranges(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, ranges, HP_MAX_RANGES);
     struct hp_stats stats = {0};
     for (int r = 0; r < nr; r++)
         prefetch(fd, o->path, &ranges[r], (uint64_t)st->st_size, &stats);

@@ -75,8 +75,8 @@ def test_program_and_library_are_hugified_small_program_is_not(deb_build) -> Non
         r"hugify: /usr/bin/hugify-deb-test: transformed \(shift\).*\(also: /usr/bin/hugify-deb-test-link\)", b.log
     )
     assert re.search(rf"hugify: /{re.escape(LIB)}: transformed \(shift\)", b.log)
-    assert "hugify: hugify-deb-test: 1 transformed, 0 already aligned, 1 skipped, 0 failed" in b.log
-    assert "hugify: libhugdebtest1: 1 transformed, 0 already aligned, 0 skipped, 0 failed" in b.log
+    assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in b.log
+    assert "hugify: libhugdebtest1: 1 transformed, 0 as-is, 0 skipped, 0 failed" in b.log
 
 
 @slow
@@ -464,7 +464,7 @@ def test_second_run_is_idempotent(opts_src: Path) -> None:
     first = files_of(opts_src / "debian/pa")
     res = _dh_hugify(opts_src, "-ppa")
     assert res.returncode == 0, res.stderr
-    assert "hugify: /usr/bin/prog: already aligned" in res.stdout
+    assert "hugify: /usr/bin/prog: as-is (already-aligned)" in res.stdout
     assert files_of(opts_src / "debian/pa") == first
 
 

@@ -537,7 +537,7 @@ def test_installed_deb_provides_the_add_on_without_any_path_tricks(deb_session: 
     assert re.search(r"^dh binary$", log, re.M), "debian/rules says only `dh $@`"
     steps = [line.split()[0] for line in log.splitlines() if line.startswith("   dh_")]
     assert steps.index("dh_hugify") < steps.index("dh_dwz") < steps.index("dh_strip") < steps.index("dh_hugify_sign")
-    assert "hugify: hugify-deb-test: 1 transformed, 0 already aligned, 1 skipped, 0 failed" in log
+    assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in log
 
 
 @slow
@@ -586,7 +586,7 @@ def test_installed_rpm_macros_hugify_the_rpm_test_package(rpm_session: Session) 
     # and it transforms before find-debuginfo extracts anything.
     assert "+ /usr/lib/rpm/brp-hugify --hugify /usr/bin/hugify " in log, log[-4000:]
     assert log.index("hugify: /usr/bin/hugify-test: transformed") < log.index("extracting debug info"), log[-4000:]
-    assert "hugify: hugify-test: 2 transformed, 0 already aligned, 1 skipped, 0 failed" in log
+    assert "hugify: hugify-test: 2 transformed, 0 as-is, 1 skipped, 0 failed" in log
     root = s.dir / "rpm" / "root"
     for f in ("usr/bin/hugify-test", "usr/lib64/libhugtest.so.1"):
         assert hugified(root / f), f

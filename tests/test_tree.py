@@ -158,7 +158,7 @@ def test_log_says_per_file_what_happened_and_sums_up(tree: Tree) -> None:
         and line.endswith("the file is unchanged")
         for line in out
     )
-    assert "hugify: demo: 7 transformed, 0 already aligned, 1 skipped, 1 failed" in out
+    assert "hugify: demo: 7 transformed, 0 as-is, 1 skipped, 1 failed" in out
     assert out[-1].startswith('hugify: warning: 1 file could not be transformed; on_error = "warn" (built-in default)')
     paths = [line.split(": ")[1] if not line.startswith("hugify: warning") else line.split(": ")[2] for line in out[:9]]
     assert paths == sorted(paths), "per-file lines come in path order"
@@ -171,7 +171,7 @@ def test_on_error_fail_fails_at_the_end_after_doing_all_others(tree: Tree) -> No
     assert res.returncode == 1
     assert report["summary"] == {
         "transformed": 7,
-        "listed": 0,
+        "as-is": 0,
         "skipped": 1,
         "failed": 1,
         "on_error": "fail",
@@ -291,8 +291,9 @@ def test_second_run_changes_nothing_and_lists_the_same_manifest(tree: Tree) -> N
     res, report = report_of(tree, "--manifest", str(m2))
     assert {p: p.read_bytes() for p in tree.root.rglob("*") if p.is_file()} == after_first
     assert m1.read_bytes() == m2.read_bytes()
-    assert statuses(report)["/" + BIG] == ("listed", "already-aligned")
-    assert "hugify: /usr/bin/prog: already aligned (already-aligned), listed in the manifest" in res.stdout
+    assert statuses(report)["/" + BIG] == ("as-is", "already-aligned")
+    assert "hugify: /usr/bin/prog: as-is (already-aligned): " in res.stdout
+    assert "listed in the manifest without a rewrite" in res.stdout
 
 
 def test_manifest_lists_every_name_with_build_id_and_segment(tree: Tree) -> None:

@@ -99,6 +99,7 @@ reasons! {
     NotHugified => (Invalid, "not-hugified", "A file a manifest lists has no whole huge-page window at an offset congruent to its address (not hugified, or replaced since)."),
     IoError => (Io, "io-error", "Reading or writing the file failed; the message gives the system's error."),
     Missing => (Io, "missing", "A file a manifest lists is not installed."),
+    HugePageMismatch => (Refused, "huge-page-mismatch", "The file is aligned to another huge-page size than this system's PMD huge page."),
     Hardlink => (Info, "hardlink", "Another name of a file already handled: its inode is prefetched once."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hugify import _core
+from hugify import _core, reasons
 from hugify.exitcodes import Exit
 from hugify.rewrite import Settings
 from hugify.sizes import parse_size
@@ -58,8 +58,10 @@ def failure(e: BaseException, path: str | None = None) -> tuple[Exit, dict[str, 
     """An exit status and a structured description for a per-file failure of `path`.
     Anything that is neither a hugify verdict nor an I/O error propagates."""
     if isinstance(e, _core.HugifyError):
+        reasons.printed([e.reason])
         return Exit.for_kind(e.kind), {"reason": e.reason, "kind": e.kind, "detail": e.detail}
     if isinstance(e, OSError):
+        reasons.printed(["io-error"])
         where = f"{e.filename}: " if e.filename and str(e.filename) != path else ""
         return Exit.IO, {"reason": "io-error", "kind": "io", "detail": f"{where}{e.strerror or e}"}
     raise e

@@ -1,16 +1,16 @@
-"""``hugify explain [ID…]``: what each refusal reason means and its exit status."""
+"""``hugify explain [ID…]``: what each reason id hugify prints means, and its exit status."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from hugify import _core
+from hugify import reasons
 from hugify.exitcodes import Exit
 
 
 def run(args: argparse.Namespace) -> Exit:
-    table = {rid: (kind, summary) for rid, kind, summary in _core.reasons()}
+    table = reasons.table()
     code = Exit.OK
     for rid in args.ids or list(table):
         if rid not in table:

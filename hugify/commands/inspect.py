@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from hugify import _core
+from hugify import _core, reasons
 from hugify.commands.common import add_plan_options, failure, say_failure, settings
 from hugify.exitcodes import Exit, worst
 
@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> Exit:
                 say_failure(path, info)
             continue
         codes.append(Exit.for_kind(r["refusal"]["kind"]) if r["refusal"] else Exit.OK)
+        plans = (r["plans"]["shift"], r["plans"]["align"])
+        reasons.printed([r["refusal"] and r["refusal"]["reason"], *(p["reason"] for p in plans if p["ok"] is False)])
         results.append({"path": path, **r})
         if not args.json:
             print(render.inspect_text(path, r))

@@ -9,20 +9,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hugify import reasons
 from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
     from hugify.prefetch import Target
-
-#: Exit status for a file that could not be handled, by error reason.
-_ERROR_EXIT = {"missing": Exit.IO, "io-error": Exit.IO, "not-hugified": Exit.INVALID, "refused": Exit.REFUSED}
 
 
 def file_exit(t: Target) -> Exit:
     from hugify import prefetch as pf
 
     if t.error:
-        return _ERROR_EXIT.get(t.error[0], Exit.OK)
+        return Exit.for_kind(reasons.table()[t.error[0]][0])
     if t.count(pf.FAILED):
         return Exit.FAILED
     if t.count(pf.UNSUPPORTED):
@@ -80,7 +78,8 @@ def run(args: argparse.Namespace) -> Exit:
             return Exit.REFUSED
         for t in targets:
             if t.entry and t.entry.huge_page != r.hp:
-                t.error = ("refused", f"aligned to {t.entry.huge_page:#x}, this system's PMD huge page is {r.hp:#x}")
+                why = f"aligned to {t.entry.huge_page:#x}, this system's PMD huge page is {r.hp:#x}"
+                t.error = ("huge-page-mismatch", why)
         work = pf.open_targets([t for t in targets if not t.error], r.hp)
         try:
             r.prefetch(work)
@@ -89,6 +88,7 @@ def run(args: argparse.Namespace) -> Exit:
         messages = [f"files on {fs}: {why}" for fs, why in r.unable_fs.items()]
         for m in messages:
             pf.say(m)  # once per filesystem, not once per file
+        reasons.printed(t.error[0] for t in targets if t.error)
         for t in targets:
             code = file_exit(t)
             codes.append(code)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> Exit:
                 continue
             if t.error:
                 if t.error[0] != "hardlink":
-                    pf.say(f"{t.path}: {t.error[1]}")
+                    pf.say(f"{t.path}: {t.error[1]} ({t.error[0]})")
             elif not args.quiet or code != Exit.OK or t.count(pf.BUSY):
                 print(file_line(t))
         if not args.json and not args.quiet and work:

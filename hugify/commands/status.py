@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hugify import reasons
 from hugify.exitcodes import Exit
 
 
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> Exit:
             f"kernel features: cachestat {_yes(features['cachestat'])}; "
             f"PAGEMAP_SCAN {_yes(features['pagemap_scan'])}; "
             f"exec mappings read as PMD folios by the kernel itself "
-            f"{_yes(verdict, 'unknown (no hugify prefetch this boot)')}; "
+            f"{_yes(verdict, 'unknown (not probed yet: a prefetch probes it when it reads a cold window)')}; "
             f"read-only THP for filesystems {_yes(features['read_only_thp_for_fs'])}"
         )
         problem = s.problem()
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> Exit:
         if not targets:
             print("no hugified files installed (no manifests)" if not args.files else "no files")
             return Exit.OK
+        reasons.printed(t.error[0] for t in targets if t.error)
         width = min(max(len(t.path) for t in targets), 70)
         print(f"{'FILE':<{width}}  {'CODE':>10}  {'IN 2M FOLIOS':>12}  COVERAGE")
         total_code = total_huge = 0

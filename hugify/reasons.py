@@ -1,0 +1,28 @@
+"""Reason ids: every one hugify prints is defined once, in the core's table
+(core/src/error.rs), with its kind and summary; `hugify explain` reads the same
+table. Commands pass what they print through `printed`, so that the test suite
+can check that every id it ever saw is explainable (tests/conftest.py sets
+HUGIFY_REASON_LOG for the whole run)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+LOG_ENV = "HUGIFY_REASON_LOG"
+
+
+def table() -> dict[str, tuple[str, str]]:
+    """id -> (kind, summary)."""
+    from hugify import _core
+
+    return {rid: (kind, summary) for rid, kind, summary in _core.reasons()}
+
+
+def printed(ids: Iterable[str | None]) -> None:
+    """Notes reason ids a command printed (see the module's docstring)."""
+    log = os.environ.get(LOG_ENV)
+    seen = sorted({i for i in ids if i})
+    if log and seen:
+        with open(log, "a", encoding="utf-8") as f:  # O_APPEND: one write per call
+            f.write("".join(f"{i}\n" for i in seen))

@@ -1,0 +1,45 @@
+"""Shared pytest set-up. Every hugify command the suite runs, directly or through
+rpmbuild, dpkg-buildpackage, brp-hugify and dh_hugify, notes the reason ids it
+prints in one log (hugify/reasons.py); when the run ends, each must be one that
+`hugify explain` knows, or the run fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LOG_ENV = "HUGIFY_REASON_LOG"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The controller picks the log; xdist workers and every child process inherit it.
+    if not hasattr(config, "workerinput") and LOG_ENV not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="hugify-reasons-", suffix=".log")
+        os.close(fd)
+        os.environ[LOG_ENV] = path
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    log = Path(os.environ.get(LOG_ENV, ""))
+    if not log.is_file():
+        return
+    seen = sorted(set(log.read_text(encoding="utf-8").split()))
+    log.unlink()
+    if not seen:
+        return
+    res = subprocess.run(
+        [sys.executable, "-m", "hugify.cli", "explain", *seen], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        print(f"\nreason ids printed during the run that `hugify explain` does not know:\n{res.stderr}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    else:
+        print(f"\nall {len(seen)} reason ids printed during the run are explainable")

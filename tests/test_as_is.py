@@ -1,0 +1,148 @@
+"""Files that need no rewrite get huge pages too: a non-PIE executable whose code
+offset is congruent to its fixed address (as Debian builds cc1plus and python3.11)
+and a library linked with 2 MiB alignment are listed in the manifest as `as-is`,
+left byte-identical, and loaded as 2 MiB folios by `hugify prefetch`, `hugify-run`
+and the audit library (FilePmdMapped in the program's own smaps). The windows the C
+runtime finds are the core's, file by file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixtures import BY_NAME, build
+from helpers import HP, hugify, readelf_loads
+from runtime_support import (
+    AUDIT_LIB,
+    HUGIFY_RUN,
+    MAIN,
+    RUNTIME,
+    _functions,
+    build_runtime,
+    drop_caches,
+    locked,
+    parse_smaps,
+    run_program,
+)
+
+from hugify import _core, manifest
+
+
+def _gcc(cwd: Path, *args: str) -> None:
+    subprocess.run(["gcc", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def as_is(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """usr/bin/prog: a non-PIE executable with about 9 MiB of code; usr/lib/libplug.so:
+    a library linked with 2 MiB pages (its code on whole windows as linked)."""
+    assert os.geteuid() == 0, "the runtime part drops the page cache and needs root (CI runs as root)"
+    build_runtime()
+    work = tmp_path_factory.mktemp("as-is")
+    (work / "main.c").write_text(_functions("exe", 600, 16384) + "long lib_all(long x) { return x; }\n" + MAIN)
+    (work / "plug.c").write_text(_functions("plug", 300, 16384))
+    _gcc(work, "-O1", "-no-pie", "-fno-pie", "-o", "prog", "main.c", "-ldl")
+    _gcc(work, "-O1", "-fPIC", "-shared", "-Wl,-z,max-page-size=0x200000", "-o", "libplug.so", "plug.c")
+    root = work / "root"
+    for d, name in (("usr/bin", "prog"), ("usr/lib", "libplug.so")):
+        (root / d).mkdir(parents=True)
+        (work / name).rename(root / d / name)
+    return root
+
+
+def _expected_windows(path: Path, fixed: bool) -> list[int]:
+    """Window offsets from readelf's program headers."""
+    out: list[int] = []
+    for ld in readelf_loads(path):
+        if "E" in ld.flags and (ld.vaddr - ld.offset) % HP == 0 and (fixed or ld.align >= HP):
+            start, end = -(-ld.vaddr // HP) * HP, (ld.vaddr + ld.filesz) // HP * HP
+            out += [ld.offset + a - ld.vaddr for a in range(start, end, HP)]
+    return out
+
+
+def test_tree_lists_files_that_need_no_rewrite_as_is(as_is: Path, tmp_path: Path) -> None:
+    prog, plug = as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so"
+    before = {p: p.read_bytes() for p in (prog, plug)}
+    env = {**os.environ, "HUGIFY_POLICY_PATH": ""}
+    m, r = tmp_path / "m.list", tmp_path / "r.json"
+    res = hugify("tree", as_is, "--no-progress", "--manifest", m, "--report", r, env=env, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {p: p.read_bytes() for p in (prog, plug)} == before
+    report = {f["path"]: f for f in json.loads(r.read_text())["files"]}
+    assert report["/usr/bin/prog"]["status"] == "as-is" and report["/usr/bin/prog"]["reason"] == "no-gain"
+    assert report["/usr/lib/libplug.so"]["status"] == "as-is"
+    assert report["/usr/lib/libplug.so"]["reason"] == "already-aligned"
+    assert "hugify: /usr/bin/prog: as-is (no-gain): " in res.stdout
+    assert "hugify: 0 transformed, 2 as-is, 0 skipped, 0 failed" in res.stdout
+    entries = {e.path: e for e in manifest.parse(m.read_text())}
+    for path, file, fixed in (("/usr/bin/prog", prog, True), ("/usr/lib/libplug.so", plug, False)):
+        want = _expected_windows(file, fixed)
+        assert want, f"{file}: the test file has no whole window"
+        assert (entries[path].offset, entries[path].size) == (want[0], want[-1] + HP - want[0])
+
+
+def test_prefetch_status_and_a_run_map_an_as_is_executable_with_pmds(as_is: Path, tmp_path: Path) -> None:
+    prog = as_is / "usr/bin/prog"
+    windows = _expected_windows(prog, fixed=True)
+    with locked():
+        drop_caches()
+        res = hugify("prefetch", "--json", "--runtime-dir", tmp_path, prog, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        (f,) = json.loads(res.stdout)["files"]
+        assert [w["offset"] for w in f["windows"]] == windows
+        assert {w["state"] for w in f["windows"]} == {"loaded"}
+        maps = run_program([prog])
+        status = json.loads(hugify("status", "--json", prog).stdout)
+    assert maps[str(prog)].pmd == len(windows) * HP, maps[str(prog)]
+    (s,) = status["files"]
+    assert s["huge_bytes"] == len(windows) * HP
+
+
+def test_hugify_run_loads_an_as_is_executable(as_is: Path, tmp_path: Path) -> None:
+    prog = as_is / "usr/bin/prog"
+    env = {**os.environ, "HUGIFY_AUDIT_LIB": "", "HUGIFY_RUNTIME_DIR": str(tmp_path)}
+    with locked():
+        drop_caches()
+        res = subprocess.run([HUGIFY_RUN, prog, "-"], capture_output=True, text=True, env=env, check=False)
+    assert res.returncode == 0, res.stderr
+    assert parse_smaps(res.stdout)[str(prog)].pmd == len(_expected_windows(prog, fixed=True)) * HP
+
+
+def test_audit_library_loads_an_as_is_executable_and_a_dlopened_as_is_library(as_is: Path) -> None:
+    prog, plug = as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so"
+    with locked():
+        drop_caches()
+        maps = run_program([prog, plug], env={"LD_AUDIT": str(AUDIT_LIB)})
+    assert maps[str(prog)].pmd == len(_expected_windows(prog, fixed=True)) * HP
+    assert maps[str(plug)].pmd == len(_expected_windows(plug, fixed=False)) * HP > 0
+
+
+def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: Path) -> None:
+    """The shared table: the same files give the same windows in Rust and C."""
+    driver = tmp_path / "hp_windows"
+    src = Path(__file__).parent / "programs/hp_windows.c"
+    _gcc(tmp_path, "-O1", f"-I{RUNTIME}", "-o", str(driver), str(src), str(RUNTIME / "hp_core.c"))
+    shifted = tmp_path / "shifted"
+    hugify("transform", "--threshold", "0", build(BY_NAME["gcc-bfd"]) / "prog", "-o", shifted)
+    files = [as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so", shifted, build(BY_NAME["clang-lld"]) / "prog"]
+    aligned = tmp_path / "aligned"
+    hugify("transform", "--threshold", "0", files[-1], "-o", aligned)
+    files.append(aligned)
+    files += sorted(p for p in Path("/usr/bin").iterdir() if p.is_file() and not p.is_symlink())[:200]
+    out = subprocess.run([driver, *files], capture_output=True, text=True, check=True).stdout
+    c_side: dict[str, list[tuple[int, int]]] = {}
+    for line in out.splitlines():
+        path, *rest = line.rsplit(" ", 2)
+        if rest != ["unreadable"] and len(rest) == 2:
+            c_side.setdefault(path, []).append((int(rest[0]), int(rest[1])))
+    compared = 0
+    for f in files:
+        p = _core.probe(f, HP)
+        if p is None or p["problem"] or f"{f} unreadable" in out:
+            continue
+        assert c_side.get(str(f), []) == [(w["offset"], w["len"]) for w in p["windows"]], f
+        compared += 1
+    assert compared >= 5 and sum(map(len, c_side.values())) >= 5
