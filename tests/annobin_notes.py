@@ -7,16 +7,13 @@ Each unit gets a version-3 OPEN note for the range of its `.text`, a tool note w
 empty description (the previous range applies), a version-2 OPEN note with a single
 start address, a FUNC note per function (start and end), and two notes on the edges
 of the moved range: one ending at `_init` (the first code, where the shift starts)
-and one ending at `_end` (one past the image).
-
-usage: annobin_notes.py IN.s OUT.s 32|64
+and one ending at `_end` (one past the image). tests/fixtures.py applies it to the
+recipes with `annobin=True`.
 """
 
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 OPEN, FUNC = 0x100, 0x101
 SIZE = re.compile(r"^\s*\.size\s+([\w.$]+),\s*\.-\1\s*$")
@@ -56,8 +53,3 @@ def annotate(asm: str, bits: int) -> str:
         out.append(_note(FUNC, b"GA*GOW:0x452b", [f, f".Lannobin_end_{f}"], word, width))
     out.append("\t.popsection")
     return "\n".join(out) + "\n"
-
-
-if __name__ == "__main__":
-    src, dst, bits = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    dst.write_text(annotate(src.read_text(), bits))
