@@ -25,7 +25,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from annobin_notes import annotate
+
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+ANNOBIN_NOTES = PROGRAMS.parent / "annobin_notes.py"
 #: Bump when the build steps below change in a way that changes their output.
 BUILD_VERSION = 2
 
@@ -56,6 +59,8 @@ class Recipe:
     heavy_units: int = 0
     #: The mode `hugify` is expected to choose, and the shift's refusal reason if not.
     expect_mode: str = "shift"
+    #: Every unit carries annobin build notes (tests/annobin_notes.py).
+    annobin: bool = False
 
     @property
     def has_lib(self) -> bool:
@@ -239,7 +244,13 @@ CROSS_DWARF_RECIPES = [
         lib_funcs=600,
     ),
 ]
-RECIPES_ALL = RECIPES + DWARF_RECIPES + CROSS_RECIPES + CROSS_DWARF_RECIPES
+#: Fedora-style builds with annobin notes: a program with just over 2 MiB of code and a
+#: small library (the tests lower the threshold).
+ANNOBIN_RECIPES = [
+    Recipe("annobin-gcc-bfd", exe_funcs=2700, lib_funcs=300, annobin=True),
+    CrossRecipe("annobin-i686-gcc-bfd", target=I686, exe_funcs=3000, lib_funcs=300, annobin=True),
+]
+RECIPES_ALL = RECIPES + DWARF_RECIPES + CROSS_RECIPES + CROSS_DWARF_RECIPES + ANNOBIN_RECIPES
 BY_NAME = {r.name: r for r in RECIPES_ALL}
 
 
@@ -256,8 +267,12 @@ def _tool_versions(r: Recipe) -> list[str]:
 
 
 def recipe_key(r: Recipe) -> str:
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(r), sort_keys=True).encode())
-    for p in sorted(PROGRAMS.iterdir()):
+    fields = dataclasses.asdict(r)
+    # Left out when off, so the recipes that predate the field keep their cached builds.
+    if not r.annobin:
+        del fields["annobin"]
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    for p in sorted(PROGRAMS.iterdir()) + ([ANNOBIN_NOTES] if r.annobin else []):
         h.update(p.name.encode() + p.read_bytes())
     h.update("\n".join(_tool_versions(r)).encode())
     h.update(str(BUILD_VERSION).encode())
@@ -295,9 +310,15 @@ def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> lis
     cmds, objs = [], []
     for s in sources:
         obj = f"{Path(s).stem}.{pic.strip('-')}.o"
-        cmds.append([*r.compiler(cxx=not s.endswith(".c")), *flags, "-c", s, "-o", obj])
+        out = ["-S", "-o", f"{obj}.s"] if r.annobin else ["-c", "-o", obj]
+        cmds.append([*r.compiler(cxx=not s.endswith(".c")), *flags, s, *out])
         objs.append(obj)
     _parallel(cmds, work)
+    if r.annobin:
+        bits = 32 if r.triple == I686 else 64
+        for obj in objs:
+            (work / f"{obj}.n.s").write_text(annotate((work / f"{obj}.s").read_text(), bits))
+        _parallel([[*r.compiler(cxx=False), "-c", f"{obj}.n.s", "-o", obj] for obj in objs], work)
     return objs
 
 

@@ -230,15 +230,17 @@ fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align:
     }
 }
 
-/// Sections whose contents hold addresses hugify cannot repair, and data past
-/// the last section that something might locate by file offset.
+/// Sections whose contents hold addresses hugify cannot repair, malformed annobin
+/// notes (in either mode), and data past the last section that something might
+/// locate by file offset.
 fn check_sections(elf: &Elf) -> Result<()> {
     for s in &elf.shdrs {
         let n = s.name.as_str();
-        if matches!(n, ".gnu_debugdata" | ".gnu.build.attributes" | ".stab") {
+        if matches!(n, ".gnu_debugdata" | ".stab") {
             return Err(Error::new(Reason::UnsupportedSection, format!("{n} holds addresses hugify cannot repair")));
         }
     }
+    repair::check_build_attributes(elf)?;
     let class = elf.class;
     let mut end = elf.ehdr.e_shoff + elf.ehdr.shnum * class.shdr_size();
     end = end.max(elf.ehdr.e_phoff + elf.ehdr.phnum * class.phdr_size());

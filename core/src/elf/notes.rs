@@ -5,6 +5,8 @@ use crate::error::{Error, Reason, Result};
 
 /// One note.
 pub struct Note<'a> {
+    /// Offset of the note header within its section.
+    pub off: u64,
     /// Owner name, including its NUL terminator.
     pub name: &'a [u8],
     /// n_type.
@@ -19,12 +21,31 @@ pub struct Note<'a> {
 /// 8 for ELF64 `.note.gnu.property`, 4 otherwise.
 pub fn notes<'a>(elf: &Elf<'a>, s: &Shdr) -> Result<Vec<Note<'a>>> {
     let align = if s.sh_addralign == 8 { 8 } else { 4 };
-    let data = elf.section_data(s);
-    let len = data.len() as u64;
-    let mut out = Vec::new();
-    let mut pos = 0u64;
-    while pos < len {
-        let bad = || Error::new(Reason::BadNotes, format!("{}: note at offset {pos:#x} is truncated", s.name));
+    Walk::new(elf.section_data(s), s.sh_offset, align, &s.name).collect()
+}
+
+/// The notes of a section one by one, so that a reader checking each note reports
+/// the first bad one rather than the misparse it causes further on. Stops after an
+/// error.
+pub struct Walk<'a, 's> {
+    data: &'a [u8],
+    base: u64,
+    align: u64,
+    section: &'s str,
+    pos: u64,
+}
+
+impl<'a, 's> Walk<'a, 's> {
+    /// The notes in `data`, the bytes of the note section `section` that starts at
+    /// file offset `base`, with entries padded to `align`.
+    pub fn new(data: &'a [u8], base: u64, align: u64, section: &'s str) -> Self {
+        Walk { data, base, align, section, pos: 0 }
+    }
+
+    fn note(&self) -> Result<Note<'a>> {
+        let (data, pos) = (self.data, self.pos);
+        let len = data.len() as u64;
+        let bad = || Error::new(Reason::BadNotes, format!("{}: note at offset {pos:#x} is truncated", self.section));
         if pos + 12 > len {
             return Err(bad());
         }
@@ -32,17 +53,33 @@ pub fn notes<'a>(elf: &Elf<'a>, s: &Shdr) -> Result<Vec<Note<'a>>> {
         let descsz = u64::from(read_u32(data, pos + 4)?);
         let kind = read_u32(data, pos + 8)?;
         let name_at = pos + 12;
-        let desc_at = align_up(name_at.checked_add(namesz).ok_or_else(bad)?, align);
+        let desc_at = align_up(name_at.checked_add(namesz).ok_or_else(bad)?, self.align);
         let end = desc_at.checked_add(descsz).filter(|&e| e <= len).ok_or_else(bad)?;
-        out.push(Note {
+        Ok(Note {
+            off: pos,
             name: &data[name_at as usize..(name_at + namesz) as usize],
             kind,
-            desc_off: s.sh_offset + desc_at,
+            desc_off: self.base + desc_at,
             desc: &data[desc_at as usize..end as usize],
-        });
-        pos = align_up(end, align);
+        })
     }
-    Ok(out)
+}
+
+impl<'a> Iterator for Walk<'a, '_> {
+    type Item = Result<Note<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let len = self.data.len() as u64;
+        if self.pos >= len {
+            return None;
+        }
+        let note = self.note();
+        self.pos = match &note {
+            Ok(n) => align_up(n.desc_off - self.base + n.desc.len() as u64, self.align),
+            Err(_) => len,
+        };
+        Some(note)
+    }
 }
 
 /// The GNU build-id note's descriptor, with its file offset.

@@ -1,6 +1,7 @@
 //! Repairs: one module per structure that holds a link-time address. Each adds
 //! in-place edits (keyed by input file offset) for the values the plan moves.
 
+mod build_attributes;
 mod dynamic;
 mod eh_frame;
 mod notes;
@@ -12,6 +13,7 @@ use crate::error::Result;
 use crate::layout::Analysis;
 use crate::patch::Patches;
 use crate::plan::Plan;
+pub(crate) use build_attributes::check as check_build_attributes;
 pub use notes::BUILD_ID_FLIP;
 
 /// What every repair reads.
@@ -33,6 +35,7 @@ pub fn collect(ctx: &Ctx) -> Result<Patches> {
         symbols::repair(ctx, &mut p)?;
         relocs::repair(ctx, &mut p)?;
         eh_frame::repair(ctx, &mut p)?;
+        build_attributes::repair(ctx, &mut p)?;
     }
     Ok(p)
 }
