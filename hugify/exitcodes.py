@@ -23,7 +23,7 @@ class Exit(enum.IntEnum):
 
     @classmethod
     def for_kind(cls, kind: str) -> Exit:
-        return {"invalid": cls.INVALID, "refused": cls.REFUSED}.get(kind, cls.INTERNAL)
+        return {"invalid": cls.INVALID, "refused": cls.REFUSED, "io": cls.IO}.get(kind, cls.INTERNAL)
 
 
 def worst(codes: list[Exit]) -> Exit:

@@ -10,7 +10,9 @@ from hugify.exitcodes import Exit
 
 
 def run(args: argparse.Namespace) -> Exit:
-    table = {rid: (kind, summary) for rid, kind, summary in _core.reasons()}
+    from hugify.repack import REASONS
+
+    table = {rid: (kind, summary) for rid, kind, summary in [*_core.reasons(), *REASONS]}
     code = Exit.OK
     for rid in args.ids or list(table):
         if rid not in table:
