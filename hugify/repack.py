@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import sys
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,7 +39,7 @@ from typing import Any, TextIO
 from hugify import _core, manifest, signing, tree
 from hugify.exitcodes import Exit
 from hugify.policy import Policy, Setting
-from hugify.rewrite import Settings, copy_metadata
+from hugify.rewrite import copy_metadata
 from hugify.sizes import human
 
 #: Reason ids of whole packages (`hugify explain` lists them with the core's):
@@ -412,16 +412,3 @@ def summary_table(pkgs: list[Package]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(["hugify: repack summary", *lines, *(["not transformed:", *reasons] if reasons else [])])
-
-
-def data_files(root: Path) -> Iterator[tuple[str, Path]]:
-    """(installed path, file) of every regular file under root, sorted by path."""
-    for d, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(files):
-            p = Path(d) / name
-            if p.is_file() and not p.is_symlink():
-                yield "/" + p.relative_to(root).as_posix(), p
-
-
-Progress = Callable[[str], None]

@@ -142,8 +142,11 @@ class Deb(Format):
         compressor = check_deb(src)
         root, control = work / "root", work / "DEBIAN"
         work.mkdir(parents=True)
-        tool(["dpkg-deb", "--extract", str(src), str(root)])
-        tool(["dpkg-deb", "--control", str(src), str(control)])
+        try:
+            tool(["dpkg-deb", "--extract", str(src), str(root)])
+            tool(["dpkg-deb", "--control", str(src), str(control)])
+        except RepackError as e:  # a whole ar archive whose members do not unpack
+            raise RepackError("not-a-package", e.detail) from None
         fields = parse_control((control / "control").read_text(encoding="utf-8"))
         name, version, arch = (get(fields, k) for k in ("Package", "Version", "Architecture"))
         if not (name and version and arch):
@@ -220,4 +223,3 @@ def _md5sums(root: Path, control: Path) -> None:
     md5 = control / "md5sums"
     md5.write_text("".join(sorted(lines, key=lambda ln: ln[34:])), encoding="utf-8")
     os.chmod(md5, 0o644)
-

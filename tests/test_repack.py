@@ -1,0 +1,294 @@
+"""`hugify repack` on real packages, checked with dpkg, gdb and the programs themselves.
+
+Debian: real archive packages fetched with `apt-get download` (ninja, a C++ program,
+and libstdc++6, a library with a symlink, a trigger, a maintainer script and a
+symbols file), and the test source package tests/deb/hugify-deb-test built without
+hugify by dpkg-buildpackage for the -dbgsym case: the Debian debug archive
+(debian-debug) is not reachable from the test machines, so no archive -dbgsym
+package can be fetched. Repacked packages are installed over the originals with
+`dpkg --root` into a scratch root, verified with `dpkg --verify`, and run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from deb_support import (
+    LIB,
+    PROG,
+    build_id,
+    build_variant,
+    deb_field,
+    debug_file,
+    exec_load,
+    gdb_backtrace,
+    hugified,
+    source_line,
+)
+from fixtures import debian_packages
+from helpers import hugify
+
+slow = pytest.mark.slow
+MULTIARCH = "x86_64-linux-gnu"
+NINJA = "usr/bin/ninja"
+LIBSTDCXX = f"usr/lib/{MULTIARCH}/libstdc++.so.6.0.30"
+#: ninja's code is under the default threshold of 1 MiB.
+POLICY = 'threshold = "0"\n'
+
+
+@pytest.fixture(scope="session")
+def archive_debs() -> dict[str, Path]:
+    """ninja-build and libstdc++6 .deb files from the archive (cached)."""
+    cache = debian_packages("repack-debs", ["ninja-build", "libstdc++6"]).parent
+    return {deb.name.split("_")[0]: deb for deb in sorted(cache.glob("*.deb"))}
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    p = tmp_path / "policy.toml"
+    p.write_text(POLICY)
+    return p
+
+
+def dpkg_root(path: Path) -> Path:
+    """An empty dpkg database to install into with --root."""
+    for d in ("var/lib/dpkg/updates", "var/lib/dpkg/info"):
+        (path / d).mkdir(parents=True, exist_ok=True)
+    (path / "var/lib/dpkg/status").touch()
+    return path
+
+
+def dpkg(root: Path, *args: str | Path) -> str:
+    cmd = ["dpkg", "--root", str(root), "--force-depends", "--force-not-root", *map(str, args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout + res.stderr
+
+
+def contents(deb: Path) -> dict[str, tuple[str, str, str]]:
+    """Path -> (mode, owner, link target) of every member of the data tarball."""
+    out = subprocess.run(["dpkg-deb", "--contents", str(deb)], capture_output=True, text=True, check=True).stdout
+    members = {}
+    for line in out.splitlines():
+        mode, owner, _size, _date, _time, name = line.split(None, 5)
+        path, _, target = name.partition(" -> ")
+        members[path] = (mode, owner, target)
+    return members
+
+
+def control_members(deb: Path, dest: Path) -> dict[str, bytes]:
+    subprocess.run(["dpkg-deb", "--control", str(deb), str(dest)], check=True)
+    return {p.name: p.read_bytes() for p in sorted(dest.iterdir())}
+
+
+def fields(deb: Path) -> dict[str, str]:
+    text = subprocess.run(["dpkg-deb", "--field", str(deb)], capture_output=True, text=True, check=True).stdout
+    return dict(re.findall(r"^(\S+): (.*(?:\n .*)*)", text, re.M))
+
+
+def repack(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return hugify("repack", *args, check=check)
+
+
+def data_member(deb: Path) -> str:
+    out = subprocess.run(["ar", "t", str(deb)], capture_output=True, text=True, check=True).stdout
+    return next(n for n in out.split() if n.startswith("data.tar"))
+
+
+def run_ninja(root: Path, libdir: Path, work: Path) -> tuple[str, str]:
+    """ninja builds a two-step graph; its output and which libstdc++ it loaded."""
+    work.mkdir()
+    (work / "build.ninja").write_text(
+        "rule cat\n  command = cat $in > $out && echo built $out\nrule up\n  command = tr a-z A-Z < $in > $out\n"
+        "build a.txt: cat in.txt\nbuild b.txt: up a.txt\n"
+    )
+    (work / "in.txt").write_text("hello from ninja\n")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(libdir), "LC_ALL": "C"}
+    ninja = str(root / NINJA)
+    res = subprocess.run([ninja, "-j1"], cwd=work, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    debug = subprocess.run(
+        [ninja, "--version"], env={**env, "LD_DEBUG": "libs"}, capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = re.search(r"calling init: (\S*libstdc\+\+\S*)", debug.stderr)
+    assert loaded, debug.stderr[-2000:]
+    return res.stdout + debug.stdout + (work / "b.txt").read_text(), loaded.group(1)
+
+
+@slow
+def test_archive_program_and_library_install_in_place_of_the_originals(
+    archive_debs: dict[str, Path], policy: Path, tmp_path: Path
+) -> None:
+    debs = [archive_debs["ninja-build"], archive_debs["libstdc++6"]]
+    out = tmp_path / "out"
+    res = repack(*debs, "--policy", policy, "-o", out)
+    assert re.search(r"^ninja-build\s+1\s+0\s+0\s", res.stdout, re.M), res.stdout
+    assert re.search(r"^libstdc\+\+6\s+1\s+0\s+0\s", res.stdout, re.M), res.stdout
+    new = {p.name.split("_")[0]: p for p in out.iterdir()}
+    assert sorted(new) == ["libstdc++6", "ninja-build"] and len(list(out.iterdir())) == 2
+
+    for name, orig in zip(("ninja-build", "libstdc++6"), debs, strict=True):
+        repacked = new[name]
+        assert new[name].name == orig.name.replace("_amd64", "+hugify1_amd64")
+        assert data_member(repacked) == data_member(orig)  # the same compression
+        before, after = fields(orig), fields(repacked)
+        assert after["Version"] == before["Version"] + "+hugify1"
+        version = hugify("--version").stdout.split()[1]
+        assert after["X-Hugify"] == f"original-version={before['Version']}; hugify={version}"
+        source = before.get("Source", name).split()[0]
+        assert after["Source"] == f"{source} ({before['Version']})"
+        changed = {"Version", "Installed-Size", "Source", "X-Hugify"}
+        assert {k: v for k, v in after.items() if k not in changed} == {
+            k: v for k, v in before.items() if k not in changed
+        }
+        assert int(after["Installed-Size"]) > int(before["Installed-Size"])
+        # Maintainer scripts, triggers, shlibs, symbols, conffiles: byte-identical.
+        cb, ca = control_members(orig, tmp_path / f"c-{name}-0"), control_members(repacked, tmp_path / f"c-{name}-1")
+        assert {k: v for k, v in ca.items() if k not in ("control", "md5sums")} == {
+            k: v for k, v in cb.items() if k not in ("control", "md5sums")
+        }
+        # Every member keeps its mode, owner and link target; the manifest is added.
+        mb, ma = contents(orig), contents(repacked)
+        listing = f"./usr/lib/hugify/manifest.d/{name}.list"
+        assert set(ma) - set(mb) <= {"./usr/lib/", "./usr/lib/hugify/", "./usr/lib/hugify/manifest.d/", listing}
+        assert {k: v for k, v in ma.items() if k in mb} == mb and listing in ma
+    assert "triggers" in control_members(debs[1], tmp_path / "c-trig")
+
+    before_root = dpkg_root(tmp_path / "before")
+    dpkg(before_root, "-i", *debs)
+    expected, lib = run_ninja(before_root, before_root / "usr/lib" / MULTIARCH, tmp_path / "w0")
+    assert lib == str(before_root / "usr/lib" / MULTIARCH / "libstdc++.so.6")
+    # The program is upgraded in place. libstdc++6 goes into a fresh root: its prerm,
+    # which an upgrade runs, needs a shell and dpkg inside the root.
+    root = dpkg_root(tmp_path / "root")
+    dpkg(root, "-i", debs[0])
+    upgrade = dpkg(root, "-i", *new.values())
+    assert "Unpacking ninja-build (1.11.1-2~deb12u1+hugify1) over (1.11.1-2~deb12u1)" in upgrade, upgrade
+    libdir = root / "usr/lib" / MULTIARCH
+    assert dpkg(root, "--verify") == ""  # md5sums match the installed files
+    status = subprocess.run(
+        ["dpkg-query", "--root", str(root), "-W", "-f", "${Package} ${Version} ${X-Hugify}\\n"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "ninja-build 1.11.1-2~deb12u1+hugify1 original-version=" in status, status
+    for f in (NINJA, LIBSTDCXX):
+        assert hugified(root / f), f
+    assert (root / "var/lib/dpkg/info/libstdc++6:amd64.triggers").read_text().startswith("# Triggers added by dh_")
+    assert os.readlink(libdir / "libstdc++.so.6") == "libstdc++.so.6.0.30"
+    got, lib = run_ninja(root, libdir, tmp_path / "w1")
+    assert (got, lib) == (expected, str(libdir / "libstdc++.so.6"))
+    listed = (root / "usr/lib/hugify/manifest.d/libstdc++6.list").read_text()
+    assert f"/{LIBSTDCXX}\t{build_id(root / LIBSTDCXX)}\t" in listed
+
+
+@slow
+def test_debug_packages_follow_and_gdb_breaks_at_source_lines(tmp_path: Path) -> None:
+    plain = build_variant("plain").ok()
+    names = ["hugify-deb-test", "hugify-deb-test-dbgsym", "libhugdebtest1", "libhugdebtest1-dbgsym"]
+    debs = [plain.deb(n) for n in names]
+    out = tmp_path / "out"
+    res = repack(*debs, "-o", out)
+    assert "debug file of /usr/bin/hugify-deb-test moved" in res.stdout, res.stdout
+    new = {deb_field(p, "Package"): p for p in out.iterdir()}
+    assert sorted(new) == sorted(names)
+    version = plain.field("hugify-deb-test", "Version")
+    for pkg in ("hugify-deb-test", "libhugdebtest1"):
+        # The debug package's exact dependency follows its package's new version.
+        assert f"{pkg} (= {version}+hugify1)" in deb_field(new[f"{pkg}-dbgsym"], "Depends")
+
+    root = dpkg_root(tmp_path / "root")
+    dpkg(root, "-i", *new.values())
+    assert dpkg(root, "--verify") == ""
+    for f, pkg in ((PROG, "hugify-deb-test"), (LIB, "libhugdebtest1")):
+        shipped, original = build_id(root / f), build_id(plain.root / f)
+        assert shipped != original and hugified(root / f)
+        dbg = debug_file(root, shipped)
+        assert build_id(dbg) == shipped
+        assert not debug_file(root, original).exists()
+        # The debug file describes the layout that ships: the same executable load.
+        assert exec_load(dbg).vaddr == exec_load(root / f).vaddr != exec_load(plain.root / f).vaddr
+        assert shipped in deb_field(new[f"{pkg}-dbgsym"], "Build-Ids").split()
+        assert original not in deb_field(new[f"{pkg}-dbgsym"], "Build-Ids").split()
+
+    env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib" / MULTIARCH)}
+    got = subprocess.run([str(root / PROG)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    want = subprocess.run(
+        [str(plain.root / PROG)],
+        env={**os.environ, "LD_LIBRARY_PATH": str(plain.root / "usr/lib" / MULTIARCH)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (got.returncode, got.stdout) == (0, want.stdout) and want.stdout
+
+    lib_line, main_line = source_line("lib.c", "lib-breakpoint"), source_line("main.c", "main-calls-lib")
+    text = gdb_backtrace(root, PROG, f"lib.c:{lib_line}")
+    assert re.search(rf"Breakpoint 1, lib_entry \(x=\S+\) at (\./)?src/lib\.c:{lib_line}", text), text
+    assert re.search(rf"#1\s+0x[0-9a-f]+ in main \(.*\) at (\./)?src/main\.c:{main_line}", text), text
+    # A function in the moved code of the program itself (its DWARF partly in dwz's multifile).
+    text = gdb_backtrace(root, PROG, "exe_f700")
+    assert re.search(r"#0\s+exe_f700 \(x=\S+\) at (\./)?exe_gen\d\.c:\d+", text), text
+    assert re.search(r"#1\s+0x[0-9a-f]+ in exe_dispatch \(.*\) at (\./)?exe_table\.c:\d+", text), text
+    assert (root / "usr/lib/debug/.dwz").is_dir()
+
+
+@slow
+def test_dry_run_and_suffix(archive_debs: dict[str, Path], policy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = repack(archive_debs["ninja-build"], "--policy", policy, "-o", out, "--dry-run")
+    assert re.search(r"^ninja-build\s+1\s+0\s+0\s+\S+ MiB\s+100\.0% of", res.stdout, re.M), res.stdout
+    assert list(out.iterdir()) == []
+    repack(archive_debs["ninja-build"], "--policy", policy, "-o", out, "--suffix", "+hug2")
+    (deb,) = out.iterdir()
+    assert deb_field(deb, "Version").endswith("~deb12u1+hug2")
+    again = tmp_path / "again"
+    repack(archive_debs["ninja-build"], "--policy", policy, "-o", again, "--suffix", "+hug2")
+    assert (again / deb.name).read_bytes() == deb.read_bytes()  # deterministic
+
+
+def _no_elf_deb(tmp_path: Path) -> Path:
+    tree = tmp_path / "noelf"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(
+        "Package: noelf\nVersion: 1\nArchitecture: amd64\nMaintainer: t <t@example.org>\nDescription: none\n"
+    )
+    (tree / "usr/share/doc/noelf").mkdir(parents=True)
+    (tree / "usr/share/doc/noelf/README").write_text("no code here\n")
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(tree), str(tmp_path / "noelf.deb")], check=True)
+    return tmp_path / "noelf.deb"
+
+
+@slow
+def test_bad_input_gives_one_line_a_status_and_no_output(archive_debs: dict[str, Path], tmp_path: Path) -> None:
+    ninja = archive_debs["ninja-build"]
+    truncated = tmp_path / "truncated.deb"
+    truncated.write_bytes(ninja.read_bytes()[: ninja.stat().st_size // 2])
+    text = tmp_path / "text.deb"
+    text.write_text("not a package\n")
+    corrupt = tmp_path / "corrupt.deb"
+    data = bytearray(ninja.read_bytes())
+    data[-3000:-2000] = bytes(1000)  # inside the compressed data member
+    corrupt.write_bytes(bytes(data))
+    cases = [
+        ([truncated], 3, "not-a-package", "truncated"),
+        ([text], 3, "not-a-package", "neither a .deb"),
+        ([corrupt], 3, "not-a-package", "dpkg-deb"),
+        ([_no_elf_deb(tmp_path)], 4, "no-elf-file", "holds no ELF"),
+        ([ninja], 4, "all-refused", "below-threshold"),  # the default threshold: 1 MiB
+        ([ninja, truncated], 3, "not-a-package", "truncated"),
+    ]
+    for inputs, status, reason, words in cases:
+        out = tmp_path / f"out-{reason}"
+        res = repack(*inputs, "-o", out, check=False)
+        assert res.returncode == status, (inputs, res.stdout, res.stderr)
+        assert len(res.stderr.splitlines()) == 1 and f"({reason})" in res.stderr and words in res.stderr, res.stderr
+        assert list(out.iterdir()) == [], res.stderr  # nothing written, no temporary left
+    explained = hugify("explain", "no-elf-file", "all-refused", "not-a-package").stdout
+    assert "exit status 4" in explained and "exit status 3" in explained
