@@ -66,6 +66,11 @@ REASONS = (
         "refused",
         "A separate debug file does not match its stripped file, or did not get the same plan.",
     ),
+    (
+        "unsupported-metadata",
+        "refused",
+        "The package carries metadata a rebuilt package could not keep (rpm file triggers, relocations).",
+    ),
     ("tool-failed", "io", "A packaging tool (dpkg-deb, rpm, rpmbuild, eu-unstrip, objcopy) failed."),
 )
 
@@ -90,7 +95,8 @@ def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None 
     except OSError as e:
         raise RepackError("tool-failed", f"cannot run {cmd[0]}: {e.strerror or e}") from e
     if res.returncode != 0:
-        lines = [ln for ln in (res.stderr + res.stdout).splitlines() if ln.strip()]
+        # The last line that says something (rpmbuild ends with a heading and indented errors).
+        lines = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and not ln.endswith(":")]
         raise RepackError("tool-failed", f"{' '.join(cmd[:2])}: {lines[-1] if lines else f'exit {res.returncode}'}")
     return res.stdout
 
@@ -199,7 +205,7 @@ def run(opts: Options) -> Exit:
     try:
         opts.outdir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".hugify-repack-", dir=opts.outdir) as tmp:
-            work = Path(tmp)
+            work = Path(tmp).absolute()  # rpmbuild runs its steps elsewhere
             built = _repack_all(opts, work, out)
             if opts.dry_run:
                 print("hugify: dry run: nothing written", file=out)

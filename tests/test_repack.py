@@ -30,7 +30,7 @@ from deb_support import (
     source_line,
 )
 from fixtures import debian_packages
-from helpers import hugify
+from helpers import REPO, hugify
 
 slow = pytest.mark.slow
 MULTIARCH = "x86_64-linux-gnu"
@@ -292,3 +292,90 @@ def test_bad_input_gives_one_line_a_status_and_no_output(archive_debs: dict[str,
         assert list(out.iterdir()) == [], res.stderr  # nothing written, no temporary left
     explained = hugify("explain", "no-elf-file", "all-refused", "not-a-package").stdout
     assert "exit status 4" in explained and "exit status 3" in explained
+
+
+# --- rpm ------------------------------------------------------------------------------
+
+RPM_SPEC = REPO / "tests" / "rpm" / "hugify-repack-test.spec"
+RPM_QUERY = "[%{FILENAMES} %{FILEMODES:octal} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEFLAGS:fflags} %{FILECAPS}\\n]"
+
+
+def rpmq(pkg: Path, *args: str) -> str:
+    return subprocess.run(["rpm", "-qp", *args, str(pkg)], capture_output=True, text=True, check=True).stdout
+
+
+def rpm_root(path: Path) -> Path:
+    """An empty rpm database, and the users the test package's files belong to."""
+    (path / "etc").mkdir(parents=True)
+    (path / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\ndaemon:x:1:1::/:/bin/false\n")
+    (path / "etc/group").write_text("root:x:0:\ndaemon:x:1:\n")
+    subprocess.run(["rpm", "--root", str(path), "--initdb"], check=True)
+    return path
+
+
+def rpm_install(root: Path, *args: str | Path) -> str:
+    # Scriptlets run chrooted into the root, which has no shell: they are compared, not run.
+    cmd = ["rpm", "--root", str(root), "--nodeps", "--noscripts", "--notriggers", *map(str, args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout + res.stderr
+
+
+@slow
+def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Path, tmp_path: Path) -> None:
+    top = tmp_path / "rpmbuild"
+    subprocess.run(
+        ["rpmbuild", "-bb", "--define", f"_topdir {top}", str(RPM_SPEC)], check=True, capture_output=True, text=True
+    )
+    (orig,) = (top / "RPMS").rglob("*.rpm")
+    out = tmp_path / "out"
+    res = repack(orig, "--policy", policy, "-o", out)
+    assert re.search(r"^hugify-repack-test\s+2\s+0\s+0\s", res.stdout, re.M), res.stdout
+    (new,) = out.iterdir()
+    assert new.name == "hugify-repack-test-2.1-3.hugify1.x86_64.rpm"
+    assert rpmq(new, "--qf", "%{EPOCH}:%{VERSION}-%{RELEASE} %{ARCH}") == "1:2.1-3.hugify1 x86_64"
+    version = hugify("--version").stdout.split()[1]
+    provides = rpmq(new, "--provides").splitlines()
+    assert {"hugify-repack(original-version) = 1:2.1-3", f"hugify-repack(hugify) = {version}"} <= set(provides)
+
+    def same(text: str) -> str:
+        return text.replace("1:2.1-3.hugify1", "1:2.1-3")
+
+    for query in (["--scripts"], ["--triggers"], ["--changelog"], ["--conflicts"], ["--obsoletes"], ["--requires"]):
+        assert same(rpmq(new, *query)) == rpmq(orig, *query), query
+    assert sorted(same(p) for p in provides if not p.startswith("hugify-repack(")) == sorted(
+        rpmq(orig, "--provides").splitlines()
+    )
+    files_before, files_after = rpmq(orig, "--qf", RPM_QUERY).splitlines(), rpmq(new, "--qf", RPM_QUERY).splitlines()
+    build_ids = re.compile(r"^/usr/lib/\.build-id/\S+")
+    assert [build_ids.sub("", f) for f in files_after if "/hugify/manifest.d/" not in f] == [
+        build_ids.sub("", f) for f in files_before
+    ]
+    assert "/usr/lib/hugify/manifest.d/hugify-repack-test.list 100644 root root  " in files_after
+    assert "/etc/repack-test.conf 100640 root daemon cn " in files_after
+    assert "/usr/bin/repack-test 100755 root root  cap_net_raw=ep" in files_after
+    assert rpmq(new, "--qf", "%{PAYLOADCOMPRESSOR}") == rpmq(orig, "--qf", "%{PAYLOADCOMPRESSOR}")
+
+    root = rpm_root(tmp_path / "root")
+    rpm_install(root, "-i", orig)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib64")}
+    prog = [str(root / "usr/bin/repack-test")]
+    want = subprocess.run(prog, env=env, capture_output=True, text=True, check=True).stdout
+    rpm_install(root, "-U", new)
+    query = ["rpm", "--root", str(root), "-q", "hugify-repack-test"]
+    assert subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip() == (
+        "hugify-repack-test-2.1-3.hugify1.x86_64"
+    )
+    # Files only: the root has none of the package's dependencies.
+    verify = subprocess.run(
+        ["rpm", "--root", str(root), "-V", "--nodeps", "hugify-repack-test"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (verify.returncode, verify.stdout) == (0, ""), verify.stdout + verify.stderr
+    assert os.getxattr(root / "usr/bin/repack-test", "security.capability")
+    for f in ("usr/bin/repack-test", "usr/lib64/librepacktest.so.1.0"):
+        assert hugified(root / f), f
+    got = subprocess.run(prog, env=env, capture_output=True, text=True, check=True).stdout
+    assert got == want == "repack-test 43\n"
