@@ -375,14 +375,22 @@ def _dir_times(root: Path, epoch: int) -> Iterator[None]:
 
 
 def replace_debug_file(path: Path, new_path: Path, data_from: Path) -> None:
-    """Moves a debug file to its new name with new contents, keeping its metadata."""
+    """Gives a debug file new contents under the name of its new build-id, keeping
+    its metadata. An rpm names the file after the package and links the build-id
+    to it: there the file keeps its name and rpmbuild makes the new link."""
+    if path.is_symlink():
+        path = path.resolve()
+        new_path = path
     st = path.lstat()
+    tmp = new_path.with_name(f".{new_path.name}.hugify")
     new_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(data_from, new_path)
-    copy_metadata(st, path, new_path, times=True)
-    path.unlink()
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
+    shutil.copyfile(data_from, tmp)
+    copy_metadata(st, path, tmp, times=True)
+    os.replace(tmp, new_path)
+    if new_path != path:
+        path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
 
 
 # --- the summary -----------------------------------------------------------------------

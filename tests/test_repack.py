@@ -327,12 +327,14 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
     subprocess.run(
         ["rpmbuild", "-bb", "--define", f"_topdir {top}", str(RPM_SPEC)], check=True, capture_output=True, text=True
     )
-    (orig,) = (top / "RPMS").rglob("*.rpm")
+    orig, orig_debug = sorted((top / "RPMS").rglob("*.rpm"))
     out = tmp_path / "out"
-    res = repack(orig, "--policy", policy, "-o", out)
+    res = repack(orig, orig_debug, "--policy", policy, "-o", out)
     assert re.search(r"^hugify-repack-test\s+2\s+0\s+0\s", res.stdout, re.M), res.stdout
-    (new,) = out.iterdir()
+    assert re.search(r"^hugify-repack-test-debuginfo\s+2 debug file\(s\) moved", res.stdout, re.M), res.stdout
+    new, new_debug = sorted(out.iterdir())
     assert new.name == "hugify-repack-test-2.1-3.hugify1.x86_64.rpm"
+    assert new_debug.name == "hugify-repack-test-debuginfo-2.1-3.hugify1.x86_64.rpm"
     assert rpmq(new, "--qf", "%{EPOCH}:%{VERSION}-%{RELEASE} %{ARCH}") == "1:2.1-3.hugify1 x86_64"
     version = hugify("--version").stdout.split()[1]
     provides = rpmq(new, "--provides").splitlines()
@@ -357,11 +359,11 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
     assert rpmq(new, "--qf", "%{PAYLOADCOMPRESSOR}") == rpmq(orig, "--qf", "%{PAYLOADCOMPRESSOR}")
 
     root = rpm_root(tmp_path / "root")
-    rpm_install(root, "-i", orig)
+    rpm_install(root, "-i", orig, orig_debug)
     env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib64")}
     prog = [str(root / "usr/bin/repack-test")]
     want = subprocess.run(prog, env=env, capture_output=True, text=True, check=True).stdout
-    rpm_install(root, "-U", new)
+    rpm_install(root, "-U", new, new_debug)
     query = ["rpm", "--root", str(root), "-q", "hugify-repack-test"]
     assert subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip() == (
         "hugify-repack-test-2.1-3.hugify1.x86_64"
@@ -379,3 +381,11 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
         assert hugified(root / f), f
     got = subprocess.run(prog, env=env, capture_output=True, text=True, check=True).stdout
     assert got == want == "repack-test 43\n"
+    # gdb finds the moved debug files of the program and the library by their new build-ids.
+    for f in ("usr/bin/repack-test", "usr/lib64/librepacktest.so.1.0"):
+        bid = build_id(root / f)
+        assert build_id(debug_file(root, bid)) == bid
+        assert exec_load(debug_file(root, bid)).vaddr == exec_load(root / f).vaddr
+    text = gdb_backtrace(root, "usr/bin/repack-test", "lib_value", libdir="usr/lib64")
+    assert re.search(r"Breakpoint 1, lib_value \(x=\S+\) at \S*lib\.c:1", text), text
+    assert re.search(r"#1\s+0x[0-9a-f]+ in main \(\) at \S*main\.c:3", text), text
