@@ -389,3 +389,31 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
     text = gdb_backtrace(root, "usr/bin/repack-test", "lib_value", libdir="usr/lib64")
     assert re.search(r"Breakpoint 1, lib_value \(x=\S+\) at \S*lib\.c:1", text), text
     assert re.search(r"#1\s+0x[0-9a-f]+ in main \(\) at \S*main\.c:3", text), text
+
+
+@slow
+def test_signing_policy_ships_a_signed_statement_that_verifies(archive_debs: dict[str, Path], tmp_path: Path) -> None:
+    from test_signing import env, keypair, verify
+
+    key, pub = keypair(tmp_path / "keys")
+    pol = tmp_path / "signed.toml"
+    pol.write_text(f'{POLICY}[signing]\nmode = "required"\nkey = "{key}"\n')
+    out = tmp_path / "out"
+    res = hugify("repack", archive_debs["ninja-build"], "--policy", pol, "-o", out, env=env())
+    (deb,) = out.iterdir()
+    members = contents(deb)
+    for suffix in ("intoto.json", "bundle"):
+        assert f"./usr/share/hugify/attestations/ninja-build.{suffix}" in members, res.stdout
+    root = dpkg_root(tmp_path / "root")
+    dpkg(root, "-i", deb)
+    assert dpkg(root, "--verify") == ""  # the statement is in md5sums too
+    checked = verify(root, "--all", "--key", pub)
+    assert checked.returncode == 0 and re.search(r"^/usr/bin/ninja: verified ", checked.stdout, re.M), checked.stdout
+
+    # Signing required, no key anywhere: refused before anything is unpacked.
+    nokey = tmp_path / "nokey.toml"
+    nokey.write_text(f'{POLICY}[signing]\nmode = "required"\n')
+    empty = tmp_path / "empty"
+    res = hugify("repack", archive_debs["ninja-build"], "--policy", nokey, "-o", empty, check=False, env=env())
+    assert res.returncode == 3 and "no signing.key" in res.stderr, res.stderr
+    assert not empty.exists() or list(empty.iterdir()) == []
