@@ -255,7 +255,8 @@ def _repack_all(opts: Options, work: Path, out: TextIO) -> list[Path]:
             try:
                 from hugify import debugfiles
 
-                debugfiles.repack(p, mains[p.debug_of], work)
+                with _dir_times(p.root, epoch):
+                    debugfiles.repack(p, mains[p.debug_of], work)
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
