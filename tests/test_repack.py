@@ -202,6 +202,10 @@ def test_debug_packages_follow_and_gdb_breaks_at_source_lines(tmp_path: Path) ->
         # The debug package's exact dependency follows its package's new version.
         assert f"{pkg} (= {version}+hugify1)" in deb_field(new[f"{pkg}-dbgsym"], "Depends")
 
+    again = tmp_path / "again"
+    repack(*debs, "-o", again)
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == {p.name: p.read_bytes() for p in out.iterdir()}
+
     root = dpkg_root(tmp_path / "root")
     dpkg(root, "-i", *new.values())
     assert dpkg(root, "--verify") == ""
@@ -357,6 +361,16 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
     assert "/etc/repack-test.conf 100640 root daemon cn " in files_after
     assert "/usr/bin/repack-test 100755 root root  cap_net_raw=ep" in files_after
     assert rpmq(new, "--qf", "%{PAYLOADCOMPRESSOR}") == rpmq(orig, "--qf", "%{PAYLOADCOMPRESSOR}")
+
+    # A truncated payload (cpio) and a truncated header: refused, nothing written.
+    data = orig.read_bytes()
+    for n, cut in enumerate((len(data) - 200, 300)):
+        bad = tmp_path / f"cut{n}.rpm"
+        bad.write_bytes(data[:cut])
+        empty = tmp_path / f"empty{n}"
+        res = repack(bad, "--policy", policy, "-o", empty, check=False)
+        assert res.returncode == 3 and "(not-a-package)" in res.stderr and len(res.stderr.splitlines()) == 1, res
+        assert list(empty.iterdir()) == []
 
     root = rpm_root(tmp_path / "root")
     rpm_install(root, "-i", orig, orig_debug)
