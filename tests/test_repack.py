@@ -1,35 +1,51 @@
-"""`hugify repack` on real packages, checked with dpkg, gdb and the programs themselves.
+"""`hugify repack` on real packages, checked with dpkg, rpm, gdb and the programs themselves.
 
 Debian: real archive packages fetched with `apt-get download` (ninja, a C++ program,
 and libstdc++6, a library with a symlink, a trigger, a maintainer script and a
-symbols file), and the test source package tests/deb/hugify-deb-test built without
-hugify by dpkg-buildpackage for the -dbgsym case: the Debian debug archive
-(debian-debug) is not reachable from the test machines, so no archive -dbgsym
-package can be fetched. Repacked packages are installed over the originals with
-`dpkg --root` into a scratch root, verified with `dpkg --verify`, and run.
+symbols file). The Debian debug archive (debian-debug) is not reachable from the
+test machines, so no archive -dbgsym package can be fetched: the -dbgsym cases are
+packages built here without hugify by dpkg-buildpackage, tests/deb/hugify-repack-cxx
+(C++) and tests/deb/hugify-deb-test (C, a library package, dwz's multifile).
+Repacked packages are installed over the originals with `dpkg --root` into a
+scratch root, verified with `dpkg --verify`, run, and debugged with gdb.
+
+rpm: tests/rpm/hugify-repack-test.spec built with rpmbuild (scriptlets, a trigger, a
+%config file, a library, a file capability, a -debuginfo package), repacked,
+installed over the original with `rpm --root`, verified with `rpm -V`, run, debugged.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from deb_support import (
+    BUILD_TOOLS,
     LIB,
     PROG,
+    DebBuild,
     build_id,
     build_variant,
+    cached_build,
+    cached_dir,
+    clean_env,
+    collect,
     deb_field,
     debug_file,
+    dpkg_buildpackage,
     exec_load,
+    files_key,
     gdb_backtrace,
     hugified,
     source_line,
+    tool_versions,
+    tree_files,
 )
-from fixtures import debian_packages
+from fixtures import cache_root, debian_packages
 from helpers import REPO, hugify
 
 slow = pytest.mark.slow
@@ -241,6 +257,54 @@ def test_debug_packages_follow_and_gdb_breaks_at_source_lines(tmp_path: Path) ->
     assert re.search(r"#0\s+exe_f700 \(x=\S+\) at (\./)?exe_gen\d\.c:\d+", text), text
     assert re.search(r"#1\s+0x[0-9a-f]+ in exe_dispatch \(.*\) at (\./)?exe_table\.c:\d+", text), text
     assert (root / "usr/lib/debug/.dwz").is_dir()
+
+
+CXX_SRC = REPO / "tests" / "deb" / "hugify-repack-cxx"
+CXX_PROG = "usr/bin/hugify-repack-cxx"
+
+
+def cxx_build() -> DebBuild:
+    """tests/deb/hugify-repack-cxx built by dpkg-buildpackage (no hugify): a C++
+    program and its -dbgsym package. Cached by its inputs."""
+    key = files_key(tree_files(CXX_SRC), tool_versions(*BUILD_TOOLS, "g++-12"))
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
+        src = parent / CXX_SRC.name
+        shutil.copytree(CXX_SRC, src, symlinks=True)
+        rc, log = dpkg_buildpackage(src, clean_env())
+        collect(parent, out)
+        return rc, log
+
+    group = cache_root() / "repack"
+    return DebBuild(cached_build(cached_dir("repack", "cxx", key), group / "build.lock", group / "build", build))
+
+
+@slow
+def test_cxx_program_and_its_dbgsym_gdb_breaks_in_a_template(policy: Path, tmp_path: Path) -> None:
+    b = cxx_build().ok()
+    debs = [b.deb("hugify-repack-cxx"), b.deb("hugify-repack-cxx-dbgsym")]
+    out = tmp_path / "out"
+    repack(*debs, "--policy", policy, "-o", out)
+    root = dpkg_root(tmp_path / "root")
+    dpkg(root, "-i", *out.iterdir())
+    assert dpkg(root, "--verify") == ""
+    shipped = build_id(root / CXX_PROG)
+    assert hugified(root / CXX_PROG) and build_id(debug_file(root, shipped)) == shipped
+    want = subprocess.run([str(b.root / CXX_PROG)], capture_output=True, text=True, check=True).stdout
+    got = subprocess.run([str(root / CXX_PROG)], capture_output=True, text=True, check=True).stdout
+    assert got == want == "caught negative\ntotal 7 area 9 counts 2 r 0\n"
+    source = (CXX_SRC / "src/main.cpp").read_text().splitlines()
+    call_line = next(n for n, line in enumerate(source, 1) if "main-calls-total" in line)
+    # The original with its original -dbgsym, and the repacked pair: the same stops.
+    before = dpkg_root(tmp_path / "before")
+    dpkg(before, "-i", *debs)
+    stops = []
+    for r in (before, root):
+        text = gdb_backtrace(r, CXX_PROG, "total<long>")
+        stop = re.search(r"Breakpoint 1, total<long> \(values=std::vector of length 4.*\) at src/main\.cpp:\d+", text)
+        assert stop and re.search(rf"#1\s+main \(argc=1\) at src/main\.cpp:{call_line}", text), text
+        stops.append(stop.group(0))
+    assert stops[0] == stops[1]
 
 
 @slow
