@@ -14,7 +14,6 @@ that could drift from the first.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +54,9 @@ def moved_debug_file(original: Path, debug: Path, shipped: dict[str, Any], work:
     return out
 
 
-def repack(dbg: Package, main: Package, work: Path, locate: Callable[[Path, str], Path] = by_build_id) -> None:
+def repack(dbg: Package, main: Package, work: Path) -> None:
     """Moves every debug file in `dbg` that describes a file transformed in `main`
-    and renames it after the new build-id (`locate` says where a build-id's debug
-    file lives in the package)."""
+    and renames it after the new build-id."""
     assert main.report is not None
     scratch = work / f"debug-{dbg.name}"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -66,10 +64,10 @@ def repack(dbg: Package, main: Package, work: Path, locate: Callable[[Path, str]
         if f["status"] != "transformed" or not f.get("build_id_before") or not f.get("build_id_after"):
             continue
         old, new = f["build_id_before"], f["build_id_after"]
-        path = locate(dbg.root, old)
+        path = by_build_id(dbg.root, old)
         if not path.is_file():
             continue
         moved = moved_debug_file(main.originals[f["path"]], path, f, scratch)
-        replace_debug_file(path, locate(dbg.root, new), moved)
+        replace_debug_file(path, by_build_id(dbg.root, new), moved)
         dbg.renamed_ids.append((old, new))
         dbg.log.append(f"hugify: {dbg.name}: debug file of {f['path']} moved ({old} -> {new})")

@@ -34,11 +34,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from hugify import _core, manifest, signing, tree
 from hugify.exitcodes import Exit
-from hugify.policy import Policy, Setting
+from hugify.policy import Layers, Policy, PolicyError, Setting, resolve
 from hugify.rewrite import copy_metadata
 from hugify.sizes import human
 
@@ -66,6 +66,7 @@ REASONS = (
         "refused",
         "A separate debug file does not match its stripped file, or did not get the same plan.",
     ),
+    ("bad-policy", "invalid", "The policy is not usable for a package (its [packages.NAME] table)."),
     (
         "unsupported-metadata",
         "refused",
@@ -127,21 +128,19 @@ class Package:
     extra: Any = None
 
 
-class Format:
+class Format(Protocol):
     """What a package format provides (hugify.repack_deb, hugify.repack_rpm)."""
 
-    name = ""
-    default_suffix = ""
+    name: str
+    default_suffix: str
 
-    def unpack(self, src: Path, work: Path) -> Package:
-        raise NotImplementedError
+    def unpack(self, src: Path, work: Path) -> Package: ...
 
-    def new_version(self, pkg: Package, suffix: str) -> str:
-        raise NotImplementedError
+    def new_version(self, pkg: Package, suffix: str) -> str: ...
 
     def build(self, pkg: Package, ctx: Context, outdir: Path) -> Path:
         """Writes the rebuilt package into outdir; its path."""
-        raise NotImplementedError
+        ...
 
 
 def format_of(path: Path) -> Format:
@@ -169,7 +168,8 @@ def format_of(path: Path) -> Format:
 class Options:
     packages: list[Path]
     outdir: Path
-    policy: Policy
+    #: The policy files; each package gets its own effective policy ([packages.NAME]).
+    policy: Layers
     suffix: str | None = None
     dry_run: bool = False
     jobs: int = 1
@@ -192,12 +192,16 @@ class Context:
         return f"original-version={pkg.version}; hugify={_core.VERSION}"
 
 
-def repack_policy(pol: Policy) -> Policy:
-    """The policy with stripped files allowed: an archive's binaries are stripped
-    (a package build runs hugify before strip; here strip has long run)."""
+def repack_policy(layers: Layers, package: str) -> Policy:
+    """The package's policy with stripped files allowed: an archive's binaries are
+    stripped (a package build runs hugify before strip; here strip has long run)."""
+    try:
+        pol = resolve(layers, package)
+    except PolicyError as e:
+        raise RepackError("bad-policy", f"the policy is not usable for {package}: {e}") from None
     settings = dict(pol.settings)
     settings[("refuse_stripped",)] = Setting(False, "hugify repack (archive binaries are stripped)")
-    return Policy(settings, pol.package)
+    return Policy(settings, package)
 
 
 def run(opts: Options) -> Exit:
@@ -239,7 +243,6 @@ def _repack_all(opts: Options, work: Path, out: TextIO) -> list[Path]:
     for _, p in pkgs:
         if p.debug_of is not None and p.debug_of not in names:
             raise RepackError("debug-without-main", f"{p.src}: {p.name} describes {p.debug_of}, which is not given")
-    pol = repack_policy(opts.policy)
     epoch = source_epoch([p for _, p in pkgs])
     suffix_of = {fmt.name: opts.suffix or fmt.default_suffix for fmt, _ in pkgs}
     versions = {p.name: (p.version, fmt.new_version(p, suffix_of[fmt.name])) for fmt, p in pkgs}
@@ -247,7 +250,7 @@ def _repack_all(opts: Options, work: Path, out: TextIO) -> list[Path]:
     for _, p in pkgs:
         if p.debug_of is None:
             try:
-                _transform(p, pol, opts, work, epoch)
+                _transform(p, repack_policy(opts.policy, p.name), opts, work, epoch)
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
@@ -306,7 +309,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
     log = io.StringIO()
     topts = tree.Options(
         root=pkg.root,
-        policy=Policy(pol.settings, pkg.name),
+        policy=pol,
         jobs=opts.jobs,
         arch=pkg.arch,
         manifest=listing,

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from hugify.repack import Context, Format, Package, RepackError, tool
+from hugify.repack import Context, Package, RepackError, tool
 
 #: data.tar member suffix -> dpkg-deb -Z value.
 COMPRESSORS = {".xz": "xz", ".zst": "zstd", ".gz": "gzip", "": "none"}
@@ -134,7 +134,7 @@ def installed_kib(root: Path) -> int:
 # --- the format ------------------------------------------------------------------------
 
 
-class Deb(Format):
+class Deb:
     name = "deb"
     default_suffix = "+hugify1"
 

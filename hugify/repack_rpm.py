@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from hugify.repack import Context, Format, Package, RepackError, tool
+from hugify.repack import Context, Package, RepackError, tool
 
 # rpmds sense flags (rpm's rpmds.h)
 LESS, GREATER, EQUAL = 2, 4, 8
@@ -206,7 +206,7 @@ def file_lines(h: dict[str, list[Any]], root: Path) -> list[str]:
     return lines
 
 
-class Rpm(Format):
+class Rpm:
     name = "rpm"
     default_suffix = ".hugify1"
 

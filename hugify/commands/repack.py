@@ -11,15 +11,14 @@ from hugify.exitcodes import Exit
 
 
 def run(args: argparse.Namespace) -> Exit:
-    from hugify import repack
+    from hugify import policy, repack
 
-    pol = usable_policy(args.policy, None)
-    if pol is None:
+    if usable_policy(args.policy, None) is None:
         return Exit.INVALID
     opts = repack.Options(
         packages=[Path(p) for p in args.packages],
         outdir=Path(args.output),
-        policy=pol,
+        policy=policy.load(args.policy),
         suffix=args.suffix,
         dry_run=args.dry_run,
         jobs=args.jobs or os.cpu_count() or 1,
