@@ -56,6 +56,7 @@ REASONS = (
         "refused",
         "Every ELF file of the package was skipped or failed, so repacking it would change nothing.",
     ),
+    ("files-failed", "refused", 'ELF files of the package failed and the policy says on_error = "fail".'),
     (
         "debug-without-main",
         "refused",
@@ -322,7 +323,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
         pkg.report = json.loads(report.read_text(encoding="utf-8"))
         if code != Exit.OK:
             failed = [f for f in pkg.report["files"] if f["status"] == "failed"]
-            raise RepackError("all-refused", f"{len(failed)} file(s) failed and the policy says on_error = fail")
+            raise RepackError("files-failed", f"{len(failed)} file(s) failed and the policy says on_error = fail")
         if not any(f["status"] in ("transformed", "listed") for f in pkg.report["files"]):
             why = "; ".join(sorted({f"{f['reason']}" for f in pkg.report["files"]}))
             raise RepackError("all-refused", f"no ELF file of {pkg.name} was transformed ({why})")
