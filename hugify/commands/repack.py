@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from hugify.commands.common import usable_policy
@@ -13,6 +14,9 @@ from hugify.exitcodes import Exit
 def run(args: argparse.Namespace) -> Exit:
     from hugify import policy, repack
 
+    if os.geteuid() != 0:  # fakeroot counts: it answers 0
+        print("hugify: repack needs root or fakeroot, to keep the owners and modes of the files", file=sys.stderr)
+        return Exit.USAGE
     if usable_policy(args.policy, None) is None:
         return Exit.INVALID
     opts = repack.Options(
@@ -40,9 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "allowed), adds the runtime manifest (and the signed statement when the policy signs), and "
         "rebuilds it with the same name, relationships, scripts, triggers, conffiles, modes and owners "
         "and a version suffix. A debug package (-dbgsym, -debuginfo) given with its package is repacked "
-        "to match. Prints a summary. Exit status: 0; 2 usage; 3 not a package or unusable policy; "
-        "4 nothing to transform (reason id, see `hugify explain`); 5 I/O or tool failure. On failure "
-        "nothing is written to DIR.",
+        "to match. Prints a summary. Run as root or under fakeroot. Exit status: 0; 2 usage; 3 not a "
+        "package or unusable policy; 4 nothing to transform (reason id, see `hugify explain`); "
+        "5 I/O or tool failure. On failure nothing is written to DIR.",
     )
     p.add_argument("packages", nargs="+", metavar="PACKAGE", help=".deb or .rpm files")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="where the new packages go")
