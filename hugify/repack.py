@@ -181,7 +181,6 @@ class Options:
 class Context:
     """What the format handlers need besides the package."""
 
-    opts: Options
     suffix: str
     #: The new version of each repacked package, by name (debug packages' exact
     #: dependencies on their main package follow it).
@@ -271,7 +270,7 @@ def _repack_all(opts: Options, work: Path, out: TextIO) -> list[Path]:
         return []
     built = []
     for fmt, p in pkgs:
-        ctx = Context(opts, suffix_of[fmt.name], versions, epoch)
+        ctx = Context(suffix_of[fmt.name], versions, epoch)
         try:
             built.append(fmt.build(p, ctx, work / "out"))
         except RepackError as e:
