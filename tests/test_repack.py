@@ -365,7 +365,10 @@ def test_bad_input_gives_one_line_a_status_and_no_output(archive_debs: dict[str,
 # --- rpm ------------------------------------------------------------------------------
 
 RPM_SPEC = REPO / "tests" / "rpm" / "hugify-repack-test.spec"
-RPM_QUERY = "[%{FILENAMES} %{FILEMODES:octal} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEFLAGS:fflags} %{FILECAPS}\\n]"
+RPM_QUERY = (
+    "[%{FILENAMES} %{FILEMODES:octal} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEFLAGS:fflags} %{FILECAPS}"
+    " %{FILEVERIFYFLAGS:hex}\\n]"
+)
 
 
 def rpmq(pkg: Path, *args: str) -> str:
@@ -421,9 +424,11 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
     assert [build_ids.sub("", f) for f in files_after if "/hugify/manifest.d/" not in f] == [
         build_ids.sub("", f) for f in files_before
     ]
-    assert "/usr/lib/hugify/manifest.d/hugify-repack-test.list 100644 root root  " in files_after
-    assert "/etc/repack-test.conf 100640 root daemon cn " in files_after
-    assert "/usr/bin/repack-test 100755 root root  cap_net_raw=ep" in files_after
+    assert "/usr/lib/hugify/manifest.d/hugify-repack-test.list 100644 root root   ffffffff" in files_after
+    assert "/etc/repack-test.conf 100640 root daemon cn  ffffffff" in files_after
+    assert "/usr/bin/repack-test 100755 root root  cap_net_raw=ep ffffffff" in files_after
+    assert "/var/lib/repack-test/state 100640 daemon daemon   ffffffdc" in files_after
+    assert any(f.startswith("/var/log/repack-test.log ") and " g " in f for f in files_after)
     assert rpmq(new, "--qf", "%{PAYLOADCOMPRESSOR}") == rpmq(orig, "--qf", "%{PAYLOADCOMPRESSOR}")
 
     # A truncated payload (cpio) and a truncated header: refused, nothing written.
