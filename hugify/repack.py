@@ -56,6 +56,7 @@ REASONS = (
         "refused",
         "Every ELF file of the package was skipped or failed, so repacking it would change nothing.",
     ),
+    ("already-repacked", "refused", "The package is the output of hugify repack already."),
     ("files-failed", "refused", 'ELF files of the package failed and the policy says on_error = "fail".'),
     (
         "debug-without-main",

@@ -151,6 +151,10 @@ class Deb:
         name, version, arch = (get(fields, k) for k in ("Package", "Version", "Architecture"))
         if not (name and version and arch):
             raise RepackError("not-a-package", "the control file lacks Package, Version or Architecture")
+        if get(fields, NOTE_FIELD) is not None:
+            raise RepackError(
+                "already-repacked", f"{name} {version} is a repack ({NOTE_FIELD}: {get(fields, NOTE_FIELD)})"
+            )
         debug_of = None
         if name.endswith("-dbgsym") or get(fields, "Auto-Built-Package") == "debug-symbols":
             debug_of = name.removesuffix("-dbgsym")

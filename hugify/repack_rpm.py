@@ -69,6 +69,8 @@ SCRIPTS = (
 )
 #: Header tags this rebuild cannot carry; a package using them is refused.
 UNSUPPORTED = ("Filetriggername", "Transfiletriggername", "Prefixes", "Policies")
+#: What names the original version and hugify's (rpm has no free-form header field).
+NOTE_PROVIDE = "hugify-repack"
 COMPRESSORS = {"gzip": "gzdio", "xz": "xzdio", "zstd": "zstdio", "bzip2": "bzdio", "lzma": "lzdio"}
 
 
@@ -233,6 +235,8 @@ class Rpm:
             why = (err.decode(errors="replace") + cpio.stderr).strip().splitlines()
             raise RepackError("not-a-package", f"the payload does not unpack: {why[-1] if why else 'rpm2cpio failed'}")
         name = one(h, "Name")
+        if any(p.startswith(f"{NOTE_PROVIDE}(") for p in h.get("Providename", [])):
+            raise RepackError("already-repacked", f"{name} {evr(h)} is a repack (it provides {NOTE_PROVIDE}(…))")
         debug_of = name.removesuffix("-debuginfo") if name.endswith("-debuginfo") else None
         pkg = Package(src, name, evr(h), one(h, "Arch"), root, debug_of)
         pkg.extra = h
@@ -300,7 +304,7 @@ class Rpm:
             head.append("BuildArch: noarch")
         head += ["AutoReqProv: no", *dependency_lines(h, pkg.name, old, new)]
         note = ctx.note(pkg).split("; ")
-        head += [f"Provides: hugify-repack({k}) = {v}" for k, v in (n.split("=", 1) for n in note)]
+        head += [f"Provides: {NOTE_PROVIDE}({k}) = {v}" for k, v in (n.split("=", 1) for n in note)]
         paths = set(file_paths(h))
         files = file_lines(h, pkg.root)
         for d, _, names in os.walk(pkg.root):

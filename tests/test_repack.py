@@ -319,6 +319,8 @@ def test_dry_run_and_suffix(archive_debs: dict[str, Path], policy: Path, tmp_pat
     again = tmp_path / "again"
     repack(archive_debs["ninja-build"], "--policy", policy, "-o", again, "--suffix", "+hug2")
     assert (again / deb.name).read_bytes() == deb.read_bytes()  # deterministic
+    twice = repack(deb, "--policy", policy, "-o", tmp_path / "twice", check=False)
+    assert twice.returncode == 4 and "(already-repacked)" in twice.stderr, twice.stderr
 
 
 def _no_elf_deb(tmp_path: Path) -> Path:
@@ -431,6 +433,8 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
     assert any(f.startswith("/var/log/repack-test.log ") and " g " in f for f in files_after)
     assert rpmq(new, "--qf", "%{PAYLOADCOMPRESSOR}") == rpmq(orig, "--qf", "%{PAYLOADCOMPRESSOR}")
 
+    twice = repack(new, "--policy", policy, "-o", tmp_path / "twice", check=False)
+    assert twice.returncode == 4 and "(already-repacked)" in twice.stderr, twice.stderr
     # A truncated payload (cpio) and a truncated header: refused, nothing written.
     data = orig.read_bytes()
     for n, cut in enumerate((len(data) - 200, 300)):
