@@ -38,7 +38,7 @@ from typing import Any, Protocol, TextIO
 
 from hugify import _core, manifest, signing, tree
 from hugify.exitcodes import Exit
-from hugify.policy import Layers, Policy, PolicyError, Setting, resolve
+from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
 from hugify.rewrite import copy_metadata
 from hugify.sizes import human
 
@@ -68,7 +68,7 @@ REASONS = (
         "refused",
         "A separate debug file does not match its stripped file, or did not get the same plan.",
     ),
-    ("bad-policy", "invalid", "The policy is not usable for a package (its [packages.NAME] table)."),
+    ("bad-policy", "invalid", "The policy is not usable (for a package: its [packages.NAME] table)."),
     (
         "unsupported-metadata",
         "refused",
@@ -170,8 +170,9 @@ def format_of(path: Path) -> Format:
 class Options:
     packages: list[Path]
     outdir: Path
-    #: The policy files; each package gets its own effective policy ([packages.NAME]).
-    policy: Layers
+    #: A policy file layered over the system ones; each package gets its own
+    #: effective policy ([packages.NAME]).
+    policy: Path | None = None
     suffix: str | None = None
     dry_run: bool = False
     jobs: int = 1
@@ -193,13 +194,36 @@ class Context:
         return f"original-version={pkg.version}; hugify={_core.VERSION}"
 
 
+def _unusable(e: PolicyError, package: str | None = None) -> RepackError:
+    """A policy's problems in one line."""
+    problems = "; ".join(
+        f"{p.file}{f':{p.line}' if p.line else ''}: {p.message}{f' (hint: {p.hint})' if p.hint else ''}"
+        for p in e.problems
+    )
+    return RepackError("bad-policy", f"the policy is not usable{f' for {package}' if package else ''}: {problems}")
+
+
+def _resolve(layers: Layers, package: str | None) -> Policy:
+    try:
+        return resolve(layers, package)
+    except PolicyError as e:
+        raise _unusable(e, package) from None
+
+
+def load_policy(extra: Path | None) -> Layers:
+    """The policy layers, checked as a whole before any package is looked at."""
+    try:
+        layers = load(extra)
+    except PolicyError as e:
+        raise _unusable(e) from None
+    _resolve(layers, None)
+    return layers
+
+
 def repack_policy(layers: Layers, package: str) -> Policy:
     """The package's policy with stripped files allowed: an archive's binaries are
     stripped (a package build runs hugify before strip; here strip has long run)."""
-    try:
-        pol = resolve(layers, package)
-    except PolicyError as e:
-        raise RepackError("bad-policy", f"the policy is not usable for {package}: {e}") from None
+    pol = _resolve(layers, package)
     settings = dict(pol.settings)
     settings[("refuse_stripped",)] = Setting(False, "hugify repack (archive binaries are stripped)")
     return Policy(settings, package)
@@ -208,10 +232,11 @@ def repack_policy(layers: Layers, package: str) -> Policy:
 def run(opts: Options) -> Exit:
     out = opts.out or sys.stdout
     try:
+        layers = load_policy(opts.policy)
         opts.outdir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".hugify-repack-", dir=opts.outdir) as tmp:
             work = Path(tmp).absolute()  # rpmbuild runs its steps elsewhere
-            built = _repack_all(opts, work, out)
+            built = _repack_all(opts, layers, work, out)
             if opts.dry_run:
                 print("hugify: dry run: nothing written", file=out)
                 return Exit.OK
@@ -232,7 +257,7 @@ def _in(src: Path, e: RepackError) -> RepackError:
     return RepackError(e.reason, f"{src}: {e.detail}")
 
 
-def _repack_all(opts: Options, work: Path, out: TextIO) -> list[Path]:
+def _repack_all(opts: Options, layers: Layers, work: Path, out: TextIO) -> list[Path]:
     pkgs: list[tuple[Format, Package]] = []
     for i, src in enumerate(opts.packages):
         try:
@@ -251,7 +276,7 @@ def _repack_all(opts: Options, work: Path, out: TextIO) -> list[Path]:
     for _, p in pkgs:
         if p.debug_of is None:
             try:
-                _transform(p, repack_policy(opts.policy, p.name), opts, work, epoch)
+                _transform(p, repack_policy(layers, p.name), opts, work, epoch)
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:

@@ -502,5 +502,6 @@ def test_signing_policy_ships_a_signed_statement_that_verifies(archive_debs: dic
     nokey.write_text(f'{POLICY}[signing]\nmode = "required"\n')
     empty = tmp_path / "empty"
     res = hugify("repack", archive_debs["ninja-build"], "--policy", nokey, "-o", empty, check=False, env=env())
-    assert res.returncode == 3 and "no signing.key" in res.stderr, res.stderr
+    assert res.returncode == 3 and "no signing.key" in res.stderr and "(bad-policy)" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1, res.stderr
     assert not empty.exists() or list(empty.iterdir()) == []

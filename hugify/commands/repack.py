@@ -7,22 +7,19 @@ import os
 import sys
 from pathlib import Path
 
-from hugify.commands.common import usable_policy
 from hugify.exitcodes import Exit
 
 
 def run(args: argparse.Namespace) -> Exit:
-    from hugify import policy, repack
+    from hugify import repack
 
     if os.geteuid() != 0:  # fakeroot counts: it answers 0
         print("hugify: repack needs root or fakeroot, to keep the owners and modes of the files", file=sys.stderr)
         return Exit.USAGE
-    if usable_policy(args.policy, None) is None:
-        return Exit.INVALID
     opts = repack.Options(
         packages=[Path(p) for p in args.packages],
         outdir=Path(args.output),
-        policy=policy.load(args.policy),
+        policy=args.policy,
         suffix=args.suffix,
         dry_run=args.dry_run,
         jobs=args.jobs or os.cpu_count() or 1,
