@@ -343,7 +343,7 @@ def source_line(name: str, marker: str) -> int:
     return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if marker in line)
 
 
-def gdb_backtrace(root: Path, prog: str, breakpoint: str) -> str:
+def gdb_backtrace(root: Path, prog: str, breakpoint: str, libdir: str = f"usr/lib/{MULTIARCH}") -> str:
     """Runs the extracted program under gdb with the extracted debug files, stops at
     the breakpoint and prints a backtrace; gdb's whole output."""
     cmd = [
@@ -355,7 +355,7 @@ def gdb_backtrace(root: Path, prog: str, breakpoint: str) -> str:
         "-ex",
         "set breakpoint pending on",
         "-ex",
-        f"set environment LD_LIBRARY_PATH={root / 'usr/lib' / MULTIARCH}",
+        f"set environment LD_LIBRARY_PATH={root / libdir}",
         "-ex",
         f"break {breakpoint}",
         "-ex",

@@ -1,0 +1,59 @@
+"""``hugify repack PACKAGE… -o DIR``: rewrite the ELF files of built .deb and .rpm packages."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from hugify.exitcodes import Exit
+
+
+def run(args: argparse.Namespace) -> Exit:
+    from hugify import repack
+
+    if os.geteuid() != 0:  # fakeroot counts: it answers 0
+        print("hugify: repack needs root or fakeroot, to keep the owners and modes of the files", file=sys.stderr)
+        return Exit.USAGE
+    opts = repack.Options(
+        packages=[Path(p) for p in args.packages],
+        outdir=Path(args.output),
+        policy=args.policy,
+        suffix=args.suffix,
+        dry_run=args.dry_run,
+        jobs=args.jobs or os.cpu_count() or 1,
+    )
+    return repack.run(opts)
+
+
+def _suffix(text: str) -> str:
+    if not text or any(c.isspace() or c in "/_-:" for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot end a version (no spaces, '/', '_', '-' or ':')")
+    return text
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "repack",
+        help="rewrite the ELF files of built .deb and .rpm packages into new packages",
+        description="Unpacks each package, transforms its ELF files under the policy (stripped files "
+        "allowed), adds the runtime manifest (and the signed statement when the policy signs), and "
+        "rebuilds it with the same name, relationships, scripts, triggers, conffiles, modes and owners "
+        "and a version suffix. A debug package (-dbgsym, -debuginfo) given with its package is repacked "
+        "to match. Prints a summary. Run as root or under fakeroot. Exit status: 0; 2 usage; 3 not a "
+        "package or unusable policy; 4 nothing to transform (reason id, see `hugify explain`); "
+        "5 I/O or tool failure. On failure nothing is written to DIR.",
+    )
+    p.add_argument("packages", nargs="+", metavar="PACKAGE", help=".deb or .rpm files")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="where the new packages go")
+    p.add_argument(
+        "--suffix",
+        type=_suffix,
+        metavar="TEXT",
+        help="appended to the version (default: +hugify1 for Debian, .hugify1 to the rpm Release)",
+    )
+    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    p.add_argument("--jobs", "-j", type=int, metavar="N", help="files transformed at once (default: CPUs)")
+    p.add_argument("--dry-run", action="store_true", help="do everything in a scratch directory, print the summary")
+    p.set_defaults(func=run)

@@ -1,0 +1,427 @@
+"""``hugify repack``: rewrites the ELF files of already built .deb and .rpm packages.
+
+For software nobody can rebuild (vendors' packages, a distribution's archive) the
+package itself is the input. Each package is unpacked into a work directory,
+`hugify tree` transforms its files under the policy (stripped files allowed:
+archive binaries are stripped), the runtime manifest and, when the policy signs,
+the signed statement are added, and the package is rebuilt by its own format's
+tool with everything else kept: name, architecture, relationships, maintainer
+scripts, triggers, conffiles, modes and owners. The version gets a suffix so the
+package manager sees an upgrade, and a field names the original version.
+
+A debug package given with its main package (-dbgsym, -debuginfo) is repacked
+too: each separate debug file is joined with the original stripped file
+(eu-unstrip), that whole file is transformed with the same mode as the shipped
+one by the same core (so its DWARF, symbols and headers move by the same plan,
+which is checked), and the debug part is split off again (objcopy
+--only-keep-debug) under the flipped build-id.
+
+Everything is written into a temporary directory inside the output directory and
+renamed into place at the end: on any failure nothing is left in the output.
+The format handlers are hugify.repack_deb and hugify.repack_rpm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from hugify import _core, manifest, signing, tree
+from hugify.exitcodes import Exit
+from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
+from hugify.rewrite import copy_metadata
+from hugify.sizes import human
+
+#: Reason ids of whole packages (`hugify explain` lists them with the core's):
+#: (id, kind, summary). The kind decides the exit status as for files.
+
+
+class RepackError(Exception):
+    """A package cannot be repacked: a reason id and a one-line detail."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+    @property
+    def exit(self) -> Exit:
+        from hugify import reasons
+
+        return Exit.for_kind(reasons.table()[self.reason][0])
+
+
+def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """Runs a packaging tool; its stdout, or RepackError with its first error line."""
+    try:
+        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise RepackError("tool-failed", f"cannot run {cmd[0]}: {e.strerror or e}") from e
+    if res.returncode != 0:
+        # The last line that says something (rpmbuild ends with a heading and indented errors).
+        lines = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and not ln.endswith(":")]
+        raise RepackError("tool-failed", f"{' '.join(cmd[:2])}: {lines[-1] if lines else f'exit {res.returncode}'}")
+    return res.stdout
+
+
+# --- one unpacked package ------------------------------------------------------------
+
+
+@dataclass
+class Package:
+    """An input package unpacked into a work directory; the format handler fills
+    it in and rebuilds it."""
+
+    src: Path
+    name: str
+    version: str  # as the format writes it (deb: [epoch:]upstream[-revision]; rpm: the release)
+    arch: str
+    root: Path  # the installed files
+    #: The name of the package this is the debug package of, else None.
+    debug_of: str | None = None
+    #: What `hugify tree` said: its JSON report (None until transformed).
+    report: dict[str, Any] | None = None
+    #: Installed path -> a hard link to the file as it was before the transformation.
+    originals: dict[str, Path] = field(default_factory=dict)
+    #: (old build-id, new build-id) of the separate debug files renamed in a debug package.
+    renamed_ids: list[tuple[str, str]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    #: The format handler's own state.
+    extra: Any = None
+
+
+class Format(Protocol):
+    """What a package format provides (hugify.repack_deb, hugify.repack_rpm)."""
+
+    name: str
+    default_suffix: str
+
+    def unpack(self, src: Path, work: Path) -> Package: ...
+
+    def new_version(self, pkg: Package, suffix: str) -> str: ...
+
+    def build(self, pkg: Package, ctx: Context, outdir: Path) -> Path:
+        """Writes the rebuilt package into outdir; its path."""
+        ...
+
+
+def format_of(path: Path) -> Format:
+    """The format handler for a file, by its magic bytes."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(8)
+    except OSError as e:
+        raise RepackError("not-a-package", f"cannot read it: {e.strerror or e}") from e
+    if magic == b"!<arch>\n":
+        from hugify import repack_deb
+
+        return repack_deb.Deb()
+    if magic[:4] == b"\xed\xab\xee\xdb":
+        from hugify import repack_rpm
+
+        return repack_rpm.Rpm()
+    raise RepackError("not-a-package", "neither a .deb (ar archive) nor an .rpm (lead magic)")
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    packages: list[Path]
+    outdir: Path
+    #: A policy file layered over the system ones; each package gets its own
+    #: effective policy ([packages.NAME]).
+    policy: Path | None = None
+    suffix: str | None = None
+    dry_run: bool = False
+    jobs: int = 1
+    out: TextIO | None = None
+
+
+@dataclass
+class Context:
+    """What the format handlers need besides the package."""
+
+    suffix: str
+    #: The new version of each repacked package, by name (debug packages' exact
+    #: dependencies on their main package follow it).
+    versions: dict[str, tuple[str, str]]
+    epoch: int
+
+    def note(self, pkg: Package) -> str:
+        """The value of the field naming the original version and hugify's."""
+        return f"original-version={pkg.version}; hugify={_core.VERSION}"
+
+
+def _unusable(e: PolicyError, package: str | None = None) -> RepackError:
+    """A policy's problems in one line."""
+    problems = "; ".join(
+        f"{p.file}{f':{p.line}' if p.line else ''}: {p.message}{f' (hint: {p.hint})' if p.hint else ''}"
+        for p in e.problems
+    )
+    return RepackError("bad-policy", f"the policy is not usable{f' for {package}' if package else ''}: {problems}")
+
+
+def _resolve(layers: Layers, package: str | None) -> Policy:
+    try:
+        return resolve(layers, package)
+    except PolicyError as e:
+        raise _unusable(e, package) from None
+
+
+def load_policy(extra: Path | None) -> Layers:
+    """The policy layers, checked as a whole before any package is looked at."""
+    try:
+        layers = load(extra)
+    except PolicyError as e:
+        raise _unusable(e) from None
+    _resolve(layers, None)
+    return layers
+
+
+def repack_policy(layers: Layers, package: str) -> Policy:
+    """The package's policy with stripped files allowed: an archive's binaries are
+    stripped (a package build runs hugify before strip; here strip has long run)."""
+    pol = _resolve(layers, package)
+    settings = dict(pol.settings)
+    settings[("refuse_stripped",)] = Setting(False, "hugify repack (archive binaries are stripped)")
+    return Policy(settings, package)
+
+
+def run(opts: Options) -> Exit:
+    out = opts.out or sys.stdout
+    try:
+        layers = load_policy(opts.policy)
+        opts.outdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".hugify-repack-", dir=opts.outdir) as tmp:
+            work = Path(tmp).absolute()  # rpmbuild runs its steps elsewhere
+            built = _repack_all(opts, layers, work, out)
+            if opts.dry_run:
+                print("hugify: dry run: nothing written", file=out)
+                return Exit.OK
+            for f in built:
+                os.replace(f, opts.outdir / f.name)
+                print(f"hugify: wrote {opts.outdir / f.name}", file=out)
+    except RepackError as e:
+        print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
+        return e.exit
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"hugify: {where}{e.strerror or e} (io-error)", file=sys.stderr)
+        return Exit.IO
+    return Exit.OK
+
+
+def _in(src: Path, e: RepackError) -> RepackError:
+    return RepackError(e.reason, f"{src}: {e.detail}")
+
+
+def _repack_all(opts: Options, layers: Layers, work: Path, out: TextIO) -> list[Path]:
+    pkgs: list[tuple[Format, Package]] = []
+    for i, src in enumerate(opts.packages):
+        try:
+            fmt = format_of(src)
+            pkgs.append((fmt, fmt.unpack(src, work / f"p{i}")))
+        except RepackError as e:
+            raise _in(src, e) from None
+    names = {p.name for _, p in pkgs}
+    for _, p in pkgs:
+        if p.debug_of is not None and p.debug_of not in names:
+            raise RepackError("debug-without-main", f"{p.src}: {p.name} describes {p.debug_of}, which is not given")
+    epoch = source_epoch([p for _, p in pkgs])
+    suffix_of = {fmt.name: opts.suffix or fmt.default_suffix for fmt, _ in pkgs}
+    versions = {p.name: (p.version, fmt.new_version(p, suffix_of[fmt.name])) for fmt, p in pkgs}
+    mains = {p.name: p for _, p in pkgs if p.debug_of is None}
+    for _, p in pkgs:
+        if p.debug_of is None:
+            try:
+                _transform(p, repack_policy(layers, p.name), opts, work, epoch)
+            except RepackError as e:
+                raise _in(p.src, e) from None
+    for _, p in pkgs:
+        if p.debug_of is not None:
+            try:
+                from hugify import debugfiles
+
+                with _dir_times(p.root, epoch):
+                    debugfiles.repack(p, mains[p.debug_of], work)
+            except RepackError as e:
+                raise _in(p.src, e) from None
+    for _, p in pkgs:
+        for line in p.log:
+            print(line, file=out)
+    print(summary_table([p for _, p in pkgs]), file=out)
+    if opts.dry_run:
+        return []
+    built = []
+    for fmt, p in pkgs:
+        ctx = Context(suffix_of[fmt.name], versions, epoch)
+        try:
+            built.append(fmt.build(p, ctx, work / "out"))
+        except RepackError as e:
+            raise _in(p.src, e) from None
+    return built
+
+
+def source_epoch(pkgs: list[Package]) -> int:
+    """The time stamp of everything hugify adds: $SOURCE_DATE_EPOCH, else the
+    newest time stamp of the input packages' files (so the output depends on the
+    inputs alone)."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if value.isdigit():
+        return int(value)
+    newest = 0
+    for p in pkgs:
+        for _, st in tree.walk(p.root):
+            newest = max(newest, int(st.st_mtime))
+    return newest
+
+
+def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int) -> None:
+    """Runs `hugify tree` on the package's files, keeping a hard link to each ELF
+    file's original (debug files are matched with those), then adds the manifest
+    and, when the policy signs, the signed statement."""
+    found = tree.candidates(pkg.root)
+    if not found:
+        raise RepackError("no-elf-file", f"{pkg.name} holds no ELF executable or shared object")
+    keep = work / f"originals-{pkg.name}"
+    keep.mkdir(parents=True)
+    for n, c in enumerate(found):
+        os.link(c.files[0], keep / str(n))
+        for path in c.paths:
+            pkg.originals[path] = keep / str(n)
+    listing, report = work / f"{pkg.name}.list", work / f"{pkg.name}.report.json"
+    log = io.StringIO()
+    topts = tree.Options(
+        root=pkg.root,
+        policy=pol,
+        jobs=opts.jobs,
+        arch=pkg.arch,
+        manifest=listing,
+        report=report,
+        out=log,
+    )
+    with _dir_times(pkg.root, epoch):
+        code = tree.run(topts)
+        pkg.log = log.getvalue().splitlines()
+        pkg.report = json.loads(report.read_text(encoding="utf-8"))
+        if code != Exit.OK:
+            failed = [f for f in pkg.report["files"] if f["status"] == "failed"]
+            raise RepackError("files-failed", f"{len(failed)} file(s) failed and the policy says on_error = fail")
+        if not any(f["status"] in ("transformed", "listed") for f in pkg.report["files"]):
+            why = "; ".join(sorted({f"{f['reason']}" for f in pkg.report["files"]}))
+            raise RepackError("all-refused", f"no ELF file of {pkg.name} was transformed ({why})")
+        if manifest.parse(listing.read_text(encoding="utf-8"), str(listing)):
+            dest = pkg.root / manifest.MANIFEST_DIR.relative_to("/") / f"{pkg.name}.list"
+            add_file(pkg.root, dest, listing.read_bytes(), epoch)
+        _sign(pkg, pol, report, epoch)
+
+
+def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:
+    """The signed statement (docs/signing.md) when the policy signs at all."""
+    if pol.signing("mode") == "off":
+        return
+    assert pkg.report is not None
+    req = signing.SignRequest(
+        root=pkg.root,
+        report=pkg.report,
+        name=pkg.name,
+        mode=pol.signing("mode"),
+        mode_where=pol.where("signing", "mode"),
+        key=pol.signing("key"),
+        key_where=pol.where("signing", "key"),
+        tlog_upload=pol.signing("tlog_upload"),
+        install=True,
+        output=None,
+        file_list=None,
+    )
+    if not signing.sign(req, pkg.log.append):
+        raise RepackError("tool-failed", f"signing the statement of {pkg.name} failed (signing.mode = required)")
+    for f in (pkg.root / "usr/share/hugify/attestations").glob(f"{pkg.name}.*"):
+        os.utime(f, (epoch, epoch))
+
+
+def add_file(root: Path, dest: Path, data: bytes, epoch: int, mode: int = 0o644) -> None:
+    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories."""
+    missing = [d for d in [dest.parent, *dest.parent.parents] if d.is_relative_to(root) and not d.exists()]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for d in missing:
+        os.chmod(d, 0o755)
+    dest.write_bytes(data)
+    os.chmod(dest, mode)
+    os.utime(dest, (epoch, epoch))
+
+
+@contextlib.contextmanager
+def _dir_times(root: Path, epoch: int) -> Iterator[None]:
+    """Puts back the time stamps of the directories of root after changes in them;
+    directories made meanwhile get `epoch`."""
+    before = {Path(d): os.stat(d).st_mtime_ns for d, _, _ in os.walk(root)}
+    yield
+    for d, _, _ in os.walk(root):
+        ns = before.get(Path(d), epoch * 1_000_000_000)
+        os.utime(d, ns=(ns, ns))
+
+
+def replace_debug_file(path: Path, new_path: Path, data_from: Path) -> None:
+    """Gives a debug file new contents under the name of its new build-id, keeping
+    its metadata. An rpm names the file after the package and links the build-id
+    to it: there the file keeps its name and rpmbuild makes the new link."""
+    if path.is_symlink():
+        path = path.resolve()
+        new_path = path
+    st = path.lstat()
+    tmp = new_path.with_name(f".{new_path.name}.hugify")
+    new_path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(data_from, tmp)
+    copy_metadata(st, path, tmp, times=True)
+    os.replace(tmp, new_path)
+    if new_path != path:
+        path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
+# --- the summary -----------------------------------------------------------------------
+
+
+def summary_table(pkgs: list[Package]) -> str:
+    """Per package: files transformed / listed as is / skipped (by reason), the
+    size growth and the code on huge pages predicted."""
+    rows = [("package", "transformed", "as is", "skipped", "growth", "code on huge pages")]
+    reasons: list[str] = []
+    for p in pkgs:
+        if p.report is None:
+            ids = f"{len(p.renamed_ids)} debug file(s) moved"
+            rows.append((p.name, ids, "", "", "", ""))
+            continue
+        files = p.report["files"]
+        done = [f for f in files if f["status"] == "transformed"]
+        skipped = [f for f in files if f["status"] in ("skipped", "failed")]
+        code = sum(f.get("code_bytes", 0) for f in done)
+        covered = sum(f.get("covered_code", 0) for f in done)
+        rows.append(
+            (
+                p.name,
+                str(len(done)),
+                str(sum(f["status"] == "listed" for f in files)),
+                str(len(skipped)),
+                human(sum(f.get("growth", 0) for f in done)),
+                f"{100 * covered / code:.1f}% of {human(code)}" if code else "-",
+            )
+        )
+        for f in skipped:
+            reasons.append(f"  {p.name}: {f['path']}: {f['status']} ({f['reason']}): {f['detail']}")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(["hugify: repack summary", *lines, *(["not transformed:", *reasons] if reasons else [])])
