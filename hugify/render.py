@@ -112,7 +112,9 @@ def transform_line(path: str, r: dict[str, Any]) -> str:
     res = r["result"]
     code = r["code_bytes"]
     cover = 100.0 * res["covered_code"] / code if code else 0.0
+    dropped = r.get("dropped_signatures")
+    note = f"; dropped the stale signature {', '.join(dropped)} (re-sign it)" if dropped else ""
     return (
         f"{path}: transformed ({res['mode']}): dv={res['dv']:#x} df={res['df']:#x}, "
-        f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%"
+        f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%{note}"
     )

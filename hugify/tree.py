@@ -16,7 +16,9 @@ Reason ids decided here rather than by the rewriter (whose ids `hugify explain`
 lists): excluded (policy globs, --exclude-regex), foreign-arch (not the package's
 architecture), unsupported-arch (no huge_page_size for it), stripped (no symbol
 table and refuse_stripped), io-error, internal (a bug; the file is untouched), and
-with --manifest-only, not-aligned.
+with --manifest-only, not-aligned. Files signed with IMA/EVM attributes are refused
+by the rewriter's signed-file unless the policy or --drop-stale-signatures drops
+the signature; the summary counts both cases.
 """
 
 from __future__ import annotations
@@ -201,6 +203,8 @@ class Outcome(NamedTuple):
                 build_id_after=res["build_id"],
                 sha256_before=self.sha256_before,
             )
+            if self.report.get("dropped_signatures"):
+                out["dropped_signatures"] = self.report["dropped_signatures"]
         return out
 
 
@@ -229,6 +233,7 @@ class Job(NamedTuple):
     manifest_only: bool
     refuse_stripped: str | None  # where the policy says so, or None
     epoch: int | None  # SOURCE_DATE_EPOCH
+    drop_signatures: bool = False
 
 
 def _clamped(ns: int, epoch: int | None) -> int:
@@ -281,7 +286,7 @@ def process(job: Job) -> Outcome:
         try:
             with c.files[0].open("rb") as f:
                 before = hashlib.file_digest(f, "sha256").hexdigest()
-            report = rewrite(c.files[0], None, s, keep_times=True)
+            report = rewrite(c.files[0], None, s, keep_times=True, drop_signatures=job.drop_signatures)
         except _core.HugifyError as e:
             if e.reason == "already-aligned":
                 return _listing(job, (e.reason, e.detail))
@@ -318,6 +323,8 @@ class Options(NamedTuple):
     manifest_only: bool = False
     out: TextIO | None = None  # the log; None: standard output
     progress: bool = False
+    #: --drop-stale-signatures: over the policy's ima_signatures.
+    drop_signatures: bool = False
 
 
 def source_date_epoch() -> int | None:
@@ -443,7 +450,8 @@ def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[O
         if isinstance(decision, Outcome):
             jobs.append(decision)
         else:
-            jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch))
+            drop = opts.drop_signatures or pol.drop_signatures
+            jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch, drop))
     dirs = {f.parent: f.parent.stat() for c in found for f in c.files}
     progress = _Progress(sum(isinstance(j, Job) for j in jobs), opts.progress)
 
@@ -506,10 +514,27 @@ def _summary(opts: Options, outcomes: list[Outcome], entries: list[manifest.Entr
     where = f"; manifest {opts.manifest} ({len(entries)} entries)" if opts.manifest else ""
     if opts.manifest_only:
         return f"hugify: {who}manifest only: {count['listed']} aligned file(s) listed{where}"
+    refused, dropped = _signed(outcomes)
+    signed = ""
+    if refused:
+        signed += f"; {refused} signed with IMA/EVM attributes, left unchanged (signed-file)"
+    if dropped:
+        how = (
+            "--drop-stale-signatures"
+            if opts.drop_signatures
+            else f'ima_signatures = "drop", {opts.policy.where("ima_signatures")}'
+        )
+        signed += f"; stale IMA/EVM signatures dropped from {dropped} ({how})"
     return (
         f"hugify: {who}{count['transformed']} transformed, {count['listed']} already aligned, "
-        f"{count['skipped']} skipped, {count['failed']} failed{where}"
+        f"{count['skipped']} skipped, {count['failed']} failed{signed}{where}"
     )
+
+
+def _signed(outcomes: list[Outcome]) -> tuple[int, int]:
+    """Files refused for their IMA/EVM signature, and files whose signature was dropped."""
+    refused = sum(o.reason == "signed-file" for o in outcomes)
+    return refused, sum(bool(o.report and o.report.get("dropped_signatures")) for o in outcomes)
 
 
 def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
@@ -526,6 +551,7 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
         "files": [o.as_json() for o in outcomes],
         "summary": {
             **{s: sum(o.status == s for o in outcomes) for s in ("transformed", "listed", "skipped", "failed")},
+            **dict(zip(("signed_refused", "signatures_dropped"), _signed(outcomes), strict=True)),
             "on_error": pol.on_error,
             "exit_status": int(code),
         },

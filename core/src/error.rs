@@ -71,6 +71,8 @@ reasons! {
     UnsupportedSection => (Refused, "unsupported-section", "The file has a section with addresses hugify does not know how to repair."),
     UnsupportedRelocation => (Refused, "unsupported-relocation", "A dynamic relocation type or encoding hugify does not know how to repair."),
     UnsupportedDwarf => (Refused, "unsupported-dwarf", "Debug information uses a DWARF version, form or opcode hugify cannot classify."),
+    SignedFile => (Refused, "signed-file", "The file carries an IMA or EVM signature (security.ima, security.evm) that rewriting would make stale; drop it only on purpose (--drop-stale-signatures, ima_signatures = \"drop\")."),
+    LiveRoot => (Refused, "live-root", "The tree given is the running system's root, not a package build root; pass --allow-live-root to rewrite it in place on purpose."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }
