@@ -174,6 +174,8 @@ def test_on_error_fail_fails_at_the_end_after_doing_all_others(tree: Tree) -> No
         "listed": 0,
         "skipped": 1,
         "failed": 1,
+        "signed_refused": 0,
+        "signatures_dropped": 0,
         "on_error": "fail",
         "exit_status": 1,
     }
