@@ -570,28 +570,27 @@ def deb_session(hugify_deb: DebBuild) -> Session:
     return run_session("e2e-deb", DEB_SESSION, key, prepare)
 
 
-@pytest.fixture(scope="session")
-def rpm_session(hugify_rpm: RpmBuild) -> Session:
+def _rpm_session(name: str, script: str, hugify_rpm: RpmBuild) -> Session:
+    """A session with hugify's rpm at hand and the rpm test package's sources."""
+
     def prepare(work: Path) -> None:
         (work / "rpms").mkdir()
         shutil.copy(hugify_rpm.rpm(f"hugify-{VERSION}-"), work / "rpms")
 
     rpm_inputs = [(p.name, p) for p in sorted(RPM_TEST.iterdir())]
     rpm_inputs.append(("gen_code.py", REPO / "tests" / "programs" / "gen_code.py"))
-    key = files_key(rpm_inputs, hugify_rpm.dir.name, RPM_SESSION, NAMESPACE_SETUP, toolchain_key())
-    return run_session("e2e-rpm", RPM_SESSION, key, prepare)
+    key = files_key(rpm_inputs, hugify_rpm.dir.name, script, NAMESPACE_SETUP, toolchain_key())
+    return run_session(name, script, key, prepare)
+
+
+@pytest.fixture(scope="session")
+def rpm_session(hugify_rpm: RpmBuild) -> Session:
+    return _rpm_session("e2e-rpm", RPM_SESSION, hugify_rpm)
 
 
 @pytest.fixture(scope="session")
 def discovery_session(hugify_rpm: RpmBuild) -> Session:
-    def prepare(work: Path) -> None:
-        (work / "rpms").mkdir()
-        shutil.copy(hugify_rpm.rpm(f"hugify-{VERSION}-"), work / "rpms")
-
-    rpm_inputs = [(p.name, p) for p in sorted(RPM_TEST.iterdir())]
-    rpm_inputs.append(("gen_code.py", REPO / "tests" / "programs" / "gen_code.py"))
-    key = files_key(rpm_inputs, hugify_rpm.dir.name, DISCOVERY_SESSION, NAMESPACE_SETUP, toolchain_key())
-    return run_session("e2e-rpm-discovery", DISCOVERY_SESSION, key, prepare)
+    return _rpm_session("e2e-rpm-discovery", DISCOVERY_SESSION, hugify_rpm)
 
 
 # --- Debian, end to end ---------------------------------------------------------------------
