@@ -444,13 +444,13 @@ def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[O
     pol = opts.policy
     found = candidates(opts.root)
     stripped_rule = pol.where("refuse_stripped") if pol.refuse_stripped else None
+    drop = opts.drop_signatures or pol.drop_signatures
     jobs: list[Job | Outcome] = []
     for c in found:
         decision = _decide(c, opts)
         if isinstance(decision, Outcome):
             jobs.append(decision)
         else:
-            drop = opts.drop_signatures or pol.drop_signatures
             jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch, drop))
     dirs = {f.parent: f.parent.stat() for c in found for f in c.files}
     progress = _Progress(sum(isinstance(j, Job) for j in jobs), opts.progress)
