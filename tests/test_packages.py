@@ -343,6 +343,13 @@ def test_hugify_rpm_is_built_with_make_install_and_ships_everything(hugify_rpm: 
         ["rpm", "-qp", "--filetriggers", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=False
     )
     assert "transfiletriggerin scriptlet (using /bin/sh) -- /usr/lib/hugify/manifest.d" in triggers.stdout
+    dirs = "/usr/bin, /usr/lib, /usr/lib64, /usr/libexec, /usr/sbin"
+    for kind, action in (("transfiletriggerin", "record"), ("transfiletriggerun", "forget")):
+        script = triggers.stdout.split(f"{kind} scriptlet (using /bin/sh) -- {dirs}\n", 1)[1]
+        assert f"\n/usr/bin/hugify manifest {action} --from-stdin --quiet || :" in script, triggers.stdout
+    assert "discovered.list" not in triggers.stdout.split("transfiletriggerin scriptlet")[1], (
+        "comment in the wrong script"
+    )
     requires = subprocess.run(
         ["rpm", "-qpR", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=True
     ).stdout
