@@ -347,9 +347,8 @@ def test_hugify_rpm_is_built_with_make_install_and_ships_everything(hugify_rpm: 
     for kind, action in (("transfiletriggerin", "record"), ("transfiletriggerun", "forget")):
         script = triggers.stdout.split(f"{kind} scriptlet (using /bin/sh) -- {dirs}\n", 1)[1]
         assert f"\n/usr/bin/hugify manifest {action} --from-stdin --quiet || :" in script, triggers.stdout
-    assert "discovered.list" not in triggers.stdout.split("transfiletriggerin scriptlet")[1], (
-        "comment in the wrong script"
-    )
+    manifest_d_script = triggers.stdout.split("scriptlet (using /bin/sh)")[1]
+    assert "/usr/lib/hugify/manifest.d" in manifest_d_script and "discovered" not in manifest_d_script
     requires = subprocess.run(
         ["rpm", "-qpR", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=True
     ).stdout
