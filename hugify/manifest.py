@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,6 +11,15 @@ from pathlib import Path
 MARKER = "# hugify manifest v1"
 #: Where packages install their manifests.
 MANIFEST_DIR = Path("/usr/lib/hugify/manifest.d")
+#: Where the rpm file trigger records the hugified files that packages installed
+#: without a manifest of their own (`hugify manifest record`); $HUGIFY_STATE_DIR
+#: replaces the directory (tests, image builders working on another root).
+STATE_DIR = Path("/var/lib/hugify")
+DISCOVERED = "discovered.list"
+
+
+def discovered_list() -> Path:
+    return Path(os.environ.get("HUGIFY_STATE_DIR") or STATE_DIR) / DISCOVERED
 
 
 @dataclass(frozen=True, order=True)

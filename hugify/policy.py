@@ -255,6 +255,9 @@ FIELDS: dict[str, Field] = {
     "mode": Field(_choice("auto", "shift", "align"), "auto", "auto, shift or align"),
     "on_error": Field(_choice("warn", "fail"), "warn", "exit status when a file cannot be transformed"),
     "refuse_stripped": Field(_check_bool, True, "skip files without a symbol table"),
+    "ima_signatures": Field(
+        _choice("refuse", "drop"), "refuse", "files signed with security.ima/evm: refuse them, or drop the signature"
+    ),
     "include": Field(_check_globs, ("/**",), "installed paths to consider (globs)"),
     "exclude": Field(
         _check_globs,
@@ -578,6 +581,10 @@ class Policy:
     @property
     def refuse_stripped(self) -> bool:
         return bool(self._get("refuse_stripped"))
+
+    @property
+    def drop_signatures(self) -> bool:
+        return str(self._get("ima_signatures")) == "drop"
 
     @property
     def include(self) -> tuple[str, ...]:

@@ -299,14 +299,19 @@ class Kernel:
             os.close(fd)
 
 
+def pmd_size() -> int:
+    """The size of a PMD huge page on this system (2 MiB where the kernel does not say)."""
+    pmd = _read(THP / "hpage_pmd_size")
+    return int(pmd) if pmd and pmd.isdigit() else 2 << 20
+
+
 def system_info(kernel: Kernel, rdir: Path) -> System:
     enabled = _bracketed(_read(THP / "enabled")) if THP.is_dir() else None
-    pmd = _read(THP / "hpage_pmd_size")
     return System(
         kernel=os.uname().release,
         thp_enabled=enabled,
         thp_defrag=_bracketed(_read(THP / "defrag")),
-        pmd_size=int(pmd) if pmd and pmd.isdigit() else 2 << 20,
+        pmd_size=pmd_size(),
         page_size=kernel.page,
         process_thp_disabled=kernel.thp_disabled(),
         cachestat=kernel.probe_cachestat(),
@@ -792,20 +797,24 @@ def session(rdir_arg: str | None = None) -> Iterator[Run]:
 
 def manifest_files(directory: Path | None = None) -> list[Path]:
     """The manifests installed in `directory` (default: $HUGIFY_MANIFEST_DIR, else the
-    system's manifest directory)."""
+    system's manifest directory), then the list of hugified files the rpm file
+    trigger discovered (docs/manifest.md), when there is one."""
     from hugify import manifest
 
     env = os.environ.get("HUGIFY_MANIFEST_DIR")
     d = directory or (Path(env) if env else manifest.MANIFEST_DIR)
-    return sorted(d.glob("*.list")) if d.is_dir() else []
+    discovered = manifest.discovered_list()
+    return (sorted(d.glob("*.list")) if d.is_dir() else []) + ([discovered] if discovered.is_file() else [])
 
 
 def targets_from_manifests(paths: Iterable[Path]) -> tuple[list[Target], list[str]]:
-    """A target for each line of each manifest; plus the manifests that could not be read."""
+    """A target for each path listed in the manifests (the first listing wins);
+    plus the manifests that could not be read."""
     from hugify import manifest
 
     problems: list[str] = []
     out: list[Target] = []
+    seen: set[str] = set()
     for p in paths:
         try:
             text = p.read_text(encoding="utf-8")
@@ -815,7 +824,10 @@ def targets_from_manifests(paths: Iterable[Path]) -> tuple[list[Target], list[st
         except UnicodeDecodeError:
             problems.append(f"{p}: not UTF-8 text")
             continue
-        out += [Target(e.path, e, str(p)) for e in manifest.parse(text, str(p))]
+        for entry in manifest.parse(text, str(p)):
+            if entry.path not in seen:
+                seen.add(entry.path)
+                out.append(Target(entry.path, entry, str(p)))
     return out, problems
 
 

@@ -5,9 +5,13 @@ Hugifier paper."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hugify import _core
 from hugify.sizes import human
+
+if TYPE_CHECKING:
+    from hugify.rewrite import Rewritten
 
 PT_LOAD = 1
 PF_X, PF_W = 1, 2
@@ -95,12 +99,14 @@ def inspect_text(path: str, r: _core.Report) -> str:
     return "\n".join(lines)
 
 
-def transform_line(path: str, r: _core.Transformed) -> str:
+def transform_line(path: str, r: Rewritten) -> str:
     """One line saying what `hugify transform` did."""
     res = r["result"]
     code = r["code_bytes"]
     cover = 100.0 * res["covered_code"] / code if code else 0.0
+    dropped = r.get("dropped_signatures")
+    note = f"; dropped the stale signature {', '.join(dropped)} (re-sign it)" if dropped else ""
     return (
         f"{path}: transformed ({res['mode']}): dv={res['dv']:#x} df={res['df']:#x}, "
-        f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%"
+        f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%{note}"
     )

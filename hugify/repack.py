@@ -318,7 +318,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
         if code != Exit.OK:
             failed = [f for f in pkg.report["files"] if f["status"] == "failed"]
             raise RepackError("files-failed", f"{len(failed)} file(s) failed and the policy says on_error = fail")
-        if not any(f["status"] in ("transformed", "listed") for f in pkg.report["files"]):
+        if not any(f["status"] in ("transformed", "as-is") for f in pkg.report["files"]):
             why = "; ".join(sorted({f"{f['reason']}" for f in pkg.report["files"]}))
             raise RepackError("all-refused", f"no ELF file of {pkg.name} was transformed ({why})")
         if manifest.parse(listing.read_text(encoding="utf-8"), str(listing)):
@@ -414,7 +414,7 @@ def summary_table(pkgs: list[Package]) -> str:
             (
                 p.name,
                 str(len(done)),
-                str(sum(f["status"] == "listed" for f in files)),
+                str(sum(f["status"] == "as-is" for f in files)),
                 str(len(skipped)),
                 human(sum(f.get("growth", 0) for f in done)),
                 f"{100 * covered / code:.1f}% of {human(code)}" if code else "-",

@@ -16,7 +16,9 @@ loads it as huge pages too.
 
 Outputs: a brp-style log on stdout (one line per ELF file, in path order, then a
 summary), the package manifest (docs/manifest.md) and a JSON report. Every reason
-id they carry is in the core's one table (`hugify explain`).
+id they carry is in the core's one table (`hugify explain`). Files signed with
+IMA/EVM attributes are refused (signed-file) unless the policy or
+--drop-stale-signatures drops the signature; the summary counts both cases.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from hugify import _core, manifest, reasons, render
 from hugify.exitcodes import Exit
 from hugify.policy import Policy, canonical_arch
 from hugify.rewrite import Settings, rewrite, temporary_name
 from hugify.sizes import human
+
+if TYPE_CHECKING:
+    from hugify.rewrite import Rewritten
 
 #: Installed trees that are never walked: separate debug files describe code, they
 #: are not code, and debug tools rely on their layout matching the file they describe.
@@ -127,7 +132,7 @@ class Outcome(NamedTuple):
     status: str  # transformed | as-is | skipped | failed
     reason: str | None = None
     detail: str = ""
-    report: _core.Transformed | None = None
+    report: Rewritten | None = None
     #: (build-id, exec offset, exec size, huge page) when the file goes into the manifest.
     entry: tuple[str, int, int, int] | None = None
     #: sha256 (hex) of the file before it was transformed, for the signed statement.
@@ -159,6 +164,8 @@ class Outcome(NamedTuple):
                 build_id_after=res["build_id"],
                 sha256_before=self.sha256_before,
             )
+            if self.report.get("dropped_signatures"):
+                out["dropped_signatures"] = self.report["dropped_signatures"]
         return out
 
 
@@ -171,6 +178,7 @@ class Job(NamedTuple):
     manifest_only: bool
     refuse_stripped: str | None  # where the policy says so, or None
     epoch: int | None  # SOURCE_DATE_EPOCH
+    drop_signatures: bool = False
 
 
 def _clamped(ns: int, epoch: int | None) -> int:
@@ -232,7 +240,7 @@ def process(job: Job) -> Outcome:
         try:
             with c.files[0].open("rb") as f:
                 before = hashlib.file_digest(f, "sha256").hexdigest()
-            report = rewrite(c.files[0], None, s, keep_times=True)
+            report = rewrite(c.files[0], None, s, keep_times=True, drop_signatures=job.drop_signatures)
         except _core.HugifyError as e:
             if e.kind == "refused":
                 return _as_is(job, (e.reason, e.detail))
@@ -268,6 +276,8 @@ class Options(NamedTuple):
     manifest_only: bool = False
     out: TextIO | None = None  # the log; None: standard output
     progress: bool = False
+    #: --drop-stale-signatures: over the policy's ima_signatures.
+    drop_signatures: bool = False
 
 
 def source_date_epoch() -> int | None:
@@ -388,13 +398,14 @@ def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[O
     pol = opts.policy
     found = candidates(opts.root)
     stripped_rule = pol.where("refuse_stripped") if pol.refuse_stripped else None
+    drop = opts.drop_signatures or pol.drop_signatures
     jobs: list[Job | Outcome] = []
     for c in found:
         decision = _decide(c, opts)
         if isinstance(decision, Outcome):
             jobs.append(decision)
         else:
-            jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch))
+            jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch, drop))
     dirs = {f.parent: f.parent.stat() for c in found for f in c.files}
     progress = _Progress(sum(isinstance(j, Job) for j in jobs), opts.progress)
 
@@ -458,10 +469,27 @@ def _summary(opts: Options, outcomes: list[Outcome], entries: list[manifest.Entr
     where = f"; manifest {opts.manifest} ({len(entries)} entries)" if opts.manifest else ""
     if opts.manifest_only:
         return f"hugify: {who}manifest only: {count['as-is']} aligned file(s) listed{where}"
+    refused, dropped = _signed(outcomes)
+    signed = ""
+    if refused:
+        signed += f"; {refused} signed with IMA/EVM attributes, left unchanged (signed-file)"
+    if dropped:
+        how = (
+            "--drop-stale-signatures"
+            if opts.drop_signatures
+            else f'ima_signatures = "drop", {opts.policy.where("ima_signatures")}'
+        )
+        signed += f"; stale IMA/EVM signatures dropped from {dropped} ({how})"
     return (
         f"hugify: {who}{count['transformed']} transformed, {count['as-is']} as-is, "
-        f"{count['skipped']} skipped, {count['failed']} failed{where}"
+        f"{count['skipped']} skipped, {count['failed']} failed{signed}{where}"
     )
+
+
+def _signed(outcomes: list[Outcome]) -> tuple[int, int]:
+    """Files refused for their IMA/EVM signature, and files whose signature was dropped."""
+    refused = sum(o.reason == "signed-file" for o in outcomes)
+    return refused, sum(bool(o.report and o.report.get("dropped_signatures")) for o in outcomes)
 
 
 def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
@@ -478,6 +506,7 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
         "files": [o.as_json() for o in outcomes],
         "summary": {
             **{s: sum(o.status == s for o in outcomes) for s in STATUSES},
+            **dict(zip(("signed_refused", "signatures_dropped"), _signed(outcomes), strict=True)),
             "on_error": pol.on_error,
             "exit_status": int(code),
         },

@@ -25,6 +25,7 @@ Builds and sessions are cached under the test cache, keyed by their inputs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -342,6 +343,12 @@ def test_hugify_rpm_is_built_with_make_install_and_ships_everything(hugify_rpm: 
         ["rpm", "-qp", "--filetriggers", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=False
     )
     assert "transfiletriggerin scriptlet (using /bin/sh) -- /usr/lib/hugify/manifest.d" in triggers.stdout
+    dirs = "/usr/bin, /usr/lib, /usr/lib64, /usr/libexec, /usr/sbin"
+    for kind, action in (("transfiletriggerin", "record"), ("transfiletriggerun", "forget")):
+        script = triggers.stdout.split(f"{kind} scriptlet (using /bin/sh) -- {dirs}\n", 1)[1]
+        assert f"\n/usr/bin/hugify manifest {action} --from-stdin --quiet || :" in script, triggers.stdout
+    manifest_d_script = triggers.stdout.split("scriptlet (using /bin/sh)")[1]
+    assert "/usr/lib/hugify/manifest.d" in manifest_d_script and "discovered" not in manifest_d_script
     requires = subprocess.run(
         ["rpm", "-qpR", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=True
     ).stdout
@@ -423,6 +430,61 @@ echo "== rpm -e hugify"
 ls -d /usr/bin/hugify /usr/bin/dh_hugify /usr/lib/hugify /usr/lib/rpm/macros.d/macros.hugify \
     > "$W/left" 2>/dev/null || true
 "${clean[@]}" rpm --dbpath "$RPMDB" -q hugify > "$W/status-after" 2>&1 || true
+"""
+
+
+#: Issue 14, item 5: a package built with the installed macros but without
+#: %{?hugify_manifest} in %files, installed with hugify's rpm by `rpm --root` into a
+#: scratch root (copy-on-write overlays of /usr and /etc, so the triggers find a
+#: shell and python3 there); `hugify prefetch --all` and `status` run inside it.
+DISCOVERY_SESSION = r"""
+echo "== rpm -i --nodeps hugify, rpmbuild the test package without %{?hugify_manifest}, rpm -e hugify"
+"${clean[@]}" rpm --dbpath "$RPMDB" -i --nodeps "$W"/rpms/hugify-[0-9]*.rpm
+grep -vxF '%{?hugify_manifest}' "$RPM_TEST/hugify-test.spec" > "$W/hugify-test.spec"
+rc=0
+"${clean[@]}" rpmbuild -bb --define "_topdir $W/top" --define "hugify_test_src $RPM_TEST" \
+    "$W/hugify-test.spec" > "$W/build.log" 2>&1 || rc=$?
+echo "$rc" > "$W/build.rc"
+"${clean[@]}" rpm --dbpath "$RPMDB" -e --nodeps hugify
+[ "$rc" = 0 ] || exit 0
+echo "== a scratch root"
+R=$W/scratch
+mkdir -p "$R"
+mount -t tmpfs hugify-scratch "$R"
+for d in usr etc; do
+    mkdir -p "$ov/scratch-$d/upper" "$ov/scratch-$d/work" "$R/$d"
+    mount -t overlay hugify-scratch -o "lowerdir=/$d,upperdir=$ov/scratch-$d/upper,workdir=$ov/scratch-$d/work" "$R/$d"
+done
+for d in bin sbin lib lib64; do
+    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$R/$d"; fi
+done
+mkdir -p "$R/dev" "$R/proc" "$R/sys" "$R/tmp" "$R/run" "$R/var/lib/rpm"
+mount --rbind /dev "$R/dev"
+mount -t proc proc "$R/proc"
+mount --rbind /sys "$R/sys"
+ls "$R/usr/bin/hugify" > "$W/hugify-before" 2>&1 || true
+in_root=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" HOME=/root LC_ALL=C.UTF-8 chroot "$R")
+rpmr=("${clean[@]}" rpm --root "$R" --dbpath /var/lib/rpm)
+"${rpmr[@]}" --initdb
+echo "== rpm --root: hugify, then the test package"
+"${rpmr[@]}" -i --nodeps "$W"/rpms/hugify-[0-9]*.rpm > "$W/install-hugify.log" 2>&1
+"${rpmr[@]}" -i --nodeps "$W"/top/RPMS/*/hugify-test-1.0-1.*.rpm > "$W/install-built.log" 2>&1
+"${rpmr[@]}" -qlp "$W"/top/RPMS/*/hugify-test-1.0-1.*.rpm > "$W/test-files"
+cp "$R/var/lib/hugify/discovered.list" "$W/discovered-installed.list" || true
+ls "$R/usr/lib/hugify/manifest.d" > "$W/manifest-d-installed" 2>&1 || true
+rc=0
+"${in_root[@]}" hugify prefetch --all --json > "$W/prefetch-installed.json" 2> "$W/prefetch-installed.err" || rc=$?
+echo "$rc" > "$W/prefetch-installed.rc"
+"${in_root[@]}" hugify status --json > "$W/status-installed.json" 2>&1 || true
+echo "== rpm --root -e the test package"
+"${rpmr[@]}" -e hugify-test > "$W/erase-built.log" 2>&1
+cp "$R/var/lib/hugify/discovered.list" "$W/discovered-erased.list" || true
+rc=0
+"${in_root[@]}" hugify prefetch --all --json > "$W/prefetch-erased.json" 2> "$W/prefetch-erased.err" || rc=$?
+echo "$rc" > "$W/prefetch-erased.rc"
+echo "== rpm --root -e hugify"
+"${rpmr[@]}" -e hugify > "$W/erase.log" 2>&1
+ls -A "$R/var/lib" > "$W/var-lib-left"
 """
 
 
@@ -514,16 +576,27 @@ def deb_session(hugify_deb: DebBuild) -> Session:
     return run_session("e2e-deb", DEB_SESSION, key, prepare)
 
 
-@pytest.fixture(scope="session")
-def rpm_session(hugify_rpm: RpmBuild) -> Session:
+def _rpm_session(name: str, script: str, hugify_rpm: RpmBuild) -> Session:
+    """A session with hugify's rpm at hand and the rpm test package's sources."""
+
     def prepare(work: Path) -> None:
         (work / "rpms").mkdir()
         shutil.copy(hugify_rpm.rpm(f"hugify-{VERSION}-"), work / "rpms")
 
     rpm_inputs = [(p.name, p) for p in sorted(RPM_TEST.iterdir())]
     rpm_inputs.append(("gen_code.py", REPO / "tests" / "programs" / "gen_code.py"))
-    key = files_key(rpm_inputs, hugify_rpm.dir.name, RPM_SESSION, NAMESPACE_SETUP, toolchain_key())
-    return run_session("e2e-rpm", RPM_SESSION, key, prepare)
+    key = files_key(rpm_inputs, hugify_rpm.dir.name, script, NAMESPACE_SETUP, toolchain_key())
+    return run_session(name, script, key, prepare)
+
+
+@pytest.fixture(scope="session")
+def rpm_session(hugify_rpm: RpmBuild) -> Session:
+    return _rpm_session("e2e-rpm", RPM_SESSION, hugify_rpm)
+
+
+@pytest.fixture(scope="session")
+def discovery_session(hugify_rpm: RpmBuild) -> Session:
+    return _rpm_session("e2e-rpm-discovery", DISCOVERY_SESSION, hugify_rpm)
 
 
 # --- Debian, end to end ---------------------------------------------------------------------
@@ -610,3 +683,48 @@ def test_erasing_the_hugify_rpm_leaves_nothing_behind(rpm_session: Session) -> N
     s = rpm_session.ok()
     assert s.text("left") == "", "left after rpm -e: " + s.text("left")
     assert "is not installed" in s.text("status-after")
+
+
+# --- rpm: hugified files found without a manifest (issue 14, item 5) ----------------------------
+
+
+def _prefetched(s: Session, name: str) -> dict[str, dict]:
+    text = s.text(f"prefetch-{name}.json")
+    assert text, s.text(f"prefetch-{name}.err")
+    return {f["path"]: f for f in json.loads(text)["files"]}
+
+
+@slow
+def test_rpm_file_trigger_records_hugified_files_of_a_package_without_a_manifest(discovery_session: Session) -> None:
+    s = discovery_session.ok()
+    assert s.text("hugify-before") == "" or "No such file" in s.text("hugify-before")
+    log = s.text("build.log")
+    assert "hugify: hugify-test: 2 transformed, 0 as-is, 1 skipped, 0 failed" in log, log[-3000:]
+    files = s.text("test-files").split()
+    assert "/usr/bin/hugify-test" in files and not any("/usr/lib/hugify/manifest.d/" in f for f in files)
+    assert s.text("manifest-d-installed").split() == [], "the package ships no manifest"
+    root = s.dir / "rpm" / "root"
+    recorded = {e.path: e for e in manifest.parse(s.text("discovered-installed.list"))}
+    hugified_paths = ["/usr/bin/hugify-test", "/usr/bin/hugify-test-link", "/usr/lib64/libhugtest.so.1"]
+    assert sorted(recorded) == hugified_paths, s.text("discovered-installed.list")
+    for path, e in recorded.items():
+        # Against the package's own file, read by readelf, not by hugify.
+        assert e.build_id == readelf_build_id(root / path.lstrip("/")).hex(), path
+        assert hugified(root / path.lstrip("/")), path
+        assert e.offset % e.huge_page == 0 and e.size % e.huge_page == 0 and e.size > 0
+    prefetched = _prefetched(s, "installed")
+    for path in hugified_paths:
+        f = prefetched[path]
+        assert f["manifest"] == "/var/lib/hugify/discovered.list", f
+        assert f.get("error", {}).get("reason") in (None, "hardlink"), f
+    assert "/usr/bin/hugify-small" not in prefetched
+    status = json.loads(s.text("status-installed.json"))
+    assert {f["path"] for f in status["files"]} >= set(hugified_paths)
+
+
+@slow
+def test_rpm_erase_forgets_the_discovered_files(discovery_session: Session) -> None:
+    s = discovery_session.ok()
+    assert manifest.parse(s.text("discovered-erased.list")) == [], s.text("discovered-erased.list")
+    assert not any(p.startswith("/usr/bin/hugify-test") for p in _prefetched(s, "erased"))
+    assert "hugify" not in s.text("var-lib-left").split(), "erasing hugify removes its state directory"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def test_shipped_policy_documents_exactly_the_built_in_defaults() -> None:
 def test_shipped_defaults_are_what_the_issue_asks_for() -> None:
     p = policy.check_file(SHIPPED)
     assert p.enabled and p.threshold == 1 << 20 and p.on_error == "warn" and p.refuse_stripped
+    assert not p.drop_signatures, "IMA/EVM-signed files are refused unless the distro says otherwise"
     for arch in ("amd64", "x86_64", "arm64", "aarch64", "i386"):
         assert p.huge_page(arch) == 2 << 20, arch
     assert (p.signing("mode"), p.signing("key"), p.signing("public_key"), p.signing("tlog_upload")) == (
@@ -154,6 +156,7 @@ def test_every_problem_is_reported_with_file_line_and_hint(tmp_path: Path) -> No
         ("threshold = 1.5\n", 1, "got a float"),
         ('on_error = "ignore"\n', 1, 'expected one of "warn", "fail"'),
         ("refuse_stripped = 1\n", 1, "expected true or false"),
+        ('ima_signatures = "keep"\n', 1, 'expected one of "refuse", "drop"'),
         ('exclude = "/usr/**"\n', 1, "expected an array"),
         ("include = [1]\n", 1, "not a string"),
         ('\ninclude = ["/usr/[bin"]\n', 2, "unclosed ["),
@@ -284,3 +287,11 @@ def test_policy_show_rejects_an_unusable_policy(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.toml", "[signing]\nmode = 1\n")
     res = hugify("policy", "show", "--policy", bad, check=False, env=env())
     assert res.returncode == 3 and f"{bad}:2: signing.mode: expected one of" in res.stderr
+
+
+def test_policy_show_says_what_happens_to_signed_files(tmp_path: Path) -> None:
+    out = hugify("policy", "show", env=env()).stdout
+    assert re.search(r'^ima_signatures = "refuse" +# built-in default$', out, re.M), out
+    drop = write(tmp_path / "drop.toml", '\nima_signatures = "drop"\n')
+    out = hugify("policy", "show", "--policy", drop, env=env()).stdout
+    assert re.search(rf'^ima_signatures = "drop" +# {re.escape(str(drop))}:2$', out, re.M), out

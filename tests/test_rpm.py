@@ -60,6 +60,7 @@ VARIANTS = {
     "plain": Variant(),
     "hugify": Variant(macros=WITH_MACROS),
     "hugify-0": Variant(macros=WITH_MACROS, preamble=("%global _hugify 0",)),
+    "hugify-no": Variant(macros=WITH_MACROS, preamble=("%global _hugify no",)),
     "brp-nil": Variant(macros=WITH_MACROS, preamble=("%global __brp_hugify %{nil}",)),
     "host-nodebug": Variant(
         macros=((MACROS, "macros.d"), (HOST_MACROS, "etc")), defines=(("debug_package", "%{nil}"),)
@@ -357,7 +358,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @slow
-@pytest.mark.parametrize("variant", ["hugify-0", "brp-nil"])
+@pytest.mark.parametrize("variant", ["hugify-0", "hugify-no", "brp-nil"])
 def test_opt_out_is_byte_identical_to_a_build_without_hugify(rpm_build, variant: str) -> None:
     b, plain = _ok(rpm_build(variant)), _ok(rpm_build("plain"))
     assert "brp-hugify" not in b.log and "hugify: " not in b.log
@@ -548,3 +549,97 @@ def test_brp_then_runs_the_command_and_refreshes_the_manifest(tmp_path: Path, fa
     res = _brp(tmp_path, fake, "--manifest", "/m.list", "--then", "sh", "-c", "exit 7")
     assert res.returncode == 7 and not calls.exists(), "a failing find-debuginfo must fail the build"
     assert _brp(tmp_path, fake, "--then", "true").returncode == 0 and not calls.exists()
+
+
+# --- switch spellings (issue 14, item 3) ------------------------------------------------
+
+ON = ["1", "2", "yes", "Yes", "TRUE", "true", "on", "On"]
+OFF = ["0", "no", "No", "false", "FALSE", "off", "OFF", "%{nil}"]
+BAD = ["maybe", "yes please", "0x", "n"]
+
+
+def _switch_line(macro: str, value: str) -> str:
+    return f'error: %{macro} is "{value}", which is not a switch value (1, yes, true or on; 0, no, false or off)'
+
+
+@pytest.mark.parametrize("value", ON + OFF + BAD)
+def test_hugify_switch_spellings_in_the_macros(value: str) -> None:
+    step = _eval("--define", f"_hugify {value}", "--eval", "[%{?__brp_hugify}]")[0]
+    if value in ON:
+        assert step.startswith("[/usr/lib/rpm/brp-hugify --hugify "), step
+    elif value in OFF:
+        assert step == "[]"
+    else:  # a shell line that prints the one line and fails %install
+        assert step.endswith("; exit 1]") and _switch_line("_hugify", value) in step, step
+    # While rpm reads %files: the manifest line is there when hugify runs; a bad value fails.
+    cmd = ["rpm", "--macros", _macro_path(WITH_MACROS), "--define", f"_hugify {value}"]
+    cmd += ["--define", "__debug_package 1", "--define", "name foo", "--eval", "[%{?hugify_manifest}]"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HOME": "/nonexistent"}, check=False)
+    if value in BAD:
+        assert res.returncode != 0 and res.stderr.splitlines() == [_switch_line("_hugify", value)], res.stderr
+    else:
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == ("[/usr/lib/hugify/manifest.d/foo.list]" if value in ON else "[]")
+
+
+def test_integrators_switches_take_the_same_spellings() -> None:
+    host = ((MACROS, "macros.d"), (HOST_MACROS, "etc"))
+    # The host file says 1: find-debuginfo does not run the step again.
+    assert _eval("--eval", "%{__find_debuginfo}", files=host)[:2] == ["", "/usr/bin/find-debuginfo"]
+    for off in ("no", "Off", "0"):
+        first = _eval("--define", f"__hugify_in_spec_install_post {off}", "--eval", "%{__find_debuginfo}")[0]
+        assert first.startswith("/usr/lib/rpm/brp-hugify "), (off, first)
+    for on in ("yes", "ON", "1"):
+        out = _eval("--define", f"__hugify_in_spec_install_post {on}", "--eval", "%{__find_debuginfo}")
+        assert out[:2] == ["", "/usr/bin/find-debuginfo"], (on, out)
+    out = _eval("--define", "__hugify_in_spec_install_post sometimes", "--eval", "%{__find_debuginfo}")[0]
+    assert _switch_line("__hugify_in_spec_install_post", "sometimes") in out and out.endswith("exit 1")
+    out = _eval("--define", "__hugify_sign_in_spec_install_post perhaps", "--eval", "%{__brp_hugify}")[0]
+    assert _switch_line("__hugify_sign_in_spec_install_post", "perhaps") in out
+
+
+TINY_SPEC = """Name: hugify-switch
+Version: 1
+Release: 1
+Summary: switch test
+License: MIT
+%description
+t
+%install
+mkdir -p %{buildroot}/usr/share/hugify-switch
+echo x > %{buildroot}/usr/share/hugify-switch/x
+%files
+/usr/share/hugify-switch/x
+"""
+
+
+@pytest.mark.parametrize("value", ["no", "On", "yes", "maybe"])
+def test_hugify_switch_in_a_real_build(tmp_path: Path, value: str) -> None:
+    """rpmbuild on a tiny spec, hugify hooked in by the host file (so no -debuginfo is
+    needed); a stand-in for brp-hugify records whether the step ran."""
+    calls = tmp_path / "calls"
+    stub = tmp_path / "brp"
+    stub.write_text(f"#!/bin/sh\necho ran >> {calls}\n")
+    stub.chmod(0o755)
+    spec = tmp_path / "t.spec"
+    spec.write_text(f"%global _hugify {value}\n" + TINY_SPEC)
+    cmd = ["rpmbuild", "-bb", "--define", f"_topdir {tmp_path / 'top'}"]
+    cmd += ["--load", str(MACROS), "--load", str(HOST_MACROS), "--define", f"__hugify_brp {stub}", str(spec)]
+    (tmp_path / "home").mkdir()
+    res = subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HOME": str(tmp_path / "home")},
+        check=False,
+    )
+    if value == "maybe":
+        assert res.returncode != 0, res.stdout
+        errors = [line for line in res.stdout.splitlines() if "maybe" in line]
+        assert errors == [_switch_line("_hugify", value)], res.stdout
+        assert "Bad exit status" in res.stdout and "(%install)" in res.stdout
+        assert not calls.exists()
+        return
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert calls.exists() == (value != "no"), res.stdout[-3000:]

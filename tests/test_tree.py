@@ -174,6 +174,8 @@ def test_on_error_fail_fails_at_the_end_after_doing_all_others(tree: Tree) -> No
         "as-is": 0,
         "skipped": 1,
         "failed": 1,
+        "signed_refused": 0,
+        "signatures_dropped": 0,
         "on_error": "fail",
         "exit_status": 1,
     }
@@ -486,3 +488,154 @@ def test_an_unexpected_error_on_one_file_does_not_stop_the_others(tree: Tree, mo
     assert "hugify: warning: /usr/bin/sgid: not transformed (internal): RuntimeError: simulated bug" in log
     assert (tree.root / SGID).read_bytes() == tree.originals[SGID]
     assert exec_aligned(tree.root / SUID) and exec_aligned(tree.root / LIB)
+
+
+# --- IMA/EVM signatures (issue 14, item 2) ----------------------------------------------
+
+IMA = "0x0302046e6a3b9f0048304602210088"  # a signature header and the start of a DER blob
+EVM = "0x05020400112233"
+
+
+def xattrs(path: Path) -> dict[str, str]:
+    """Every extended attribute of a file, as getfattr (attr package) dumps it in hex."""
+    out = subprocess.run(
+        ["getfattr", "--absolute-names", "-d", "-m", "-", "-e", "hex", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def summary_line(log: str) -> str:
+    return next(x for x in log.splitlines() if " as-is, " in x)
+
+
+def sign(path: Path) -> None:
+    for name, value in (("security.ima", IMA), ("security.evm", EVM), ("user.hugify-note", "0x6b657074")):
+        subprocess.run(["setfattr", "-n", name, "-v", value, str(path)], check=True)
+
+
+def test_ima_signed_file_is_refused_untouched_with_its_xattrs(tree: Tree) -> None:
+    sign(tree.root / CAPPED)
+    before = xattrs(tree.root / CAPPED)
+    assert {"security.ima", "security.evm", "security.capability", "user.hugify-note"} <= set(before), before
+    res, report = report_of(tree)
+    assert res.returncode == 0, res.stderr  # a refusal, not a failure
+    assert (tree.root / CAPPED).read_bytes() == tree.originals[CAPPED]
+    assert xattrs(tree.root / CAPPED) == before
+    assert statuses(report)["/" + CAPPED] == ("skipped", "signed-file")
+    assert report["summary"]["signed_refused"] == 1 and report["summary"]["signatures_dropped"] == 0
+    assert f"hugify: /{CAPPED}: skipped (signed-file): signed with security.evm, security.ima" in res.stdout
+    assert "; 1 signed with IMA/EVM attributes, left unchanged (signed-file)" in summary_line(res.stdout)
+    assert exec_aligned(tree.root / BIG), "the unsigned files are still transformed"
+
+
+@pytest.mark.parametrize("how", ["switch", "policy"])
+def test_drop_stale_signatures_transforms_and_drops_only_the_signature(tree: Tree, how: str) -> None:
+    sign(tree.root / CAPPED)
+    before = xattrs(tree.root / CAPPED)
+    if how == "switch":
+        args: tuple[str, ...] = ("--drop-stale-signatures",)
+    else:
+        pol = tree.root.parent / "drop.toml"
+        pol.write_text('ima_signatures = "drop"\n')
+        args = ("--policy", str(pol))
+    res, report = report_of(tree, *args)
+    assert res.returncode == 0, res.stderr
+    assert exec_aligned(tree.root / CAPPED)
+    after = xattrs(tree.root / CAPPED)
+    assert "security.ima" not in after and "security.evm" not in after
+    kept = {k: v for k, v in before.items() if k not in ("security.ima", "security.evm")}
+    assert after == kept and "security.capability" in kept and "user.hugify-note" in kept
+    line = next(x for x in res.stdout.splitlines() if x.startswith(f"hugify: /{CAPPED}: transformed"))
+    assert line.endswith("; dropped the stale signature security.evm, security.ima (re-sign it)"), line
+    (entry,) = [f for f in report["files"] if f["path"] == "/" + CAPPED]
+    assert entry["dropped_signatures"] == ["security.evm", "security.ima"]
+    assert report["summary"]["signatures_dropped"] == 1 and report["summary"]["signed_refused"] == 0
+    why = "--drop-stale-signatures" if how == "switch" else f'ima_signatures = "drop", {pol}:1'
+    assert f"; stale IMA/EVM signatures dropped from 1 ({why})" in summary_line(res.stdout)
+    caps = subprocess.run(["getcap", str(tree.root / CAPPED)], capture_output=True, text=True, check=True).stdout
+    assert "cap_net_raw=ep" in caps
+
+
+@pytest.fixture(params=["tmp", "tmpfs"])
+def signed_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A directory on the test's filesystem, and on a tmpfs mounted for the test
+    (security.* attributes are stored by each filesystem's own handler)."""
+    d = tmp_path / "signed"
+    d.mkdir()
+    if request.param == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "hugify-ima-test", str(d)], check=True)
+        request.addfinalizer(lambda: subprocess.run(["umount", str(d)], check=True))
+        fs = subprocess.run(["stat", "-f", "-c", "%T", str(d)], capture_output=True, text=True, check=True)
+        assert fs.stdout.strip() == "tmpfs"
+    return d
+
+
+def test_transform_in_place_refuses_an_ima_signed_file(signed_dir: Path, programs: tuple[Path, Path]) -> None:
+    f = signed_dir / "prog"
+    shutil.copyfile(programs[0] / "prog", f)
+    f.chmod(0o755)
+    sign(f)
+    original, attrs = f.read_bytes(), xattrs(f)
+    res = hugify("transform", f, "--in-place", check=False)
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert res.stderr.strip().endswith("(signed-file)") and "security.evm, security.ima" in res.stderr
+    assert f.read_bytes() == original and xattrs(f) == attrs
+    assert sorted(p.name for p in signed_dir.iterdir()) == ["prog"], "no temporary file left"
+    res = hugify("transform", f, "--in-place", "--drop-stale-signatures")
+    assert "dropped the stale signature security.evm, security.ima" in res.stdout
+    assert exec_aligned(f)
+    assert xattrs(f) == {"user.hugify-note": attrs["user.hugify-note"]}
+    env = {"LD_LIBRARY_PATH": str(programs[0])}  # its library, found beside the original by $ORIGIN
+    assert run_program(f, env=env)[:2] == run_program(programs[0] / "prog")[:2]
+
+
+def test_explain_knows_the_new_reasons() -> None:
+    out = hugify("explain", "signed-file", "live-root").stdout
+    assert out.startswith("signed-file (refused, exit status 4): ")
+    assert "\nlive-root (refused, exit status 4): " in out
+
+
+# --- a live root (issue 14, item 4) -------------------------------------------------------
+
+
+@pytest.fixture(params=["slash", "symlink", "bind-mount"])
+def live_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """/ itself, a symlink to it, and a bind mount of it: the running system's root."""
+    if request.param == "slash":
+        return "/"
+    path = tmp_path / "root"
+    if request.param == "symlink":
+        path.symlink_to("/")
+    else:
+        path.mkdir()
+        subprocess.run(["mount", "--bind", "/", str(path)], check=True)
+        request.addfinalizer(lambda: subprocess.run(["umount", str(path)], check=True))
+    return str(path)
+
+
+def test_tree_refuses_the_live_root(live_root: str, tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    res = hugify("tree", live_root, "--report", report, check=False, env={**os.environ, "HUGIFY_POLICY_PATH": ""})
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert res.stdout == "" and not report.exists()
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"hugify: {live_root}: this is the running system's root") and line.endswith("(live-root)")
+    assert "--allow-live-root" in line and "$RPM_BUILD_ROOT" in line
+
+
+def test_allow_live_root_lets_the_run_proceed(tmp_path: Path) -> None:
+    # A disabled policy: the run gets past the guard and changes nothing.
+    pol = tmp_path / "off.toml"
+    pol.write_text("enabled = false\n")
+    env = {**os.environ, "HUGIFY_POLICY_PATH": ""}
+    res = hugify("tree", "/", "--allow-live-root", "--policy", pol, check=False, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "disabled by the policy" in res.stdout
+
+
+def test_a_build_root_is_not_a_live_root(tree: Tree) -> None:
+    res = tree.run()
+    assert res.returncode == 0 and "live-root" not in res.stderr

@@ -111,6 +111,8 @@ reasons! {
     ToolFailed => (Io, "tool-failed", "hugify repack: a packaging tool (dpkg-deb, rpm, rpmbuild, eu-unstrip, objcopy) failed."),
     HugePageMismatch => (Refused, "huge-page-mismatch", "The file is aligned to another huge-page size than this system's PMD huge page."),
     Hardlink => (Info, "hardlink", "Another name of a file already handled: its inode is prefetched once."),
+    SignedFile => (Refused, "signed-file", "The file carries an IMA or EVM signature (security.ima, security.evm) that rewriting would make stale; drop it only on purpose (--drop-stale-signatures, ima_signatures = \"drop\")."),
+    LiveRoot => (Refused, "live-root", "The tree given is the running system's root, not a package build root; pass --allow-live-root to rewrite it in place on purpose."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }

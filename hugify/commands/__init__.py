@@ -7,7 +7,19 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMANDS = ["inspect", "transform", "explain", "tree", "policy", "prefetch", "status", "sign", "verify", "repack"]
+COMMANDS = [
+    "inspect",
+    "transform",
+    "explain",
+    "tree",
+    "policy",
+    "prefetch",
+    "status",
+    "manifest",
+    "sign",
+    "verify",
+    "repack",
+]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None) -> None:

@@ -132,7 +132,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "5 a file is missing or unreadable; 2 usage.",
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to prefetch (or manifests, with --manifests)")
-    p.add_argument("--all", action="store_true", help="every file listed in the installed manifests")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every file listed in the installed manifests and in the discovered list "
+        "(discovered.list in $HUGIFY_STATE_DIR or /var/lib/hugify, kept by the rpm file triggers)",
+    )
     p.add_argument(
         "--manifests", action="store_true", help="the FILE arguments are manifests: prefetch the files they list"
     )

@@ -107,7 +107,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
         help="installed hugified files and how much of their code is on huge pages now",
-        description="Lists the files of the installed manifests (or the given files) with the share of "
+        description="Lists the files of the installed manifests and of the discovered list kept by the rpm "
+        "file triggers (or the given files) with the share of "
         "their code that the page cache holds in 2 MiB folios right now, and the system settings that "
         "matter. Reads nothing into the page cache.",
     )

@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> Exit:
     src = args.file
     dst = None if args.in_place else args.output
     try:
-        r = rewrite(src, dst, settings(args))
+        r = rewrite(src, dst, settings(args), drop_signatures=args.drop_stale_signatures)
     except (_core.HugifyError, OSError) as e:
         code, info = failure(e, args.file)
         if args.json:
@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", metavar="OUT", help="write the result to OUT")
     out.add_argument("--in-place", action="store_true", help="replace FILE, keeping owner, mode and xattrs")
+    p.add_argument(
+        "--drop-stale-signatures",
+        action="store_true",
+        help="rewrite a file signed with security.ima/security.evm and drop those attributes "
+        "(default: refuse it, reason signed-file)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_plan_options(p)
     p.set_defaults(func=run)

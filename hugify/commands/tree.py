@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from hugify.commands.common import build_root, usable_policy
+from hugify.commands.common import build_root, failure, say_failure, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -29,12 +29,28 @@ def _regex(text: str) -> re.Pattern[str]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {e}") from e
 
 
+def live_root(root: Path) -> bool:
+    """Whether `root` is the running system's root directory (the same directory as
+    /, whatever the path: a symlink or a bind mount of / too)."""
+    here, top = root.stat(), os.stat("/")
+    return (here.st_dev, here.st_ino) == (top.st_dev, top.st_ino)
+
+
 def run(args: argparse.Namespace) -> Exit:
     from hugify import policy, tree
+    from hugify.rewrite import hugify_error
 
     root = build_root(args.root)
     if root is None:
         return Exit.USAGE
+    if not args.allow_live_root and live_root(root):
+        detail = (
+            "this is the running system's root, not a package build root; hint: give the build root "
+            "(rpm: $RPM_BUILD_ROOT, Debian: debian/PKG), or --allow-live-root to rewrite this system's files in place"
+        )
+        code, info = failure(hugify_error("live-root", detail), args.root)
+        say_failure(args.root, info)
+        return code
     pol = usable_policy(args.policy, args.package)
     if pol is None:
         return Exit.INVALID
@@ -50,6 +66,7 @@ def run(args: argparse.Namespace) -> Exit:
         report=Path(args.report) if args.report else None,
         manifest_only=args.manifest_only,
         progress=sys.stderr.isatty() and not args.no_progress,
+        drop_signatures=args.drop_stale_signatures,
     )
     return tree.run(opts)
 
@@ -61,7 +78,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Selects ELF executables and shared objects by content, applies the policy, and "
         "transforms each inode once, in parallel, keeping owner, mode, xattrs, times and hardlinks. "
         "Logs one line per ELF file and a summary. Exit status: 0, or 1 when files failed and the "
-        'policy says on_error = "fail"; 3 for an unusable policy.',
+        'policy says on_error = "fail"; 3 for an unusable policy; 4 when ROOT is the running system\'s root '
+        "(live-root) and --allow-live-root is not given.",
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
@@ -87,6 +105,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="transform nothing; list the files whose code is already huge-page aligned "
         "(to refresh build-ids after a later tool such as debugedit rewrote them)",
+    )
+    p.add_argument(
+        "--drop-stale-signatures",
+        action="store_true",
+        help="rewrite files signed with security.ima/security.evm and drop those attributes "
+        '(default: the policy\'s ima_signatures, "refuse": such files are skipped with reason signed-file)',
+    )
+    p.add_argument(
+        "--allow-live-root",
+        action="store_true",
+        help="allow ROOT to be the running system's root (/): rewrite installed files in place",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display, even on a terminal")
     p.set_defaults(func=run)

@@ -1,0 +1,52 @@
+"""``hugify manifest record|forget``: keep the discovered list (docs/manifest.md) of
+hugified files that packages installed without a manifest; rpm's file triggers of
+the hugify package run it with the installed or erased paths."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hugify.exitcodes import Exit
+
+
+def run(args: argparse.Namespace) -> Exit:
+    from hugify import discovered, manifest
+
+    if args.from_stdin == bool(args.paths):
+        print("hugify manifest: give --from-stdin, or PATH arguments", file=sys.stderr)
+        return Exit.USAGE
+    paths = sys.stdin.read().splitlines() if args.from_stdin else args.paths
+    listing = manifest.discovered_list()
+    act = discovered.record if args.manifest_command == "record" else discovered.forget
+    try:
+        changed = act(paths, listing)
+    except OSError as e:
+        print(f"hugify: {listing}: {e.strerror or e}", file=sys.stderr)
+        return Exit.IO
+    if not args.quiet:
+        done = "recorded in" if args.manifest_command == "record" else "forgotten from"
+        for entry in changed:
+            print(f"hugify: {entry.path}: {done} {listing}")
+    return Exit.OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "manifest",
+        help="record or forget installed hugified files in the discovered list (rpm file triggers)",
+        description="Keeps $HUGIFY_STATE_DIR/discovered.list (default /var/lib/hugify/discovered.list), "
+        "read by `hugify prefetch --all` and `hugify status` after the manifests of "
+        "/usr/lib/hugify/manifest.d. A file is hugified when its executable segment, aligned to this "
+        "system's PMD huge page with its file offset congruent to its address, spans a whole window.",
+    )
+    cmds = p.add_subparsers(dest="manifest_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("record", "look at the given installed paths: list the hugified ones, drop the others"),
+        ("forget", "drop the given paths from the list (their package is being erased)"),
+    ):
+        c = cmds.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        c.add_argument("paths", nargs="*", metavar="PATH")
+        c.add_argument("--from-stdin", action="store_true", help="read the paths from standard input, one a line")
+        c.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+        c.set_defaults(func=run)
