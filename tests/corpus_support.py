@@ -275,6 +275,7 @@ class Summary:
     elf_files: int
     eligible: int  # at or above the threshold
     transformed: int
+    as_is: int  # listed without a rewrite: code on whole windows already
     refused: Counter[str]
     input_bytes: int  # of the transformed files, before
     growth: int
@@ -282,7 +283,8 @@ class Summary:
 
     @property
     def share(self) -> float:
-        return self.transformed / self.eligible if self.eligible else 0.0
+        """Of the files over the threshold, those whose code gets huge pages."""
+        return (self.transformed + self.as_is) / self.eligible if self.eligible else 0.0
 
     def lines(self) -> list[str]:
         mib = 1 << 20
@@ -290,7 +292,8 @@ class Summary:
         return [
             f"ELF files          {self.elf_files} in {len(PACKAGES)} packages,"
             f" {self.eligible} with code over the threshold",
-            f"transformed        {self.transformed} of {self.eligible} ({100 * self.share:.1f} %)",
+            f"transformed        {self.transformed} of {self.eligible}, as-is {self.as_is}"
+            f" ({100 * self.share:.1f} % get huge pages)",
             f"refused            {refused}",
             f"growth             {self.growth / mib:.1f} MiB over {self.input_bytes / mib:.1f} MiB"
             f" ({100 * self.growth / max(self.input_bytes, 1):.1f} %)",
@@ -302,11 +305,13 @@ def summarize(report: dict[str, Any], root: Path) -> Summary:
     """The figures of a `hugify tree` report over the transformed `root`."""
     files = report["files"]
     done = [f for f in files if f["status"] == "transformed"]
-    refused = Counter(f["reason"] for f in files if f["status"] != "transformed" and f["reason"] != "below-threshold")
+    as_is = sum(f["status"] == "as-is" for f in files)
+    refused = Counter(f["reason"] for f in files if f["status"] == "skipped" and f["reason"] != "below-threshold")
     return Summary(
         elf_files=len(files),
-        eligible=len(done) + sum(refused.values()),
+        eligible=len(done) + as_is + sum(refused.values()),
         transformed=len(done),
+        as_is=as_is,
         refused=refused,
         input_bytes=sum((root / f["path"].lstrip("/")).stat().st_size - f["growth"] for f in done),
         growth=sum(f["growth"] for f in done),

@@ -72,10 +72,10 @@ def test_tree_lists_files_that_need_no_rewrite_as_is(as_is: Path, tmp_path: Path
     assert res.returncode == 0, res.stdout + res.stderr
     assert {p: p.read_bytes() for p in (prog, plug)} == before
     report = {f["path"]: f for f in json.loads(r.read_text())["files"]}
-    assert report["/usr/bin/prog"]["status"] == "as-is" and report["/usr/bin/prog"]["reason"] == "no-gain"
+    assert report["/usr/bin/prog"]["status"] == "as-is" and report["/usr/bin/prog"]["reason"] == "already-aligned"
     assert report["/usr/lib/libplug.so"]["status"] == "as-is"
     assert report["/usr/lib/libplug.so"]["reason"] == "already-aligned"
-    assert "hugify: /usr/bin/prog: as-is (no-gain): " in res.stdout
+    assert "hugify: /usr/bin/prog: as-is (already-aligned): " in res.stdout
     assert "hugify: 0 transformed, 2 as-is, 0 skipped, 0 failed" in res.stdout
     entries = {e.path: e for e in manifest.parse(m.read_text())}
     assert all(e.as_is for e in entries.values()) and all(

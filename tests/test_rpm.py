@@ -57,7 +57,9 @@ class Variant:
 
 WITH_MACROS = ((MACROS, "macros.d"),)
 VARIANTS = {
-    "plain": Variant(),
+    # Off also when a system-wide hugify (make install, the hugify rpm) put its
+    # macros into /usr/lib/rpm/macros.d, which every rpmbuild reads.
+    "plain": Variant(defines=(("_hugify", "0"),)),
     "hugify": Variant(macros=WITH_MACROS),
     "hugify-0": Variant(macros=WITH_MACROS, preamble=("%global _hugify 0",)),
     "hugify-no": Variant(macros=WITH_MACROS, preamble=("%global _hugify no",)),

@@ -13,7 +13,7 @@ use crate::elf::{align_down, align_up, Elf, Phdr};
 use crate::error::{Error, Reason, Result};
 use crate::hazards;
 use crate::layout::{Analysis, FileKind, LoadPlace};
-use crate::windows::{covered, huge_windows};
+use crate::windows::{covered, huge_placed, huge_windows};
 
 /// Which transformation a plan performs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,10 +118,11 @@ pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
             format!("executable segment is {} bytes, below the threshold of {threshold}", x.p_memsz),
         ));
     }
-    if x.p_align >= huge_page && x.p_offset % huge_page == x.p_vaddr % huge_page {
+    if huge_placed(x, an.kind == FileKind::Executable, huge_page) {
+        let how = if an.kind == FileKind::Executable { "at its fixed address" } else { "with its p_align" };
         return Err(refused(
             Reason::AlreadyAligned,
-            format!("executable segment already has p_align {:#x} with offset congruent to address", x.p_align),
+            format!("executable segment is placed {how} with its file offset congruent to its address"),
         ));
     }
     Ok(())

@@ -27,21 +27,25 @@ impl WindowRun {
     }
 }
 
-/// The whole huge-page windows of the executable loads among `phdrs`.
-///
-/// `fixed` says the file is an ET_EXEC: its segments go to their link-time
-/// addresses whatever their `p_align`. A PIE or library gets a huge-page-aligned
-/// base only if its loads ask for it (`p_align >= hp`), as glibc's loader and the
-/// kernel's ELF loader honour it. Only file-backed bytes count (`p_filesz`): the
-/// rest of `p_memsz` is anonymous memory.
+/// Whether a load is mapped at an address whose huge-page windows line up with
+/// the file's: its offset congruent to its address modulo `hp`, and the address
+/// itself where the link put it. `fixed` says the file is an ET_EXEC, whose
+/// segments go to their link-time addresses whatever their `p_align`; a PIE or
+/// library gets a huge-page-aligned base only if its loads ask for one
+/// (`p_align >= hp`), which glibc's loader and the kernel's ELF loader honour.
+pub fn huge_placed(p: &Phdr, fixed: bool, hp: u64) -> bool {
+    (fixed || p.p_align >= hp) && p.p_vaddr.wrapping_sub(p.p_offset) % hp == 0
+}
+
+/// The whole huge-page windows of the executable loads among `phdrs` that are
+/// [`huge_placed`]. Only file-backed bytes count (`p_filesz`): the rest of
+/// `p_memsz` is anonymous memory.
 pub fn huge_windows(phdrs: &[Phdr], fixed: bool, hp: u64) -> Vec<WindowRun> {
     let mut out = Vec::new();
     for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0) {
-        let placed = fixed || p.p_align >= hp;
-        let congruent = p.p_vaddr.wrapping_sub(p.p_offset) % hp == 0;
         let Some(end) = p.p_vaddr.checked_add(p.p_filesz) else { continue };
         let (start, end) = (align_up(p.p_vaddr, hp), align_down(end, hp));
-        if placed && congruent && end > start {
+        if huge_placed(p, fixed, hp) && end > start {
             out.push(WindowRun { offset: p.p_offset + (start - p.p_vaddr), vaddr: start, len: end - start });
         }
     }
