@@ -29,12 +29,9 @@ class Entry:
     offset: int
     size: int
     huge_page: int
-    #: Listed without a rewrite (its code already lay on whole windows).
-    as_is: bool = False
 
     def line(self) -> str:
-        line = f"{self.path}\t{self.build_id}\t{self.offset:#x}\t{self.size:#x}\t{self.huge_page:#x}"
-        return line + "\tas-is" if self.as_is else line
+        return f"{self.path}\t{self.build_id}\t{self.offset:#x}\t{self.size:#x}\t{self.huge_page:#x}"
 
 
 def render(entries: Iterable[Entry]) -> str:
@@ -51,8 +48,7 @@ def parse(text: str, origin: str = "<manifest>") -> list[Entry]:
         fields = line.split("\t")
         try:
             path, build_id, offset, size, huge = fields[:5]
-            as_is = fields[5:6] == ["as-is"]
-            entries.append(Entry(path, build_id, int(offset, 0), int(size, 0), int(huge, 0), as_is))
+            entries.append(Entry(path, build_id, int(offset, 0), int(size, 0), int(huge, 0)))
         except ValueError:
             print(f"hugify: {origin}:{n}: skipping malformed manifest line", file=sys.stderr)
     return entries

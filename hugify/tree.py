@@ -432,7 +432,7 @@ def run(opts: Options) -> Exit:
     else:
         print(f"hugify: disabled by the policy (enabled = false, {pol.where('enabled')}); nothing changed", file=out)
     entries = [
-        manifest.Entry(p, *o.entry, as_is=o.status == "as-is" and not opts.manifest_only)
+        manifest.Entry(p, *o.entry)
         for o in outcomes
         if o.entry
         for p in o.paths

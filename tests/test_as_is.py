@@ -78,9 +78,6 @@ def test_tree_lists_files_that_need_no_rewrite_as_is(as_is: Path, tmp_path: Path
     assert "hugify: /usr/bin/prog: as-is (already-aligned): " in res.stdout
     assert "hugify: 0 transformed, 2 as-is, 0 skipped, 0 failed" in res.stdout
     entries = {e.path: e for e in manifest.parse(m.read_text())}
-    assert all(e.as_is for e in entries.values()) and all(
-        line.endswith("\tas-is") for line in m.read_text().splitlines()[1:]
-    )
     for path, file, fixed in (("/usr/bin/prog", prog, True), ("/usr/lib/libplug.so", plug, False)):
         want = _expected_windows(file, fixed)
         assert want, f"{file}: the test file has no whole window"
