@@ -23,11 +23,11 @@ pub enum RelocClass {
 /// systems and `--arch` may use.
 #[derive(Clone, Copy, Debug)]
 pub struct ArchName {
-    /// e_machine.
+    /// The ELF machine number (`e_machine`).
     pub machine: u16,
-    /// ELFCLASS64.
+    /// Whether its files are ELFCLASS64.
     pub is64: bool,
-    /// ELFDATA2LSB.
+    /// Whether its files are little-endian.
     pub little: bool,
     /// The canonical name.
     pub name: &'static str,
@@ -62,7 +62,7 @@ impl ArchName {
 /// An architecture the rewriter supports.
 #[derive(Clone, Copy, Debug)]
 pub struct Arch {
-    /// e_machine.
+    /// The ELF machine number (`e_machine`).
     pub machine: u16,
     /// The canonical name ([`ArchName::name`]).
     pub name: &'static str,

@@ -9,7 +9,7 @@
 //! * a probe of the code for pc-relative address formation whose target lies in what
 //!   stays: RIP-relative `lea`/`mov` on x86-64, `adrp` (with its `add`/`ldr`) on
 //!   aarch64, GOT-relative `lea`/`mov` on i386. It catches stripped files too; on the
-//!   Debian corpus it fired only on ld.so and ldconfig (research notes §6.3);
+//!   Debian corpus (tests/test_debian_corpus.py) it fired only on ld.so and ldconfig;
 //! * on i386, code addresses data relative to the GOT: the GOT must move with it.
 
 use crate::elf::consts::*;

@@ -115,9 +115,9 @@ impl Output {
                     f(Chunk::Bytes { dst: piece.dst, data: b })?;
                     continue;
                 }
-                Source::Trap(_) => {
+                Source::Trap(trap) => {
                     buf.resize(piece.len as usize, 0);
-                    fill(&mut buf, piece, input);
+                    fill_trap(&mut buf, piece.dst, trap);
                     f(Chunk::Bytes { dst: piece.dst, data: &buf })?;
                     continue;
                 }
@@ -201,16 +201,11 @@ impl Output {
     }
 }
 
-/// Fills `dst` (exactly `p.len` bytes) with the piece's contents.
-pub fn fill(dst: &mut [u8], p: &Piece, input: &[u8]) {
-    match &p.src {
-        Source::Input(src) => dst.copy_from_slice(&input[*src as usize..(*src + p.len) as usize]),
-        Source::Owned(b) => dst.copy_from_slice(b),
-        Source::Trap(t) => {
-            for (i, b) in dst.iter_mut().enumerate() {
-                *b = t[((p.dst + i as u64) % t.len() as u64) as usize];
-            }
-        }
+/// Fills `buf` with the trap instruction repeated as it falls from output offset
+/// `dst` on, so that multi-byte traps stay aligned to the file (and the code).
+fn fill_trap(buf: &mut [u8], dst: u64, trap: &[u8]) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = trap[((dst + i as u64) % trap.len() as u64) as usize];
     }
 }
 

@@ -38,7 +38,7 @@ impl HugeState {
 pub struct Probe {
     /// The architecture, if hugify has a name for it.
     pub arch: Option<&'static ArchName>,
-    /// ELFCLASS64.
+    /// Whether the file is ELFCLASS64.
     pub is64: bool,
     /// PIE, static-pie, shared object or executable; None if the file is too damaged to tell.
     pub kind: Option<FileKind>,

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use hugify_core::{inspect, transform_to_vec, Options};
+use hugify_core::{inspect, probe::probe, transform_to_vec, Options, DEFAULT_HUGE_PAGE};
 
 fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions").join(target);
@@ -26,6 +26,7 @@ fn inspect_and_transform_inputs_give_errors_not_panics() {
     for (name, data) in files {
         eprintln!("{name}");
         let _ = inspect(&data, &opts());
+        let _ = probe(&data, DEFAULT_HUGE_PAGE);
         let _ = transform_to_vec(&data, &opts());
     }
 }

@@ -4,7 +4,7 @@
 //! `DW_OP_constx` indices are recorded: those `.debug_addr` entries are constants.
 //!
 //! Operands are skipped by shape, from a table of every operation of DWARF 2-5 and
-//! the GNU extensions (DWARF 5 section 7.7.1; research notes §3.4). Large files hold
+//! the GNU extensions (DWARF 5 section 7.7.1 and GCC's dwarf2.def). Large files hold
 //! millions of expressions, and nothing but their shape is needed here. An opcode
 //! outside the table is an error: it might carry an address.
 

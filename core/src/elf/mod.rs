@@ -97,22 +97,16 @@ pub fn read_u64(data: &[u8], off: u64) -> Result<u64> {
 
 /// The ELF header fields the rewriter uses, with extended numbering resolved.
 #[derive(Clone, Debug)]
+#[allow(missing_docs)] // fields named as in the ELF specification (gABI)
 pub struct Ehdr {
-    /// e_type.
     pub e_type: u16,
-    /// e_machine.
     pub e_machine: u16,
-    /// e_entry.
     pub e_entry: u64,
-    /// e_phoff.
     pub e_phoff: u64,
-    /// e_shoff.
     pub e_shoff: u64,
-    /// e_phentsize.
     pub e_phentsize: u16,
     /// Real number of program headers.
     pub phnum: u64,
-    /// e_shentsize.
     pub e_shentsize: u16,
     /// Real number of section headers.
     pub shnum: u64,
@@ -122,22 +116,15 @@ pub struct Ehdr {
 
 /// One program header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // fields named as in the ELF specification (gABI)
 pub struct Phdr {
-    /// p_type.
     pub p_type: u32,
-    /// p_flags.
     pub p_flags: u32,
-    /// p_offset.
     pub p_offset: u64,
-    /// p_vaddr.
     pub p_vaddr: u64,
-    /// p_paddr.
     pub p_paddr: u64,
-    /// p_filesz.
     pub p_filesz: u64,
-    /// p_memsz.
     pub p_memsz: u64,
-    /// p_align.
     pub p_align: u64,
 }
 
@@ -160,30 +147,21 @@ impl Phdr {
 
 /// One section header, with its name resolved.
 #[derive(Clone, Debug)]
+#[allow(missing_docs)] // fields named as in the ELF specification (gABI)
 pub struct Shdr {
     /// Index in the section header table.
     pub index: usize,
     /// Section name (lossy UTF-8).
     pub name: String,
-    /// sh_name.
     pub sh_name: u32,
-    /// sh_type.
     pub sh_type: u32,
-    /// sh_flags.
     pub sh_flags: u64,
-    /// sh_addr.
     pub sh_addr: u64,
-    /// sh_offset.
     pub sh_offset: u64,
-    /// sh_size.
     pub sh_size: u64,
-    /// sh_link.
     pub sh_link: u32,
-    /// sh_info.
     pub sh_info: u32,
-    /// sh_addralign.
     pub sh_addralign: u64,
-    /// sh_entsize.
     pub sh_entsize: u64,
 }
 

@@ -26,18 +26,13 @@ pub(super) fn read_ehdr(d: &[u8], c: Class) -> Result<Ehdr> {
 }
 
 /// File offsets of the ELF header fields the rewriter patches.
+#[allow(missing_docs)] // fields named as in the ELF specification (gABI)
 pub struct EhdrFields {
-    /// e_entry.
     pub entry: u64,
-    /// e_phoff.
     pub phoff: u64,
-    /// e_shoff.
     pub shoff: u64,
-    /// e_phnum.
     pub phnum: u64,
-    /// e_shnum.
     pub shnum: u64,
-    /// e_shstrndx.
     pub shstrndx: u64,
 }
 
@@ -159,8 +154,8 @@ pub(super) fn read_shdr(d: &[u8], c: Class, table: u64, index: u64) -> Result<Sh
 
 /// One dynamic entry.
 #[derive(Clone, Copy, Debug)]
+#[allow(missing_docs)] // the gABI's fields without their prefix (d_tag, d_val)
 pub struct Dyn {
-    /// d_tag.
     pub tag: i64,
     /// d_val / d_ptr.
     pub val: u64,
@@ -186,14 +181,11 @@ pub(super) fn read_dynamic(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Dyn
 
 /// One symbol.
 #[derive(Clone, Copy, Debug)]
+#[allow(missing_docs)] // the gABI's fields without their prefix (st_name, st_info, st_shndx, st_value)
 pub struct Sym {
-    /// st_name.
     pub name: u32,
-    /// st_info.
     pub info: u8,
-    /// st_shndx.
     pub shndx: u16,
-    /// st_value.
     pub value: u64,
 }
 
@@ -245,8 +237,8 @@ pub(super) fn read_symbols(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Sym
 
 /// One REL or RELA relocation.
 #[derive(Clone, Copy, Debug)]
+#[allow(missing_docs)] // the gABI's fields without their prefix (r_offset, r_info, r_addend)
 pub struct Rel {
-    /// r_offset.
     pub offset: u64,
     /// Relocation type.
     pub kind: u32,
