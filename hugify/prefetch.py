@@ -184,6 +184,10 @@ def _engine_path() -> Path:
     raise OSError(f"{ENGINE_LIB} not found next to {here} (build it with `make`)")
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 class Engine:
     """hp_core's window state machine, in libhugify-engine.so (runtime/engine.c)."""
 
@@ -198,7 +202,7 @@ class Engine:
         self.ct, self.report = ctypes, Report
         lib = ctypes.CDLL(str(_engine_path()))
         lib.hp_engine_init.restype = ctypes.c_uint
-        lib.hp_engine_init.argtypes = [ctypes.c_uint64, ctypes.c_int]
+        lib.hp_engine_init.argtypes = [ctypes.c_uint64, ctypes.c_uint]
         lib.hp_engine_run.restype = ctypes.c_int
         lib.hp_engine_run.argtypes = [
             ctypes.c_int,
@@ -212,8 +216,10 @@ class Engine:
             f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_uint]
         self.lib = lib
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
-        # HUGIFY_FORCE_MINCORE=1 takes the path of kernels without cachestat (Linux < 6.5).
-        self.features = int(lib.hp_engine_init(hp, os.environ.get("HUGIFY_FORCE_MINCORE") == "1"))
+        # HUGIFY_FORCE_MINCORE=1 / HUGIFY_FORCE_SMAPS=1 take the paths of kernels without
+        # cachestat (Linux < 6.5) / PAGEMAP_SCAN (< 6.7), as hugify-run's does.
+        force = self.CACHESTAT * _env_flag("HUGIFY_FORCE_MINCORE") | self.PAGEMAP_SCAN * _env_flag("HUGIFY_FORCE_SMAPS")
+        self.features = int(lib.hp_engine_init(hp, force))
 
     def has(self, feature: int) -> bool:
         return bool(self.features & feature)

@@ -12,7 +12,7 @@
 
 EXPORT const char *hp_engine_state_name(unsigned s);
 EXPORT const char *hp_engine_why_name(unsigned w);
-EXPORT unsigned hp_engine_init(uint64_t hp, int force_mincore);
+EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
 
 static struct hp_ctx ctx;
@@ -46,15 +46,19 @@ EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? st
 
 EXPORT const char *hp_engine_why_name(unsigned w) { return w < HP_NWHY ? why_names[w] : "?"; }
 
-/* Sets up the engine for huge pages of `hp` bytes; `force_mincore` takes the path of
- * kernels without cachestat (Linux < 6.5). Returns the HP_ENGINE_* bits. */
-EXPORT unsigned hp_engine_init(uint64_t hp, int force_mincore)
+/* Sets up the engine for huge pages of `hp` bytes. `force` takes the paths of older
+ * kernels, so that the tests cover them on any kernel: HP_ENGINE_CACHESTAT, as without
+ * cachestat (Linux < 6.5); HP_ENGINE_PAGEMAP_SCAN, as without PAGEMAP_SCAN (< 6.7).
+ * Returns the HP_ENGINE_* bits of what works. */
+EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
 {
     hp_ctx_release(&ctx);
     hp_ctx_init(&ctx, hp);
     ctx.smaps = 1; /* each window is a VMA of its own (see hp_engine_run) */
-    if (force_mincore)
+    if (force & HP_ENGINE_CACHESTAT)
         ctx.cachestat = 0;
+    if (force & HP_ENGINE_PAGEMAP_SCAN)
+        ctx.scan = 0;
     unsigned bits = 0;
     if (hp_cachestat_works(&ctx))
         bits |= HP_ENGINE_CACHESTAT;
