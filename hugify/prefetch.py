@@ -35,9 +35,6 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 #: The engine, next to the package: runtime/ in the source tree, /usr/lib/hugify installed.
 ENGINE_LIB = "libhugify-engine.so"
 
-#: Filesystems whose pages cannot be evicted and read again.
-MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "shmem", "hugetlbfs"}
-
 # Window states, by the engine's names (runtime/hp_core.h; docs/runtime.md "Window states").
 HUGE = "huge"
 LOADED = "loaded"
@@ -217,7 +214,7 @@ class Engine:
         self.lib = lib
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
         # HUGIFY_FORCE_MINCORE=1 / HUGIFY_FORCE_SMAPS=1 take the paths of kernels without
-        # cachestat (Linux < 6.5) / PAGEMAP_SCAN (< 6.7), as hugify-run's does.
+        # cachestat (Linux < 6.5) / PAGEMAP_SCAN (< 6.7), for the tests.
         force = self.CACHESTAT * _env_flag("HUGIFY_FORCE_MINCORE") | self.PAGEMAP_SCAN * _env_flag("HUGIFY_FORCE_SMAPS")
         self.features = int(lib.hp_engine_init(hp, force))
 
@@ -494,6 +491,8 @@ class Run:
     hp: int
     #: Filesystem type -> why files on it cannot be prefetched (said once).
     unable_fs: dict[str, str] = field(default_factory=dict)
+    #: Filesystems found to give no large folios: their other files are not tried.
+    no_large_folios: set[str] = field(default_factory=set)
 
     def record(self) -> None:
         write_record(self.rdir, self.system.exec_pmd_readahead, self.system.thp_enabled)
@@ -519,6 +518,7 @@ class Run:
                 "folios (its huge pages follow its huge= mount option)",
             )
         if why == "no-large-folios":
+            self.no_large_folios.add(t.fs)
             return self.unable_fs.setdefault(
                 t.fs, f"the {t.fs} filesystem gives no large folios on this kernel (read in again as small folios)"
             )
@@ -529,7 +529,7 @@ class Run:
     def prefetch(self, targets: list[Target]) -> None:
         for t in targets:
             started = time.perf_counter()
-            if t.fs in self.unable_fs and t.fs not in MEMORY_FILESYSTEMS:
+            if t.fs in self.no_large_folios:
                 for w in t.windows:  # found out on an earlier file of this filesystem
                     w.state, w.reason = UNSUPPORTED, self.unable_fs[t.fs]
                 continue

@@ -1,4 +1,5 @@
-/* The part of the hugify runtime shared by hugify-run and libhugify-audit.so:
+/* The part of the hugify runtime shared by hugify-run, libhugify-audit.so and
+ * libhugify-engine.so (`hugify prefetch`/`status`):
  * recognising a hugified object from its program headers, and getting the
  * 2 MiB windows of its code into the page cache as 2 MiB folios.
  *
