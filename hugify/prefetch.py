@@ -1,20 +1,13 @@
-"""Getting the code of hugified files into the page cache as 2 MiB folios, and
-measuring how much of it is there: the engine of ``hugify prefetch`` and
-``hugify status`` (method: docs/runtime.md).
+"""``hugify prefetch`` and ``hugify status``: which files and windows to work on, and
+what to say about them (method: docs/runtime.md).
 
-A file is recognised from its program headers: an executable PT_LOAD whose file
-offset and address agree modulo the huge-page size, that the loader places at a
-huge-page-aligned address, and that spans at least one whole huge-page window
-(hugified files, and files usable as they are). For each window, the page cache is asked how much of it is
-cached (``cachestat(2)``, ``mincore(2)`` on kernels without it); the window is mapped
-at a 2 MiB-aligned address through a mapping that carries ``MADV_HUGEPAGE`` and
-faulted, which reads an uncached window as one 2 MiB folio; ``/proc/self/smaps``
-(``FilePmdMapped``) of that mapping then tells whether the window is one folio.
-Windows held in small folios are evicted (``POSIX_FADV_DONTNEED``) when no process
-maps them, and read again.
-
-Which windows a file has is the core's answer (``_core.probe``); the rest is the
-standard library and ``ctypes`` (imported lazily: the CLI must start fast).
+Which windows a file has is the core's answer (``_core.probe``); what happens to each
+window is decided by the runtime's state machine, hp_core's ``hp_settle``, called
+through ``ctypes`` in ``libhugify-engine.so`` (runtime/engine.c): the same code as
+hugify-run and the audit library. This module keeps the bookkeeping around it
+(manifests, hardlinks, filesystem names, the processes that map busy windows, the
+kernel verdict record) and turns the engine's states and reasons into reports.
+``ctypes`` is imported lazily: the CLI must start fast.
 """
 
 from __future__ import annotations
@@ -39,28 +32,20 @@ RUNTIME_DIR = Path("/run/hugify")
 VERDICT_FILE = "kernel-exec-pmd"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
-PROT_READ, PROT_EXEC = 0x1, 0x4
-MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x02, 0x10, 0x20
-MADV_RANDOM, MADV_DONTNEED, MADV_HUGEPAGE = 1, 4, 14
-POSIX_FADV_DONTNEED = 4
-NR_CACHESTAT = 451  # the same on every architecture
-PR_GET_THP_DISABLE = 42
-#: Most windows mapped at once; larger runs go in batches.
-BATCH_WINDOWS = 2048
+#: The engine, next to the package: runtime/ in the source tree, /usr/lib/hugify installed.
+ENGINE_LIB = "libhugify-engine.so"
 
-#: Filesystems whose pages cannot be evicted and read again.
-MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "shmem", "hugetlbfs"}
-
-# Window states.
-HUGE = "huge"  # was a 2 MiB folio already
-LOADED = "loaded"  # was not cached; read in as a 2 MiB folio
-REPAIRED = "repaired"  # was in small folios; evicted and read in again
-KERNEL = "kernel"  # not cached; the kernel reads it as a PMD folio on first exec
-BUSY = "busy"  # small folios that processes map: cannot be evicted now
-FAILED = "failed"  # could not be made a 2 MiB folio this time
-UNSUPPORTED = "unsupported"  # the filesystem cannot hold it in 2 MiB folios
-COLD = "cold"  # (status only) not cached
-SMALL = "small"  # (status only) cached in small folios
+# Window states, by the engine's names (runtime/hp_core.h; docs/runtime.md "Window states").
+HUGE = "huge"
+LOADED = "loaded"
+REPAIRED = "repaired"
+KERNEL = "kernel"
+BUSY = "busy"
+FAILED = "failed"
+UNSUPPORTED = "unsupported"
+COLD = "cold"
+SMALL = "small"
+UNVERIFIED = "unverified"
 GOOD_STATES = {HUGE, LOADED, REPAIRED}
 
 
@@ -185,118 +170,79 @@ class System:
         }
 
 
-# --- kernel interfaces through ctypes -------------------------------------------------
+# --- the engine ---------------------------------------------------------------------
 
 
-class Kernel:
-    """mmap/madvise/mincore/cachestat/prctl, which the os module does not offer."""
+def _engine_path() -> Path:
+    here = Path(__file__).resolve().parent.parent
+    for p in (here / "runtime" / ENGINE_LIB, here.parent / ENGINE_LIB):
+        if p.is_file():
+            return p
+    raise OSError(f"{ENGINE_LIB} not found next to {here} (build it with `make`)")
 
-    def __init__(self) -> None:
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+class Engine:
+    """hp_core's window state machine, in libhugify-engine.so (runtime/engine.c)."""
+
+    CACHESTAT, PAGEMAP_SCAN, THP_DISABLED = 1, 2, 4
+
+    def __init__(self, hp: int) -> None:
         import ctypes  # lazily: ~5 ms that the other commands do not need
 
-        self.ct = ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._mmap = libc.mmap
-        self._mmap.restype = ctypes.c_void_p
-        self._mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
+        class Report(ctypes.Structure):  # struct hp_window
+            _fields_ = [("state", ctypes.c_uint8), ("why", ctypes.c_uint8), ("pages", ctypes.c_uint32)]
+
+        self.ct, self.report = ctypes, Report
+        lib = ctypes.CDLL(str(_engine_path()))
+        lib.hp_engine_init.restype = ctypes.c_uint
+        lib.hp_engine_init.argtypes = [ctypes.c_uint64, ctypes.c_uint]
+        lib.hp_engine_run.restype = ctypes.c_int
+        lib.hp_engine_run.argtypes = [
             ctypes.c_int,
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.c_uint32,
             ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.POINTER(Report),
         ]
-        self._munmap = libc.munmap
-        self._munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        self._madvise = libc.madvise
-        self._madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        self._mincore = libc.mincore
-        self._mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        self._syscall = libc.syscall
-        self._syscall.restype = ctypes.c_long
-        self._prctl = libc.prctl
-        self._cs_range = ctypes.c_uint64 * 2
-        self._cs = ctypes.c_uint64 * 5
-        self.page = os.sysconf("SC_PAGE_SIZE")
-        # HUGIFY_FORCE_MINCORE=1 takes the path of kernels without cachestat (Linux < 6.5).
-        self.has_cachestat: bool | None = False if os.environ.get("HUGIFY_FORCE_MINCORE") == "1" else None
+        for f in (lib.hp_engine_state_name, lib.hp_engine_why_name):
+            f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_uint]
+        self.lib = lib
+        self._names: dict[tuple[int, int], tuple[str, str]] = {}
+        # HUGIFY_FORCE_MINCORE=1 / HUGIFY_FORCE_SMAPS=1 take the paths of kernels without
+        # cachestat (Linux < 6.5) / PAGEMAP_SCAN (< 6.7), for the tests.
+        force = self.CACHESTAT * _env_flag("HUGIFY_FORCE_MINCORE") | self.PAGEMAP_SCAN * _env_flag("HUGIFY_FORCE_SMAPS")
+        self.features = int(lib.hp_engine_init(hp, force))
 
-    def _error(self, what: str) -> OSError:
-        e = self.ct.get_errno()
-        return OSError(e, f"{what}: {os.strerror(e)}")
+    def has(self, feature: int) -> bool:
+        return bool(self.features & feature)
 
-    def mmap(self, addr: int | None, length: int, prot: int, flags: int, *, fd: int = -1, offset: int = 0) -> int:
-        r = self._mmap(addr, length, prot, flags, fd, offset)
-        if r is None or r == self.ct.c_void_p(-1).value:
-            raise self._error("mmap")
-        return int(r)
+    def _name(self, state: int, why: int) -> tuple[str, str]:
+        key = (state, why)
+        if key not in self._names:
+            self._names[key] = (
+                self.lib.hp_engine_state_name(state).decode(),
+                self.lib.hp_engine_why_name(why).decode(),
+            )
+        return self._names[key]
 
-    def munmap(self, addr: int, length: int) -> None:
-        self._munmap(addr, length)
-
-    def madvise(self, addr: int, length: int, advice: int) -> bool:
-        return int(self._madvise(addr, length, advice)) == 0
-
-    def touch(self, addr: int) -> None:
-        self.ct.c_ubyte.from_address(addr).value  # noqa: B018 - the read is the point
-
-    def resident(self, addr: int, length: int) -> int:
-        """Pages of a file mapping that are in the page cache (mapped or not); -1 if
-        mincore fails."""
-        vec = self.ct.create_string_buffer(length // self.page)
-        if self._mincore(addr, length, vec) != 0:
-            return -1
-        return sum(b & 1 for b in vec.raw)
-
-    def cachestat(self, fd: int, offset: int, length: int) -> tuple[int, int] | None:
-        """(cached pages, dirty + writeback pages) of a file range; None without cachestat."""
-        if self.has_cachestat is False:
-            return None
-        rng, cs = self._cs_range(offset, length), self._cs()
-        ct = self.ct
-        r = self._syscall(ct.c_long(NR_CACHESTAT), ct.c_int(fd), ct.byref(rng), ct.byref(cs), ct.c_uint(0))
-        if r != 0:
-            if ct.get_errno() in (38, 1):  # ENOSYS, EPERM (a seccomp filter that does not know it)
-                self.has_cachestat = False
-            return None
-        self.has_cachestat = True
-        return int(cs[0]), int(cs[1]) + int(cs[2])
-
-    def thp_disabled(self) -> bool:
-        return int(self._prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0)) == 1
-
-    def probe_cachestat(self) -> bool:
-        if self.has_cachestat is None:
-            try:
-                fd = os.open("/proc/self/exe", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return False
-            try:
-                if self.cachestat(fd, 0, 4096) is None:
-                    self.has_cachestat = False
-            finally:
-                os.close(fd)
-        return bool(self.has_cachestat)
-
-    def pagemap_scan(self) -> bool:
-        """Whether PAGEMAP_SCAN (Linux 6.7) works: hugify-run and the audit library
-        verify and repair windows with it."""
-        ct = self.ct
-        arg = (ct.c_uint64 * 12)()
-        regions = (ct.c_uint64 * 12)()
-        page = ct.addressof(regions) // self.page * self.page
-        arg[0], arg[2], arg[3] = 12 * 8, page, page + self.page  # size, start, end
-        arg[5], arg[6] = ct.addressof(regions), 4  # vec, vec_len
-        arg[10] = arg[11] = 1 << 6  # category_anyof_mask, return_mask: PAGE_IS_HUGE
-        request = (3 << 30) | (12 * 8 << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, 96 bytes)
-        try:
-            fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            return int(ct.CDLL(None).ioctl(fd, ct.c_ulong(request), ct.byref(arg))) >= 0
-        finally:
-            os.close(fd)
+    def run(
+        self, fd: int, offsets: list[int], measure: bool, aware: bool | None
+    ) -> tuple[list[tuple[str, str, int]], bool | None]:
+        """(state, reason id, pages left) of each window, and the kernel verdict (probed
+        on the first cold window when `aware` is None). OSError if they cannot be mapped."""
+        ct, n = self.ct, len(offsets)
+        offs = (ct.c_uint64 * n)(*offsets)
+        out = (self.report * n)()
+        verdict = ct.c_int(-1 if aware is None else int(aware))
+        rc = self.lib.hp_engine_run(fd, offs, n, int(measure), ct.byref(verdict), out)
+        if rc < 0:
+            raise OSError(-rc, os.strerror(-rc))
+        return [(*self._name(r.state, r.why), r.pages) for r in out], None if verdict.value < 0 else verdict.value == 1
 
 
 def pmd_size() -> int:
@@ -305,16 +251,16 @@ def pmd_size() -> int:
     return int(pmd) if pmd and pmd.isdigit() else 2 << 20
 
 
-def system_info(kernel: Kernel, rdir: Path) -> System:
+def system_info(engine: Engine, hp: int, rdir: Path) -> System:
     enabled = _bracketed(_read(THP / "enabled")) if THP.is_dir() else None
     return System(
         kernel=os.uname().release,
         thp_enabled=enabled,
         thp_defrag=_bracketed(_read(THP / "defrag")),
-        pmd_size=pmd_size(),
-        page_size=kernel.page,
-        process_thp_disabled=kernel.thp_disabled(),
-        cachestat=kernel.probe_cachestat(),
+        pmd_size=hp,
+        page_size=os.sysconf("SC_PAGE_SIZE"),
+        process_thp_disabled=engine.has(Engine.THP_DISABLED),
+        cachestat=engine.has(Engine.CACHESTAT),
         exec_pmd_readahead=read_verdict(rdir),
     )
 
@@ -343,7 +289,7 @@ def read_windows(fd: int, hp: int) -> Windows:
 
     p = _core.probe(f"/proc/self/fd/{fd}", hp)
     if p is None:
-        raise NotHugified("not an ELF executable or shared object")
+        raise NotHugified("not an ELF file")
     if p["problem"]:
         raise NotHugified(f"{p['problem']['detail']} ({p['problem']['reason']})")
     host = canonical_arch(os.uname().machine)
@@ -368,8 +314,6 @@ class Window:
     offset: int
     state: str = ""
     reason: str = ""
-    cached: int = -1  # pages in the page cache before, -1 unknown
-    address: int = 0  # where this run maps it
     pids: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -398,7 +342,6 @@ class Target:
     elapsed: float = 0.0
     fd: int = -1
     key: tuple[int, int] = (0, 0)
-    reservation: tuple[int, int] = (0, 0)
 
     hp: int = 2 << 20
 
@@ -507,60 +450,7 @@ def close_targets(targets: Iterable[Target]) -> None:
             t.fd = -1
 
 
-# --- mapping windows ------------------------------------------------------------------
-
-
-class Mapper:
-    """Maps windows at 2 MiB-aligned addresses, each as a VMA of its own (so that
-    smaps reports each separately), and reads their FilePmdMapped."""
-
-    def __init__(self, kernel: Kernel, hp: int) -> None:
-        self.k, self.hp = kernel, hp
-        self.reservations: list[tuple[int, int]] = []
-
-    def map_target(self, t: Target, windows: list[Window], advise: bool, prot: int = PROT_READ) -> None:
-        """Maps the given windows of t. With `advise`, MADV_HUGEPAGE (a fault reads a
-        whole PMD folio) and MADV_RANDOM (just that one)."""
-        hp = self.hp
-        span = (2 * len(windows) + 1) * hp
-        res = self.k.mmap(None, span, 0, MAP_PRIVATE | MAP_ANONYMOUS)
-        self.reservations.append((res, span))
-        base = -(-res // hp) * hp
-        for i, w in enumerate(windows):
-            addr = base + 2 * i * hp
-            self.k.mmap(addr, hp, prot, MAP_PRIVATE | MAP_FIXED, fd=t.fd, offset=w.offset)
-            if advise:
-                self.k.madvise(addr, hp, MADV_HUGEPAGE)
-                self.k.madvise(addr, hp, MADV_RANDOM)
-            w.address = addr
-
-    def release(self) -> None:
-        for addr, span in self.reservations:
-            self.k.munmap(addr, span)
-        self.reservations.clear()
-
-    def pmd_mapped(self) -> dict[int, int]:
-        """VMA start -> FilePmdMapped bytes, from /proc/self/smaps."""
-        out: dict[int, int] = {}
-        start = -1
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                c = line[0]
-                if c in "0123456789abcdef" and "-" in line[:17]:
-                    start = int(line[: line.index("-")], 16)
-                elif c == "F" and line.startswith("FilePmdMapped:"):
-                    out[start] = int(line.split()[1]) * 1024
-        return out
-
-
-def _buddy_has_pmd_blocks(order: int) -> bool:
-    """Whether any zone has a free block of at least `order` pages (a 2 MiB folio
-    can be allocated without compaction)."""
-    for line in (_read("/proc/buddyinfo") or "").splitlines():
-        counts = line.split()[4:]
-        if any(int(c) for c in counts[order:]):
-            return True
-    return False
+# --- settling windows -----------------------------------------------------------------
 
 
 def _mappers_of(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, int, str]]]:
@@ -595,193 +485,86 @@ def _mappers_of(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[
 class Run:
     """One prefetch or measurement over a list of targets."""
 
-    kernel: Kernel
+    engine: Engine
     system: System
     rdir: Path
     hp: int
-    probed: bool = False
     #: Filesystem type -> why files on it cannot be prefetched (said once).
     unable_fs: dict[str, str] = field(default_factory=dict)
-
-    def _fill_cached(self, t: Target, ws: list[Window]) -> None:
-        """Pages of each window in the page cache: cachestat, or mincore on the
-        (not yet faulted) mapping of the window."""
-        for w in ws:
-            cs = self.kernel.cachestat(t.fd, w.offset, self.hp)
-            w.cached = cs[0] if cs else self.kernel.resident(w.address, self.hp) if w.address else -1
-
-    def _memory_fs(self, t: Target) -> str:
-        return self.unable_fs.setdefault(
-            t.fs,
-            f"the {t.fs} filesystem keeps pages only in memory, so they cannot be read in again as 2 MiB "
-            "folios (its huge pages follow its huge= mount option)",
-        )
-
-    # -- kernel awareness ------------------------------------------------------------
+    #: Filesystems found to give no large folios: their other files are not tried.
+    no_large_folios: set[str] = field(default_factory=set)
 
     def record(self) -> None:
         write_record(self.rdir, self.system.exec_pmd_readahead, self.system.thp_enabled)
 
-    def probe_kernel(self, t: Target, w: Window, cold: list[Window]) -> bool | None:
-        """Maps an uncached window the way the ELF loader maps code (PROT_EXEC, no
-        madvise), faults it, and checks whether the kernel made it one PMD by itself.
-        On a "no", the small folios this read are evicted again."""
-        m = Mapper(self.kernel, self.hp)
-        try:
-            probe = Window(w.offset)
-            m.map_target(t, [probe], advise=False, prot=PROT_READ | PROT_EXEC)
-            self.kernel.touch(probe.address)
-            aware = m.pmd_mapped().get(probe.address, 0) >= self.hp
-        except OSError:
-            return None  # e.g. a noexec mount: no verdict
-        finally:
-            m.release()
-        if not aware:
-            for c in cold:  # the fault's readaround may have reached the other windows
-                os.posix_fadvise(t.fd, c.offset, self.hp, POSIX_FADV_DONTNEED)
-        self.system.exec_pmd_readahead = aware
-        self.record()
-        return aware
+    def _settle(self, t: Target, measure: bool) -> None:
+        """Runs the engine over t's windows; the states and reason ids go to t.windows."""
+        before = self.system.exec_pmd_readahead
+        got, aware = self.engine.run(t.fd, [w.offset for w in t.windows], measure, before)
+        if aware is not None and before is None:  # probed on a cold window of t
+            self.system.exec_pmd_readahead = aware
+            self.record()
+        for w, (state, why, pages) in zip(t.windows, got, strict=True):
+            w.state, w.reason = state, self._explain(t, why, pages)
 
-    # -- prefetch ------------------------------------------------------------------------
+    def _explain(self, t: Target, why: str, pages: int) -> str:
+        """The engine's reason id, said for this file."""
+        if why == "not-evicted":
+            return f"{pages} small pages could not be evicted (mapped, dirty or locked)"
+        if why == "memory-fs":
+            return self.unable_fs.setdefault(
+                t.fs,
+                f"the {t.fs} filesystem keeps pages only in memory, so they cannot be read in again as 2 MiB "
+                "folios (its huge pages follow its huge= mount option)",
+            )
+        if why == "no-large-folios":
+            self.no_large_folios.add(t.fs)
+            return self.unable_fs.setdefault(
+                t.fs, f"the {t.fs} filesystem gives no large folios on this kernel (read in again as small folios)"
+            )
+        if why == "fragmented":
+            return "no free 2 MiB block of memory (fragmented); try again later"
+        return ""
 
     def prefetch(self, targets: list[Target]) -> None:
-        batch: list[Target] = []
-        n = 0
         for t in targets:
-            batch.append(t)
-            n += len(t.windows)
-            if n >= BATCH_WINDOWS:
-                self._prefetch_batch(batch)
-                batch, n = [], 0
-        if batch:
-            self._prefetch_batch(batch)
-
-    def _prefetch_batch(self, targets: list[Target]) -> None:
-        k, hp = self.kernel, self.hp
-        started = time.perf_counter()
-        m = Mapper(k, hp)
-        try:
-            touched: list[Window] = []
-            owner: dict[int, Target] = {}
-            for t in targets:
-                if t.fs in self.unable_fs and t.fs not in MEMORY_FILESYSTEMS:
-                    for w in t.windows:
-                        w.state, w.reason = UNSUPPORTED, self.unable_fs[t.fs]
-                    continue
-                try:
-                    m.map_target(t, t.windows, advise=True)
-                except OSError as e:
-                    for w in t.windows:
-                        w.state, w.reason = FAILED, f"cannot map it: {e.strerror}"
-                    continue
-                self._fill_cached(t, t.windows)
-                cold = [w for w in t.windows if w.cached == 0]
-                if cold and self.system.exec_pmd_readahead is None and not self.probed:
-                    self.probed = True
-                    self.probe_kernel(t, cold[0], cold)
+            started = time.perf_counter()
+            if t.fs in self.no_large_folios:
+                for w in t.windows:  # found out on an earlier file of this filesystem
+                    w.state, w.reason = UNSUPPORTED, self.unable_fs[t.fs]
+                continue
+            try:
+                self._settle(t, measure=False)
+            except OSError as e:
                 for w in t.windows:
-                    if w.cached == 0 and self.system.exec_pmd_readahead:
-                        w.state = KERNEL  # left to the kernel's own exec readahead
-                        continue
-                    k.touch(w.address)  # reads an uncached window as one 2 MiB folio
-                    touched.append(w)
-                    owner[id(w)] = t
-            pmd = m.pmd_mapped()
-            small: list[tuple[Target, Window]] = []
-            for w in touched:
-                t = owner[id(w)]
-                if pmd.get(w.address, 0) >= hp:
-                    w.state = LOADED if w.cached == 0 else HUGE
-                elif t.fs in MEMORY_FILESYSTEMS:
-                    w.state, w.reason = UNSUPPORTED, self._memory_fs(t)
-                else:
-                    small.append((t, w))
-            if small:
-                self._repair(small, m)
-        finally:
-            m.release()
-        share = (time.perf_counter() - started) / len(targets)
-        for t in targets:
-            t.elapsed = share  # its share of the batch (one smaps read serves all)
+                    w.state, w.reason = FAILED, f"cannot map it: {e.strerror}"
+            t.elapsed = time.perf_counter() - started
+        self._name_mappers([t for t in targets if t.count(BUSY)])
 
-    def _repair(self, small: list[tuple[Target, Window]], m: Mapper) -> None:
-        k, hp = self.kernel, self.hp
-        mappers = _mappers_of({t.key for t, _ in small})
-        retry: list[tuple[Target, Window]] = []
-        for t, w in small:
-            users = sorted({who for lo, hi, who in mappers.get(t.key, []) if lo < w.offset + hp and hi > w.offset})
-            if users:
-                w.state, w.pids = BUSY, users[:8]
-                w.reason = "small folios mapped by running processes: " + ", ".join(users[:3])
-                continue
-            k.madvise(w.address, hp, MADV_DONTNEED)  # our own page-table entries
-            cs = k.cachestat(t.fd, w.offset, hp)
-            if cs and cs[1]:
-                # Just written (a package upgrade): dirty pages are not evicted.
-                with contextlib.suppress(OSError):
-                    os.fdatasync(t.fd)
-            os.posix_fadvise(t.fd, w.offset, hp, POSIX_FADV_DONTNEED)
-            left = self._cached_after_evict(t, w)
-            if left:
-                w.state = BUSY
-                w.reason = f"{left} small pages could not be evicted (mapped, dirty or locked)"
-                continue
-            k.touch(w.address)
-            retry.append((t, w))
-        if not retry:
+    def _name_mappers(self, busy: list[Target]) -> None:
+        """Busy windows that running processes map: which ones (the likely reason)."""
+        if not busy:
             return
-        pmd = m.pmd_mapped()
-        order = (hp // k.page).bit_length() - 1
-        for t, w in retry:
-            if pmd.get(w.address, 0) >= hp:
-                w.state = LOADED if w.cached == 0 else REPAIRED
-            elif not _buddy_has_pmd_blocks(order):
-                w.state = FAILED
-                w.reason = "no free 2 MiB block of memory (fragmented); try again later"
-            else:
-                w.state = UNSUPPORTED
-                w.reason = self.unable_fs.setdefault(
-                    t.fs, f"the {t.fs} filesystem gives no large folios on this kernel (read in again as small folios)"
+        mappers = _mappers_of({t.key for t in busy})
+        for t in busy:
+            for w in t.windows:
+                if w.state != BUSY:
+                    continue
+                users = sorted(
+                    {who for lo, hi, who in mappers.get(t.key, []) if lo < w.offset + self.hp and hi > w.offset}
                 )
-
-    def _cached_after_evict(self, t: Target, w: Window) -> int:
-        cs = self.kernel.cachestat(t.fd, w.offset, self.hp)
-        left = cs[0] if cs is not None else self.kernel.resident(w.address, self.hp)
-        return left if left >= 0 else self.hp // self.kernel.page  # unknown: assume nothing left the cache
-
-    # -- measure (status) ------------------------------------------------------------------
+                if users:
+                    w.pids = users[:8]
+                    w.reason = "small folios mapped by running processes: " + ", ".join(users[:3])
 
     def measure(self, targets: list[Target]) -> None:
-        """Current huge-page coverage, reading nothing into the page cache: only
-        windows that are entirely cached are faulted, through mappings without madvise."""
-        k, hp = self.kernel, self.hp
-        full = hp // k.page
-        m = Mapper(k, hp)
-        try:
-            todo: list[Window] = []
-            for t in targets:
-                try:
-                    if k.has_cachestat is False:
-                        m.map_target(t, t.windows, advise=False)  # mincore needs a mapping
-                    self._fill_cached(t, t.windows)
-                    ws = [w for w in t.windows if w.cached == full]
-                    for w in t.windows:
-                        w.state = COLD if w.cached == 0 else SMALL
-                    if ws and k.has_cachestat is not False:
-                        m.map_target(t, ws, advise=False)
-                except OSError as e:
-                    t.error = ("io-error", f"cannot map it: {e.strerror}")
-                    continue
-                for w in ws:
-                    k.touch(w.address)
-                todo += ws
-            pmd = m.pmd_mapped()
-            for w in todo:
-                if pmd.get(w.address, 0) >= hp:
-                    w.state = HUGE
-        finally:
-            m.release()
+        """Current huge-page coverage, reading nothing into the page cache (the engine
+        faults only windows that are entirely cached, through mappings without madvise)."""
+        for t in targets:
+            try:
+                self._settle(t, measure=True)
+            except OSError as e:
+                t.error = ("io-error", f"cannot map it: {e.strerror}")
 
 
 # --- entry points ---------------------------------------------------------------------
@@ -789,10 +572,10 @@ class Run:
 
 @contextlib.contextmanager
 def session(rdir_arg: str | None = None) -> Iterator[Run]:
-    kernel = Kernel()
     rdir = runtime_dir(rdir_arg)
-    system = system_info(kernel, rdir)
-    yield Run(kernel, system, rdir, system.pmd_size)
+    hp = pmd_size()
+    engine = Engine(hp)
+    yield Run(engine, system_info(engine, hp, rdir), rdir, hp)
 
 
 def manifest_files(directory: Path | None = None) -> list[Path]:

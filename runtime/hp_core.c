@@ -46,6 +46,7 @@ void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
     c->scan = -1;
     c->cachestat = -1;
     c->aware = 0;
+    c->measure = 0;
     c->smaps = 0;
     c->prepare = 0;
     c->prepared = 0;
@@ -193,42 +194,46 @@ const char *hp_maps_range(const char *line, uint64_t *start, uint64_t *end)
 }
 
 struct pmd_query {
-    uint64_t addr, len;
-    int inside;
-    long bytes;
+    uintptr_t first;   /* address of the first window */
+    uint64_t stride, len, count;
+    long cur;          /* the window whose VMA the lines are about, or -1 */
+    uint64_t seen;     /* windows found as VMAs of their own */
+    unsigned char *huge;
 };
 
 static int pmd_line(const char *line, void *arg)
 {
     struct pmd_query *q = arg;
-    if (!q->inside) {
-        uint64_t start, end;
-        if (!hp_maps_range(line, &start, &end) || start != q->addr)
-            return 0;
-        q->inside = 1;
-        return end - start != q->len; /* the window is not a VMA of its own */
+    uint64_t start, end;
+    if (hp_maps_range(line, &start, &end)) {
+        uint64_t k = (start - q->first) / q->stride;
+        q->cur = -1;
+        if (start >= q->first && k < q->count && start == q->first + k * q->stride && end - start == q->len)
+            q->cur = (long)k;
+        return 0;
     }
-    if (starts_with(line, "FilePmdMapped:")) {
+    if (q->cur >= 0 && starts_with(line, "FilePmdMapped:")) {
         const char *v = line + 14;
         long kb = 0;
         while (*v == ' ')
             v++;
         while (*v >= '0' && *v <= '9')
             kb = kb * 10 + (*v++ - '0');
-        q->bytes = kb * 1024;
-        return 1;
+        q->huge[q->cur] = (uint64_t)kb * 1024 >= q->len;
+        q->cur = -1;
+        return ++q->seen == q->count; /* all found: stop reading */
     }
-    return starts_with(line, "VmFlags:");
+    return 0;
 }
 
-/* The FilePmdMapped bytes of the VMA that is exactly [addr, addr + len), from
- * /proc/self/smaps; -1 if there is no such VMA or smaps cannot be read. Used where
- * PAGEMAP_SCAN is missing (Linux < 6.7) and every window is a VMA of its own. */
-static long smaps_pmd_bytes(uintptr_t addr, uint64_t len)
+/* huge[i] from the FilePmdMapped bytes of the VMA that is exactly window i, in one read
+ * of /proc/self/smaps; -1 if a window is no VMA of its own or smaps cannot be read.
+ * Used where PAGEMAP_SCAN is missing (Linux < 6.7). */
+static int smaps_pmd(uintptr_t first, uint64_t stride, uint64_t len, uint64_t count, unsigned char *huge)
 {
-    struct pmd_query q = {addr, len, 0, -1};
+    struct pmd_query q = {first, stride, len, count, -1, 0, huge};
     hp_each_line("/proc/self/smaps", pmd_line, &q);
-    return q.bytes;
+    return q.seen == q.count ? 0 : -1;
 }
 
 /* huge[i] = 1 if window `first + i` is mapped by one PMD; returns 0, or -1 if the
@@ -279,13 +284,7 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
     /* Fallback: smaps, for windows that are VMAs of their own. */
     if (!c->smaps)
         return -1;
-    for (uint64_t i = 0; i < count; i++) {
-        long b = smaps_pmd_bytes((uintptr_t)(map + (first + i) * stride), c->hp);
-        if (b < 0)
-            return -1;
-        huge[i] = (uint64_t)b >= c->hp;
-    }
-    return 0;
+    return smaps_pmd((uintptr_t)(map + first * stride), stride, c->hp, count, huge);
 }
 
 int hp_scan_works(struct hp_ctx *c)
@@ -340,88 +339,247 @@ static void advise(struct hp_target *t)
     }
 }
 
-void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
+int hp_cachestat_works(struct hp_ctx *c)
+{
+    if (c->cachestat < 0) {
+        int fd = hp_open("/proc/self/exe", O_RDONLY);
+        if (fd >= 0) {
+            cached_pages(c, fd, 0, HP_PAGE, 0);
+            hp_close(fd);
+        }
+    }
+    return c->cachestat == 1;
+}
+
+/* Dirty or under-writeback pages in [off, off + len) (0 where cachestat is missing). */
+static int dirty(struct hp_ctx *c, int fd, uint64_t off, uint64_t len)
+{
+    struct hp_cachestat_range r = {off, len};
+    struct hp_cachestat cs;
+    return c->cachestat == 1 && hp_cachestat_call(fd, &r, &cs) == 0 && cs.nr_dirty + cs.nr_writeback > 0;
+}
+
+/* tmpfs, ramfs or hugetlbfs: pages live only in memory, eviction cannot re-read them. */
+static int memory_fs(struct hp_target *t)
+{
+    if (!t->memfs) {
+        long type = 0;
+        t->memfs = 2;
+        if (hp_fstatfs_type(t->fd, &type) == 0 &&
+            (type == 0x01021994 /* TMPFS_MAGIC */ || type == (long)0x858458f6 /* RAMFS_MAGIC */ ||
+             type == (long)0x958458f6 /* HUGETLBFS_MAGIC */))
+            t->memfs = 1;
+    }
+    return t->memfs == 1;
+}
+
+/* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). */
+static int buddy_line(const char *line, void *arg)
+{
+    unsigned order = *(unsigned *)arg, field = 0;
+    const char *p = line;
+    while (*p) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (!*p)
+            break;
+        int nonzero = 0;
+        for (; *p && *p != ' ' && *p != '\t'; p++)
+            nonzero |= *p >= '1' && *p <= '9';
+        if (field >= 4 + order && nonzero)
+            return 1;
+        field++;
+    }
+    return 0;
+}
+
+/* Whether some zone has a free block of a huge page or more: a window read in again as
+ * small folios then says the filesystem gives none, not that memory is fragmented. */
+static int free_huge_blocks(struct hp_ctx *c)
+{
+    unsigned order = 0;
+    while ((HP_PAGE << order) < c->hp)
+        order++;
+    return hp_each_line("/proc/buddyinfo", buddy_line, &order) == 1;
+}
+
+/* Maps the uncached window at `woff` the way the ELF loader maps code (PROT_EXEC, no
+ * madvise), faults it, and checks whether the kernel made it one PMD by itself: 1 yes,
+ * 0 no, -1 no answer (e.g. a noexec mount). */
+static int probe_exec(struct hp_ctx *c, int fd, uint64_t woff)
 {
     uint64_t hp = c->hp;
+    char *res = hp_mmap(0, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (hp_mmap_failed(res))
+        return -1;
+    char *w = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
+    int aware = -1;
+    if (!hp_mmap_failed(hp_mmap(w, hp, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, woff))) {
+        unsigned char huge = 0;
+        int smaps = c->smaps;
+        touch(w);
+        c->smaps = 1; /* a VMA of its own */
+        if (verify(c, w, hp, 0, 1, &huge) == 0)
+            aware = huge;
+        c->smaps = smaps;
+    }
+    hp_munmap(res, 2 * hp);
+    return aware;
+}
+
+static uint64_t window_off(const struct hp_target *t, uint64_t i, uint64_t hp)
+{
+    return t->offs ? t->offs[i] : t->off + i * hp;
+}
+
+static int first_page_cold(const struct hp_target *t, uint64_t i)
+{
+    unsigned char v = 0;
+    return hp_mincore(t->map + i * t->stride, HP_PAGE, &v) == 0 && !(v & 1);
+}
+
+/* Where the verdict is not known: probes it on the first cold window. On a "no", the
+ * small folios the probe read are evicted again (the fault's readaround may have
+ * reached the next window too). */
+static void probe_verdict(struct hp_ctx *c, struct hp_target *t)
+{
+    for (uint64_t i = 0; i < t->nwin; i++) {
+        uint64_t woff = window_off(t, i, c->hp);
+        if (!first_page_cold(t, i))
+            continue;
+        if (file_ready(t) != 0 || woff + c->hp > (uint64_t)t->size)
+            return;
+        int next_cold = i + 1 < t->nwin && first_page_cold(t, i + 1);
+        c->aware = probe_exec(c, t->fd, woff);
+        if (c->aware == 0) {
+            hp_fadvise(t->fd, woff, c->hp, 4 /* POSIX_FADV_DONTNEED */);
+            if (next_cold)
+                hp_fadvise(t->fd, window_off(t, i + 1, c->hp), c->hp, 4);
+        }
+        return;
+    }
+}
+
+static void set_state(struct hp_target *t, struct hp_stats *st, uint64_t i, enum hp_state s, enum hp_why why,
+                      long pages)
+{
+    st->n[s]++;
+    if (t->report) {
+        t->report[i].state = (uint8_t)s;
+        t->report[i].why = (uint8_t)why;
+        t->report[i].pages = pages > 0 ? (uint32_t)pages : 0;
+    }
+}
+
+/* Evicts window i (held in small folios) and reads it in again as one 2 MiB folio. */
+static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold)
+{
+    uint64_t hp = c->hp, woff = window_off(t, i, hp);
+    char *w = t->map + i * t->stride;
+    enum hp_why why = !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
+                      : file_ready(t) != 0 ? HP_WHY_NO_FILE
+                      : memory_fs(t) ? HP_WHY_MEMORY_FS
+                                     : HP_WHY_NONE;
+    if (why != HP_WHY_NONE) {
+        set_state(t, st, i, why == HP_WHY_LOADER ? HP_BUSY : why == HP_WHY_NO_FILE ? HP_FAILED : HP_UNSUPPORTED,
+                  why, 0);
+        return;
+    }
+    /* Drop our own page-table entries, write back what was just written (a package
+     * upgrade: dirty pages are not evicted), evict what nobody else maps, and read the
+     * window in again through the MADV_HUGEPAGE mapping. */
+    advise(t);
+    hp_madvise(w, hp, MADV_DONTNEED);
+    if (dirty(c, t->fd, woff, hp))
+        hp_fdatasync(t->fd);
+    hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
+    long left = cached_pages(c, t->fd, woff, hp, w);
+    if (left != 0) { /* unknown (-1): assume nothing left the cache */
+        set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, left > 0 ? left : (long)(hp / HP_PAGE));
+        return;
+    }
+    touch(w);
+    unsigned char again = 0;
+    if (verify(c, t->map, t->stride, i, 1, &again) != 0)
+        set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+    else if (again)
+        set_state(t, st, i, cold ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
+    else if (free_huge_blocks(c))
+        set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
+    else
+        set_state(t, st, i, HP_FAILED, HP_WHY_FRAGMENTED, 0);
+}
+
+/* Which windows of a chunk to fault: measuring, only those entirely cached (a fault
+ * of any other would read the rest in); otherwise all but the cold ones that are left
+ * alone. Sets the state of those not faulted. */
+static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t first, uint64_t count,
+                   unsigned char *cold, unsigned char *touched)
+{
+    uint64_t hp = c->hp;
+    for (uint64_t k = 0; k < count; k++) {
+        uint64_t i = first + k, woff = window_off(t, i, hp);
+        char *w = t->map + i * t->stride;
+        touched[k] = 0;
+        cold[k] = 0;
+        if (c->measure) {
+            long n = file_ready(t) == 0 ? cached_pages(c, t->fd, woff, hp, w) : -1;
+            if (n == 0)
+                set_state(t, st, i, HP_COLD, HP_WHY_NONE, 0);
+            else if (n != (long)(hp / HP_PAGE))
+                set_state(t, st, i, HP_SMALL, HP_WHY_NONE, 0);
+            else
+                touched[k] = 1;
+        } else {
+            /* Cheap: is the first page of the window cached at all? A cached page is
+             * inside the file, so faulting it is safe without knowing the file size. */
+            cold[k] = (unsigned char)first_page_cold(t, i);
+            if (!cold[k])
+                touched[k] = 1;
+            else if (!prepared(c))
+                set_state(t, st, i, HP_COLD, HP_WHY_THP_OFF, 0);
+            else if (c->aware > 0)
+                set_state(t, st, i, HP_KERNEL, HP_WHY_NONE, 0);
+            else if (file_ready(t) != 0)
+                set_state(t, st, i, HP_COLD, HP_WHY_NO_FILE, 0);
+            else if (woff + hp > (uint64_t)t->size) /* faulting past the end would SIGBUS */
+                set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
+            else
+                touched[k] = 1, advise(t);
+        }
+        if (touched[k])
+            touch(w);
+    }
+}
+
+void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
+{
     /* Later faults of this mapping (after memory pressure evicted it) read 2 MiB folios
      * too, unless the kernel does that for executable mappings by itself. */
-    if (t->advise && prepared(c) && !c->aware)
+    if (!c->measure && t->advise && prepared(c) && c->aware <= 0)
         advise(t);
+    if (!c->measure && c->aware < 0 && prepared(c))
+        probe_verdict(c, t);
     for (uint64_t first = 0; first < t->nwin; first += CHUNK) {
         uint64_t count = t->nwin - first < CHUNK ? t->nwin - first : CHUNK;
         unsigned char cold[CHUNK], huge[CHUNK], touched[CHUNK];
         st->windows += (uint32_t)count;
-        for (uint64_t i = 0; i < count; i++) {
-            char *w = t->map + (first + i) * t->stride;
-            uint64_t woff = t->off + (first + i) * hp;
-            unsigned char v = 0;
-            /* Cheap: is the first page of the window cached at all? A cached page is
-             * inside the file, so faulting it is safe without knowing the file size. */
-            cold[i] = hp_mincore(w, HP_PAGE, &v) == 0 && !(v & 1);
-            touched[i] = 0;
-            if (cold[i]) {
-                if (!prepared(c) || c->aware)
-                    continue; /* left alone, or to the kernel's own PMD exec readahead */
-                if (file_ready(t) != 0 || woff + hp > (uint64_t)t->size)
-                    continue; /* a truncated file: faulting past its end would SIGBUS */
-                advise(t);
-            }
-            touch(w);
-            touched[i] = 1;
-        }
-        if (verify(c, t->map, t->stride, first, count, huge) != 0) {
-            for (uint64_t i = 0; i < count; i++)
-                if (touched[i])
-                    st->unverified++;
-                else
-                    st->skipped++;
-            continue;
-        }
-        for (uint64_t i = 0; i < count; i++) {
-            char *w = t->map + (first + i) * t->stride;
-            uint64_t woff = t->off + (first + i) * hp;
-            if (!touched[i]) {
-                st->skipped++;
+        choose(c, t, st, first, count, cold, touched);
+        int verified = verify(c, t->map, t->stride, first, count, huge) == 0;
+        for (uint64_t k = 0; k < count; k++) {
+            uint64_t i = first + k;
+            if (!touched[k])
                 continue;
-            }
-            if (huge[i]) {
-                st->huge++;
-                st->loaded += cold[i];
-                continue;
-            }
-            if (!prepared(c)) {
-                st->skipped++;
-                continue;
-            }
-            if (!t->zap_ok) { /* e.g. ld.so's own code, running */
-                st->busy++;
-                continue;
-            }
-            if (file_ready(t) != 0) {
-                st->failed++;
-                continue;
-            }
-            /* Small folios: drop our own page-table entries, evict what nobody else
-             * maps, and read the window in again through the MADV_HUGEPAGE mapping. */
-            advise(t);
-            hp_madvise(w, hp, MADV_DONTNEED);
-            hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
-            long left = cached_pages(c, t->fd, woff, hp, w);
-            if (left != 0) {
-                st->busy++;
-                continue;
-            }
-            touch(w);
-            unsigned char again = 0;
-            if (verify(c, t->map, t->stride, first + i, 1, &again) == 0 && again) {
-                st->huge++;
-                if (cold[i])
-                    st->loaded++;
-                else
-                    st->repaired++;
-            } else {
-                st->failed++;
-            }
+            if (!verified)
+                set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+            else if (huge[k])
+                set_state(t, st, i, cold[k] ? HP_LOADED : HP_HUGE, HP_WHY_NONE, 0);
+            else if (c->measure)
+                set_state(t, st, i, HP_SMALL, HP_WHY_NONE, 0);
+            else if (!prepared(c))
+                set_state(t, st, i, HP_SMALL, HP_WHY_THP_OFF, 0);
+            else
+                repair(c, t, st, i, cold[k]);
         }
     }
     if (t->own_fd && t->fd >= 0) {

@@ -1,4 +1,5 @@
-/* The part of the hugify runtime shared by hugify-run and libhugify-audit.so:
+/* The part of the hugify runtime shared by hugify-run, libhugify-audit.so and
+ * libhugify-engine.so (`hugify prefetch`/`status`):
  * recognising a hugified object from its program headers, and getting the
  * 2 MiB windows of its code into the page cache as 2 MiB folios.
  *
@@ -23,16 +24,46 @@ struct hp_range {
     int readable; /* PF_R: the code can be read to fault it in */
 };
 
-/* What happened to the windows of one object. */
+/* The state of one window after hp_settle: the one set of states of the runtime and of
+ * `hugify prefetch`/`hugify status` (which report them by the names of
+ * libhugify-engine.so); docs/runtime.md "Window states". */
+enum hp_state {
+    HP_HUGE,        /* one 2 MiB folio already */
+    HP_LOADED,      /* was not cached; read in as one 2 MiB folio */
+    HP_REPAIRED,    /* was in small folios; evicted and read in again as one */
+    HP_KERNEL,      /* not cached; left to the kernel's own PMD exec readahead */
+    HP_BUSY,        /* small folios that could not be evicted */
+    HP_FAILED,      /* evicted and read in again, still small folios */
+    HP_UNSUPPORTED, /* the file's filesystem gives it no 2 MiB folios */
+    HP_COLD,        /* not cached, and left so */
+    HP_SMALL,       /* cached in small folios, and left so */
+    HP_UNVERIFIED,  /* read in, but the kernel gives no way to tell how */
+    HP_NSTATES
+};
+
+/* Why a window is in its state, where there is more than one way to get there. */
+enum hp_why {
+    HP_WHY_NONE,
+    HP_WHY_LOADER,          /* busy: the caller's running code (ld.so's own), never zapped */
+    HP_WHY_NOT_EVICTED,     /* busy: pages left after eviction (mapped, dirty or locked) */
+    HP_WHY_MEMORY_FS,       /* unsupported: tmpfs/ramfs/hugetlbfs keep pages only in memory */
+    HP_WHY_NO_LARGE_FOLIOS, /* unsupported: free 2 MiB blocks, yet read in as small folios */
+    HP_WHY_FRAGMENTED,      /* failed: no free 2 MiB block of memory */
+    HP_WHY_NO_FILE,         /* failed or cold: the file cannot be opened */
+    HP_WHY_THP_OFF,         /* cold or small: transparent huge pages are off */
+    HP_WHY_TRUNCATED,       /* cold: the window ends beyond the end of the file */
+    HP_NWHY
+};
+
+struct hp_window {
+    uint8_t state, why; /* enum hp_state, enum hp_why */
+    uint32_t pages;     /* busy: pages left in the page cache after eviction */
+};
+
+/* How many windows of one object ended in each state. */
 struct hp_stats {
-    uint32_t windows;    /* whole windows considered */
-    uint32_t huge;       /* in a 2 MiB folio at the end (includes loaded and repaired) */
-    uint32_t loaded;     /* were not cached; read in as 2 MiB folios */
-    uint32_t repaired;   /* were cached in small folios; evicted and read in again */
-    uint32_t busy;       /* small folios that could not be evicted (mapped elsewhere) */
-    uint32_t failed;     /* evicted, but read in again as small folios */
-    uint32_t skipped;    /* not cached, left to the kernel's own exec readahead */
-    uint32_t unverified; /* no way to tell (no PAGEMAP_SCAN and no per-window VMA) */
+    uint32_t windows;
+    uint32_t n[HP_NSTATES];
 };
 
 struct hp_ctx {
@@ -40,7 +71,9 @@ struct hp_ctx {
     int pagemap_fd;  /* /proc/self/pagemap, opened on first use; -1 closed */
     int scan;        /* PAGEMAP_SCAN works: 1 yes, 0 no, -1 not tried */
     int cachestat;   /* cachestat(2) works: 1 yes, 0 no, -1 not tried */
-    int aware;       /* the kernel reads executable mappings as PMD folios by itself */
+    int aware;       /* the kernel reads executable mappings as PMD folios by itself: 1 yes,
+                      * 0 no, -1 not known (then probed on the first cold window) */
+    int measure;     /* read nothing in: cold windows stay cold, small ones small */
     int smaps;       /* without PAGEMAP_SCAN, verify windows that are VMAs of their own
                       * from /proc/self/smaps (small processes only) */
     /* Called once, before the first window is read or repaired (never when every
@@ -55,7 +88,8 @@ struct hp_target {
     char *map;       /* window i is mapped (readable) at map + i * stride, hp-aligned */
     uint64_t stride;
     uint64_t nwin;
-    uint64_t off;    /* file offset of window 0 */
+    uint64_t off;    /* file offset of window 0; window i at off + i * hp, */
+    const uint64_t *offs; /* or, if not NULL, at offs[i] */
     int fd;          /* the file, or -1: opened with open_file (or path) when needed */
     long size;       /* file size, or -1: found out when the file is opened */
     const char *path;
@@ -64,6 +98,8 @@ struct hp_target {
     size_t advise_len;
     int zap_ok;      /* the caller's page-table entries of a window may be dropped */
     int own_fd;      /* set when the core opened fd (it closes it) */
+    int memfs;       /* 0 not known yet, 1 on a memory filesystem, 2 not */
+    struct hp_window *report; /* optional: window i's state goes to report[i] */
 };
 
 void hp_ctx_init(struct hp_ctx *c, uint64_t hp);
@@ -84,10 +120,15 @@ int hp_elf_ok(const Elf64_Ehdr *eh);
  * p_align >= hp), spanning at least one whole hp window of file bytes. */
 int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max);
 
-/* Settles the windows of `t`: faults each (an uncached window is read through the
- * MADV_HUGEPAGE mapping as one 2 MiB folio), checks which are PMD-mapped, and evicts
- * and reads again those held in small folios that nobody else maps. When every window
- * is in place it costs a mincore(2) and a fault per window and one PAGEMAP_SCAN. */
+/* Whether cachestat(2) (Linux 6.5) works. */
+int hp_cachestat_works(struct hp_ctx *c);
+
+/* Settles the windows of `t` (the state machine of docs/runtime.md): faults each (an
+ * uncached window is read through the MADV_HUGEPAGE mapping as one 2 MiB folio),
+ * checks which are PMD-mapped, and evicts and reads again those held in small folios
+ * that nobody else maps. When every window is in place it costs a mincore(2) and a
+ * fault per window and one PAGEMAP_SCAN. With c->measure it only looks. Adds each
+ * window's state to `st` (and t->report). */
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st);
 
 /* What `hugify prefetch` recorded in DIR/kernel-exec-pmd for the current boot:

@@ -89,6 +89,15 @@ static inline long hp_lseek(int fd, long off, int whence)
 {
     return HP_SYS(__NR_lseek, fd, off, whence, 0, 0, 0);
 }
+static inline long hp_fdatasync(int fd) { return HP_SYS(__NR_fdatasync, fd, 0, 0, 0, 0, 0); }
+/* Only f_type is read; the buffer is at least the kernel's struct statfs (120 bytes). */
+static inline long hp_fstatfs_type(int fd, long *type)
+{
+    long buf[16];
+    long rc = HP_SYS(__NR_fstatfs, fd, buf, 0, 0, 0, 0);
+    *type = buf[0];
+    return rc;
+}
 static inline long hp_ioctl(int fd, unsigned long req, void *arg)
 {
     return HP_SYS(__NR_ioctl, fd, req, arg, 0, 0, 0);

@@ -432,9 +432,11 @@ static void process(int i, int fd, const struct stat *st_)
     for (int r = 0; r < nr; r++)
         prefetch(fd, o->path, &ranges[r], (uint64_t)st->st_size, &stats);
     if (debug && nr)
+        /* The states of docs/runtime.md, summed: "skipped" are the windows not read in. */
         say("%s: %u windows: %u huge (%u loaded, %u repaired), %u busy, %u failed, %u skipped, %u unverified",
-            o->path, stats.windows, stats.huge, stats.loaded, stats.repaired, stats.busy, stats.failed,
-            stats.skipped, stats.unverified);
+            o->path, stats.windows, stats.n[HP_HUGE] + stats.n[HP_LOADED] + stats.n[HP_REPAIRED],
+            stats.n[HP_LOADED], stats.n[HP_REPAIRED], stats.n[HP_BUSY], stats.n[HP_FAILED] + stats.n[HP_UNSUPPORTED],
+            stats.n[HP_KERNEL] + stats.n[HP_COLD] + stats.n[HP_SMALL], stats.n[HP_UNVERIFIED]);
 
     /* Dependencies. */
     const Elf64_Phdr *dyn = NULL, *interp = NULL;

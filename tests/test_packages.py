@@ -223,6 +223,7 @@ SHIPPED = [
     "usr/lib/hugify/policy.toml",
     "usr/lib/hugify/prefetch-trigger",
     "usr/lib/hugify/libhugify-audit.so",
+    "usr/lib/hugify/libhugify-engine.so",
     "usr/lib/hugify/python/hugify/_core.abi3.so",
     "usr/lib/hugify/python/hugify/cli.py",
     "usr/lib/rpm/brp-hugify",

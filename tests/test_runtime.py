@@ -161,6 +161,25 @@ def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Program
     assert [f["coverage"] for f in status["files"]] == [1.0, 1.0]
 
 
+def test_prefetch_verifies_from_smaps_where_pagemap_scan_is_missing(progs: Programs, tmp_path: Path):
+    """The /proc/self/smaps path of kernels before 6.7 (each window a VMA of its own),
+    for prefetch and status, on this kernel."""
+    env = {"HUGIFY_FORCE_SMAPS": "1"}
+    with locked():
+        drop_caches()
+        read_plainly([progs.lib])
+        code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
+        maps = run_program([progs.prog])
+        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, progs.plug, env=env).stdout)
+    assert code == 0, report
+    assert set(states(report, progs.prog)) == {"loaded"}
+    assert set(states(report, progs.lib)) == {"repaired"}
+    assert_huge(maps, progs.prog, progs.lib)
+    assert status["system"]["features"]["pagemap_scan"] is False
+    assert [f["coverage"] for f in status["files"]] == [1.0, 1.0, 0.0]
+    assert set(states(status, progs.plug)) == {"cold"}
+
+
 def test_prefetch_right_after_a_package_wrote_the_file(built: Programs, tmp_path: Path):
     """A file just written (dirty pages, as after a package upgrade) is flushed, evicted
     and read in again; hardlinked names are one inode, prefetched once."""

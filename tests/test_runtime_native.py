@@ -56,6 +56,32 @@ def test_audit_library_exports_only_the_audit_interface():
     assert undefined.strip() == ""
 
 
+def test_engine_library_states_are_the_documented_ones():
+    """libhugify-engine.so (the state machine `hugify prefetch`/`status` call) exports only
+    its entry points, and its window states are the list of docs/runtime.md, which
+    hugify.prefetch reports by the same names."""
+    import ctypes
+
+    from hugify import prefetch
+
+    engine = RUNTIME / "libhugify-engine.so"
+    syms = subprocess.run(["nm", "-D", "--defined-only", engine], capture_output=True, text=True, check=True).stdout
+    assert sorted(line.split()[-1] for line in syms.splitlines() if " T " in line) == [
+        "hp_engine_init",
+        "hp_engine_run",
+        "hp_engine_state_name",
+        "hp_engine_why_name",
+    ]
+    name = ctypes.CDLL(str(engine)).hp_engine_state_name
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_uint]
+    states = []
+    while (s := name(len(states)).decode()) != "?":
+        states.append(s)
+    doc = (REPO / "docs/runtime.md").read_text().split("## Window states")[1].split("\n## ")[0]
+    assert states == [line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")]
+    assert {getattr(prefetch, s.upper()) for s in states} == set(states)
+
+
 def test_audit_changes_nothing_the_program_sees(built: Programs):
     """Same output and exit status with and without the audit library, for the original
     and the hugified program, lazy and immediate binding."""
@@ -165,6 +191,7 @@ def test_runtime_make_install(tmp_path: Path):
     lib = dest / "opt/hugify/lib/hugify/libhugify-audit.so"
     trig = dest / "opt/hugify/lib/hugify/prefetch-trigger"
     assert os.access(run_bin, os.X_OK) and lib.is_file() and os.access(trig, os.X_OK)
+    assert (dest / "opt/hugify/lib/hugify/libhugify-engine.so").is_file()
     assert b"/opt/hugify/lib/hugify/libhugify-audit.so" in run_bin.read_bytes()
     assert "HUGIFY=${HUGIFY:-/opt/hugify/bin/hugify}" in trig.read_text()
     res = run([run_bin, "sh", "-c", 'echo "$LD_AUDIT"'])

@@ -44,6 +44,8 @@ def file_line(t: Target) -> str:
         bad = [w for w in t.windows if w.state == state]
         if bad:
             parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].reason}")
+    if t.count(pf.UNVERIFIED):
+        parts.append(f"; {t.count(pf.UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
     if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
         parts.append(f"; {t.count(pf.UNSUPPORTED)} unsupported: files on {t.fs} cannot be prefetched")
     if t.names[1:]:

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> Exit:
         s = r.system
         features = {
             "cachestat": s.cachestat,
-            "pagemap_scan": r.kernel.pagemap_scan(),
+            "pagemap_scan": r.engine.has(pf.Engine.PAGEMAP_SCAN),
             "exec_pmd_readahead": s.exec_pmd_readahead,
             "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
         }

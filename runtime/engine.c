@@ -1,0 +1,111 @@
+/* libhugify-engine.so — hp_core's window state machine for `hugify prefetch` and
+ * `hugify status`, which call it through ctypes (hugify/prefetch.py): the runtime and
+ * the CLI settle windows with the same code. Unlike the audit library it may use libc.
+ * The ABI is the exported functions below and struct hp_window (hp_core.h). */
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+
+#include "hp_core.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT const char *hp_engine_state_name(unsigned s);
+EXPORT const char *hp_engine_why_name(unsigned w);
+EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
+EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
+
+static struct hp_ctx ctx;
+
+/* What hp_engine_init reports about this system and process. */
+enum {
+    HP_ENGINE_CACHESTAT = 1,     /* cachestat(2) works */
+    HP_ENGINE_PAGEMAP_SCAN = 2,  /* PAGEMAP_SCAN works */
+    HP_ENGINE_THP_DISABLED = 4,  /* prctl(PR_SET_THP_DISABLE) is in force */
+};
+
+static const char *const state_names[HP_NSTATES] = {
+    [HP_HUGE] = "huge",     [HP_LOADED] = "loaded", [HP_REPAIRED] = "repaired",       [HP_KERNEL] = "kernel",
+    [HP_BUSY] = "busy",     [HP_FAILED] = "failed", [HP_UNSUPPORTED] = "unsupported", [HP_COLD] = "cold",
+    [HP_SMALL] = "small",   [HP_UNVERIFIED] = "unverified",
+};
+
+static const char *const why_names[HP_NWHY] = {
+    [HP_WHY_NONE] = "",
+    [HP_WHY_LOADER] = "loader",
+    [HP_WHY_NOT_EVICTED] = "not-evicted",
+    [HP_WHY_MEMORY_FS] = "memory-fs",
+    [HP_WHY_NO_LARGE_FOLIOS] = "no-large-folios",
+    [HP_WHY_FRAGMENTED] = "fragmented",
+    [HP_WHY_NO_FILE] = "no-file",
+    [HP_WHY_THP_OFF] = "thp-off",
+    [HP_WHY_TRUNCATED] = "truncated",
+};
+
+EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? state_names[s] : "?"; }
+
+EXPORT const char *hp_engine_why_name(unsigned w) { return w < HP_NWHY ? why_names[w] : "?"; }
+
+/* Sets up the engine for huge pages of `hp` bytes. `force` takes the paths of older
+ * kernels, so that the tests cover them on any kernel: HP_ENGINE_CACHESTAT, as without
+ * cachestat (Linux < 6.5); HP_ENGINE_PAGEMAP_SCAN, as without PAGEMAP_SCAN (< 6.7).
+ * Returns the HP_ENGINE_* bits of what works. */
+EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
+{
+    hp_ctx_release(&ctx);
+    hp_ctx_init(&ctx, hp);
+    ctx.smaps = 1; /* each window is a VMA of its own (see hp_engine_run) */
+    if (force & HP_ENGINE_CACHESTAT)
+        ctx.cachestat = 0;
+    if (force & HP_ENGINE_PAGEMAP_SCAN)
+        ctx.scan = 0;
+    unsigned bits = 0;
+    if (hp_cachestat_works(&ctx))
+        bits |= HP_ENGINE_CACHESTAT;
+    if (hp_scan_works(&ctx))
+        bits |= HP_ENGINE_PAGEMAP_SCAN;
+    if (prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1)
+        bits |= HP_ENGINE_THP_DISABLED;
+    return bits;
+}
+
+/* Settles (`measure` 0) or measures (1: reads nothing in) the windows of the open file
+ * `fd` at the file offsets offs[0..n), each a multiple of the huge-page size and inside
+ * the file; window i's state goes to out[i]. *aware is the kernel verdict (1, 0, or -1
+ * not known: probed on the first cold window, and updated). Returns 0, or -errno if
+ * the windows cannot be mapped. */
+EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out)
+{
+    uint64_t hp = ctx.hp;
+    if (n == 0)
+        return 0;
+    /* Each window a VMA of its own, 2 MiB-aligned, with a gap after it: smaps can tell
+     * them apart where PAGEMAP_SCAN is missing. */
+    size_t span = (size_t)(2 * (uint64_t)n + 1) * hp;
+    char *res = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED)
+        return -errno;
+    char *base = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
+    int rc = 0;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        char *w = base + 2 * (uint64_t)i * hp;
+        if (mmap(w, hp, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, (off_t)offs[i]) == MAP_FAILED)
+            rc = -errno;
+        else if (!measure) {
+            /* MADV_HUGEPAGE: a fault reads a whole PMD folio; MADV_RANDOM: just that one. */
+            madvise(w, hp, MADV_HUGEPAGE);
+            madvise(w, hp, MADV_RANDOM);
+        }
+    }
+    if (!rc) {
+        struct hp_target t = {.map = base, .stride = 2 * hp, .nwin = n, .offs = offs, .fd = fd, .size = -1,
+                              .zap_ok = 1, .report = out};
+        struct hp_stats st = {0};
+        ctx.measure = measure;
+        ctx.aware = *aware;
+        hp_settle(&ctx, &t, &st);
+        *aware = ctx.aware;
+    }
+    munmap(res, span);
+    return rc;
+}
