@@ -44,6 +44,8 @@ MADV_RANDOM, MADV_DONTNEED, MADV_HUGEPAGE = 1, 4, 14
 POSIX_FADV_DONTNEED = 4
 NR_CACHESTAT = 451  # the same on every architecture
 PR_GET_THP_DISABLE = 42
+#: PAGEMAP_SCAN page categories (linux/fs.h).
+PAGE_IS_PRESENT, PAGE_IS_HUGE = 1 << 3, 1 << 6
 #: Most windows mapped at once; larger runs go in batches.
 BATCH_WINDOWS = 2048
 
@@ -214,6 +216,7 @@ class Kernel:
         self._syscall = libc.syscall
         self._syscall.restype = ctypes.c_long
         self._prctl = libc.prctl
+        self._ioctl = libc.ioctl
         self._cs_range = ctypes.c_uint64 * 2
         self._cs = ctypes.c_uint64 * 5
         self.page = os.sysconf("SC_PAGE_SIZE")
@@ -277,23 +280,42 @@ class Kernel:
                 os.close(fd)
         return bool(self.has_cachestat)
 
+    def page_regions(self, fd: int, start: int, end: int, anyof: int, report: int) -> list[tuple[int, int, int]]:
+        """PAGEMAP_SCAN (Linux 6.7) over [start, end) of the process whose
+        /proc/PID/pagemap `fd` is: the (start, end, categories & `report`) runs of pages
+        having any category of `anyof` (PAGE_IS_PRESENT, PAGE_IS_HUGE, ...)."""
+        ct = self.ct
+        arg = (ct.c_uint64 * 12)()
+        regions = (ct.c_uint64 * (3 * 64))()
+        request = (3 << 30) | (12 * 8 << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, 96 bytes)
+        out: list[tuple[int, int, int]] = []
+        while start < end:
+            arg[0], arg[2], arg[3] = 12 * 8, start, end  # size, start, end
+            arg[5], arg[6] = ct.addressof(regions), 64  # vec, vec_len
+            arg[10], arg[11] = anyof, report  # category_anyof_mask, return_mask
+            n = int(self._ioctl(fd, ct.c_ulong(request), ct.byref(arg)))
+            if n < 0:
+                raise self._error("PAGEMAP_SCAN")
+            out += [(int(regions[3 * i]), int(regions[3 * i + 1]), int(regions[3 * i + 2])) for i in range(n)]
+            start = int(arg[4])  # walk_end: where a full vector stopped the walk
+        return out
+
     def pagemap_scan(self) -> bool:
         """Whether PAGEMAP_SCAN (Linux 6.7) works: hugify-run and the audit library
         verify and repair windows with it."""
-        ct = self.ct
-        arg = (ct.c_uint64 * 12)()
-        regions = (ct.c_uint64 * 12)()
-        page = ct.addressof(regions) // self.page * self.page
-        arg[0], arg[2], arg[3] = 12 * 8, page, page + self.page  # size, start, end
-        arg[5], arg[6] = ct.addressof(regions), 4  # vec, vec_len
-        arg[10] = arg[11] = 1 << 6  # category_anyof_mask, return_mask: PAGE_IS_HUGE
-        request = (3 << 30) | (12 * 8 << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, 96 bytes)
         try:
             fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return False
         try:
-            return int(ct.CDLL(None).ioctl(fd, ct.c_ulong(request), ct.byref(arg))) >= 0
+            page = self.mmap(None, self.page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS)
+            try:
+                self.page_regions(fd, page, page + self.page, PAGE_IS_HUGE, PAGE_IS_HUGE)
+            finally:
+                self.munmap(page, self.page)
+            return True
+        except OSError:
+            return False
         finally:
             os.close(fd)
 
