@@ -624,7 +624,7 @@ def merge(into: dict[str, Seen], sampler: Sampler) -> None:
             t.small_in.setdefault(w, who)
 
 
-def measure(name: str, setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
+def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     real = {
         side: {rel: Path(os.path.realpath(root / rel)) for rel in setup.uses}
         for side, root in (("A", setup.original), ("B", setup.hugified))
@@ -897,7 +897,7 @@ def main() -> int:
         setup = None
         try:
             setup = WORKLOADS[name](opts.size)
-            results[name] = measure(name, setup, opts, scratch)
+            results[name] = measure(setup, opts, scratch)
         except Unavailable as e:
             results[name] = {"status": "unavailable", "reason": str(e)}
         except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
