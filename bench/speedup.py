@@ -278,16 +278,23 @@ QUICK = Size(cxx_units=1, pg_scale=1, pg_transactions=3000, py_scale=0.2, itlb_r
 
 
 @dataclass
-class Setup:
-    """A prepared workload: the two trees, the objects whose copies differ between
-    them, and how one run goes."""
+class Trees:
+    """The original files and the transformed copy."""
 
-    command: str
     original: Path
     hugified: Path
-    uses: list[str]  # files (relative to the trees) the runs must map from their own tree
-    files: dict[str, dict[str, Any]]  # rel -> what the transform step said (tree report entry)
+    files: dict[str, dict[str, Any]]  # rel path -> what the transform step said (tree report entry)
     manifest: set[str]  # rel paths the manifest lists
+
+
+@dataclass
+class Setup:
+    """A prepared workload: the trees, the objects whose copies the runs must map,
+    and how one run goes."""
+
+    command: str
+    trees: Trees
+    uses: list[str]  # files (relative to the trees) the runs must map from their own tree
     run: Callable[[Path, Path], Run]  # (tree, scratch dir) -> one run
     close: Callable[[], None] = lambda: None
 
@@ -327,9 +334,8 @@ def cached_dir(name: str, key: str) -> Iterator[tuple[Path, bool]]:
         (final / ".complete").touch()
 
 
-def debian_trees(name: str, packages: list[str]) -> tuple[Path, Path, dict[str, dict[str, Any]], set[str]]:
-    """The unpacked packages, and a copy transformed by `hugify tree` under POLICY:
-    (original root, hugified root, report entry by path, paths in the manifest)."""
+def debian_trees(name: str, packages: list[str]) -> Trees:
+    """The unpacked packages, and a copy transformed by `hugify tree` under POLICY."""
     try:
         original = debian_packages(f"speedup-{name}", packages)
     except subprocess.CalledProcessError as e:
@@ -346,13 +352,11 @@ def debian_trees(name: str, packages: list[str]) -> tuple[Path, Path, dict[str, 
     report = json.loads((d / "report.json").read_text())
     files = {p.lstrip("/"): f for f in report["files"] for p in f["paths"]}
     listed = {e.path.lstrip("/") for e in manifest.parse((d / "manifest.list").read_text())}
-    return original, d / "root", files, listed
+    return Trees(original, d / "root", files, listed)
 
 
 def clang(size: Size) -> Setup:
-    original, hugified, files, listed = debian_trees(
-        "clang", ["clang-14", "libllvm14", "libclang-cpp14", "libclang-common-14-dev"]
-    )
+    trees = debian_trees("clang", ["clang-14", "libllvm14", "libclang-cpp14", "libclang-common-14-dev"])
 
     def run(tree: Path, scratch: Path) -> Run:
         # LD_LIBRARY_PATH comes before ld.so.cache (clang has no RUNPATH): the tree's
@@ -363,11 +367,8 @@ def clang(size: Size) -> Setup:
     return Setup(
         command=f"clang++ -std=c++17 -O2 -c (generated unit, {size.cxx_units} blocks), "
         "LD_LIBRARY_PATH=TREE/usr/lib/x86_64-linux-gnu:TREE/usr/lib/llvm-14/lib",
-        original=original,
-        hugified=hugified,
+        trees=trees,
         uses=[f"{LIB}/libLLVM-14.so.1", "usr/lib/llvm-14/lib/libclang-cpp.so.14"],
-        files=files,
-        manifest=listed,
         run=run,
     )
 
@@ -385,7 +386,7 @@ def gcc(size: Size) -> Setup:
     driver = shutil.which("g++-12")
     if not driver:
         raise Unavailable("g++-12 is not installed (its driver runs the unpacked cc1plus through -B)")
-    original, hugified, files, listed = debian_trees("gcc", ["cpp-12", "g++-12"])
+    trees = debian_trees("gcc", ["cpp-12", "g++-12"])
     libexec = "usr/lib/gcc/x86_64-linux-gnu/12"
 
     def run(tree: Path, scratch: Path) -> Run:
@@ -394,19 +395,14 @@ def gcc(size: Size) -> Setup:
 
     return Setup(
         command=f"g++-12 -B TREE/{libexec}/ -std=c++17 -O2 -c (generated unit, {size.cxx_units} blocks)",
-        original=original,
-        hugified=hugified,
+        trees=trees,
         uses=[f"{libexec}/cc1plus"],
-        files=files,
-        manifest=listed,
         run=run,
     )
 
 
 def python(size: Size) -> Setup:
-    original, hugified, files, listed = debian_trees(
-        "python", ["python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"]
-    )
+    trees = debian_trees("python", ["python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"])
     script = WORKLOADS_DIR / "pyperf_kernels.py"
 
     def run(tree: Path, scratch: Path) -> Run:
@@ -418,11 +414,8 @@ def python(size: Size) -> Setup:
 
     return Setup(
         command=f"TREE/usr/bin/python3.11 -I bench/workloads/pyperf_kernels.py {size.py_scale}",
-        original=original,
-        hugified=hugified,
+        trees=trees,
         uses=["usr/bin/python3.11"],
-        files=files,
-        manifest=listed,
         run=run,
     )
 
@@ -434,13 +427,14 @@ def postgres(size: Size) -> Setup:
         nobody = pwd.getpwnam("nobody")
     except KeyError as e:
         raise Unavailable("no user 'nobody' to run the server as (postgres refuses to run as root)") from e
-    original, hugified, files, listed = debian_trees("postgres", ["postgresql-15", "postgresql-client-15", "libpq5"])
+    trees = debian_trees("postgres", ["postgresql-15", "postgresql-client-15", "libpq5"])
     bindir = "usr/lib/postgresql/15/bin"
     # One cluster in a private directory (the system's server, if any, is never touched):
     # a Unix socket there, no TCP. The server runs as nobody.
     home = Path(tempfile.mkdtemp(prefix="hugify-speedup-pg-"))
     os.chown(home, nobody.pw_uid, nobody.pw_gid)
     as_nobody: dict[str, Any] = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+    original = trees.original
     client = clean_env(LD_LIBRARY_PATH=f"{original}/{LIB}")
     pgbench = [str(original / bindir / "pgbench"), "-h", str(home), "-U", "bench"]
 
@@ -496,11 +490,8 @@ def postgres(size: Size) -> Setup:
     return Setup(
         command=f"postgres -D DATA -k DIR (TREE/{bindir}); pgbench -S -n -t {size.pg_transactions} "
         f"(scale {size.pg_scale}, Unix socket); CPU of server and client",
-        original=original,
-        hugified=hugified,
+        trees=trees,
         uses=[f"{bindir}/postgres"],
-        files=files,
-        manifest=listed,
         run=run,
         close=lambda: shutil.rmtree(home, ignore_errors=True),
     )
@@ -530,11 +521,13 @@ def itlb(size: Size) -> Setup:
 
     return Setup(
         command=f"itlb {size.itlb_rounds} (gcc {' '.join(ITLB_CFLAGS)}; hugify transform)",
-        original=d / "original",
-        hugified=d / "hugified",
+        trees=Trees(
+            d / "original",
+            d / "hugified",
+            {"itlb": {"status": "transformed", "reason": None, "detail": "", "growth": res["growth"]}},
+            {"itlb"},
+        ),
         uses=["itlb"],
-        files={"itlb": {"status": "transformed", "reason": None, "detail": "", "growth": res["growth"]}},
-        manifest={"itlb"},
         run=run,
     )
 
@@ -627,13 +620,13 @@ def merge(into: dict[str, Seen], sampler: Sampler) -> None:
 def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     real = {
         side: {rel: Path(os.path.realpath(root / rel)) for rel in setup.uses}
-        for side, root in (("A", setup.original), ("B", setup.hugified))
+        for side, root in (("A", setup.trees.original), ("B", setup.trees.hugified))
     }
     for rel, p in real["B"].items():
         if not p.is_file() or not real["A"][rel].is_file():
             raise Unavailable(f"the unpacked packages have no {rel}")
     hug = real["B"]
-    listed = [rel for rel in setup.uses if rel in setup.manifest]
+    listed = [rel for rel in setup.uses if rel in setup.trees.manifest]
     rundir = scratch / "run"  # hugify prefetch records its kernel verdict here, not in /run
     rundir.mkdir()
 
@@ -676,7 +669,7 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     window_list = {rel: w for rel, (w, _) in windows.items()}
 
     def one(side: str) -> Run:
-        tree = setup.original if side == "A" else setup.hugified
+        tree = setup.trees.original if side == "A" else setup.trees.hugified
         sampler = Sampler(real[side], window_list if side == "B" else {}, scan)
         work = scratch / side
         work.mkdir(exist_ok=True)
@@ -802,10 +795,10 @@ def describe(
 ) -> tuple[dict[str, Any], str]:
     """What the transform step, inspect, prefetch and status said about one object,
     and a one-line summary of it."""
-    tr = setup.files.get(rel, {"status": "not an ELF file hugify saw", "reason": None, "detail": ""})
+    tr = setup.trees.files.get(rel, {"status": "not an ELF file hugify saw", "reason": None, "detail": ""})
     obj: dict[str, Any] = {
         "transform": {k: tr.get(k) for k in ("status", "reason", "detail")},
-        "in_manifest": rel in setup.manifest,
+        "in_manifest": rel in setup.trees.manifest,
         "growth": tr.get("growth"),
         "predicted": {
             "covered_code": inspected.get("covered_before") if inspected else None,
@@ -828,7 +821,7 @@ def describe(
     code = f"inspect: {mib(obj['predicted']['covered_code'] or 0)} of code in whole windows"
     if windows[1]:
         code += f" (to the runtime: {windows[1]})"
-    if rel not in setup.manifest:
+    if rel not in setup.trees.manifest:
         why = tr.get("reason") or tr["status"]
         return obj, f"not in manifest ({tr['status']}: {why}), not prefetched; {code}"
     huge = obj["prefetched"]["huge_bytes"] if obj["prefetched"] else 0
