@@ -889,7 +889,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one pair per workload, smallest inputs (the test)")
     ap.add_argument("--only", metavar="W[,W...]", help=f"workloads to run, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON here")
-    ap.add_argument("--min-pairs", type=int, default=6, help="pairs before the interval may stop a workload (6)")
+    ap.add_argument("--min-pairs", type=int, default=10, help="pairs before the interval may stop a workload (10)")
     ap.add_argument("--max-pairs", type=int, default=40, help="most pairs per workload (40)")
     ap.add_argument("--budget", type=float, default=900, help="seconds of pairs per workload (900)")
     ap.add_argument("--target", type=float, default=0.02, help="stop at this half-width of the interval (0.02)")
