@@ -438,54 +438,54 @@ def postgres(size: Size) -> Setup:
     client = clean_env(LD_LIBRARY_PATH=f"{original}/{LIB}")
     pgbench = [str(original / bindir / "pgbench"), "-h", str(home), "-U", "bench"]
 
-    def server(tree: Path) -> subprocess.Popen[bytes]:
+    @contextlib.contextmanager
+    def serving(tree: Path) -> Iterator[list[float]]:
+        """The server of `tree` while the block runs; then, after a fast shutdown, the
+        CPU time of the server and every process it forked, in the list it yields."""
         argv = [str(tree / bindir / "postgres"), "-D", str(home / "data"), "-k", str(home)]
         argv += ["-c", "listen_addresses=", "-c", "fsync=off"]
-        log = (home / "server.log").open("ab")
-        p = subprocess.Popen(
-            argv, env=clean_env(LD_LIBRARY_PATH=f"{tree}/{LIB}"), cwd=home, stdout=log, stderr=log, **as_nobody
-        )
-        log.close()
-        deadline = time.monotonic() + 60
-        pid_file = home / "data" / "postmaster.pid"
-        while not (pid_file.exists() and "ready" in pid_file.read_text()):
-            if p.poll() is not None or time.monotonic() > deadline:
-                p.kill()
-                reap(p)
-                raise RuntimeError(f"postgres did not start: {(home / 'server.log').read_text()[-500:]}")
-            time.sleep(0.02)
-        return p
-
-    def stop(p: subprocess.Popen[bytes]) -> float:
-        """Fast shutdown; the CPU time of the server and every process it forked."""
+        with (home / "server.log").open("ab") as log:
+            p = subprocess.Popen(
+                argv, env=clean_env(LD_LIBRARY_PATH=f"{tree}/{LIB}"), cwd=home, stdout=log, stderr=log, **as_nobody
+            )
+        cpu: list[float] = []
+        try:
+            deadline = time.monotonic() + 60
+            pid_file = home / "data" / "postmaster.pid"
+            while not (pid_file.exists() and "ready" in pid_file.read_text()):
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"postgres did not start: {(home / 'server.log').read_text()[-500:]}")
+                time.sleep(0.02)
+            yield cpu
+        except BaseException:
+            p.kill()
+            reap(p)
+            raise
         p.send_signal(signal.SIGINT)
-        code, cpu = reap(p)
+        code, used = reap(p)
         if code != 0:
             raise RuntimeError(f"postgres exited with {code}")
-        return cpu
+        cpu.append(used)
 
-    subprocess.run(
-        [str(original / bindir / "initdb"), "-D", str(home / "data"), "-A", "trust", "-U", "bench", "--no-sync"],
-        env=clean_env(LD_LIBRARY_PATH=f"{original}/{LIB}"), cwd=home, check=True, capture_output=True, **as_nobody,
-    )  # fmt: skip
-    p = server(original)
     try:
         subprocess.run(
-            [*pgbench, "-i", "-q", "-s", str(size.pg_scale), "postgres"], env=client, check=True, capture_output=True
-        )
-    finally:
-        stop(p)
+            [str(original / bindir / "initdb"), "-D", str(home / "data"), "-A", "trust", "-U", "bench", "--no-sync"],
+            env=client, cwd=home, check=True, capture_output=True, **as_nobody,
+        )  # fmt: skip
+        with serving(original):
+            init = [*pgbench, "-i", "-q", "-s", str(size.pg_scale), "postgres"]
+            subprocess.run(init, env=client, check=True, capture_output=True)
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
 
     def run(tree: Path, scratch: Path) -> Run:
-        p = server(tree)
-        try:
+        with serving(tree) as server_cpu:
             cpu, wall, out = run_timed(
                 [*pgbench, "-S", "-n", "-t", str(size.pg_transactions), "postgres"], client, scratch
             )
-        finally:
-            cpu += stop(p)
         done = next((line for line in out.decode().splitlines() if "actually processed" in line), "")
-        return Run(cpu, wall, done)
+        return Run(cpu + server_cpu[0], wall, done)
 
     return Setup(
         command=f"postgres -D DATA -k DIR (TREE/{bindir}); pgbench -S -n -t {size.pg_transactions} "
