@@ -93,7 +93,8 @@ def run_timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, f
         start = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.PIPE)
         assert proc.stderr is not None
-        err = proc.stderr.read()
+        with proc.stderr:
+            err = proc.stderr.read()
         code, cpu = reap(proc)
         wall = time.perf_counter() - start
     if code != 0:
@@ -247,10 +248,7 @@ class Sampler(threading.Thread):
 
 
 @contextlib.contextmanager
-def sampling(sampler: Sampler | None) -> Iterator[None]:
-    if sampler is None:
-        yield
-        return
+def sampling(sampler: Sampler) -> Iterator[None]:
     sampler.start()
     try:
         yield
@@ -617,6 +615,43 @@ def merge(into: dict[str, Seen], sampler: Sampler) -> None:
             t.small_in.setdefault(w, who)
 
 
+def run_pairs(one: Callable[[str], Run], opts: Options) -> tuple[list[dict[str, Any]], str]:
+    """Pairs of runs, AB then BA, until the interval of the CPU ratio is narrow enough
+    or a limit is reached; the pairs, and what stopped them. Both sides must agree on
+    every run's check."""
+    if not opts.quick:  # warm-up: bytecode caches, shared libraries, server data files
+        one("A")
+        one("B")
+    pairs: list[dict[str, Any]] = []
+    checks: set[str] = set()
+    start = time.monotonic()
+    while True:
+        order = "AB" if len(pairs) % 2 == 0 else "BA"
+        runs = {side: one(side) for side in order}
+        checks |= {runs["A"].check, runs["B"].check}
+        pairs.append(
+            {
+                "order": order,
+                "original_cpu": round(runs["A"].cpu, 4),
+                "hugified_cpu": round(runs["B"].cpu, 4),
+                "original_wall": round(runs["A"].wall, 4),
+                "hugified_wall": round(runs["B"].wall, 4),
+            }
+        )
+        cpu = [p["hugified_cpu"] / p["original_cpu"] for p in pairs]
+        if len(checks) > 1:
+            raise RuntimeError(f"the original and the hugified runs disagree: {sorted(checks)}")
+        if opts.quick:
+            return pairs, "--quick: one pair"
+        ci = bootstrap(cpu)
+        if len(pairs) >= opts.min_pairs and ci and (ci[1] - ci[0]) / 2 / statistics.median(cpu) < opts.target:
+            return pairs, f"95 % interval of the CPU ratio within +-{opts.target:.0%}"
+        if len(pairs) >= opts.max_pairs:
+            return pairs, f"--max-pairs {opts.max_pairs} reached"
+        if time.monotonic() - start > opts.budget:
+            return pairs, f"--budget {opts.budget:.0f} s spent"
+
+
 def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     real = {
         side: {rel: Path(os.path.realpath(root / rel)) for rel in setup.uses}
@@ -680,41 +715,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         samples[side] += sampler.samples
         return r
 
-    if not opts.quick:  # warm-up: bytecode caches, shared libraries, server data files
-        one("A")
-        one("B")
-    pairs: list[dict[str, Any]] = []
-    checks: set[str] = set()
-    start = time.monotonic()
-    while True:
-        order = "AB" if len(pairs) % 2 == 0 else "BA"
-        runs = {side: one(side) for side in order}
-        checks |= {runs["A"].check, runs["B"].check}
-        pairs.append(
-            {
-                "order": order,
-                "original_cpu": round(runs["A"].cpu, 4),
-                "hugified_cpu": round(runs["B"].cpu, 4),
-                "original_wall": round(runs["A"].wall, 4),
-                "hugified_wall": round(runs["B"].wall, 4),
-            }
-        )
-        cpu = [p["hugified_cpu"] / p["original_cpu"] for p in pairs]
-        if len(checks) > 1:
-            raise RuntimeError(f"the original and the hugified runs disagree: {sorted(checks)}")
-        if opts.quick:
-            stopped = "--quick: one pair"
-            break
-        ci = bootstrap(cpu)
-        if len(pairs) >= opts.min_pairs and ci and (ci[1] - ci[0]) / 2 / statistics.median(cpu) < opts.target:
-            stopped = f"95 % interval of the CPU ratio within +-{opts.target:.0%}"
-            break
-        if len(pairs) >= opts.max_pairs:
-            stopped = f"--max-pairs {opts.max_pairs} reached"
-            break
-        if time.monotonic() - start > opts.budget:
-            stopped = f"--budget {opts.budget:.0f} s spent"
-            break
+    pairs, stopped = run_pairs(one, opts)
+    cpu = [p["hugified_cpu"] / p["original_cpu"] for p in pairs]
     wall = [p["hugified_wall"] / p["original_wall"] for p in pairs]
 
     status: dict[str, Any] = {}
