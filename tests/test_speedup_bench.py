@@ -53,3 +53,10 @@ def test_quick_run_of_every_workload(tmp_path: Path):
     assert obj["prefetched"]["huge_bytes"] >= 16 * (2 << 20)
     assert obj["seen"]["pmd_mapped"] > 0 and obj["seen"]["windows_huge"] > 0, obj
     assert not obj["seen"]["windows_small"], obj
+
+
+def test_unknown_workload_is_a_usage_error():
+    cmd = [sys.executable, "bench/speedup.py", "--only", "itlb,nosuch"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    assert res.returncode == 2
+    assert "unknown workload nosuch; known: clang, gcc, postgres, python, itlb" in res.stderr
