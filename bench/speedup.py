@@ -172,6 +172,8 @@ class Seen:
     huge: set[int] = field(default_factory=set)  # window offsets seen PMD-mapped
     small: set[int] = field(default_factory=set)  # window offsets seen executed on small pages
     small_in: dict[int, str] = field(default_factory=dict)  # window -> a process that mapped it small
+    #: Windows seen on small pages only in runs during which the page cache was dropped.
+    small_after_drop: set[int] = field(default_factory=set)
 
     def as_json(self) -> dict[str, Any]:
         return {"paths": sorted(self.paths), "pmd_mapped": self.pmd, "resident_code": self.rss}
@@ -604,13 +606,24 @@ def windows_of(path: Path) -> tuple[list[int], str]:
         os.close(fd)
 
 
-def merge(into: dict[str, Seen], sampler: Sampler) -> None:
+def cache_drops() -> int:
+    """How often anyone wrote to /proc/sys/vm/drop_caches since boot."""
+    with open("/proc/vmstat") as f:
+        return next((int(line.split()[1]) for line in f if line.startswith("drop_pagecache ")), 0)
+
+
+def merge(into: dict[str, Seen], sampler: Sampler, dropped: bool) -> None:
+    """Adds what one run's sampler saw; `dropped`: the page cache was dropped while
+    the run lasted (a window faulted after that is read in small folios)."""
     for rel, s in sampler.seen.items():
         t = into[rel]
         t.paths |= s.paths
         t.pmd, t.rss = max(t.pmd, s.pmd), max(t.rss, s.rss)
         t.huge |= s.huge
-        t.small |= s.small
+        if dropped:
+            t.small_after_drop |= s.small
+        else:
+            t.small |= s.small
         for w, who in s.small_in.items():
             t.small_in.setdefault(w, who)
 
@@ -701,6 +714,7 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     scan = kernel if kernel.pagemap_scan() else None
     seen = {side: {rel: Seen() for rel in setup.uses} for side in ("A", "B")}
     samples = {"A": 0, "B": 0}
+    dropped_runs = {"A": 0, "B": 0}
     window_list = {rel: w for rel, (w, _) in windows.items()}
 
     def one(side: str) -> Run:
@@ -709,10 +723,13 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         work = scratch / side
         work.mkdir(exist_ok=True)
         prepare(side)
+        drops = cache_drops()
         with sampling(sampler):
             r = setup.run(tree, work)
-        merge(seen[side], sampler)
+        dropped = cache_drops() != drops
+        merge(seen[side], sampler, dropped)
         samples[side] += sampler.samples
+        dropped_runs[side] += dropped
         return r
 
     pairs, stopped = run_pairs(one, opts)
@@ -726,6 +743,7 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
 
     objects: dict[str, Any] = {}
     problems: list[str] = []
+    notes: list[str] = []
     for side, label in (("A", "original"), ("B", "hugified")):
         for rel in setup.uses:
             s = seen[side][rel]
@@ -749,15 +767,23 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         obj["seen"] = b.as_json() | {
             "windows_huge": len(b.huge),
             "windows_small": [f"{w:#x}" for w in sorted(b.small)],
-            "windows_not_executed": len(set(wins) - b.huge - b.small),
+            "windows_small_after_cache_drop": [f"{w:#x}" for w in sorted(b.small_after_drop - b.small)],
+            "windows_not_executed": len(set(wins) - b.huge - b.small - b.small_after_drop),
         }
         obj["original_seen"] = a.as_json()
         for w in sorted(b.small & good):
             problems.append(f"{rel}: window {w:#x} was prefetched huge but {b.small_in[w]} mapped it with small pages")
+        for w in sorted((b.small_after_drop - b.small) & good):
+            notes.append(
+                f"{rel}: window {w:#x} was mapped with small pages by {b.small_in[w]}, during whose run another "
+                "process dropped the page cache"
+            )
         predicted = len(wins) * HP
+        after_drop = len(b.small_after_drop - b.small)
         obj["coverage"] = (
             f"{why}; predicted {mib(predicted)} huge ({len(wins)} windows), seen {mib(b.pmd)} PMD-mapped in one "
-            f"process ({len(b.huge)} windows huge, {len(b.small)} on small pages, "
+            f"process ({len(b.huge)} windows huge, {len(b.small)} on small pages"
+            f"{f' and {after_drop} more after a cache drop' if after_drop else ''}, "
             f"{obj['seen']['windows_not_executed']} not executed); original: {mib(a.pmd)} PMD-mapped"
         )
         objects[rel] = obj
@@ -775,6 +801,7 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         "per_pair": pairs,
         "samples": samples,
         "windows_prefetched_again": reloaded[0],
+        "runs_with_cache_drops": dropped_runs,
         "objects": objects,
         "page_cache": {
             "hugified_2m_folios": sum(o["folio_bytes_after"] or 0 for o in objects.values()),
@@ -783,6 +810,7 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
             "growth_on_disk": sum(o["growth"] or 0 for o in objects.values()),
         },
         "problems": problems,
+        "notes": notes,
     }  # fmt: skip
 
 
@@ -860,10 +888,15 @@ def print_report(results: dict[str, dict[str, Any]]) -> None:
         print(f"\n{name}: {r['command']}; stopped: {r['stopped']}")
         if r["windows_prefetched_again"]:
             print(f"  {r['windows_prefetched_again']} windows were prefetched again before a run (the cache lost them)")
+        drops = r["runs_with_cache_drops"]
+        if drops["A"] or drops["B"]:
+            print(f"  the page cache was dropped by another process during {drops['A']} + {drops['B']} runs")
         for rel, o in r["objects"].items():
             print(f"  {rel}: {o['coverage']}")
         for p in r["problems"]:
             print(f"  problem: {p}")
+        for n in r["notes"]:
+            print(f"  note: {n}")
 
 
 def machine() -> dict[str, Any]:

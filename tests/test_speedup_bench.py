@@ -42,7 +42,10 @@ def test_quick_run_of_every_workload(tmp_path: Path):
         assert r["pairs"] == 1
         assert r["cpu_ratio"]["median"] > 0 and r["wall_ratio"]["median"] > 0, name
         assert r["cpu_ratio"]["ci95"] is None  # one pair gives no interval, and says so
-        assert r["problems"] == [], (name, r["problems"])  # each side mapped its own copies
+        # Each side mapped its own copies, and every window prefetched huge that a process
+        # executed was PMD-mapped (windows faulted after another process dropped the page
+        # cache mid-run are notes, not problems).
+        assert r["problems"] == [], (name, r["problems"])
         for rel, o in r["objects"].items():
             assert o["transform"]["status"], (name, rel)
             assert o["coverage"] and o["seen"]["paths"], (name, rel)
