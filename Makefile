@@ -2,7 +2,7 @@
 #   make                      build the Rust core and its Python extension (in place)
 #   make install DESTDIR= PREFIX=/usr   install the CLI and its package
 #   make test                 install test dependencies and run every test
-#   make demo                 build and rewrite the bundled example program
+#   make demo                 build and rewrite the bundled example program, run it on huge pages
 PREFIX ?= /usr/local
 DESTDIR ?=
 PYTHON ?= /usr/bin/python3
@@ -17,7 +17,7 @@ VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 VENV = .venv
 EXT = hugify/_core.abi3.so
 
-.PHONY: all build install test lint unit pytest demo setup clean dist
+.PHONY: all build install test lint unit pytest demo setup setup-demo clean dist
 
 all: build
 
@@ -59,6 +59,10 @@ install: build
 setup:
 	tools/setup-dev-env
 
+# Only what the demo needs (no cross compilers, cosign or nightly Rust).
+setup-demo:
+	tools/setup-dev-env --demo
+
 lint: setup build
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
@@ -78,7 +82,7 @@ pytest: setup build
 test:
 	tools/run-tests
 
-demo: setup build
+demo: setup-demo build
 	tools/demo
 
 # A source tarball of the last commit (what spec/hugify.spec builds from).

@@ -6,6 +6,9 @@
  * later with dlopen() are handled too. Prefetching is best effort: whatever happens,
  * PROGRAM is executed; only a PROGRAM that cannot be found or executed is an error.
  *
+ * The audit library is the libhugify-audit.so in hugify-run's own directory if there is
+ * one (a build tree: the library built beside it), else the installed one.
+ *
  * Environment: HUGIFY_DEBUG=1 reports per object on stderr; HUGIFY_AUDIT_LIB
  * overrides the audit library (empty: do not set LD_AUDIT); HUGIFY_RUNTIME_DIR
  * overrides /run/hugify (where `hugify prefetch` records the kernel verdict);
@@ -587,12 +590,32 @@ static int thp_never(void)
     return strstr(buf, "[never]") != NULL;
 }
 
+/* The audit library beside this program's real path, if there is one, else the
+ * installed one. */
+static const char *audit_library(void)
+{
+    static char beside[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 1);
+    if (n > 0) {
+        beside[n] = 0;
+        char *slash = strrchr(beside, '/');
+        static const char name[] = "libhugify-audit.so";
+        if (slash && (size_t)(slash + 1 - beside) + sizeof name <= sizeof beside) {
+            memcpy(slash + 1, name, sizeof name);
+            if (access(beside, R_OK) == 0)
+                return beside;
+        }
+    }
+    return HUGIFY_AUDIT_PATH;
+}
+
 static void usage(FILE *f)
 {
     fputs("usage: hugify-run [--] PROGRAM [ARGS...]\n"
           "Loads the code of PROGRAM and of the shared libraries it will load into the page cache\n"
           "as 2 MiB huge pages, then runs PROGRAM with the hugify audit library (LD_AUDIT).\n"
-          "Environment: HUGIFY_DEBUG=1 reports what was done; HUGIFY_AUDIT_LIB=PATH (empty: none).\n",
+          "Environment: HUGIFY_DEBUG=1 reports what was done; HUGIFY_AUDIT_LIB=PATH (empty: none; default:\n"
+          "libhugify-audit.so in hugify-run's own directory if it is there, else " HUGIFY_AUDIT_PATH ").\n",
           f);
 }
 
@@ -665,7 +688,7 @@ int main(int argc, char **argv)
 
     const char *audit = getenv("HUGIFY_AUDIT_LIB");
     if (!audit)
-        audit = HUGIFY_AUDIT_PATH;
+        audit = audit_library();
     if (*audit) {
         const char *cur = getenv("LD_AUDIT");
         if (!cur || !*cur) {

@@ -110,6 +110,29 @@ def test_hugify_run_passes_arguments_environment_and_status(tmp_path: Path):
     assert res.returncode == 0 and res.stdout.startswith("hugify-run ")
 
 
+def test_hugify_run_uses_the_audit_library_beside_it(tmp_path: Path):
+    """Run from a build tree, hugify-run gives ld.so the audit library built beside it
+    (found from its real path, also when started through a symlink), not the install
+    path; without one beside it, the install path (test_runtime_make_install)."""
+    build_runtime()
+    res = run([HUGIFY_RUN, "sh", "-c", 'echo "$LD_AUDIT"'])
+    assert res.returncode == 0 and res.stderr == "", res.stderr  # ld.so loaded it as audit interface
+    assert res.stdout.strip() == str(AUDIT_LIB.resolve())
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    shutil.copy2(HUGIFY_RUN, here / "hugify-run")
+    shutil.copy2(AUDIT_LIB, here / "libhugify-audit.so")
+    (elsewhere / "hugify-run").symlink_to(here / "hugify-run")
+    for argv0 in (here / "hugify-run", elsewhere / "hugify-run"):
+        res = run([argv0, "sh", "-c", 'echo "$LD_AUDIT"'])
+        assert res.stdout.strip() == str(here / "libhugify-audit.so") and res.stderr == "", res
+    (here / "libhugify-audit.so").unlink()
+    res = run([here / "hugify-run", "sh", "-c", 'echo "$LD_AUDIT"'])
+    built_in = next(line for line in (RUNTIME / "build-config.h").read_text().splitlines() if "AUDIT_PATH" in line)
+    assert f'"{res.stdout.strip()}"' in built_in
+
+
 def test_hugify_run_errors(tmp_path: Path):
     assert run([HUGIFY_RUN]).returncode == 2
     res = run([HUGIFY_RUN, "--bogus"])

@@ -1,0 +1,65 @@
+"""bench/speedup.py --quick: every workload of the speedup benchmark prepares and runs
+(one pair each, smallest inputs), so that the benchmark cannot rot. The figures of a
+single pair mean nothing; what is checked is that each workload gives numbers or says
+why it could not, that each run mapped the copies it was meant to (and no other), and
+that the hugified iTLB program really ran on huge pages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runtime_support import REPO, locked
+
+WORKLOADS = {"clang", "gcc", "postgres", "python", "itlb"}
+
+
+@pytest.mark.slow
+def test_quick_run_of_every_workload(tmp_path: Path):
+    out = tmp_path / "speedup.json"
+    with locked():  # it prefetches and measures the page cache, as the runtime tests do
+        res = subprocess.run(
+            [sys.executable, "bench/speedup.py", "--quick", "--json", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    results = doc["workloads"]
+    assert set(results) == WORKLOADS
+    for name, r in results.items():
+        # A workload either has numbers or says why not; a run that broke is a bug.
+        assert r["status"] in ("measured", "unavailable"), (name, r)
+        if r["status"] == "unavailable":
+            assert r["reason"], name
+            continue
+        assert r["pairs"] == 1
+        assert r["cpu_ratio"]["median"] > 0 and r["wall_ratio"]["median"] > 0, name
+        assert r["cpu_ratio"]["ci95"] is None  # one pair gives no interval, and says so
+        # Each side mapped its own copies, and every window prefetched huge that a process
+        # executed was PMD-mapped (windows faulted after another process dropped the page
+        # cache mid-run are notes, not problems).
+        assert r["problems"] == [], (name, r["problems"])
+        for rel, o in r["objects"].items():
+            assert o["transform"]["status"], (name, rel)
+            assert o["coverage"] and o["seen"]["paths"], (name, rel)
+        assert name in res.stdout
+    itlb = results["itlb"]
+    assert itlb["status"] == "measured", itlb
+    obj = itlb["objects"]["itlb"]
+    assert obj["prefetched"]["huge_bytes"] >= 16 * (2 << 20)
+    assert obj["seen"]["pmd_mapped"] > 0 and obj["seen"]["windows_huge"] > 0, obj
+    assert not obj["seen"]["windows_small"], obj
+
+
+def test_unknown_workload_is_a_usage_error():
+    cmd = [sys.executable, "bench/speedup.py", "--only", "itlb,nosuch"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    assert res.returncode == 2
+    assert "unknown workload nosuch; known: clang, gcc, postgres, python, itlb" in res.stderr
