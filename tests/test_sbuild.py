@@ -99,8 +99,9 @@ def sbuild(name: str, hugify: bool) -> DebBuild:
     deb = build_hugify_deb().ok().deb("hugify") if hugify else None
     rc_text = sbuildrc(deb)
     inputs = [(p.name, p) for p in sorted(dsc.parent.iterdir())]
-    hugify_key = deb.parent.parent.name if deb else ""
-    key = files_key(inputs, tarball.parent.name, hugify_key, rc_text, tool_versions("sbuild"))
+    # The configuration counts with the .deb's name, not where the cache keeps it.
+    hugify_key = (deb.parent.parent.name, sbuildrc(Path(deb.name))) if deb else ("", rc_text)
+    key = files_key(inputs, tarball.parent.name, *hugify_key, tool_versions("sbuild"))
 
     def build(parent: Path, out: Path) -> tuple[int, str]:
         config = parent / "sbuildrc"
