@@ -170,7 +170,6 @@ def run_session(work: Path, root: Path) -> None:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         try:
             rc = proc.wait(timeout=BOOT_TIMEOUT)
@@ -178,8 +177,8 @@ def run_session(work: Path, root: Path) -> None:
             rc = -1
             log.write(f"\n== killed after {BOOT_TIMEOUT} s\n")
         finally:
-            # The namespace's init is unshare's child: killing the group kills the
-            # container with it.
+            # unshare's child is the PID namespace's init (--kill-child): when it dies,
+            # every process of the namespace dies, the container's too.
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
