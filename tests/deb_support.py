@@ -2,7 +2,8 @@
 building the test source package tests/deb/hugify-deb-test for real with
 dpkg-buildpackage, extracting what it produced, and caching the results.
 
-Heavy builds are cached under the test cache (tests/fixtures.py: cache_root()),
+hugify's own .deb is built here too (build_hugify_deb), for every test that
+installs it. Heavy builds are cached under the test cache (tests/fixtures.py: cache_root()),
 keyed by everything that goes into them (the package sources, hugify's sources,
 the tool versions), one directory per key; a changed input rebuilds.
 """
@@ -262,6 +263,90 @@ def in_tree_env(bin_dir: Path, **extra: str) -> dict[str, str]:
         tmp.replace(wrapper)
     path = f"{bin_dir}:{DH_HUGIFY_DIR}:{os.environ['PATH']}"
     return clean_env(PATH=path, PERL5LIB=str(DH_HUGIFY_DIR), **extra)
+
+
+VERSION = re.search(r'^version = "(.*)"', (REPO / "Cargo.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+STD_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+PACKAGING_TOOLS = ("debhelper", "dpkg-dev", "dh-python", "help2man", "gcc-12", "python3.11", "rpm", "perl")
+
+
+# --- sources and toolchain ---------------------------------------------------------------
+
+
+def hugify_sources() -> list[tuple[str, Path]]:
+    """The files of the source package: what git tracks or would track (so no build
+    products), without the test suite and the benchmarks."""
+    res = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    out = []
+    for name in sorted(set(res.stdout.decode().split("\0"))):
+        if not name or name.split("/", 1)[0] in ("tests", "bench"):
+            continue
+        p = REPO / name
+        if p.is_symlink() or p.is_file():
+            out.append((name, p))
+    return out
+
+
+def copy_sources(files: list[tuple[str, Path]], dest: Path) -> None:
+    for name, p in files:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_symlink():
+            os.symlink(os.readlink(p), target)
+        else:
+            shutil.copy2(p, target)
+
+
+def rust_env() -> dict[str, str]:
+    """Where rustup's cargo lives; Rust >= 1.85 is needed (README)."""
+    cargo = shutil.which("cargo")
+    assert cargo, "cargo (Rust >= 1.85) is needed to build hugify's packages"
+    home = Path.home()
+    env = {
+        "CARGO_HOME": os.environ.get("CARGO_HOME", str(home / ".cargo")),
+        "RUSTUP_HOME": os.environ.get("RUSTUP_HOME", str(home / ".rustup")),
+        "cargo_dir": str(Path(cargo).parent),
+    }
+    return env
+
+
+def toolchain_key() -> str:
+    rustc = subprocess.run(["rustc", "-V"], capture_output=True, text=True, check=False).stdout
+    return tool_versions(*PACKAGING_TOOLS) + rustc
+
+
+# --- hugify's own .deb (test_packages.py, test_sbuild.py, test_boot.py) ----------------------
+
+
+def build_hugify_deb() -> DebBuild:
+    sources = hugify_sources()
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
+        src = parent / f"hugify-{VERSION}"
+        copy_sources(sources, src)
+        rust = rust_env()
+        # The build profile finds cargo in $CARGO_HOME/bin by itself; PATH gets the
+        # cargo directory only when it is somewhere else.
+        path = (
+            STD_PATH
+            if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
+            else f"{rust['cargo_dir']}:{STD_PATH}"
+        )
+        env = clean_env(PATH=path)
+        env.pop("CARGO_HOME", None)
+        env.pop("RUSTUP_HOME", None)
+        rc, log = dpkg_buildpackage(src, env, "-Ppkg.hugify.rustup")
+        collect(parent, out)
+        return rc, log
+
+    group = cache_root() / "packages"
+    final = cached_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
+    return DebBuild(cached_build(final, group / "hugify-deb.lock", group / "hugify-deb-build", build))
 
 
 # --- the test package built in variants (test_debhelper.py) ------------------------------

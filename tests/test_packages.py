@@ -43,8 +43,11 @@ from deb_support import (
     MANIFEST_DIR,
     PROG,
     SMALL,
+    STD_PATH,
+    VERSION,
     CachedBuild,
     DebBuild,
+    build_hugify_deb,
     build_id,
     build_variant,
     cached_build,
@@ -52,15 +55,16 @@ from deb_support import (
     clean_env,
     collect,
     debug_file,
-    dpkg_buildpackage,
     drop_stale,
     files_key,
     hugified,
+    hugify_sources,
     locked,
     package_source_files,
     prepare_test_source,
+    rust_env,
     save_result,
-    tool_versions,
+    toolchain_key,
 )
 from fixtures import cache_root
 from helpers import REPO, bits_differing, readelf_build_id
@@ -68,89 +72,7 @@ from helpers import REPO, bits_differing, readelf_build_id
 from hugify import manifest
 
 slow = pytest.mark.slow
-VERSION = re.search(r'^version = "(.*)"', (REPO / "Cargo.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
-STD_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-PACKAGING_TOOLS = ("debhelper", "dpkg-dev", "dh-python", "help2man", "gcc-12", "python3.11", "rpm", "perl")
 RPM_TEST = REPO / "tests" / "rpm"
-
-
-# --- sources and toolchain ---------------------------------------------------------------
-
-
-def hugify_sources() -> list[tuple[str, Path]]:
-    """The files of the source package: what git tracks or would track (so no build
-    products), without the test suite and the benchmarks."""
-    res = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    )
-    out = []
-    for name in sorted(set(res.stdout.decode().split("\0"))):
-        if not name or name.split("/", 1)[0] in ("tests", "bench"):
-            continue
-        p = REPO / name
-        if p.is_symlink() or p.is_file():
-            out.append((name, p))
-    return out
-
-
-def copy_sources(files: list[tuple[str, Path]], dest: Path) -> None:
-    for name, p in files:
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if p.is_symlink():
-            os.symlink(os.readlink(p), target)
-        else:
-            shutil.copy2(p, target)
-
-
-def rust_env() -> dict[str, str]:
-    """Where rustup's cargo lives; Rust >= 1.85 is needed (README)."""
-    cargo = shutil.which("cargo")
-    assert cargo, "cargo (Rust >= 1.85) is needed to build hugify's packages"
-    home = Path.home()
-    env = {
-        "CARGO_HOME": os.environ.get("CARGO_HOME", str(home / ".cargo")),
-        "RUSTUP_HOME": os.environ.get("RUSTUP_HOME", str(home / ".rustup")),
-        "cargo_dir": str(Path(cargo).parent),
-    }
-    return env
-
-
-def toolchain_key() -> str:
-    rustc = subprocess.run(["rustc", "-V"], capture_output=True, text=True, check=False).stdout
-    return tool_versions(*PACKAGING_TOOLS) + rustc
-
-
-# --- hugify's .deb ---------------------------------------------------------------------------
-
-
-def build_hugify_deb() -> DebBuild:
-    sources = hugify_sources()
-
-    def build(parent: Path, out: Path) -> tuple[int, str]:
-        src = parent / f"hugify-{VERSION}"
-        copy_sources(sources, src)
-        rust = rust_env()
-        # The build profile finds cargo in $CARGO_HOME/bin by itself; PATH gets the
-        # cargo directory only when it is somewhere else.
-        path = (
-            STD_PATH
-            if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
-            else f"{rust['cargo_dir']}:{STD_PATH}"
-        )
-        env = clean_env(PATH=path)
-        env.pop("CARGO_HOME", None)
-        env.pop("RUSTUP_HOME", None)
-        rc, log = dpkg_buildpackage(src, env, "-Ppkg.hugify.rustup")
-        collect(parent, out)
-        return rc, log
-
-    group = cache_root() / "packages"
-    final = cached_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
-    return DebBuild(cached_build(final, group / "hugify-deb.lock", group / "hugify-deb-build", build))
 
 
 @pytest.fixture(scope="session")

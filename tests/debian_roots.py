@@ -1,0 +1,99 @@
+"""Clean Debian 12 roots made by mmdebstrap from the archive, and Debian source
+packages fetched with apt-get source (test_sbuild.py, test_boot.py).
+
+Both are cached under the test cache (tests/fixtures.py: cache_root()): a root by
+its mmdebstrap command line (suite, variant, package list, format) and
+mmdebstrap's version, a source package by its name and version. The host's apt
+configuration is left alone: apt-get source runs with a private sources list
+(bookworm's deb-src), package lists and cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+from deb_support import drop_stale, tool_versions
+from fixtures import cache_root, locked
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+
+
+def debian_root(name: str, *args: str, fmt: str = "directory") -> Path:
+    """`mmdebstrap ARGS bookworm OUT` once per ARGS (and mmdebstrap version): OUT is
+    a directory, or a tarball when fmt is "tar"."""
+    key = hashlib.sha256("\0".join([*args, fmt, tool_versions("mmdebstrap")]).encode()).hexdigest()[:16]
+    group = cache_root() / "debian-roots"
+    final = group / f"{name}-{key}"
+    out = final / ("root.tar" if fmt == "tar" else "root")
+    if out.exists():
+        return out
+    with locked(group / f"{name}.lock"):
+        if out.exists():
+            return out
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        target = work / out.name
+        res = subprocess.run(
+            ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, SUITE, str(target), MIRROR],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+        assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
+        work.rename(final)
+        drop_stale(final)
+    return out
+
+
+def _apt_source_options(state: Path) -> list[str]:
+    """apt options that make apt-get read only bookworm's deb-src line and keep its
+    lists and cache under `state`."""
+    (state / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (state / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    sources = state / "sources.list"
+    sources.write_text(f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main\n")
+    return [
+        "-o",
+        f"Dir::Etc::SourceList={sources}",
+        "-o",
+        f"Dir::Etc::SourceParts={state / 'sources.list.d'}",
+        "-o",
+        f"Dir::State::Lists={state / 'lists'}",
+        "-o",
+        f"Dir::Cache={state / 'cache'}",
+    ]
+
+
+def source_package(name: str) -> Path:
+    """The archive's current bookworm source of `name`, fetched with apt-get source
+    (not unpacked): the path of its .dsc. Kept per version."""
+    group = cache_root() / "apt-source"
+    with locked(group / "apt.lock"):
+        opts = _apt_source_options(group / "apt")
+        subprocess.run(["apt-get", "-q", *opts, "update"], capture_output=True, text=True, check=True)
+        uris = subprocess.run(
+            ["apt-get", *opts, "source", "--print-uris", name], capture_output=True, text=True, check=True
+        ).stdout
+        dsc_name = next(w.strip("'") for line in uris.splitlines() for w in line.split()[1:2] if w.endswith(".dsc"))
+        dsc = group / dsc_name.removesuffix(".dsc") / dsc_name
+        if not dsc.exists():
+            work = dsc.parent.with_name(dsc.parent.name + ".tmp")
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            subprocess.run(
+                ["apt-get", "-q", *opts, "source", "--download-only", name],
+                cwd=work,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            work.rename(dsc.parent)
+    return dsc
