@@ -55,7 +55,6 @@ from deb_support import (
     dpkg_buildpackage,
     drop_stale,
     files_key,
-    hugified,
     locked,
     package_source_files,
     prepare_test_source,
@@ -63,7 +62,7 @@ from deb_support import (
     tool_versions,
 )
 from fixtures import cache_root
-from helpers import REPO, bits_differing, readelf_build_id
+from helpers import REPO, bits_differing, hugified, readelf_build_id
 
 from hugify import manifest
 
