@@ -1,7 +1,9 @@
 """Shared pytest set-up. Every hugify command the suite runs, directly or through
 rpmbuild, dpkg-buildpackage, brp-hugify and dh_hugify, notes the reason ids it
 prints in one log (hugify/reasons.py); when the run ends, each must be one that
-`hugify explain` knows, or the run fails."""
+`hugify explain` knows, or the run fails.
+
+Fixtures more than one test file uses live here too."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from runtime_support import Programs, build_programs, build_runtime
 
 REPO = Path(__file__).resolve().parent.parent
 LOG_ENV = "HUGIFY_REASON_LOG"
@@ -43,3 +46,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     else:
         print(f"\nall {len(seen)} reason ids printed during the run are explainable")
+
+
+@pytest.fixture(scope="module")
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Programs:
+    """The runtime tests' hugified programs (runtime_support), built once per test file."""
+    assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
+    build_runtime()
+    return build_programs(tmp_path_factory.mktemp(f"{request.module.__name__}-programs"))
+
+
+@pytest.fixture
+def fake_hugify(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in `hugify` for brp-hugify: it appends its arguments to the file returned
+    with it and exits with $FAKE_STATUS (0 by default)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fake-hugify"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit ${{FAKE_STATUS:-0}}\n')
+    fake.chmod(0o755)
+    return fake, calls

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Self
 
 from fixtures import cache_root, locked
-from helpers import HP, REPO, Load, readelf_build_id, readelf_loads
+from helpers import REPO, readelf_build_id
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
 GEN_CODE = REPO / "tests" / "programs" / "gen_code.py"
@@ -393,17 +393,6 @@ def build_variant(name: str) -> DebBuild:
 
 
 # --- checks on ELF files -----------------------------------------------------------------
-
-
-def exec_load(path: Path) -> Load:
-    loads = [seg for seg in readelf_loads(path) if "E" in seg.flags]
-    assert len(loads) == 1, loads
-    return loads[0]
-
-
-def hugified(path: Path) -> bool:
-    x = exec_load(path)
-    return x.offset % HP == 0 and x.vaddr % HP == 0 and x.filesz % HP == 0 and x.align == HP
 
 
 def build_id(path: Path) -> str:

@@ -1,5 +1,6 @@
-"""Shared test helpers: running the CLI, and reading ELF files through tools hugify
-did not write (readelf, eu-elflint, pyelftools)."""
+"""Shared test helpers: running the CLI, recipes built and transformed once per
+session, and reading ELF files through tools hugify did not write (readelf,
+eu-elflint, pyelftools)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+from fixtures import Recipe, build
 
 HP = 2 << 20
 REPO = Path(__file__).resolve().parent.parent
@@ -62,6 +65,36 @@ def transform(src: Path, dst: Path, *extra: str) -> dict[str, Any]:
     return json.loads(res.stdout)
 
 
+class Case:
+    """One recipe: the original files and their transformed copies (with their reports)."""
+
+    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
+        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.reports)
+
+    def dv(self, name: str) -> int:
+        return int(self.reports[name]["result"]["dv"])
+
+
+_cases: dict[str, Case] = {}
+
+
+def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """Builds (cached) and transforms a recipe once per test session, with the
+    recipe's transform options. Split-DWARF .dwo files stay beside the originals;
+    the skeletons name that directory."""
+    if recipe.name not in _cases:
+        orig = build(recipe)
+        new = tmp_path_factory.mktemp(recipe.name)
+        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
+        reports = {n: transform(orig / n, new / n, *recipe.transform_args) for n in names}
+        _cases[recipe.name] = Case(recipe, orig, new, reports)
+    return _cases[recipe.name]
+
+
 def run_program(
     path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = (), runner: list[str] | None = None
 ) -> tuple[int, str, str]:
@@ -70,6 +103,21 @@ def run_program(
     cmd = [*(runner or []), str(path), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=300, check=False)
     return res.returncode, res.stdout, res.stderr
+
+
+def rpm_env(build_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment rpm gives a build-root policy script (brp-hugify) while
+    building foo-1.2-3.x86_64 in `build_dir`, its build root `build_dir`/root."""
+    return {
+        "PATH": os.environ["PATH"],
+        "RPM_BUILD_ROOT": str(build_dir / "root"),
+        "RPM_PACKAGE_NAME": "foo",
+        "RPM_PACKAGE_VERSION": "1.2",
+        "RPM_PACKAGE_RELEASE": "3",
+        "RPM_ARCH": "x86_64",
+        "RPM_BUILD_DIR": str(build_dir),
+        **extra,
+    }
 
 
 # --- readelf -----------------------------------------------------------------------
@@ -95,6 +143,19 @@ def readelf_loads(path: Path) -> list[Load]:
             flags = "".join(f[6:-1])
             loads.append(Load(int(f[1], 16), int(f[2], 16), int(f[4], 16), int(f[5], 16), flags, int(f[-1], 16)))
     return loads
+
+
+def exec_load(path: Path) -> Load:
+    """The one executable PT_LOAD, as readelf shows it."""
+    loads = [seg for seg in readelf_loads(path) if "E" in seg.flags]
+    assert len(loads) == 1, loads
+    return loads[0]
+
+
+def hugified(path: Path) -> bool:
+    """Whether the executable load covers whole huge-page windows (hugify's shift output)."""
+    x = exec_load(path)
+    return x.offset % HP == 0 and x.vaddr % HP == 0 and x.filesz % HP == 0 and x.align == HP
 
 
 def readelf_build_id(path: Path) -> bytes:

@@ -40,17 +40,15 @@ from deb_support import (
     build_id,
     build_variant,
     debug_file,
-    exec_load,
     files_of,
     gdb_backtrace,
-    hugified,
     in_tree_env,
     run_program,
     source_line,
 )
 from fixtures import BY_NAME
 from fixtures import build as build_fixture
-from helpers import bits_differing
+from helpers import bits_differing, exec_load, hugified
 
 from hugify import manifest
 

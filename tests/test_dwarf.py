@@ -10,37 +10,14 @@ import shutil
 import struct
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from fixtures import CROSS_DWARF_RECIPES, DWARF_RECIPES, Recipe, build
-from helpers import readelf_build_id, transform
+from fixtures import CROSS_DWARF_RECIPES, DWARF_RECIPES, Recipe
+from helpers import Case, case_for, readelf_build_id
 
 SHF_COMPRESSED = 0x800
-
-
-class Case:
-    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
-        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
-
-    def dv(self, name: str) -> int:
-        return int(self.reports[name]["result"]["dv"])
-
-
-_cases: dict[str, Case] = {}
-
-
-def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
-    """Builds (cached) and transforms a recipe once per test session. Split-DWARF
-    .dwo files stay beside the originals; the skeletons name that directory."""
-    if recipe.name not in _cases:
-        orig = build(recipe)
-        new = tmp_path_factory.mktemp(recipe.name)
-        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
-        _cases[recipe.name] = Case(recipe, orig, new, {n: transform(orig / n, new / n) for n in names})
-    return _cases[recipe.name]
 
 
 ALL = DWARF_RECIPES + CROSS_DWARF_RECIPES

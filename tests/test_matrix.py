@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fixtures import CROSS_RECIPES, RECIPES, Recipe, build
 from helpers import (
     HP,
+    Case,
     bits_differing,
+    case_for,
     dynamic_tags,
     elflint,
     machine,
@@ -56,31 +57,6 @@ POINTER_TAGS = {
 ADDRESS_RELOCS = {"EM_X86_64": {8, 37}, "EM_AARCH64": {1027, 1032}, "EM_386": {8, 42}}
 TRAPS = {"EM_X86_64": b"\xcc", "EM_386": b"\xcc", "EM_AARCH64": b"\x00\x00\x20\xd4"}
 MATRIX = RECIPES + CROSS_RECIPES
-
-
-class Case:
-    """One recipe: the original files and their transformed copies."""
-
-    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
-        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
-
-    @property
-    def files(self) -> list[str]:
-        return list(self.reports)
-
-
-_cases: dict[str, Case] = {}
-
-
-def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
-    """Builds (cached) and transforms a recipe once per test session."""
-    if recipe.name not in _cases:
-        orig = build(recipe)
-        new = tmp_path_factory.mktemp(recipe.name)
-        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
-        reports = {n: transform(orig / n, new / n, *recipe.transform_args) for n in names}
-        _cases[recipe.name] = Case(recipe, orig, new, reports)
-    return _cases[recipe.name]
 
 
 @pytest.fixture(params=MATRIX, ids=lambda r: r.name)

@@ -57,7 +57,6 @@ from deb_support import (
     debug_file,
     drop_stale,
     files_key,
-    hugified,
     hugify_sources,
     locked,
     package_source_files,
@@ -67,7 +66,7 @@ from deb_support import (
     toolchain_key,
 )
 from fixtures import cache_root
-from helpers import REPO, bits_differing, readelf_build_id
+from helpers import REPO, bits_differing, hugified, readelf_build_id
 
 from hugify import manifest
 

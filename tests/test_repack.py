@@ -37,16 +37,14 @@ from deb_support import (
     deb_field,
     debug_file,
     dpkg_buildpackage,
-    exec_load,
     files_key,
     gdb_backtrace,
-    hugified,
     source_line,
     tool_versions,
     tree_files,
 )
 from fixtures import cache_root, debian_packages
-from helpers import REPO, hugify
+from helpers import REPO, exec_load, hugified, hugify
 
 slow = pytest.mark.slow
 MULTIARCH = "x86_64-linux-gnu"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from fixtures import locked
-from helpers import HP, REPO, readelf_build_id, readelf_loads
+from helpers import HP, REPO, exec_load, hugified, readelf_build_id, rpm_env
 
 from hugify import manifest
 
@@ -204,17 +204,6 @@ def _ok(b: Built) -> Built:
     return b
 
 
-def _exec_load(path: Path):
-    loads = [seg for seg in readelf_loads(path) if "E" in seg.flags]
-    assert len(loads) == 1, loads
-    return loads[0]
-
-
-def _hugified(path: Path) -> bool:
-    x = _exec_load(path)
-    return x.offset % HP == 0 and x.vaddr % HP == 0 and x.filesz % HP == 0 and x.align == HP
-
-
 def _lines(path: Path, marker: str) -> int:
     return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if marker in line)
 
@@ -234,9 +223,9 @@ slow = pytest.mark.slow
 def test_program_and_library_are_hugified_small_program_is_not(rpm_build) -> None:
     b, plain = _ok(rpm_build("hugify")), _ok(rpm_build("plain"))
     for f in (PROG, LIB):
-        assert _hugified(b.root / f), f
-        assert not _hugified(plain.root / f), f
-    assert not _hugified(b.root / SMALL)
+        assert hugified(b.root / f), f
+        assert not hugified(plain.root / f), f
+    assert not hugified(b.root / SMALL)
     assert (b.root / SMALL).read_bytes() != b""  # shipped, only not transformed
     assert re.search(r"hugify: /usr/bin/hugify-small: skipped \(below-threshold\)", b.log)
     assert re.search(r"hugify: /usr/bin/hugify-test: transformed \(shift\).*\(also: /usr/bin/hugify-test-link\)", b.log)
@@ -266,7 +255,7 @@ def test_debuginfo_package_has_build_id_files_of_the_shipped_files(rpm_build) ->
         debug_file = b.root / link.lstrip("/")
         assert readelf_build_id(debug_file).hex() == bid
         # The debug file describes the hugified layout: same program headers.
-        assert _exec_load(debug_file).vaddr == _exec_load(b.root / f).vaddr
+        assert exec_load(debug_file).vaddr == exec_load(b.root / f).vaddr
     for f in (PROG, LIB):  # rpm recomputes ids, but a hugified file never gets the plain one
         assert readelf_build_id(b.root / f) != readelf_build_id(plain.root / f)
 
@@ -330,7 +319,7 @@ def test_manifest_is_in_the_binary_rpm_with_the_shipped_build_ids(rpm_build) -> 
     entries = {e.path: e for e in manifest.parse((b.root / MANIFEST).read_text())}
     assert sorted(entries) == sorted(["/" + PROG, "/" + LINK, "/" + LIB])
     for f in (PROG, LINK, LIB):
-        e, x = entries["/" + f], _exec_load(b.root / f)
+        e, x = entries["/" + f], exec_load(b.root / f)
         assert e.build_id == readelf_build_id(b.root / f).hex(), "the manifest must name the shipped build-id"
         assert (e.offset, e.size, e.huge_page) == (x.offset, x.filesz, HP)
 
@@ -378,7 +367,7 @@ def test_host_macros_hugify_builds_without_debuginfo(rpm_build) -> None:
     b = _ok(rpm_build("host-nodebug"))
     assert not any("debuginfo" in r.name for r in b.rpms)
     for f in (PROG, LIB):
-        assert _hugified(b.root / f), f
+        assert hugified(b.root / f), f
     assert _run(b, PROG).stdout == _run(rpm_build("plain"), PROG).stdout
     entries = {e.path: e for e in manifest.parse((b.root / MANIFEST).read_text())}
     assert entries["/" + PROG].build_id == readelf_build_id(b.root / PROG).hex()
@@ -490,29 +479,13 @@ def test_host_macros_put_the_step_first_in_spec_install_post() -> None:
 # --- brp-hugify itself, with a stand-in for the hugify command (fast) --------------------------
 
 
-@pytest.fixture
-def fake_hugify(tmp_path: Path) -> tuple[Path, Path]:
-    calls = tmp_path / "calls"
-    fake = tmp_path / "fake-hugify"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit ${{FAKE_STATUS:-0}}\n')
-    fake.chmod(0o755)
-    return fake, calls
-
-
 def _brp(tmp_path: Path, fake: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {
-        "PATH": os.environ["PATH"],
-        "RPM_BUILD_ROOT": str(tmp_path / "root"),
-        "RPM_PACKAGE_NAME": "foo",
-        "RPM_PACKAGE_VERSION": "1.2",
-        "RPM_PACKAGE_RELEASE": "3",
-        "RPM_ARCH": "x86_64",
-        "RPM_BUILD_NCPUS": "3",
-        "RPM_BUILD_DIR": str(tmp_path),
-    }
-    base.update(env)
     return subprocess.run(
-        [str(BRP), "--hugify", str(fake), *args], capture_output=True, text=True, env=base, check=False
+        [str(BRP), "--hugify", str(fake), *args],
+        capture_output=True,
+        text=True,
+        env=rpm_env(tmp_path, RPM_BUILD_NCPUS="3", **env),
+        check=False,
     )
 
 

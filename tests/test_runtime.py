@@ -21,8 +21,6 @@ from runtime_support import (
     HUGIFY_RUN,
     REPO,
     Programs,
-    build_programs,
-    build_runtime,
     cached_pages,
     copy_programs,
     drop_caches,
@@ -33,13 +31,6 @@ from runtime_support import (
     read_plainly,
     run_program,
 )
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Programs:
-    assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
-    build_runtime()
-    return build_programs(tmp_path_factory.mktemp("runtime-programs"))
 
 
 @pytest.fixture

@@ -10,14 +10,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from runtime_support import (
     AUDIT_LIB,
     HUGIFY_RUN,
     REPO,
     RUNTIME,
     Programs,
-    build_programs,
     build_runtime,
     copy_programs,
     drop_caches,
@@ -26,13 +24,6 @@ from runtime_support import (
     parse_smaps,
     run_program,
 )
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Programs:
-    assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
-    build_runtime()
-    return build_programs(tmp_path_factory.mktemp("native-programs"))
 
 
 def run(argv: list, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ trigger helper run the way rpm and dpkg run it."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -18,8 +17,6 @@ from runtime_support import (
     HP,
     REPO,
     Programs,
-    build_programs,
-    build_runtime,
     copy_programs,
     drop_caches,
     exec_segment_size,
@@ -31,13 +28,6 @@ UNITS = REPO / "systemd"
 SERVICE = UNITS / "hugify-prefetch.service"
 TIMER = UNITS / "hugify-prefetch.timer"
 TRIGGER = UNITS / "hugify-prefetch-trigger"
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Programs:
-    assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
-    build_runtime()
-    return build_programs(tmp_path_factory.mktemp("unit-programs"))
 
 
 @pytest.fixture

@@ -35,14 +35,12 @@ from deb_support import (
     clean_env,
     collect,
     debug_file,
-    exec_load,
     files_key,
-    hugified,
     tool_versions,
 )
 from debian_roots import debian_root, source_package
 from fixtures import cache_root
-from helpers import HP, bits_differing
+from helpers import HP, bits_differing, exec_load, hugified
 
 SOURCE = "hello"
 PROGRAM = "usr/bin/hello"

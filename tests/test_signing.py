@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from fixtures import BY_NAME, build, cache_root, locked
-from helpers import REPO, bits_differing, hugify, readelf_build_id
+from helpers import REPO, bits_differing, hugify, readelf_build_id, rpm_env
 from test_rpm import WITH_MACROS, _eval
 
 from hugify import _core, policy, signing
@@ -655,24 +655,13 @@ def test_verify_usage_errors(tree: Tree, tmp_path: Path) -> None:
 # --- the rpm glue (fast) ------------------------------------------------------------------------------
 
 
-def test_brp_sign_mode_passes_rpms_environment_to_hugify_sign(tmp_path: Path) -> None:
-    calls = tmp_path / "calls"
-    fake = tmp_path / "fake-hugify"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
-    fake.chmod(0o755)
-    rpm_env = {
-        "PATH": os.environ["PATH"],
-        "RPM_BUILD_ROOT": str(tmp_path / "root"),
-        "RPM_PACKAGE_NAME": "foo",
-        "RPM_PACKAGE_VERSION": "1.2",
-        "RPM_PACKAGE_RELEASE": "3",
-        "RPM_ARCH": "x86_64",
-        "RPM_BUILD_DIR": str(tmp_path),
-    }
+def test_brp_sign_mode_passes_rpms_environment_to_hugify_sign(tmp_path: Path, fake_hugify: tuple[Path, Path]) -> None:
+    fake, calls = fake_hugify
+    brp_env = rpm_env(tmp_path)
     base = [str(BRP), "--sign", "--hugify", str(fake)]
-    subprocess.run([*base, "--file-list", "/l", "--output-dir", "/out", "--policy", "/p"], env=rpm_env, check=True)
-    subprocess.run(base, env=rpm_env, check=True)
-    subprocess.run(base, env={**rpm_env, "RPM_BUILD_ROOT": "/"}, check=True)
+    subprocess.run([*base, "--file-list", "/l", "--output-dir", "/out", "--policy", "/p"], env=brp_env, check=True)
+    subprocess.run(base, env=brp_env, check=True)
+    subprocess.run(base, env={**brp_env, "RPM_BUILD_ROOT": "/"}, check=True)
     report = f"{tmp_path}/foo-1.2-3.x86_64.hugify.json"
     assert calls.read_text().splitlines() == [
         f"sign {tmp_path}/root --report {report} --package foo --file-list /l "

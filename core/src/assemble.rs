@@ -204,3 +204,68 @@ fn offset_in_loads(phdrs: &[Phdr], vaddr: u64) -> Option<u64> {
         .find(|l| vaddr >= l.p_vaddr && vaddr <= l.vend())
         .map(|l| l.p_offset + (vaddr - l.p_vaddr))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testelf::{run, Arrangement, Dso};
+    use crate::ModeChoice;
+
+    const HP: u64 = 2 << 20;
+
+    #[test]
+    fn shift_pads_the_code_window_with_traps() {
+        // Code that ends short of a page: padding before and after it.
+        let (built, t, out) = run(&Dso::new(Arrangement::SeparateCode, 0x2ff0), ModeChoice::Shift, HP);
+        let new = Elf::parse(&out).unwrap();
+        let execs: Vec<&Phdr> = new.loads().filter(|p| p.p_flags & PF_X != 0).collect();
+        let [x] = execs.as_slice() else { panic!("{execs:?}") };
+        assert_eq!((x.p_offset % HP, x.p_vaddr % HP, x.p_filesz), (0, 0, HP));
+        let text = new.section(".text").unwrap();
+        assert_eq!(text.sh_addr, built.addr(".text") + t.summary().dv);
+        assert_eq!(new.section_data(text), &built.data[0x1000..0x3ff0]);
+        let window = &out[x.p_offset as usize..x.fend() as usize];
+        let code = (text.sh_offset - x.p_offset) as usize..(text.fend() - x.p_offset) as usize;
+        assert!(window[..code.start].iter().chain(&window[code.end..]).all(|&b| b == 0xcc));
+        // Both paddings are sections, so strip and objcopy keep them.
+        let pads: Vec<(u64, u64)> =
+            new.shdrs.iter().filter(|s| s.name == PAD_SECTION).map(|s| (s.sh_offset, s.fend())).collect();
+        assert_eq!(pads, [(x.p_offset, text.sh_offset), (text.fend(), x.fend())]);
+        assert!(new.shdrs.iter().all(|s| s.name != PAD_SECTION || s.sh_flags == SHF_ALLOC | SHF_EXECINSTR));
+        assert_eq!(new.ehdr.shnum, Elf::parse(&built.data).unwrap().ehdr.shnum + 2);
+        assert_eq!(new.ehdr.e_entry, built.addr(".text") + t.summary().dv);
+        assert_eq!(t.output.size, out.len() as u64);
+    }
+
+    #[test]
+    fn a_split_first_load_gets_a_relocated_header_table() {
+        let (built, _, out) = run(&Dso::new(Arrangement::TextInFirst, 0x3000), ModeChoice::Shift, HP);
+        let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+        assert_eq!(new.ehdr.phnum, old.ehdr.phnum + 1);
+        assert_ne!(new.ehdr.e_phoff, old.ehdr.e_phoff);
+        let loads: Vec<&Phdr> = new.loads().collect();
+        assert_eq!(loads.iter().map(|l| l.p_flags).collect::<Vec<_>>(), [PF_R, PF_R | PF_X, PF_R | PF_W]);
+        // The metadata load keeps only what stays and now also holds the new table.
+        let table_end = new.ehdr.e_phoff + new.ehdr.phnum * 56;
+        assert_eq!((loads[0].p_offset, loads[0].fend()), (0, table_end));
+        assert!(table_end <= built.addr(".text") + 56 * 8);
+        assert_eq!(&out[..64][..16], &built.data[..16]);
+    }
+
+    #[test]
+    fn align_only_pads_file_offsets() {
+        let hp = 0x10000;
+        let (built, t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Align, hp);
+        let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+        assert_eq!(new.ehdr.shnum, old.ehdr.shnum, "no trap padding in align mode");
+        for (o, n) in old.shdrs.iter().zip(&new.shdrs) {
+            assert_eq!((o.sh_addr, o.sh_size), (n.sh_addr, n.sh_size), "{}", o.name);
+            if o.is_alloc() && o.sh_offset >= old.phdrs[1].p_offset {
+                assert_eq!(n.sh_offset, o.sh_offset + t.summary().df, "{}", o.name);
+            }
+            if o.name != crate::testelf::NOTE {
+                assert_eq!(new.section_data(n), old.section_data(o), "{}", o.name);
+            }
+        }
+    }
+}

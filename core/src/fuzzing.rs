@@ -1,8 +1,10 @@
 //! Entry points for the fuzz targets under `fuzz/` and their regression tests
 //! (`core/tests/fuzz_regressions.rs`). Not an API.
 
+use crate::elf::consts::{ET_DYN, SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS};
 use crate::elf::Elf;
 use crate::plan::AddrMap;
+use crate::testelf::{self, Sec};
 
 /// Section names a DWARF fuzz input can hold.
 pub const NAMES: &[&str] = &[
@@ -43,49 +45,8 @@ pub fn dwarf(data: &[u8]) {
 
 /// An ELF64 x86-64 shared object with a 4 KiB `.text` at 0x1000 and the given
 /// non-allocated sections (no program headers: the DWARF repair reads sections only).
-fn elf_with(sections: &[(&str, &[u8])]) -> Vec<u8> {
-    let text = [0xccu8; 0x1000];
-    // (name, sh_type, sh_flags, sh_addr, contents)
-    let mut all: Vec<(&str, u32, u64, u64, &[u8])> = vec![(".text", 1, 0x6, 0x1000, &text)];
-    all.extend(sections.iter().map(|&(name, bytes)| (name, 1, 0, 0, bytes)));
-    let mut shstrtab = vec![0u8];
-    let mut names = Vec::new();
-    for name in all.iter().map(|s| s.0).chain([".shstrtab"]) {
-        names.push(shstrtab.len() as u32);
-        shstrtab.extend_from_slice(name.as_bytes());
-        shstrtab.push(0);
-    }
-    all.push((".shstrtab", 3, 0, 0, &shstrtab));
-
-    let mut out = vec![0u8; 64];
-    let mut offsets = Vec::new();
-    for s in &all {
-        offsets.push(out.len() as u64);
-        out.extend_from_slice(s.4);
-    }
-    out.resize(out.len().next_multiple_of(8), 0);
-    let shoff = out.len() as u64;
-    out.extend_from_slice(&[0u8; 64]); // the null section
-    for ((s, name), offset) in all.iter().zip(&names).zip(&offsets) {
-        out.extend_from_slice(&name.to_le_bytes());
-        out.extend_from_slice(&s.1.to_le_bytes());
-        for v in [s.2, s.3, *offset, s.4.len() as u64] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out.extend_from_slice(&[0u8; 8]); // sh_link, sh_info
-        out.extend_from_slice(&1u64.to_le_bytes()); // sh_addralign
-        out.extend_from_slice(&0u64.to_le_bytes()); // sh_entsize
-    }
-    let count = all.len() as u16 + 1;
-    out[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]); // ELF64, little-endian, v1
-    out[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-    out[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    out[20..24].copy_from_slice(&1u32.to_le_bytes());
-    out[40..48].copy_from_slice(&shoff.to_le_bytes());
-    out[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
-    out[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
-    out[58..60].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
-    out[60..62].copy_from_slice(&count.to_le_bytes());
-    out[62..64].copy_from_slice(&(count - 1).to_le_bytes()); // .shstrtab is last
-    out
+fn elf_with(sections: &[(&'static str, &[u8])]) -> Vec<u8> {
+    let text = Sec { addr: 0x1000, ..Sec::new(".text", SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, vec![0xcc; 0x1000]) };
+    let rest = sections.iter().map(|&(name, bytes)| Sec::new(name, SHT_PROGBITS, 0, bytes.to_vec()));
+    testelf::write(ET_DYN, 0, &[], [text].into_iter().chain(rest).collect())
 }

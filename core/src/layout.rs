@@ -384,3 +384,94 @@ fn linker_name(elf: &Elf) -> Option<String> {
     let text = String::from_utf8_lossy(elf.section_data(comment)).into_owned();
     text.split('\0').find(|t| t.starts_with("Linker: ")).map(|t| t["Linker: ".len()..].trim().to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testelf::{Arrangement, Dso};
+
+    fn moving(elf: &Elf, an: &Analysis) -> Vec<String> {
+        elf.shdrs.iter().filter(|s| an.section_moves[s.index]).map(|s| s.name.clone()).collect()
+    }
+
+    #[test]
+    fn separate_code_splits_at_the_code() {
+        let built = Dso::new(Arrangement::SeparateCode, 0x3000).build();
+        let elf = Elf::parse(&built.data).unwrap();
+        let an = analyse(&elf).unwrap();
+        assert_eq!((an.layout, an.kind), (LayoutClass::SeparateCode, FileKind::SharedObject));
+        assert_eq!((an.split, an.split_section.as_str()), (built.addr(".text"), ".text"));
+        use LoadPlace::*;
+        assert_eq!((an.places.as_slice(), an.exec), ([Stays, Moves, Moves, Moves].as_slice(), 1));
+        assert_eq!(an.move_start, built.addr(".text"));
+        assert_eq!(an.code_bytes, 0x3000);
+        assert!(an.has_symtab);
+        let moved = [".text", ".rodata", ".eh_frame_hdr", ".eh_frame", ".dynamic", ".got", ".data"];
+        assert_eq!(moving(&elf, &an), moved);
+    }
+
+    #[test]
+    fn text_in_first_splits_its_first_load() {
+        let built = Dso::new(Arrangement::TextInFirst, 0x3000).build();
+        let elf = Elf::parse(&built.data).unwrap();
+        let an = analyse(&elf).unwrap();
+        assert_eq!(an.layout, LayoutClass::TextInFirst);
+        assert_eq!((an.split, an.split_section.as_str()), (built.addr(".text"), ".text"));
+        assert_eq!((an.places.as_slice(), an.exec), ([LoadPlace::Split, LoadPlace::Moves].as_slice(), 0));
+        assert!(!moving(&elf, &an).contains(&".rela.dyn".to_owned()));
+    }
+
+    #[test]
+    fn rodata_first_splits_before_the_code() {
+        let built = Dso::new(Arrangement::RodataFirst, 0x3000).build();
+        let elf = Elf::parse(&built.data).unwrap();
+        let an = analyse(&elf).unwrap();
+        assert_eq!(an.layout, LayoutClass::RodataFirst);
+        assert_eq!((an.split, an.split_section.as_str()), (built.addr(".rodata"), ".rodata"));
+        assert_eq!(an.places, [LoadPlace::Split, LoadPlace::Moves, LoadPlace::Moves]);
+        assert_eq!(an.exec, 1);
+    }
+
+    /// Sets the flags of program header `i`.
+    fn set_flags(data: &mut [u8], i: usize, flags: u32) {
+        let at = 64 + 56 * i + 4;
+        data[at..at + 4].copy_from_slice(&flags.to_le_bytes());
+    }
+
+    #[test]
+    fn files_it_cannot_handle_give_their_reason() {
+        let base = Dso::new(Arrangement::SeparateCode, 0x3000).build().data;
+        let reason = |data: &[u8]| analyse(&Elf::parse(data).unwrap()).err().expect("refused").reason;
+
+        let mut two = base.clone();
+        set_flags(&mut two, 2, PF_R | PF_X);
+        assert_eq!(reason(&two), Reason::MultipleExecSegments);
+
+        let mut none = base.clone();
+        set_flags(&mut none, 1, PF_R);
+        assert_eq!(reason(&none), Reason::NoExecSegment);
+
+        let mut headerless = base.clone();
+        headerless[40..48].fill(0); // e_shoff
+        headerless[60..64].fill(0); // e_shnum, e_shstrndx
+        assert_eq!(reason(&headerless), Reason::NoSectionHeaders);
+
+        let mut exec = base.clone();
+        exec[16] = ET_REL as u8;
+        assert_eq!(reason(&exec), Reason::UnsupportedType);
+    }
+
+    #[test]
+    fn a_section_off_its_segment_offset_is_bad() {
+        let mut built = Dso::new(Arrangement::SeparateCode, 0x3000).build();
+        let elf = Elf::parse(&built.data).unwrap();
+        let rodata = elf.section(".rodata").unwrap().index as u64;
+        let at = (elf.ehdr.e_shoff + 64 * rodata + 24) as usize; // sh_offset
+        drop(elf);
+        let off = u64::from_le_bytes(built.data[at..at + 8].try_into().unwrap());
+        built.data[at..at + 8].copy_from_slice(&(off + 8).to_le_bytes());
+        let e = analyse(&Elf::parse(&built.data).unwrap()).err().expect("refused");
+        assert_eq!(e.reason, Reason::BadSections, "{e}");
+        assert!(e.detail.contains(".rodata"), "{e}");
+    }
+}

@@ -22,7 +22,6 @@ mod patch;
 pub mod plan;
 pub mod probe;
 mod repair;
-#[cfg(test)]
 mod testelf;
 mod verify;
 pub mod windows;
@@ -302,4 +301,83 @@ pub fn transform_to_vec(data: &[u8], opts: &Options) -> Result<(Transformed, Vec
     let out = t.output.to_vec(data);
     verify(data, &out, &t)?;
     Ok((t, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testelf::{opts, run, Arrangement, Dso};
+
+    fn refusal(data: &[u8], o: &Options) -> &'static str {
+        transform(data, o).err().expect("refused").reason.id()
+    }
+
+    #[test]
+    fn each_refusal_gives_its_reason() {
+        let data = Dso::new(Arrangement::SeparateCode, 0x3000).build().data;
+        let any = opts(ModeChoice::Auto, DEFAULT_HUGE_PAGE);
+        assert_eq!(refusal(&data, &Options::default()), "below-threshold");
+        let (_, out) = transform_to_vec(&data, &any).unwrap();
+        assert_eq!(refusal(&out, &any), "already-aligned");
+
+        let mut trailing = data.clone();
+        trailing.extend(b"overlay");
+        assert_eq!(refusal(&trailing, &any), "trailing-data");
+        let mut zeros = data.clone();
+        zeros.extend([0; 64]);
+        assert!(transform(&zeros, &any).is_ok(), "zero padding at the end is no overlay");
+
+        let mut stab = Dso::new(Arrangement::SeparateCode, 0x3000);
+        stab.extra.push((".stab", vec![0; 12]));
+        assert_eq!(refusal(&stab.build().data, &any), "unsupported-section");
+
+        let mut headerless = data.clone();
+        headerless[40..48].fill(0);
+        headerless[60..64].fill(0);
+        assert_eq!(refusal(&headerless, &any), "no-section-headers");
+        let mut two = data.clone();
+        two[64 + 56 * 2 + 4] |= 1; // PF_X on the read-only data's load
+        assert_eq!(refusal(&two, &any), "multiple-exec-segments");
+        assert_eq!(refusal(b"#!/bin/sh\n", &any), "not-elf");
+        assert_eq!(refusal(&data[..100], &any), "truncated");
+    }
+
+    #[test]
+    fn auto_takes_the_plan_that_covers_more_code() {
+        let hp = 0x10000;
+        let (_, t, _) = run(&Dso::new(Arrangement::SeparateCode, 0x30000), ModeChoice::Auto, hp);
+        assert_eq!(t.summary().mode, Mode::Shift);
+        let align = t.report.align.as_ref().unwrap();
+        assert!(align.covered_code < t.summary().covered_code && t.summary().covered_code == 0x30000);
+
+        let (_, t, _) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Auto, hp);
+        assert_eq!((t.summary().mode, t.report.layout), (Mode::Align, "rodata-first"));
+
+        // Neither: both reasons in one line, the shift's id.
+        let data = Dso::new(Arrangement::RodataFirst, 0x3000).build().data;
+        let e = transform(&data, &opts(ModeChoice::Auto, hp)).err().expect("refused");
+        assert_eq!(e.reason, Reason::UnsupportedLayout);
+        assert!(e.detail.contains("alignment only: no whole huge-page window"), "{e}");
+    }
+
+    #[test]
+    fn output_is_deterministic() {
+        let data = Dso::new(Arrangement::TextInFirst, 0x3000).build().data;
+        let o = opts(ModeChoice::Shift, DEFAULT_HUGE_PAGE);
+        assert_eq!(transform_to_vec(&data, &o).unwrap().1, transform_to_vec(&data, &o).unwrap().1);
+    }
+
+    #[test]
+    fn inspect_reports_both_plans_and_todays_windows() {
+        let data = Dso::new(Arrangement::SeparateCode, 0x30000).build().data;
+        let r = inspect(&data, &opts(ModeChoice::Auto, 0x10000)).unwrap();
+        assert_eq!((r.kind, r.layout, r.split_section.as_str()), ("shared-object", "separate-code", ".text"));
+        assert_eq!((r.code_bytes, r.covered_before), (0x30000, 0));
+        assert!(r.windows_before.is_empty(), "4 KiB p_align: no window today");
+        assert_eq!(r.build_id.as_deref(), Some(&testelf::BUILD_ID[..]));
+        let (shift, align) = (r.shift.unwrap(), r.align.unwrap());
+        assert_eq!((shift.mode, align.mode, r.chosen.unwrap()), (Mode::Shift, Mode::Align, Mode::Shift));
+        assert_eq!(align.dv, 0);
+        assert_eq!(shift.windows.iter().map(|w| w.len).sum::<u64>(), 0x30000);
+    }
 }

@@ -419,3 +419,127 @@ fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
         an.exec_sections(elf).map(|s| (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size)));
     covered(&runs, mapped)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::analyse;
+    use crate::testelf::{Arrangement, Dso};
+
+    const HP: u64 = 2 << 20;
+
+    fn plans(dso: &Dso, hp: u64) -> (Vec<u8>, Candidates) {
+        let data = dso.build().data;
+        let elf = Elf::parse(&data).unwrap();
+        let an = analyse(&elf).unwrap();
+        let c = candidates(&elf, &an, hp);
+        drop(elf);
+        (data, c)
+    }
+
+    fn exec_load(p: &Plan) -> Phdr {
+        *p.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0).unwrap()
+    }
+
+    #[test]
+    fn shift_ends_the_code_on_a_huge_page_boundary() {
+        for arrangement in [Arrangement::SeparateCode, Arrangement::TextInFirst] {
+            let dso = Dso::new(arrangement, 0x3000);
+            let built = dso.build();
+            let (_, c) = plans(&dso, HP);
+            let p = c.shift.unwrap();
+            let text = built.addr(".text");
+            let x = exec_load(&p);
+            assert_eq!((x.p_vaddr % HP, x.p_offset % HP, x.p_memsz % HP, x.p_align), (0, 0, 0, HP));
+            assert!(x.p_vaddr <= text + p.map.dv && text + 0x3000 + p.map.dv <= x.vend());
+            // The next page of what moved starts on the boundary the code ends on.
+            let last_moved = if arrangement == Arrangement::SeparateCode { ".text" } else { ".eh_frame" };
+            let end = built.sec(last_moved).addr + built.sec(last_moved).size;
+            assert_eq!(align_up(end, 0x1000) + p.map.dv, x.vend(), "{arrangement:?}");
+            assert_eq!((p.map.dv % 0x1000, p.df % 0x1000), (0, 0));
+            assert_eq!(p.covered_code, 0x3000);
+            assert_eq!(p.map.start, text);
+        }
+    }
+
+    #[test]
+    fn shift_moves_by_a_multiple_of_the_largest_moved_alignment() {
+        let hp = 0x10000;
+        let mut dso = Dso::new(Arrangement::SeparateCode, 0x3000);
+        dso.rodata_align = 0x40000;
+        let p = plans(&dso, hp).1.shift.unwrap();
+        assert_eq!((p.map.dv % 0x40000, p.df % hp), (0, 0), "dv {:#x}, df {:#x}", p.map.dv, p.df);
+        assert_eq!(exec_load(&p).vend() % hp, 0);
+        let mut small = Dso::new(Arrangement::SeparateCode, 0x3000);
+        small.rodata_align = 16;
+        let q = plans(&small, hp).1.shift.unwrap();
+        assert!(q.map.dv < p.map.dv && q.map.dv % 0x1000 == 0);
+    }
+
+    #[test]
+    fn align_changes_no_address() {
+        let hp = 0x10000;
+        let dso = Dso::new(Arrangement::RodataFirst, 0x30000);
+        let (data, c) = plans(&dso, hp);
+        let elf = Elf::parse(&data).unwrap();
+        let p = c.align.unwrap();
+        assert_eq!(p.map.dv, 0);
+        assert_eq!(p.phdrs.len(), elf.phdrs.len());
+        for (old, new) in elf.phdrs.iter().zip(&p.phdrs) {
+            assert_eq!(
+                (old.p_type, old.p_vaddr, old.p_memsz, old.p_filesz),
+                (new.p_type, new.p_vaddr, new.p_memsz, new.p_filesz)
+            );
+        }
+        // lld puts the code one page above its offset: the file moves it by one page.
+        let x = exec_load(&p);
+        assert_eq!((p.df, x.p_offset % hp, x.p_align), (0x1000, x.p_vaddr % hp, hp));
+        assert!(p.covered_code >= hp && p.covered_code < 0x30000);
+        // The metadata before the code stays where it was.
+        assert_eq!(p.copies[0], Placement { src: 0, len: elf.phdrs[1].p_offset, dst: 0 });
+    }
+
+    #[test]
+    fn rodata_first_can_only_be_aligned() {
+        let (_, c) = plans(&Dso::new(Arrangement::RodataFirst, 0x30000), 0x10000);
+        let e = c.shift.unwrap_err();
+        assert_eq!(e.reason, Reason::UnsupportedLayout);
+        assert!(e.detail.contains(".rodata at the split point"), "{e}");
+        // Too little code for a whole window: alignment gains nothing either.
+        let (_, c) = plans(&Dso::new(Arrangement::RodataFirst, 0x3000), HP);
+        assert_eq!(c.align.unwrap_err().reason, Reason::NoGain);
+    }
+
+    #[test]
+    fn code_that_refers_to_the_headers_cannot_shift() {
+        let mut dso = Dso::new(Arrangement::SeparateCode, 0x3000);
+        // lea rax, [rip + disp32] whose target is the ELF header at 0.
+        let text = dso.build().addr(".text");
+        dso.code = [0x48, 0x8d, 0x05].to_vec();
+        dso.code.extend((0u64.wrapping_sub(text + 7) as u32).to_le_bytes());
+        assert_eq!(plans(&dso, HP).1.shift.unwrap_err().reason, Reason::EhdrReference);
+
+        let mut named = Dso::new(Arrangement::SeparateCode, 0x3000);
+        named.symbols.push(("__ehdr_start", crate::testelf::NOTE));
+        let e = plans(&named, HP).1.shift.unwrap_err();
+        assert_eq!(e.reason, Reason::EhdrReference);
+        assert!(e.detail.contains("__ehdr_start"), "{e}");
+    }
+
+    #[test]
+    fn precheck_refuses_small_and_finished_code() {
+        let data = Dso::new(Arrangement::SeparateCode, 0x3000).build().data;
+        let elf = Elf::parse(&data).unwrap();
+        let an = analyse(&elf).unwrap();
+        assert_eq!(precheck(&an, HP, 0x4000).unwrap_err().reason, Reason::BelowThreshold);
+        assert!(precheck(&an, HP, 0x3000).is_ok());
+        let (_, out) = crate::transform_to_vec(&data, &crate::testelf::opts(crate::ModeChoice::Shift, HP)).unwrap();
+        let done = Elf::parse(&out).unwrap();
+        let e = precheck(&analyse(&done).unwrap(), HP, 0).unwrap_err();
+        assert_eq!(e.reason, Reason::AlreadyAligned);
+        // Aligned for 64 KiB pages is not aligned for 2 MiB ones.
+        let (_, small) =
+            crate::transform_to_vec(&data, &crate::testelf::opts(crate::ModeChoice::Shift, 0x10000)).unwrap();
+        assert!(precheck(&analyse(&Elf::parse(&small).unwrap()).unwrap(), HP, 0).is_ok());
+    }
+}

@@ -120,3 +120,80 @@ fn spot_check(old: &Elf, new: &Elf, o: u64, n: u64, size: u64, name: &str) -> Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::elf::Elf;
+    use crate::error::Reason;
+    use crate::testelf::{run, Arrangement, Dso};
+    use crate::ModeChoice;
+
+    /// The self-check's detail for `out` changed by `damage`.
+    fn rejected(damage: impl Fn(&Elf, &mut Vec<u8>)) -> String {
+        let (built, t, out) = run(&Dso::new(Arrangement::SeparateCode, 0x2ff0), ModeChoice::Shift, 2 << 20);
+        assert!(crate::verify(&built.data, &out, &t).is_ok());
+        let mut bad = out.clone();
+        damage(&Elf::parse(&out).unwrap(), &mut bad);
+        let e = crate::verify(&built.data, &bad, &t).unwrap_err();
+        assert_eq!(e.reason, Reason::SelfCheck, "{e}");
+        e.detail
+    }
+
+    fn exec_phdr(elf: &Elf) -> usize {
+        elf.phdrs.iter().position(|p| p.p_flags & crate::elf::consts::PF_X != 0).unwrap()
+    }
+
+    #[test]
+    fn a_damaged_header_is_rejected() {
+        assert!(rejected(|_, b| b[24] ^= 1).contains("entry point"));
+        // p_vaddr of the code: no longer congruent to its offset.
+        let d = rejected(|e, b| b[64 + 56 * exec_phdr(e) + 17] ^= 1);
+        assert!(d.contains("does not parse"), "{d}");
+        // p_offset and p_vaddr together: a load that no longer covers whole windows.
+        let d = rejected(|e, b| {
+            let at = 64 + 56 * exec_phdr(e);
+            b[at + 9] ^= 0x10;
+            b[at + 17] ^= 0x10;
+        });
+        assert!(d.contains("output layout") || d.contains("whole"), "{d}");
+        assert!(rejected(|_, b| b.truncate(b.len() - 1)).contains("does not parse"));
+    }
+
+    #[test]
+    fn an_aligned_output_with_its_code_moved_back_is_rejected() {
+        let hp = 0x10000;
+        let (built, t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Align, hp);
+        assert!(crate::verify(&built.data, &out, &t).is_ok());
+        let new = Elf::parse(&out).unwrap();
+        let x = exec_phdr(&new);
+        // The input's p_offset and p_align, and the matching section offset: a file
+        // that parses, but whose code is not congruent modulo the huge page.
+        let mut bad = out.clone();
+        let at = 64 + 56 * x;
+        for field in [at + 8..at + 16, at + 48..at + 56] {
+            bad[field.clone()].copy_from_slice(&built.data[field]);
+        }
+        let text = (new.ehdr.e_shoff + 64 * new.section(".text").unwrap().index as u64 + 24) as usize;
+        bad[text..text + 8].copy_from_slice(&(built.sec(".text").offset).to_le_bytes());
+        let e = crate::verify(&built.data, &bad, &t).unwrap_err();
+        assert_eq!(e.reason, Reason::SelfCheck, "{e}");
+        assert!(e.detail.starts_with("executable segment offset is not congruent"), "{e}");
+    }
+
+    #[test]
+    fn damaged_contents_are_rejected() {
+        let pad = |e: &Elf| e.shdrs.iter().find(|s| s.name == super::PAD_SECTION).unwrap().sh_offset as usize;
+        assert!(rejected(|e, b| b[pad(e) + 5] = 0x90).contains("not all trap"));
+        let text = |e: &Elf| e.section(".text").unwrap().sh_offset as usize;
+        assert!(rejected(|e, b| b[text(e) + 3] = 0x90).contains("contents of .text changed"));
+        let id = |e: &Elf| crate::elf::notes::build_id(e).unwrap().unwrap().0 as usize;
+        assert!(rejected(|e, b| b[id(e)] ^= crate::repair::BUILD_ID_FLIP).contains("differs in 0 bits"));
+        // sh_addr and sh_offset of .data: consistent, but not where the plan moved it.
+        let d = rejected(|e, b| {
+            let at = (e.ehdr.e_shoff + 64 * e.section(".data").unwrap().index as u64) as usize;
+            b[at + 16] ^= 8;
+            b[at + 24] ^= 8;
+        });
+        assert!(d.contains("(.data)") && d.contains("planned"), "{d}");
+    }
+}

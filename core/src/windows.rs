@@ -60,21 +60,9 @@ pub fn covered(runs: &[WindowRun], ranges: impl Iterator<Item = (u64, u64)>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testelf::load;
 
     const HP: u64 = 2 << 20;
-
-    fn load(flags: u32, offset: u64, vaddr: u64, filesz: u64, memsz: u64, align: u64) -> Phdr {
-        Phdr {
-            p_type: PT_LOAD,
-            p_flags: flags,
-            p_offset: offset,
-            p_vaddr: vaddr,
-            p_paddr: vaddr,
-            p_filesz: filesz,
-            p_memsz: memsz,
-            p_align: align,
-        }
-    }
 
     #[test]
     fn hugify_output_is_all_windows() {

@@ -214,3 +214,43 @@ fn gimli_err(section: &str, at: u64, e: gimli::Error) -> Error {
     };
     Error::new(reason, format!("{section} at {at:#x}: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::elf::Elf;
+    use crate::testelf::{contents, run, word, Arrangement, Debug, Dso};
+    use crate::ModeChoice;
+    use std::io::Read;
+
+    /// A debug section's contents, inflated if compressed.
+    fn debug(e: &Elf, name: &str) -> Vec<u8> {
+        let raw = contents(e, name);
+        if e.section(name).unwrap().sh_flags & crate::elf::consts::SHF_COMPRESSED == 0 {
+            return raw.to_vec();
+        }
+        let mut out = Vec::new();
+        flate2::read::ZlibDecoder::new(&raw[24..]).read_to_end(&mut out).unwrap();
+        assert_eq!(out.len() as u64, word(raw, 8), "ch_size");
+        out
+    }
+
+    #[test]
+    fn unit_and_range_addresses_move_compressed_or_not() {
+        for kind in [Debug::Plain, Debug::Zlib] {
+            let mut dso = Dso::new(Arrangement::SeparateCode, 0x3000);
+            dso.debug = kind;
+            let (built, t, out) = run(&dso, ModeChoice::Shift, 2 << 20);
+            let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+            let (text, dv) = (built.addr(".text"), t.summary().dv);
+            // DW_AT_low_pc moves; DW_AT_high_pc as data8 is a length and stays.
+            let info = debug(&new, ".debug_info");
+            assert_eq!((word(&info, 12), word(&info, 20)), (text + dv, 0x3000), "{kind:?}");
+            let aranges = debug(&new, ".debug_aranges");
+            let tuples: Vec<u64> = (0..4).map(|i| word(&aranges, 16 + 8 * i)).collect();
+            assert_eq!(tuples, [text + dv, 0x3000, built.addr(".dynstr"), 8], "{kind:?}");
+            assert_eq!(debug(&new, ".debug_abbrev"), debug(&old, ".debug_abbrev"));
+            // Growth is that of the file written, recompressed sections included.
+            assert_eq!(t.summary().growth, out.len() as i64 - built.data.len() as i64, "{kind:?}");
+        }
+    }
+}

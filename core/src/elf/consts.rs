@@ -80,6 +80,7 @@ pub const DT_RELA: i64 = 7;
 pub const DT_RELASZ: i64 = 8;
 pub const DT_RELAENT: i64 = 9;
 pub const DT_STRSZ: i64 = 10;
+pub const DT_SYMENT: i64 = 11;
 pub const DT_INIT: i64 = 12;
 pub const DT_FINI: i64 = 13;
 pub const DT_SONAME: i64 = 14;

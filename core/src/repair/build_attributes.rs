@@ -137,36 +137,20 @@ fn fields<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testelf::{note, words};
 
     const C64: Class = Class { is64: true };
     const C32: Class = Class { is64: false };
-
-    /// One note, padded to 4 bytes as the section is.
-    fn note(name: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend((name.len() as u32).to_le_bytes());
-        v.extend((desc.len() as u32).to_le_bytes());
-        v.extend(kind.to_le_bytes());
-        v.extend(name);
-        v.resize(v.len().next_multiple_of(4), 0);
-        v.extend(desc);
-        v.resize(v.len().next_multiple_of(4), 0);
-        v
-    }
 
     fn walk(data: &[u8], class: Class) -> Result<Vec<Field>> {
         fields(Walk::new(data, 0x1000, 4, SECTION), class, SECTION, (0, 0x50_0000))
     }
 
-    fn pair64(a: u64, b: u64) -> Vec<u8> {
-        [a.to_le_bytes(), b.to_le_bytes()].concat()
-    }
-
     #[test]
     fn walks_open_and_func_notes_of_both_classes() {
-        let mut data = note(b"GA$\x013p3\0", 0x100, &pair64(0x2000, 0x2100));
+        let mut data = note(b"GA$\x013p3\0", 0x100, &words(&[0x2000, 0x2100]));
         data.extend(note(b"GA*\x07\x02\0", 0x100, &[]));
-        data.extend(note(b"GA*GOW:0x452b\0", 0x101, &pair64(0x2040, 0x2080)));
+        data.extend(note(b"GA*GOW:0x452b\0", 0x101, &words(&[0x2040, 0x2080])));
         let f = walk(&data, C64).unwrap();
         let vals: Vec<_> = f.iter().map(|f| (f.off - 0x1000, f.width, f.value, f.start)).collect();
         // 12-byte header + 8-byte name ("GA$\x013p3\0") puts the first description at 20.
@@ -209,7 +193,7 @@ mod tests {
 
     #[test]
     fn malformed_notes_name_their_offset() {
-        let good = note(b"GA$\x013p3\0", 0x100, &pair64(0x2000, 0x2100));
+        let good = note(b"GA$\x013p3\0", 0x100, &words(&[0x2000, 0x2100]));
         let err = |data: &[u8], class| walk(data, class).unwrap_err();
 
         let mut truncated = good.clone();
@@ -230,11 +214,22 @@ mod tests {
         long_name[..4].copy_from_slice(&64u32.to_le_bytes());
         assert!(err(&long_name, C64).detail.contains("offset 0x0 is truncated"));
 
-        let e = err(&note(b"GA*\x07\x02\0", 0x100, &pair64(0x2000, 0x9000_0000)), C64);
+        let e = err(&note(b"GA*\x07\x02\0", 0x100, &words(&[0x2000, 0x9000_0000])), C64);
         assert!(e.detail.contains("offset 0x0 applies to address 0x90000000"), "{e}");
         let e = err(&note(b"GNU\0", 3, &[1; 20]), C64);
         assert!(e.detail.contains("type 0x3"), "{e}");
         // 0 is a discarded section's address; the end of the image is a valid end.
-        assert_eq!(walk(&note(b"GA*\x07\x02\0", 0x101, &pair64(0, 0x50_0000)), C64).unwrap().len(), 2);
+        assert_eq!(walk(&note(b"GA*\x07\x02\0", 0x101, &words(&[0, 0x50_0000])), C64).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn ranges_from_the_split_point_on_move() {
+        use crate::testelf::{contents, shifted, word, Arrangement};
+        let (built, dv, out) = shifted(Arrangement::SeparateCode);
+        let notes = contents(&crate::elf::Elf::parse(&out).unwrap(), SECTION);
+        // Two notes of a 12-byte header, an 8-byte name and two words.
+        let ranges: Vec<u64> = [20, 28, 56, 64].iter().map(|&at| word(notes, at)).collect();
+        let text = built.addr(".text");
+        assert_eq!(ranges, [text + dv, text + 0x3000 + dv, built.addr(".dynsym"), text]);
     }
 }

@@ -45,3 +45,24 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elf::Elf;
+    use crate::testelf::{shifted, Arrangement};
+
+    #[test]
+    fn pointers_into_what_moves_move_and_the_rest_stays() {
+        let (built, dv, out) = shifted(Arrangement::SeparateCode);
+        let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+        let entries = |e: &Elf| e.dynamic().unwrap().into_iter().map(|(_, d)| (d.tag, d.val)).collect::<Vec<_>>();
+        let (before, after) = (entries(&old), entries(&new));
+        assert_eq!(before.len(), after.len());
+        for ((tag, was), (_, now)) in before.into_iter().zip(after) {
+            let moves = matches!(tag, DT_INIT | DT_PLTGOT);
+            assert_eq!(now, if moves { was + dv } else { was }, "tag {tag}");
+        }
+        assert_eq!(new.dynamic().unwrap().iter().find(|(_, d)| d.tag == DT_INIT).unwrap().1.val, new.ehdr.e_entry);
+    }
+}

@@ -124,3 +124,44 @@ fn fixed(h: &Shdr, data: &[u8], pos: u64, enc: u8) -> Result<(u64, u8)> {
     let value = if enc & 0x08 != 0 { (((raw << shift) as i64) >> shift) as u64 } else { raw };
     Ok((value, size))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::elf::{read_u32, Elf};
+    use crate::testelf::{contents, shifted, Arrangement};
+
+    /// The target of the pcrel|sdata4 or datarel|sdata4 field at `off` of `data`.
+    fn target(data: &[u8], off: u64, base: u64) -> u64 {
+        base.wrapping_add(read_u32(data, off).unwrap() as i32 as u64)
+    }
+
+    #[test]
+    fn only_pointers_that_cross_the_split_point_change() {
+        let (built, dv, out) = shifted(Arrangement::SeparateCode);
+        let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+        let (text, stays) = (built.addr(".text"), built.addr(".dynstr"));
+        let (frame, hdr) = (built.addr(".eh_frame") + dv, built.addr(".eh_frame_hdr") + dv);
+
+        // The FDEs' initial locations (at 32 and 56): the code's moved with the FDE, so
+        // its bytes are as they were; the other still names the address that stays.
+        let f = contents(&new, ".eh_frame");
+        assert_eq!(&f[32..36], &contents(&old, ".eh_frame")[32..36]);
+        assert_eq!((target(f, 32, frame + 32), target(f, 56, frame + 56)), (text + dv, stays));
+
+        let h = contents(&new, ".eh_frame_hdr");
+        assert_eq!(target(h, 4, hdr + 4), frame);
+        let table: Vec<u64> = (0..4).map(|i| target(h, 12 + 4 * i, hdr)).collect();
+        assert_eq!(table, [stays, frame + 48, text + dv, frame + 24]);
+        assert_eq!(&h[..12], &contents(&old, ".eh_frame_hdr")[..12]);
+    }
+
+    #[test]
+    fn a_file_without_call_frames_transforms() {
+        use crate::elf::consts::PT_GNU_EH_FRAME;
+        let mut dso = crate::testelf::Dso::new(Arrangement::SeparateCode, 0x3000);
+        dso.eh_frame = false;
+        let (_, _, out) = crate::testelf::run(&dso, crate::ModeChoice::Shift, 2 << 20);
+        let new = Elf::parse(&out).unwrap();
+        assert!(new.section(".eh_frame").is_none() && new.phdrs.iter().all(|p| p.p_type != PT_GNU_EH_FRAME));
+    }
+}

@@ -42,3 +42,32 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elf::Elf;
+    use crate::testelf::{at, contents, run, shifted, word, Arrangement, Dso, BUILD_ID};
+    use crate::ModeChoice;
+
+    #[test]
+    fn the_build_id_loses_one_bit_in_either_mode() {
+        let mut want = BUILD_ID;
+        want[0] ^= BUILD_ID_FLIP;
+        let (_, _, shifted) = run(&Dso::new(Arrangement::SeparateCode, 0x3000), ModeChoice::Shift, 2 << 20);
+        let (_, t, aligned) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Align, 0x10000);
+        for out in [shifted, aligned] {
+            assert_eq!(notes::build_id(&Elf::parse(&out).unwrap()).unwrap().unwrap().1, want);
+        }
+        assert_eq!(t.summary().build_id.as_deref(), Some(&want[..]));
+    }
+
+    #[test]
+    fn probe_addresses_move_and_an_absent_semaphore_stays() {
+        let (built, dv, out) = shifted(Arrangement::SeparateCode);
+        let new = Elf::parse(&out).unwrap();
+        let note = &contents(&new, ".note.stapsdt")[20..];
+        let fields = [word(note, 0), word(note, 8), word(note, 16)];
+        assert_eq!(fields, [built.addr(".text") + at::PROBE + dv, built.addr(".rodata") + dv, 0]);
+    }
+}

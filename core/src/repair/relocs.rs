@@ -180,3 +180,35 @@ fn got_header(ctx: &Ctx, places: &[u64], p: &mut Patches) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::elf::Elf;
+    use crate::testelf::{at, contents, shifted, word, Arrangement};
+
+    #[test]
+    fn relative_addends_and_their_words_move_from_the_split_point_on() {
+        for arrangement in [Arrangement::SeparateCode, Arrangement::TextInFirst] {
+            let (built, dv, out) = shifted(arrangement);
+            let new = Elf::parse(&out).unwrap();
+            let (text, data, dynstr) = (built.addr(".text"), built.addr(".data"), built.addr(".dynstr"));
+            let rela: Vec<(u64, u64)> =
+                contents(&new, ".rela.dyn").chunks(24).map(|r| (word(r, 0), word(r, 16))).collect();
+            assert_eq!(
+                rela,
+                [
+                    (data + dv, text + at::RELATIVE_TARGET + dv),
+                    (data + 8 + dv, built.addr(".rodata") + 8 + dv),
+                    (data + 16 + dv, dynstr)
+                ],
+                "{arrangement:?}"
+            );
+            let words: Vec<u64> = contents(&new, ".data").chunks(8).map(|w| word(w, 0)).collect();
+            // GNU ld's copy of the addend moves; lld's 0 and the copy of a staying
+            // address stay; a word no relocation names is not touched.
+            assert_eq!(words, [text + at::RELATIVE_TARGET + dv, 0, dynstr, text + at::RELATIVE_TARGET]);
+            // GOT[0], _DYNAMIC's link-time address, has no relocation and moves too.
+            assert_eq!(word(contents(&new, ".got"), 0), built.addr(".dynamic") + dv);
+        }
+    }
+}

@@ -68,3 +68,33 @@ fn extended_indices(ctx: &Ctx, table: &Shdr) -> Result<Option<Vec<u32>>> {
     let data = elf.section_data(s);
     (0..data.len() as u64 / 4).map(|i| read_u32(data, i * 4)).collect::<Result<Vec<_>>>().map(Some)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::elf::Elf;
+    use crate::testelf::{shifted, Arrangement};
+
+    /// (name or section index, value) of every symbol of `table`.
+    fn values(e: &Elf, table: &str) -> Vec<(String, u64)> {
+        let s = e.section(table).unwrap();
+        let named = |(_, sym): (u64, crate::elf::Sym)| {
+            (e.symbol_name(s, &sym).map_or(format!("[{}]", sym.shndx), str::to_owned), sym.value)
+        };
+        e.symbols(s).unwrap().into_iter().map(named).collect()
+    }
+
+    #[test]
+    fn symbols_move_with_their_sections() {
+        for arrangement in [Arrangement::SeparateCode, Arrangement::TextInFirst] {
+            let (built, dv, out) = shifted(arrangement);
+            let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+            for table in [".symtab", ".dynsym"] {
+                for ((name, was), (_, now)) in values(&old, table).into_iter().zip(values(&new, table)) {
+                    // Absolute, file and undefined symbols and the staying note's section symbol stay.
+                    let moves = matches!(name.as_str(), "func" | "object" | "rodata_obj" | "data_obj" | "_DYNAMIC");
+                    assert_eq!(now, if moves { was + dv } else { was }, "{table} {name} {arrangement:?}");
+                }
+            }
+        }
+    }
+}
