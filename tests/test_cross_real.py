@@ -47,7 +47,7 @@ def test_arm64_libc_and_libstdcxx_under_qemu(arm64_root: Path, tmp_path: Path) -
         src = _lib(arm64_root, name)
         (orig / name).write_bytes(src.read_bytes())
         report = json.loads(hugify("transform", "--json", src, "-o", new / name).stdout)
-        assert report["arch"] == "arm64" and report["result"]["mode"] == "shift", report
+        assert report["arch"] == "aarch64" and report["result"]["mode"] == "shift", report
         (x,) = [s for s in readelf_loads(new / name) if "E" in s.flags]
         assert x.vaddr % HP == 0 and x.offset % HP == 0 and x.memsz % HP == 0
     for d in (orig, new):

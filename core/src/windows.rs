@@ -7,7 +7,7 @@
 //! this one file by file.
 
 use crate::elf::consts::{PF_X, PT_LOAD};
-use crate::elf::{align_down, align_up, Phdr};
+use crate::elf::{align_down, Phdr};
 
 /// A run of whole huge-page windows inside one executable PT_LOAD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +43,12 @@ pub fn huge_placed(p: &Phdr, fixed: bool, hp: u64) -> bool {
 pub fn huge_windows(phdrs: &[Phdr], fixed: bool, hp: u64) -> Vec<WindowRun> {
     let mut out = Vec::new();
     for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0) {
-        let Some(end) = p.p_vaddr.checked_add(p.p_filesz) else { continue };
-        let (start, end) = (align_up(p.p_vaddr, hp), align_down(end, hp));
+        // Checked: a corrupt header may put a segment at the very top of the address space.
+        let (Some(start), Some(end)) = (p.p_vaddr.checked_next_multiple_of(hp), p.p_vaddr.checked_add(p.p_filesz))
+        else {
+            continue;
+        };
+        let end = align_down(end, hp);
         if huge_placed(p, fixed, hp) && end > start {
             out.push(WindowRun { offset: p.p_offset + (start - p.p_vaddr), vaddr: start, len: end - start });
         }
@@ -99,6 +103,9 @@ mod tests {
         let ph = [load(5, 0x1000, 0x1000, HP, HP, HP)];
         assert!(huge_windows(&ph, false, HP).is_empty());
         let ph = [load(5, 0, u64::MAX - 10, 100, 100, HP)];
+        assert!(huge_windows(&ph, false, HP).is_empty());
+        // The start rounds up past the top of the address space (a fuzz finding).
+        let ph = [load(5, 0, u64::MAX - 10, 5, 5, HP)];
         assert!(huge_windows(&ph, false, HP).is_empty());
     }
 
