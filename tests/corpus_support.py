@@ -72,14 +72,33 @@ class Release:
     systemd: str
     python: str
     stdcxx: str
+    docker_cli: str  # the package with /usr/bin/docker
 
 
 RELEASES = {
     "12": Release(
-        "libssl3", "14", "libLLVM-14.so.1", "72", "199", "binutils-x86-64-linux-gnu", "252", "3.11", "6.0.30"
+        ssl="libssl3",
+        llvm="14",
+        llvm_lib="libLLVM-14.so.1",
+        icu="72",
+        x265="199",
+        gold="binutils-x86-64-linux-gnu",
+        systemd="252",
+        python="3.11",
+        stdcxx="6.0.30",
+        docker_cli="docker.io",
     ),
     "13": Release(
-        "libssl3t64", "19", "libLLVM.so.19.1", "76", "215", "binutils-gold-x86-64-linux-gnu", "257", "3.13", "6.0.33"
+        ssl="libssl3t64",
+        llvm="19",
+        llvm_lib="libLLVM.so.19.1",
+        icu="76",
+        x265="215",
+        gold="binutils-gold-x86-64-linux-gnu",
+        systemd="257",
+        python="3.13",
+        stdcxx="6.0.33",
+        docker_cli="docker-cli",
     ),
 }
 
@@ -106,7 +125,10 @@ def workload(
         return text
 
     return Workload(
-        tuple(map(named, packages)), named(script), tuple(map(named, uses)), tuple((k, named(v)) for k, v in env)
+        tuple(dict.fromkeys(map(named, packages))),
+        named(script),
+        tuple(map(named, uses)),
+        tuple((k, named(v)) for k, v in env),
     )
 
 
@@ -174,6 +196,7 @@ def key(word):
     return k.raw[:n]
 print(sorted(["Zebra", "Äpfel", "apfel", "Straße", "Strasse", "Öl", "zz", "Ölung"], key=key), err.value)'""",
         ("{lib}/libicui18n.so.{icu}.1",),
+        LIBS,  # its libicuuc too: the system may have none of that version
     ),
     "x265": workload(
         ("libx265-{x265}", "x265"),
@@ -218,7 +241,7 @@ print(sorted(["Zebra", "Äpfel", "apfel", "Straße", "Strasse", "Öl", "zz", "Ö
         ("usr/bin/age", "usr/bin/age-keygen"),
     ),
     "docker": workload(
-        ("docker.io",),
+        ("docker.io", "{docker_cli}"),
         """{root}/usr/bin/docker --version; {root}/usr/bin/docker --help | head -n 20
         {root}/usr/sbin/dockerd --version; {root}/usr/sbin/dockerd --help | grep -c -- --""",
         ("usr/bin/docker", "usr/sbin/dockerd"),
