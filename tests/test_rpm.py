@@ -164,8 +164,8 @@ def _build(shared: Path, name: str) -> Built:
     root.mkdir()
     for r in rpms:
         subprocess.run(f"rpm2cpio {r} | cpio -idm --quiet", shell=True, cwd=root, check=True)
-    # $RPM_BUILD_DIR: BUILD, or BUILD/NAME-VERSION-build from rpm 4.20 on.
-    reports = [*(top / "BUILD").glob("*.hugify.json"), *(top / "BUILD").glob("*-build/*.hugify.json")]
+    # Beside the build (rpm >= 4.20 removes its own BUILD/NAME-VERSION-build after it).
+    reports = list((top / "BUILD").glob("*.hugify.json"))
     (out / "rc").write_text(str(res.returncode))
     if reports:
         shutil.copy(reports[0], out / "report.json")
@@ -444,6 +444,11 @@ def test_macro_knobs_reach_the_brp_command() -> None:
         "%{__brp_hugify}",
     )[0]
     assert r"--exclude-from '^/usr/lib64/foo/.*\.so$'" in line
+    # The report outlives the build: rpm >= 4.20 removes %{builddir} after it.
+    assert (
+        "--report-dir '/b/BUILD'" in _eval("--define", "builddir /b/BUILD/foo-1-build", "--eval", "%{__brp_hugify}")[0]
+    )
+    assert "--report-dir '/b/BUILD'" in _eval("--define", "_builddir /b/BUILD", "--eval", "%{__brp_hugify}")[0]
     assert line.endswith("--policy /tmp/p.toml --jobs 3")
 
 
@@ -535,6 +540,9 @@ def test_brp_passes_rpms_environment_to_hugify_tree(tmp_path: Path, fake_hugify)
         f"tree {root} --package foo --arch x86_64 --jobs 3 --exclude-regex ^/opt/x y$ --manifest /m.list "
         f"--report {tmp_path}/foo-1.2-3.x86_64.hugify.json --policy /p.toml"
     ]
+    calls.unlink()
+    assert _brp(tmp_path, fake, "--report-dir", "/r d").returncode == 0
+    assert calls.read_text().endswith(" --report /r d/foo-1.2-3.x86_64.hugify.json\n")
 
 
 def test_brp_leaves_a_real_root_alone(tmp_path: Path, fake_hugify) -> None:
