@@ -1,10 +1,11 @@
 """The real-Debian-binaries corpus (tests/test_debian_corpus.py, bench/corpus.py):
-which Debian 12 packages, the policy hugify runs them under, one workload per
-package, and the summary table.
+which Debian packages (those of the release it runs on: 12, or 13 inside
+tests/test_trixie.py), the policy hugify runs them under, one workload per package,
+and the summary table.
 
 The packages cover C (git, openssl, sqlite, systemd), C++ (LLVM, z3, ICU, gold,
 libstdc++), hand-written assembly (x265), Rust (ripgrep), Go (age, docker) and
-programs embedding Python (gdb with libpython3.11). Their archive binaries are
+programs embedding Python (gdb with libpython3). Their archive binaries are
 stripped, so the corpus policy transforms files without a symbol table (a package
 build runs hugify before dh_strip), and its threshold is a quarter of the default so
 that more files go through the rewriter.
@@ -57,10 +58,84 @@ class Workload:
         return {os.path.relpath(os.path.realpath(root / u), base) for u in self.used_files}
 
 
+@dataclass(frozen=True)
+class Release:
+    """What a Debian release names by version: the packages with an ABI in their
+    name, and the versioned files the workloads load."""
+
+    ssl: str
+    llvm: str
+    llvm_lib: str
+    icu: str
+    x265: str
+    gold: str  # the package with ld.gold and dwp
+    systemd: str
+    python: str
+    stdcxx: str
+    docker_cli: str  # the package with /usr/bin/docker
+
+
+RELEASES = {
+    "12": Release(
+        ssl="libssl3",
+        llvm="14",
+        llvm_lib="libLLVM-14.so.1",
+        icu="72",
+        x265="199",
+        gold="binutils-x86-64-linux-gnu",
+        systemd="252",
+        python="3.11",
+        stdcxx="6.0.30",
+        docker_cli="docker.io",
+    ),
+    "13": Release(
+        ssl="libssl3t64",
+        llvm="19",
+        llvm_lib="libLLVM.so.19.1",
+        icu="76",
+        x265="215",
+        gold="binutils-gold-x86-64-linux-gnu",
+        systemd="257",
+        python="3.13",
+        stdcxx="6.0.33",
+        docker_cli="docker-cli",
+    ),
+}
+
+
+def running_release() -> Release:
+    """The release of the system the tests run on (/etc/os-release)."""
+    text = Path("/etc/os-release").read_text()
+    m = re.search(r'^VERSION_ID="?(\d+)', text, re.M)
+    assert m and m.group(1) in RELEASES, f"no corpus for this release: {m and m.group(1)}"
+    return RELEASES[m.group(1)]
+
+
+RELEASE = running_release()
+
+
+def workload(
+    packages: tuple[str, ...], script: str, uses: tuple[str, ...], env: tuple[tuple[str, str], ...] = ()
+) -> Workload:
+    """A Workload whose `{ssl}`, `{llvm}`, ... name the running release's versions."""
+
+    def named(text: str) -> str:
+        for field, value in vars(RELEASE).items():
+            text = text.replace("{" + field + "}", value)
+        return text
+
+    return Workload(
+        tuple(dict.fromkeys(map(named, packages))),
+        named(script),
+        tuple(map(named, uses)),
+        tuple((k, named(v)) for k, v in env),
+    )
+
+
 LIBS = (("LD_LIBRARY_PATH", "{root}/{lib}"),)
 
 WORKLOADS = {
-    "git": Workload(
+    "git": workload(
         ("git",),
         """G={root}/usr/bin/git; export GIT_EXEC_PATH={root}/usr/lib/git-core
         $G init -q -b main .; cp {data}/text.txt .; $G add text.txt
@@ -69,15 +144,15 @@ WORKLOADS = {
         $G log --format='%H %s'; $G cat-file -p 'HEAD^{tree}'; $G grep -c hugify; $G --version""",
         ("usr/bin/git",),
     ),
-    "perl": Workload(
+    "perl": workload(
         ("perl-base",),
         """{root}/usr/bin/perl -e 'my %w; $w{$_}++ for map { split } <>;
         printf "%s %d\n", $_, $w{$_} for (sort { $w{$b} <=> $w{$a} || $a cmp $b } keys %w)[0..5];
         printf "%.12f\n", atan2(1, 1) * 4' {data}/text.txt""",
         ("usr/bin/perl",),
     ),
-    "openssl": Workload(
-        ("libssl3",),
+    "openssl": workload(
+        ("{ssl}",),
         """openssl version; openssl dgst -sha256 -sha512 {data}/text.txt | sed 's|.*/||'
         openssl enc -aes-256-cbc -K 000102030405060708090a0b0c0d0e0f000102030405060708090a0b0c0d0e0f \
             -iv 0f0e0d0c0b0a09080706050403020100 -in {data}/text.txt | openssl dgst -sha256 -r
@@ -85,7 +160,7 @@ WORKLOADS = {
         ("{lib}/libcrypto.so.3",),
         LIBS,
     ),
-    "sqlite": Workload(
+    "sqlite": workload(
         ("libsqlite3-0",),
         """python3 -c 'import sqlite3; db = sqlite3.connect(":memory:"); print(sqlite3.sqlite_version)
 db.execute("create table w(word text)")
@@ -94,7 +169,7 @@ print(db.execute("select word, count(*) c from w group by word order by c desc, 
         ("{lib}/libsqlite3.so.0",),
         LIBS,
     ),
-    "z3": Workload(
+    "z3": workload(
         ("libz3-4",),
         """python3 -c 'import ctypes as c; z = c.CDLL("{root}/{lib}/libz3.so.4")
 z.Z3_mk_context.restype = z.Z3_mk_config.restype = c.c_void_p
@@ -104,34 +179,35 @@ print(z.Z3_eval_smtlib2_string(ctx, b"(declare-const x Int) (declare-const y Int
 (assert (= (+ (* x x) (* y y)) 1105)) (assert (< 0 x y 25)) (check-sat) (get-value (x y))").decode())'""",
         ("{lib}/libz3.so.4",),
     ),
-    "llvm": Workload(
-        ("libllvm14",),
-        """/usr/lib/llvm-14/bin/llvm-objdump -d --no-show-raw-insn {data}/hello.o
-        echo 'vpaddd %ymm1, %ymm2, %ymm3; lock xaddq %rax, (%rbx)' | /usr/lib/llvm-14/bin/llvm-mc -show-encoding""",
-        ("{lib}/libLLVM-14.so.1",),
+    "llvm": workload(
+        ("libllvm{llvm}",),
+        """/usr/lib/llvm-{llvm}/bin/llvm-objdump -d --no-show-raw-insn {data}/hello.o
+        echo 'vpaddd %ymm1, %ymm2, %ymm3; lock xaddq %rax, (%rbx)' | /usr/lib/llvm-{llvm}/bin/llvm-mc -show-encoding""",
+        ("{lib}/{llvm_lib}",),
         LIBS,
     ),
-    "icu": Workload(
-        ("libicu72",),
-        """python3 -c 'import ctypes as c; i = c.CDLL("{root}/{lib}/libicui18n.so.72")
-i.ucol_open_72.restype = c.c_void_p; err = c.c_int(0); col = c.c_void_p(i.ucol_open_72(b"de", c.byref(err)))
+    "icu": workload(
+        ("libicu{icu}",),
+        """python3 -c 'import ctypes as c; i = c.CDLL("{root}/{lib}/libicui18n.so.{icu}")
+i.ucol_open_{icu}.restype = c.c_void_p; err = c.c_int(0); col = c.c_void_p(i.ucol_open_{icu}(b"de", c.byref(err)))
 def key(word):
     k = c.create_string_buffer(64)
-    n = i.ucol_getSortKey_72(col, c.create_string_buffer(word.encode("utf-16-le") + bytes(2)), -1, k, 64)
+    n = i.ucol_getSortKey_{icu}(col, c.create_string_buffer(word.encode("utf-16-le") + bytes(2)), -1, k, 64)
     return k.raw[:n]
 print(sorted(["Zebra", "Äpfel", "apfel", "Straße", "Strasse", "Öl", "zz", "Ölung"], key=key), err.value)'""",
-        ("{lib}/libicui18n.so.72.1",),
+        ("{lib}/libicui18n.so.{icu}.1",),
+        LIBS,  # its libicuuc too: the system may have none of that version
     ),
-    "x265": Workload(
-        ("libx265-199", "x265"),
+    "x265": workload(
+        ("libx265-{x265}", "x265"),
         """x={root}/usr/bin/x265; $x --version 2>&1 | grep -o 'version [^ ]*'
         $x --input {data}/frames.yuv --input-res 64x64 --fps 25 --frames 6 --preset medium --pools none \
             --frame-threads 1 --no-wpp --no-info --log-level error -o /dev/stdout | sha256sum""",
-        ("{lib}/libx265.so.199",),
+        ("{lib}/libx265.so.{x265}",),
         LIBS,
     ),
-    "binutils": Workload(
-        ("binutils-x86-64-linux-gnu",),
+    "binutils": workload(
+        ("{gold}",),
         """{root}/usr/bin/x86_64-linux-gnu-ld.gold -pie -o hello --build-id=sha1 --eh-frame-hdr \
             -dynamic-linker /lib64/ld-linux-x86-64.so.2 {data}/crt/Scrt1.o {data}/crt/crti.o {data}/crt/crtbeginS.o \
             {data}/hello.o -L/usr/lib/x86_64-linux-gnu -lc {data}/crt/crtendS.o {data}/crt/crtn.o
@@ -139,47 +215,47 @@ print(sorted(["Zebra", "Äpfel", "apfel", "Straße", "Strasse", "Öl", "zz", "Ö
         {root}/usr/bin/x86_64-linux-gnu-dwp -e hello -o "$out/hello.dwp"; sha256sum "$out/hello.dwp" | cut -d' ' -f1""",
         ("usr/bin/x86_64-linux-gnu-ld.gold", "usr/bin/x86_64-linux-gnu-dwp"),
     ),
-    "systemd": Workload(
+    "systemd": workload(
         ("libsystemd-shared",),
         """systemd-analyze timespan '1h 30min 5s' 2>&1 | tail -n 3
         systemd-analyze syscall-filter @basic-io; systemd-escape --path /srv/a-b/c""",
-        ("{lib}/systemd/libsystemd-shared-252.so",),
+        ("{lib}/systemd/libsystemd-shared-{systemd}.so",),
         (("LD_LIBRARY_PATH", "{root}/{lib}/systemd"),),
     ),
-    "ssh": Workload(
+    "ssh": workload(
         ("openssh-client",),
         """{root}/usr/bin/ssh -V 2>&1 | cut -d, -f1; {root}/usr/bin/ssh -G -p 2222 -l someone example.org | sort
         {root}/usr/bin/ssh-keygen -y -f {data}/id_ed25519; {root}/usr/bin/ssh-keygen -l -f {data}/id_ed25519.pub""",
         ("usr/bin/ssh",),
     ),
-    "ripgrep": Workload(
+    "ripgrep": workload(
         ("ripgrep",),
         """r={root}/usr/bin/rg; $r --version | head -n 1; $r -n --sort path -e 'hugify [a-z]+' -e '^[0-9]{3}' {data}
         $r -c --pcre2 '(?<=page )cache' {data}/text.txt || true""",
         ("usr/bin/rg",),
     ),
-    "age": Workload(
+    "age": workload(
         ("age",),
         """a={root}/usr/bin/age; $a --version; {root}/usr/bin/age-keygen -y {data}/age.key
         $a -r "$(sed -n 's/# public key: //p' {data}/age.key)" {data}/text.txt | $a -d -i {data}/age.key | sha256sum""",
         ("usr/bin/age", "usr/bin/age-keygen"),
     ),
-    "docker": Workload(
-        ("docker.io",),
+    "docker": workload(
+        ("docker.io", "{docker_cli}"),
         """{root}/usr/bin/docker --version; {root}/usr/bin/docker --help | head -n 20
         {root}/usr/sbin/dockerd --version; {root}/usr/sbin/dockerd --help | grep -c -- --""",
         ("usr/bin/docker", "usr/sbin/dockerd"),
     ),
-    "gdb": Workload(
-        ("gdb", "libpython3.11"),
+    "gdb": workload(
+        ("gdb", "libpython{python}"),
         r"""{root}/usr/bin/gdb -nx -batch -ex 'python print(sum(i * i for i in range(10000)))' \
             -ex 'info functions ^main$' -ex 'break main' -ex run -ex bt \
             -ex 'python print(gdb.selected_frame().name())' {data}/hello-g 2>&1 |
             grep -v -e '^\[' -e 'libthread_db' -e 'process [0-9]'""",
-        ("usr/bin/gdb", "{lib}/libpython3.11.so.1.0"),
+        ("usr/bin/gdb", "{lib}/libpython{python}.so.1.0"),
         LIBS,
     ),
-    "libstdc++": Workload(("libstdc++6",), "{data}/cxx", ("{lib}/libstdc++.so.6.0.30",), LIBS),
+    "libstdc++": workload(("libstdc++6",), "{data}/cxx", ("{lib}/libstdc++.so.{stdcxx}",), LIBS),
 }
 PACKAGES = sorted({p for w in WORKLOADS.values() for p in w.packages})
 

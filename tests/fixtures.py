@@ -53,7 +53,8 @@ class Recipe:
     lib_funcs: int = 2800
     static_pie: bool = False
     debug: tuple[str, ...] = ()  # e.g. ("-g", "-gdwarf-4")
-    #: objcopy --compress-debug-sections=TYPE after linking (for zstd, which gcc 12 lacks).
+    #: objcopy --compress-debug-sections=TYPE after linking (zstd, which gcc 12 lacks;
+    #: zlib-gnu, which ld 2.44 no longer writes).
     compress_after: str | None = None
     #: Extra C++ translation units that include heavy headers: lots of .debug_info.
     heavy_units: int = 0
@@ -197,7 +198,8 @@ DWARF_RECIPES = [
     _dw("dw-clang-split-dwarf", "-g", "-gsplit-dwarf", cc="clang"),
     # -gz at link time makes ld compress the linked sections too.
     _dw("dw-gcc-gz-zlib", "-g", "-gz=zlib", ldflags=("-fuse-ld=bfd", "-gz=zlib")),
-    _dw("dw-gcc-zdebug", "-g", "-gz=zlib-gnu", ldflags=("-fuse-ld=bfd", "-gz=zlib-gnu")),
+    # ld 2.44 writes plain .debug_* for -gz=zlib-gnu; objcopy still makes .zdebug_*.
+    _dw("dw-gcc-zdebug", "-g", "-gz=zlib-gnu", ldflags=("-fuse-ld=bfd", "-gz=zlib-gnu"), compress_after="zlib-gnu"),
     _dw("dw-gcc-gz-zstd", "-g", compress_after="zstd"),
     _dw("dw-rust", "-g", lang="rust"),
     _dw("dw-cxx-large", "-g", lang="cxx", heavy_units=32),

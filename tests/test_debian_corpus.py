@@ -1,9 +1,9 @@
-"""Real Debian 12 binaries (tests/corpus_support.py): packages fetched with apt-get
-download, unpacked, and run through `hugify tree` as a package build would. Every
-ELF file with code over the threshold is transformed and passes eu-elflint with
-nothing new, or is refused with a reason; never failed. Each package's workload
-prints the same with the transformed files as with the originals, and really
-loads the transformed files."""
+"""Real Debian binaries of the running release (tests/corpus_support.py): packages
+fetched with apt-get download, unpacked, and run through `hugify tree` as a package
+build would. Every ELF file with code over the threshold is transformed and passes
+eu-elflint with nothing new, or is refused with a reason; never failed. Each
+package's workload prints the same with the transformed files as with the
+originals, and really loads the transformed files."""
 
 from __future__ import annotations
 

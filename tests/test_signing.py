@@ -684,7 +684,8 @@ def test_attestation_macro_lists_the_files_and_appends_the_step_once() -> None:
     after = [x.strip() for x in out[2:] if x.strip()]
     assert after[:-1] == before, "the platform's steps stay, in order"
     assert re.fullmatch(
-        r"/usr/lib/rpm/brp-hugify --sign --hugify '/usr/bin/hugify' --file-list '/\S+/foo-1-2\.x86_64\."
+        r"/usr/lib/rpm/brp-hugify --sign --hugify '/usr/bin/hugify' --report-dir '/\S+/BUILD' "
+        r"--file-list '/\S+/foo-1-2\.x86_64\."
         r"hugify-attestation\.files' --output-dir '/\S+/RPMS/x86_64'",
         after[-1],
     ), after[-1]
