@@ -40,7 +40,7 @@ def entry_of(path: str, hp: int) -> manifest.Entry | None:
         return None
     finally:
         os.close(fd)
-    return manifest.Entry(path, w.build_id, w.offsets[0], len(w.offsets) * hp, hp)
+    return manifest.Entry(path, w.build_id, *w.span, hp)
 
 
 def _read(listing: Path) -> list[manifest.Entry]:
