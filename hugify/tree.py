@@ -185,13 +185,12 @@ def _clamped(ns: int, epoch: int | None) -> int:
     return ns if epoch is None else min(ns, epoch * 1_000_000_000)
 
 
-def _entry(path: Path, hp: int, threshold: int) -> tuple[str, int, int, int] | None:
-    """The manifest fields of a file as it is on disk, if its code has whole huge-page
-    windows (core/src/windows.rs) and its executable segment is over the threshold."""
-    p = _core.probe(path, hp)
+def _entry(p: _core.Probe | None, threshold: int) -> tuple[str, int, int, int] | None:
+    """The manifest fields of a probed file, if its code has whole huge-page windows
+    (core/src/windows.rs) and its executable segment is over the threshold."""
     if not p or not p["manifest_span"] or not p["exec_load"] or p["exec_load"]["memsz"] < threshold:
         return None
-    return (p["build_id"] or "-", *p["manifest_span"], hp)
+    return (p["build_id"] or "-", *p["manifest_span"], p["huge_page"])
 
 
 def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
@@ -200,7 +199,9 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     rewrite; otherwise skips it."""
     c, s = job.candidate, job.settings
     try:
-        entry = _entry(c.files[0], s.huge_page, s.threshold)
+        # Unchanged since the walk probed it: probe again only for another page size.
+        known = c.probe if c.probe["huge_page"] == s.huge_page else _core.probe(c.files[0], s.huge_page)
+        entry = _entry(known, s.threshold)
     except (_core.HugifyError, OSError):
         entry = None
     if entry:
@@ -247,7 +248,7 @@ def process(job: Job) -> Outcome:
             return Outcome(c.paths, "failed", e.reason, e.detail)
         except OSError as e:
             return Outcome(c.paths, "failed", "io-error", _os_detail(e))
-        entry = _entry(c.files[0], s.huge_page, 0)  # the file written, not the plan
+        entry = _entry(_core.probe(c.files[0], s.huge_page), 0)  # the file written, not the plan
         try:
             _relink(c, job.epoch)
         except OSError as e:
