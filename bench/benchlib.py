@@ -1,10 +1,14 @@
-"""Shared helpers for the benchmarks: timing child processes (wall time and peak
-RSS from wait4), interleaved repetitions, and printing ratios. Machines here are
-noisy, so every figure is a ratio against a peer measured in the same run."""
+"""Shared helpers for the benchmarks: timing child processes (wall time, CPU time
+and peak RSS), interleaved repetitions, printing ratios, and the bootstrap interval
+of a median ratio. Machines here are noisy, so every figure is a ratio against a
+peer measured in the same run."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -12,28 +16,42 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 12
 
 
 @dataclass
 class Sample:
     wall: float
+    #: user + system time of the command and the children it waited for
+    cpu: float
     maxrss_kib: int
 
 
-def run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None) -> Sample:
-    """Runs a command to completion: wall time, and its peak RSS as GNU time reports
-    it (a direct child's rusage would also count this process, which forked it)."""
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None, cwd: Path = REPO) -> Sample:
+    """Runs a command to completion: wall time, CPU time (this process's reaped
+    children, of which the command is the only one meanwhile), and its peak RSS as
+    GNU time reports it (a direct child's rusage would also count this process, which
+    forked it)."""
+    cpu = _children_cpu()
     start = time.perf_counter()
     res = subprocess.run(
-        ["/usr/bin/time", "-f", "%M", *map(str, cmd)], capture_output=True, text=True, env=env, cwd=REPO, check=False
+        ["/usr/bin/time", "-f", "%M", *map(str, cmd)], capture_output=True, text=True, env=env, cwd=cwd, check=False
     )
     wall = time.perf_counter() - start
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed: {res.stderr}")
-    return Sample(wall, int(res.stderr.strip().splitlines()[-1]))
+    return Sample(wall, _children_cpu() - cpu, int(res.stderr.strip().splitlines()[-1]))
 
 
 def interleaved(
@@ -68,4 +86,59 @@ def report(title: str, results: dict[str, list[Sample]], base: str) -> None:
 
 
 def hugify_cmd(*args: str | os.PathLike[str]) -> list[str]:
+    """hugify of the checkout the command runs in (`run`'s cwd: this one by default)."""
     return [sys.executable, "-m", "hugify.cli", *map(str, args)]
+
+
+# --- comparing with another checkout -----------------------------------------------------
+
+
+def add_baseline_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also time hugify from this checkout (its extension built: `make build` there), "
+        "interleaved with this one, and print this/baseline per pair",
+    )
+
+
+def baseline_name(checkout: Path) -> str:
+    rev = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return f"hugify at {rev.stdout.strip() or checkout}"
+
+
+def bootstrap(ratios: list[float]) -> tuple[float, float] | None:
+    """95 % interval of the median ratio: the pairs resampled with replacement
+    BOOTSTRAP_RESAMPLES times (fixed seed), the 2.5th and 97.5th percentiles of the
+    resamples' medians. None with fewer than two pairs."""
+    if len(ratios) < 2:
+        return None
+    rng = random.Random(BOOTSTRAP_SEED)
+    n = len(ratios)
+    meds = sorted(statistics.median(rng.choices(ratios, k=n)) for _ in range(BOOTSTRAP_RESAMPLES))
+    return meds[BOOTSTRAP_RESAMPLES * 25 // 1000], meds[BOOTSTRAP_RESAMPLES * 975 // 1000 - 1]
+
+
+def ratio_summary(ratios: list[float]) -> dict[str, Any]:
+    med = statistics.median(ratios)
+    ci = bootstrap(ratios)
+    return {
+        "median": round(med, 4),
+        "ci95": [round(ci[0], 4), round(ci[1], 4)] if ci else None,
+        "half_width": round((ci[1] - ci[0]) / 2 / med, 4) if ci else None,
+        "min": round(min(ratios), 4),
+        "max": round(max(ratios), 4),
+    }
+
+
+def report_pairs(results: dict[str, list[Sample]], new: str, old: str) -> None:
+    """new/old per round of `interleaved` (each round runs both, seconds apart): the
+    median ratio of CPU and of wall time with its bootstrap interval."""
+    for what in ("cpu", "wall"):
+        ratios = [getattr(a, what) / getattr(b, what) for a, b in zip(results[new], results[old], strict=True)]
+        r = ratio_summary(ratios)
+        ci = f" [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]" if r["ci95"] else ""
+        print(f"RESULT {what} {new} / {old} = {r['median']:.3f}{ci} (median of {len(ratios)} pairs, 95 % interval)")

@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO, hugify_cmd
+from benchlib import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, REPO, bootstrap, hugify_cmd, ratio_summary
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench" / "workloads"))
@@ -60,8 +59,6 @@ LIB = "usr/lib/x86_64-linux-gnu"
 WORKLOADS_DIR = REPO / "bench" / "workloads"
 #: Seconds between two looks at the workload's processes.
 SAMPLE_INTERVAL = 0.025
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 12
 
 
 class Unavailable(Exception):
@@ -588,33 +585,6 @@ WORKLOADS: dict[str, Callable[[Size], Setup]] = {
     "python": python,
     "itlb": itlb,
 }
-
-
-# --- statistics ------------------------------------------------------------------------
-
-
-def bootstrap(ratios: list[float]) -> tuple[float, float] | None:
-    """95 % interval of the median ratio: the pairs resampled with replacement
-    BOOTSTRAP_RESAMPLES times (fixed seed), the 2.5th and 97.5th percentiles of the
-    resamples' medians. None with fewer than two pairs."""
-    if len(ratios) < 2:
-        return None
-    rng = random.Random(BOOTSTRAP_SEED)
-    n = len(ratios)
-    meds = sorted(statistics.median(rng.choices(ratios, k=n)) for _ in range(BOOTSTRAP_RESAMPLES))
-    return meds[BOOTSTRAP_RESAMPLES * 25 // 1000], meds[BOOTSTRAP_RESAMPLES * 975 // 1000 - 1]
-
-
-def ratio_summary(ratios: list[float]) -> dict[str, Any]:
-    med = statistics.median(ratios)
-    ci = bootstrap(ratios)
-    return {
-        "median": round(med, 4),
-        "ci95": [round(ci[0], 4), round(ci[1], 4)] if ci else None,
-        "half_width": round((ci[1] - ci[0]) / 2 / med, 4) if ci else None,
-        "min": round(min(ratios), 4),
-        "max": round(max(ratios), 4),
-    }
 
 
 # --- measuring one workload ---------------------------------------------------------------

@@ -4,8 +4,10 @@
 The file is a PIE of 50+ MiB without debug info: ~3 MiB of generated code plus a
 48 MiB read-only blob (linked with .incbin). Targets (issue #2): transform under 3x
 cp's time plus a fixed start-up under 100 ms; peak memory under 2x the file size.
+With --baseline, hugify from another checkout runs in the same rounds, for a
+no-slowdown check of a change (this/baseline per round, median and interval).
 
-usage: bench/transform_bench.py [--repeat N]
+usage: bench/transform_bench.py [--repeat N] [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import REPO, hugify_cmd, interleaved, median_wall, report, run
+from benchlib import (
+    REPO,
+    add_baseline_option,
+    baseline_name,
+    hugify_cmd,
+    interleaved,
+    median_wall,
+    report,
+    report_pairs,
+    run,
+)
 from fixtures import BY_NAME, build
 
 
@@ -42,6 +54,7 @@ def big_pie(work: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
+    add_baseline_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         work = Path(d)
@@ -53,15 +66,17 @@ def main() -> None:
         def clean() -> None:
             out.unlink(missing_ok=True)
 
-        results = interleaved(
-            {
-                "cp": lambda: run(["cp", big, out]),
-                "hugify transform": lambda: run(hugify_cmd("transform", big, "-o", out)),
-            },
-            args.repeat,
-            prepare=clean,
-        )
+        contenders = {
+            "cp": lambda: run(["cp", big, out]),
+            "hugify transform": lambda: run(hugify_cmd("transform", big, "-o", out)),
+        }
+        if args.baseline:
+            old = baseline_name(args.baseline)
+            contenders[old] = lambda: run(hugify_cmd("transform", big, "-o", out), cwd=args.baseline)
+        results = interleaved(contenders, args.repeat, prepare=clean)
         report("transform of a large file", results, "cp")
+        if args.baseline:
+            report_pairs(results, "hugify transform", old)
         tiny = build(BY_NAME["gcc-bfd-small"]) / "prog"
         startup = interleaved(
             {

@@ -8,9 +8,10 @@ skips. The tree is built once and cached (like the test programs). Each
 repetition starts from a fresh copy of the tree (not timed). find-debuginfo gets
 the options rpm 4.18's %__debug_install_post passes it. Both run against the same
 tree and in the same run, alternating. Target (issue #5): hugify's wall time under
-50 % of find-debuginfo's.
+50 % of find-debuginfo's. With --baseline, hugify from another checkout runs in the
+same rounds, for a no-slowdown check of a change (this/baseline per round).
 
-usage: bench/tree_bench.py [--repeat N]
+usage: bench/tree_bench.py [--repeat N] [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import REPO, hugify_cmd, interleaved, median_wall, report, run
+from benchlib import (
+    REPO,
+    add_baseline_option,
+    baseline_name,
+    hugify_cmd,
+    interleaved,
+    median_wall,
+    report,
+    report_pairs,
+    run,
+)
 from fixtures import cache_root
 
 GEN = REPO / "tests" / "programs" / "gen_code.py"
@@ -93,6 +104,7 @@ def pristine() -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
+    add_baseline_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         top = pristine()
@@ -146,15 +158,18 @@ def main() -> None:
             f"hugify: {done['transformed']} transformed, {done['skipped']} skipped",
             flush=True,
         )
-        results = interleaved(
-            {
-                "find-debuginfo -j2": lambda: run(find_debuginfo, env=env),
-                "hugify tree --jobs 2": lambda: run(hugify_cmd("tree", tree, "--jobs", "2", "--no-progress"), env=env),
-            },
-            args.repeat,
-            prepare=fresh,
-        )
+        tree_cmd = hugify_cmd("tree", tree, "--jobs", "2", "--no-progress")
+        contenders = {
+            "find-debuginfo -j2": lambda: run(find_debuginfo, env=env),
+            "hugify tree --jobs 2": lambda: run(tree_cmd, env=env),
+        }
+        if args.baseline:
+            old = baseline_name(args.baseline)
+            contenders[old] = lambda: run(tree_cmd, env=env, cwd=args.baseline)
+        results = interleaved(contenders, args.repeat, prepare=fresh)
         report("one package's build root", results, "find-debuginfo -j2")
+        if args.baseline:
+            report_pairs(results, "hugify tree --jobs 2", old)
         ratio = median_wall(results["hugify tree --jobs 2"]) / median_wall(results["find-debuginfo -j2"])
         verdict = "ok" if ratio < 0.5 else "MISSED"
         print(f"RESULT hugify tree = {ratio * 100:.0f}% of find-debuginfo's wall time (target < 50%): {verdict}")
