@@ -281,16 +281,25 @@ def recipe_key(r: Recipe) -> str:
     return h.hexdigest()[:16]
 
 
-def _run(cmd: list[str], cwd: Path) -> None:
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"fixture build failed: {' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
 
 
-def _parallel(cmds: list[list[str]], cwd: Path) -> None:
+def _parallel(cmds: list[list[str]], cwd: Path, env: dict[str, str] | None = None) -> None:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for f in [pool.submit(_run, c, cwd) for c in cmds]:
+        for f in [pool.submit(_run, c, cwd, env) for c in cmds]:
             f.result()
+
+
+def _ccache_env() -> dict[str, str]:
+    """Compiles go through ccache, with its cache beside the fixtures: recipes that
+    differ only in how they link (gcc-bfd, gcc-gold, -z now, ...) compile the same
+    generated sources with the same flags, and this compiles them once. ccache hashes
+    the compiler itself, the flags and the preprocessed source, so a hit is the object
+    that compiler would have written."""
+    return {**os.environ, "CCACHE_DIR": str(cache_root() / "ccache"), "CCACHE_MAXSIZE": "4G"}
 
 
 def _final(work: Path) -> Path:
@@ -305,17 +314,22 @@ def _generate(prefix: str, count: int, files: int, work: Path) -> list[str]:
 
 def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> list[str]:
     flags = [*r.cflags, *r.debug, pic, "-DWITH_SDT", *(["-DSTATIC"] if r.static_pie else [])]
-    if r.triple:
-        flags.append(f"-I{_sdt_headers(work)}")
-    # Debug info names the final directory, so split-DWARF .dwo files are found there.
-    flags.append(f"-fdebug-prefix-map={work}={_final(work)}")
+    sdt = _sdt_headers(work) if r.triple else None
+    if r.debug:
+        # Debug info names the final directory, so split-DWARF .dwo files are found there.
+        flags.append(f"-fdebug-prefix-map={work}={_final(work)}")
+        flags += [f"-I{sdt}"] if sdt else []
+    elif sdt:
+        # Without debug info no path reaches the objects: the same command in every
+        # recipe, so that ccache shares them.
+        flags.append(f"-I{sdt.relative_to(work)}")
     cmds, objs = [], []
     for s in sources:
         obj = f"{Path(s).stem}.{pic.strip('-')}.o"
         out = ["-S", "-o", f"{obj}.s"] if r.annobin else ["-c", "-o", obj]
-        cmds.append([*r.compiler(cxx=not s.endswith(".c")), *flags, s, *out])
+        cmds.append(["ccache", *r.compiler(cxx=not s.endswith(".c")), *flags, s, *out])
         objs.append(obj)
-    _parallel(cmds, work)
+    _parallel(cmds, work, _ccache_env())
     if r.annobin:
         bits = 32 if r.triple == I686 else 64
         for obj in objs:

@@ -46,6 +46,7 @@ PACKAGES = sorted(
         "dwz",
         "gdb",
         "debugedit",
+        "ccache",
         "systemtap-sdt-dev",
         "file",
         "cpio",
