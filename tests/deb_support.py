@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from fixtures import cache_root, locked
+from fixtures import cache_root, ccache_env, locked
 from helpers import REPO, readelf_build_id
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
@@ -140,14 +140,16 @@ def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = Fal
 
 def dpkg_buildpackage(src: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
     """dpkg-buildpackage -us -uc -b in src: exit status and the log (stdout and
-    stderr in one stream, in order)."""
+    stderr in one stream, in order). The compilers are Debian's ccache wrappers
+    (/usr/lib/ccache first in PATH): the variants build the same sources in the
+    same directory."""
     res = subprocess.run(
         ["dpkg-buildpackage", "-us", "-uc", "-b", "-j2", *args],
         cwd=src,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=env,
+        env=ccache_env({**env, "PATH": f"/usr/lib/ccache:{env['PATH']}"}),
         check=False,
     )
     return res.returncode, res.stdout

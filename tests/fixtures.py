@@ -293,13 +293,14 @@ def _parallel(cmds: list[list[str]], cwd: Path, env: dict[str, str] | None = Non
             f.result()
 
 
-def _ccache_env() -> dict[str, str]:
-    """Compiles go through ccache, with its cache beside the fixtures: recipes that
-    differ only in how they link (gcc-bfd, gcc-gold, -z now, ...) compile the same
-    generated sources with the same flags, and this compiles them once. ccache hashes
-    the compiler itself, the flags and the preprocessed source, so a hit is the object
-    that compiler would have written."""
-    return {**os.environ, "CCACHE_DIR": str(cache_root() / "ccache"), "CCACHE_MAXSIZE": "4G"}
+def ccache_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for compiles that go through ccache, with its cache beside the fixtures.
+    Recipes that differ only in how they link (gcc-bfd, gcc-gold, -z now, ...), and
+    package builds that differ only in their packaging, compile the same sources with
+    the same flags: this compiles them once. ccache hashes the compiler itself, the
+    flags and the preprocessed source, so a hit is the object that compiler would
+    have written."""
+    return {**env, "CCACHE_DIR": str(cache_root() / "ccache"), "CCACHE_MAXSIZE": "4G"}
 
 
 def _final(work: Path) -> Path:
@@ -329,7 +330,7 @@ def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> lis
         out = ["-S", "-o", f"{obj}.s"] if r.annobin else ["-c", "-o", obj]
         cmds.append(["ccache", *r.compiler(cxx=not s.endswith(".c")), *flags, s, *out])
         objs.append(obj)
-    _parallel(cmds, work, _ccache_env())
+    _parallel(cmds, work, ccache_env(dict(os.environ)))
     if r.annobin:
         bits = 32 if r.triple == I686 else 64
         for obj in objs:
