@@ -85,6 +85,12 @@ def report(title: str, results: dict[str, list[Sample]], base: str) -> None:
         print(f"  {name:<28} median {wall * 1000:8.1f} ms  peak RSS {rss / 1024:7.1f} MiB{ratio}")
 
 
+def installed_env() -> dict[str, str]:
+    """This environment, with Python writing bytecode as an installed hugify has it
+    (compiled at install time): the untimed warm-up run writes it."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def hugify_cmd(*args: str | os.PathLike[str]) -> list[str]:
     """hugify of the checkout the command runs in (`run`'s cwd: this one by default)."""
     return [sys.executable, "-m", "hugify.cli", *map(str, args)]

@@ -31,6 +31,7 @@ from benchlib import (
     add_baseline_option,
     baseline_name,
     hugify_cmd,
+    installed_env,
     interleaved,
     median_wall,
     report,
@@ -120,10 +121,8 @@ def main() -> None:
             for lst in builddir.glob("*.list"):  # what find-debuginfo wrote last time
                 lst.unlink()
 
-        # As installed (compiled bytecode); the untimed warm-up run writes it.
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env = {
-            **env,
+            **installed_env(),
             "HUGIFY_POLICY_PATH": str(REPO / "policy" / "policy.toml"),
             "RPM_BUILD_ROOT": str(tree),
             "RPM_BUILD_DIR": str(top / "BUILD"),
