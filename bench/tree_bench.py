@@ -164,7 +164,8 @@ def main() -> None:
         }
         if args.baseline:
             old = baseline_name(args.baseline)
-            contenders[old] = lambda: run(tree_cmd, env=env, cwd=args.baseline)
+            old_env = {**env, "HUGIFY_POLICY_PATH": str(args.baseline / "policy" / "policy.toml")}
+            contenders[old] = lambda: run(tree_cmd, env=old_env, cwd=args.baseline)
         results = interleaved(contenders, args.repeat, prepare=fresh)
         report("one package's build root", results, "find-debuginfo -j2")
         if args.baseline:
