@@ -21,6 +21,10 @@ LOG_ENV = "HUGIFY_REASON_LOG"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # hugify as the tests run it reads the shipped policy, not this machine's
+    # /etc/hugify/policy.toml (an administrator's policy must not change what the
+    # suite sees). Tests about the policy layers set HUGIFY_POLICY_PATH themselves.
+    os.environ.setdefault("HUGIFY_POLICY_PATH", str(REPO / "policy" / "policy.toml"))
     # The controller picks the log; xdist workers and every child process inherit it.
     if not hasattr(config, "workerinput") and LOG_ENV not in os.environ:
         fd, path = tempfile.mkstemp(prefix="hugify-reasons-", suffix=".log")

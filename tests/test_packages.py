@@ -294,6 +294,8 @@ for d in /usr /etc /var "$RPMDB"; do
     mkdir -p "$ov/$n/upper" "$ov/$n/work"
     mount -t overlay hugify-e2e -o "lowerdir=$d,upperdir=$ov/$n/upper,workdir=$ov/$n/work" "$d"
 done
+# A machine that never had hugify: no administrator's policy from the host.
+rm -rf /etc/hugify
 export DEBIAN_FRONTEND=noninteractive
 clean=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "HOME=$W/home" LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive)
 mkdir -p "$W/home"

@@ -18,6 +18,7 @@ compare against what the RPMs contain, never against hugify's own id.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -108,7 +109,11 @@ def _macro_path(files: tuple[tuple[Path, str], ...]) -> str:
     entries = path.group(1).split(":")
     for f, where in files:
         anchor = {"macros.d": "/usr/lib/rpm/macros.d/macros.*", "etc": "/etc/rpm/macros.*"}[where]
-        entries.insert(entries.index(anchor) + 1, str(f))
+        i = entries.index(anchor)
+        # The directory's files one by one, without a system-wide copy of ours (make
+        # install, the hugify rpm): rpm would load both, and a definition made twice
+        # survives one %undefine.
+        entries[i : i + 1] = [*(p for p in sorted(glob.glob(anchor)) if Path(p).name != f.name), str(f)]
     return ":".join(entries)
 
 
