@@ -145,6 +145,20 @@ def readelf_loads(path: Path) -> list[Load]:
     return loads
 
 
+def readelf_windows(path: Path, fixed: bool) -> list[tuple[int, int]]:
+    """(file offset, size) of each executable load's whole huge-page windows at a
+    congruent offset, from readelf's program headers: the oracle for the core's
+    windows. A fixed-address file (`fixed`, ET_EXEC) counts at any p_align."""
+    out = []
+    for ld in readelf_loads(path):
+        if "E" not in ld.flags or (ld.vaddr - ld.offset) % HP or (not fixed and ld.align < HP):
+            continue
+        start, end = -(-ld.vaddr // HP) * HP, (ld.vaddr + ld.filesz) // HP * HP
+        if end > start:
+            out.append((ld.offset + start - ld.vaddr, end - start))
+    return out
+
+
 def exec_load(path: Path) -> Load:
     """The one executable PT_LOAD, as readelf shows it."""
     loads = [seg for seg in readelf_loads(path) if "E" in seg.flags]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_loads
+from helpers import HP, hugify, readelf_windows
 from runtime_support import (
     AUDIT_LIB,
     HUGIFY_RUN,
@@ -54,13 +54,8 @@ def as_is(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _expected_windows(path: Path, fixed: bool) -> list[int]:
-    """Window offsets from readelf's program headers."""
-    out: list[int] = []
-    for ld in readelf_loads(path):
-        if "E" in ld.flags and (ld.vaddr - ld.offset) % HP == 0 and (fixed or ld.align >= HP):
-            start, end = -(-ld.vaddr // HP) * HP, (ld.vaddr + ld.filesz) // HP * HP
-            out += [ld.offset + a - ld.vaddr for a in range(start, end, HP)]
-    return out
+    """The file offset of each whole window, from readelf's program headers."""
+    return [offset + i for offset, size in readelf_windows(path, fixed) for i in range(0, size, HP)]
 
 
 def test_tree_lists_files_that_need_no_rewrite_as_is(as_is: Path, tmp_path: Path) -> None:

@@ -14,21 +14,9 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_build_id, readelf_loads
+from helpers import HP, hugify, readelf_build_id, readelf_windows
 
 from hugify import _core, manifest, signing
-
-
-def _windows_by_readelf(path: Path, fixed: bool) -> list[tuple[int, int]]:
-    """(offset, size) of each executable load's whole windows at congruent offsets."""
-    out = []
-    for ld in readelf_loads(path):
-        if "E" not in ld.flags or (ld.vaddr - ld.offset) % HP or (not fixed and ld.align < HP):
-            continue
-        start, end = -(-ld.vaddr // HP) * HP, (ld.vaddr + ld.filesz) // HP * HP
-        if end > start:
-            out.append((ld.offset + start - ld.vaddr, end - start))
-    return out
 
 
 def _system_elf_files(limit: int) -> list[Path]:
@@ -59,7 +47,7 @@ def test_probe_agrees_with_readelf_and_pyelftools() -> None:
         if e_type == "ET_DYN" and interp:
             assert p["kind"] == "pie"
         assert p["build_id"] == (readelf_build_id(path).hex() or None), path
-        want = _windows_by_readelf(path, e_type == "ET_EXEC")
+        want = readelf_windows(path, e_type == "ET_EXEC")
         assert [(w["offset"], w["len"]) for w in p["windows"]] == want, path
     assert _core.probe("/etc/passwd", HP) is None
 
@@ -80,7 +68,7 @@ def test_align_mode_manifest_entry_is_the_whole_windows(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads((tmp_path / "r.json").read_text())["files"][0]["mode"] == "align"
     (entry,) = manifest.parse((tmp_path / "m.list").read_text())
-    want = _windows_by_readelf(prog, fixed=False)
+    want = readelf_windows(prog, fixed=False)
     assert len(want) == 1 and (entry.offset, entry.size) == want[0]
     assert entry.offset % HP == 0 and entry.size % HP == 0
     listed = tmp_path / "listed.list"
