@@ -26,3 +26,9 @@ def printed(ids: Iterable[str | None]) -> None:
     if log and seen:
         with open(log, "a", encoding="utf-8") as f:  # O_APPEND: one write per call
             f.write("".join(f"{i}\n" for i in seen))
+
+
+def io_detail(e: OSError) -> str:
+    """The detail an io-error is reported with: the file, if the error names one, and
+    the system's message."""
+    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from hugify import _core, manifest, signing, tree
+from hugify import _core, manifest, reasons, signing, tree
 from hugify.exitcodes import Exit
 from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
 from hugify.rewrite import copy_metadata
@@ -216,8 +216,7 @@ def run(opts: Options) -> Exit:
         print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
         return e.exit
     except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"hugify: {where}{e.strerror or e} (io-error)", file=sys.stderr)
+        print(f"hugify: {reasons.io_detail(e)} (io-error)", file=sys.stderr)
         return Exit.IO
     return Exit.OK
 

@@ -71,7 +71,7 @@ def probe(path: Path) -> _core.Probe | None:
             "huge_bytes": 0,
             "state": "none",
             "manifest_span": None,
-            "problem": {"reason": "io-error", "kind": "io", "detail": _os_detail(e)},
+            "problem": {"reason": "io-error", "kind": "io", "detail": reasons.io_detail(e)},
         }
 
 
@@ -247,20 +247,16 @@ def process(job: Job) -> Outcome:
                 return _as_is(job, (e.reason, e.detail))
             return Outcome(c.paths, "failed", e.reason, e.detail)
         except OSError as e:
-            return Outcome(c.paths, "failed", "io-error", _os_detail(e))
+            return Outcome(c.paths, "failed", "io-error", reasons.io_detail(e))
         entry = _entry(_core.probe(c.files[0], s.huge_page), 0)  # the file written, not the plan
         try:
             _relink(c, job.epoch)
         except OSError as e:
-            detail = f"transformed {c.paths[0]}, but re-linking its other names failed: {_os_detail(e)}"
+            detail = f"transformed {c.paths[0]}, but re-linking its other names failed: {reasons.io_detail(e)}"
             return Outcome(c.paths, "failed", "io-error", detail, report, entry, before)
         return Outcome(c.paths, "transformed", report=report, entry=entry, sha256_before=before)
     except Exception as e:  # a bug must not stop the other files
         return Outcome(c.paths, "failed", "internal", f"{type(e).__name__}: {e}")
-
-
-def _os_detail(e: OSError) -> str:
-    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
 
 
 # --- the whole run -----------------------------------------------------------------
@@ -448,7 +444,7 @@ def run(opts: Options) -> Exit:
         if opts.report:
             _write_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
     except OSError as e:
-        print(f"hugify: error: cannot write {_os_detail(e)}", file=sys.stderr)
+        print(f"hugify: error: cannot write {reasons.io_detail(e)}", file=sys.stderr)
         return Exit.IO
     print(_summary(opts, outcomes, entries), file=out, flush=True)
     if failed:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from runtime_support import Programs, build_programs, build_runtime
 
+from hugify.reasons import LOG_ENV
+
 REPO = Path(__file__).resolve().parent.parent
-LOG_ENV = "HUGIFY_REASON_LOG"
 
 
 def pytest_configure(config: pytest.Config) -> None:
