@@ -311,6 +311,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
         manifest=listing,
         report=report,
         out=log,
+        found=found,
     )
     with _dir_times(pkg.root, epoch):
         code = tree.run(topts)

@@ -275,6 +275,9 @@ class Options(NamedTuple):
     progress: bool = False
     #: --drop-stale-signatures: over the policy's ima_signatures.
     drop_signatures: bool = False
+    #: The root's candidates when the caller has walked it already (repack keeps
+    #: their originals first); None: walk it here.
+    found: list[Candidate] | None = None
 
 
 def source_date_epoch() -> int | None:
@@ -393,7 +396,7 @@ def execute(
 
 def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[Outcome]:
     pol = opts.policy
-    found = candidates(opts.root)
+    found = candidates(opts.root) if opts.found is None else opts.found
     stripped_rule = pol.where("refuse_stripped") if pol.refuse_stripped else None
     drop = opts.drop_signatures or pol.drop_signatures
     jobs: list[Job | Outcome] = []
