@@ -30,7 +30,19 @@ THP = Path("/sys/kernel/mm/transparent_hugepage")
 #: Where the kernel-awareness verdict is recorded (tmpfs on most systems).
 RUNTIME_DIR = Path("/run/hugify")
 VERDICT_FILE = "kernel-exec-pmd"
+#: Per filesystem that gives no large folios, this boot (hp_core.h HP_NO_LARGE_FOLIOS_PREFIX):
+#: "no-large-folios-MAJOR:MINOR" holding "BOOT-ID FS-MAGIC", written by the engine.
+NO_LARGE_FOLIOS_PREFIX = "no-large-folios-"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+#: Filesystem type -> since which Linux version it gives the page cache large folios
+#: for regular files (which is what 2 MiB folios of a file's code need); None: not in
+#: any kernel Debian ships (tested up to 7.3, docs/runtime.md "Where it works").
+LARGE_FOLIOS_SINCE: dict[str, tuple[int, int] | None] = {
+    "xfs": (5, 18),
+    "ext4": (6, 16),
+    "btrfs": None,
+}
 
 #: The engine, next to the package: runtime/ in the source tree, /usr/lib/hugify installed.
 ENGINE_LIB = "libhugify-engine.so"
@@ -127,6 +139,96 @@ def kernel_config(option: str) -> bool | None:
     return re.search(rf"^{option}=[ym]$", text, re.M) is not None
 
 
+def _kernel_version(release: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def large_folios_remedy(fstype: str, release: str | None = None) -> str:
+    """Which kernel would give files on `fstype` large folios, in a few words."""
+    if fstype not in LARGE_FOLIOS_SINCE:
+        return f"whether a newer kernel gives {fstype} large folios is not known to hugify"
+    since = LARGE_FOLIOS_SINCE[fstype]
+    if since is None:
+        return f"no kernel Debian ships gives {fstype} large folios yet (up to Linux 7.3)"
+    if _kernel_version(release or os.uname().release) >= since:
+        return f"{fstype} has large folios from Linux {since[0]}.{since[1]}, yet this kernel gave none"
+    hint = " (on Debian 13: the kernel of trixie-backports)" if since >= (6, 13) else ""
+    return f"{fstype} has them from Linux {since[0]}.{since[1]}{hint}"
+
+
+#: statfs f_type -> filesystem name, for the engine's records (linux/magic.h).
+FS_MAGIC = {
+    0xEF53: "ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x01021994: "tmpfs",
+    0xE0F5E1E2: "erofs",
+    0x2FC12FC1: "zfs",
+    0xCA451A4E: "bcachefs",
+    0x794C7630: "overlay",
+    0x6969: "nfs",
+}
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """A mounted filesystem, from /proc/self/mountinfo."""
+
+    device: str  # "MAJOR:MINOR" as mountinfo says (btrfs files have st_dev of their subvolume)
+    fstype: str
+    mountpoint: str
+
+
+def mounts() -> list[Filesystem]:
+    """The mounts of this process's namespace, in mountinfo's order."""
+    out = []
+    for line in (_read("/proc/self/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) > 4 and right:
+            out.append(Filesystem(fields[2], right.split()[0], fields[4].replace("\\040", " ")))
+    return out
+
+
+def filesystem_of(path: str, mounted: list[Filesystem]) -> Filesystem | None:
+    """The filesystem holding `path`: the last mount on the longest prefix of its real
+    path (st_dev does not name it for btrfs, whose subvolumes have devices of their own)."""
+    real = os.path.realpath(path)
+    best: Filesystem | None = None
+    for fs in mounted:
+        mp = fs.mountpoint.rstrip("/") or ""
+        if (real == mp or real.startswith(mp + "/")) and (best is None or len(mp) >= len(best.mountpoint.rstrip("/"))):
+            best = fs
+    return best
+
+
+@dataclass(frozen=True)
+class NoLargeFolios:
+    """A filesystem the engine found, this boot, to give no large folios."""
+
+    device: str  # st_dev of the files it was found on, "MAJOR:MINOR"
+    fstype: str
+    mountpoint: str | None
+
+
+def filesystems_without_large_folios(directory: Path) -> list[NoLargeFolios]:
+    """The engine's records in the runtime directory for this boot."""
+    bid = boot_id()
+    by_device = {fs.device: fs for fs in mounts()}
+    out = []
+    for rec in sorted(directory.glob(NO_LARGE_FOLIOS_PREFIX + "*")):
+        fields = (_read(rec) or "").split()
+        if not bid or len(fields) != 2 or fields[0] != bid:
+            continue
+        device = rec.name[len(NO_LARGE_FOLIOS_PREFIX) :]
+        with contextlib.suppress(ValueError):
+            fstype = FS_MAGIC.get(int(fields[1], 16), f"type {fields[1]}")
+            mount = by_device.get(device)
+            out.append(NoLargeFolios(device, fstype, mount.mountpoint if mount else None))
+    return out
+
+
 @dataclass
 class System:
     """The settings that decide whether file pages can be 2 MiB folios."""
@@ -190,7 +292,7 @@ class Engine:
 
     CACHESTAT, PAGEMAP_SCAN, THP_DISABLED = 1, 2, 4
 
-    def __init__(self, hp: int) -> None:
+    def __init__(self, hp: int, rdir: Path | None = None) -> None:
         import ctypes  # lazily: ~5 ms that the other commands do not need
 
         class Report(ctypes.Structure):  # struct hp_window
@@ -211,6 +313,10 @@ class Engine:
         ]
         for f in (lib.hp_engine_state_name, lib.hp_engine_why_name):
             f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_uint]
+        lib.hp_engine_set_runtime_dir.restype = ctypes.c_int
+        lib.hp_engine_set_runtime_dir.argtypes = [ctypes.c_char_p]
+        # Where the engine reads and writes the per-boot filesystem records.
+        lib.hp_engine_set_runtime_dir(os.fsencode(rdir) if rdir else b"")
         self.lib = lib
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
         # HUGIFY_FORCE_MINCORE=1 / HUGIFY_FORCE_SMAPS=1 take the paths of kernels without
@@ -375,23 +481,10 @@ class Target:
         return out
 
 
-def _filesystems() -> dict[int, str]:
-    """st_dev -> filesystem type, from /proc/self/mountinfo."""
-    out: dict[int, str] = {}
-    for line in (_read("/proc/self/mountinfo") or "").splitlines():
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) > 2 and right:
-            major, _, minor = fields[2].partition(":")
-            with contextlib.suppress(ValueError):
-                out[os.makedev(int(major), int(minor))] = right.split()[0]
-    return out
-
-
 def open_targets(targets: list[Target], hp: int) -> list[Target]:
     """Opens and reads each target; returns the ones to work on (one per inode).
     Failures are recorded on the target, never raised."""
-    fss = _filesystems()
+    mounted = mounts()
     by_inode: dict[tuple[int, int], Target] = {}
     out = []
     for t in targets:
@@ -433,7 +526,8 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
         t.fd, t.key = fd, key
         t.windows = [Window(o) for o in w.offsets]
         t.code_size, t.build_id = w.code_size, w.build_id
-        t.fs = fss.get(st.st_dev, "?")
+        fs = filesystem_of(t.path, mounted)
+        t.fs = fs.fstype if fs else "?"
         if t.entry and t.entry.build_id not in ("-", w.build_id):
             t.notes.append(f"build-id {w.build_id} differs from the manifest's {t.entry.build_id}")
         if t.entry and (t.entry.offset, t.entry.size) != w.span:
@@ -491,8 +585,6 @@ class Run:
     hp: int
     #: Filesystem type -> why files on it cannot be prefetched (said once).
     unable_fs: dict[str, str] = field(default_factory=dict)
-    #: Filesystems found to give no large folios: their other files are not tried.
-    no_large_folios: set[str] = field(default_factory=set)
 
     def record(self) -> None:
         write_record(self.rdir, self.system.exec_pmd_readahead, self.system.thp_enabled)
@@ -518,9 +610,10 @@ class Run:
                 "folios (its huge pages follow its huge= mount option)",
             )
         if why == "no-large-folios":
-            self.no_large_folios.add(t.fs)
             return self.unable_fs.setdefault(
-                t.fs, f"the {t.fs} filesystem gives no large folios on this kernel (read in again as small folios)"
+                t.fs,
+                f"the {t.fs} filesystem gives no large folios on Linux {self.system.kernel}, so nothing is read "
+                f"or evicted for it this boot; {large_folios_remedy(t.fs, self.system.kernel)}",
             )
         if why == "fragmented":
             return "no free 2 MiB block of memory (fragmented); try again later"
@@ -529,10 +622,6 @@ class Run:
     def prefetch(self, targets: list[Target]) -> None:
         for t in targets:
             started = time.perf_counter()
-            if t.fs in self.no_large_folios:
-                for w in t.windows:  # found out on an earlier file of this filesystem
-                    w.state, w.reason = UNSUPPORTED, self.unable_fs[t.fs]
-                continue
             try:
                 self._settle(t, measure=False)
             except OSError as e:
@@ -574,7 +663,7 @@ class Run:
 def session(rdir_arg: str | None = None) -> Iterator[Run]:
     rdir = runtime_dir(rdir_arg)
     hp = pmd_size()
-    engine = Engine(hp)
+    engine = Engine(hp, rdir)
     yield Run(engine, system_info(engine, hp, rdir), rdir, hp)
 
 

@@ -254,6 +254,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     if (!ready) {
         hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
         ctx.prepare = prepare;
+        ctx.rundir = "/run/hugify";
         ready = 1;
     }
 
@@ -285,6 +286,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
                 uintptr_t hi = (map->l_addr + p->p_vaddr + p->p_memsz + HP_PAGE - 1) & ~(uintptr_t)(HP_PAGE - 1);
                 t.advise = (char *)lo;
                 t.advise_len = hi - lo;
+                t.prot = (p->p_flags & PF_R ? PROT_READ : 0) | (p->p_flags & PF_X ? PROT_EXEC : 0);
             }
         }
         t.zap_ok = !(caller >= at && caller < at + r[i].len); /* never under ld.so's feet */

@@ -14,8 +14,11 @@ EXPORT const char *hp_engine_state_name(unsigned s);
 EXPORT const char *hp_engine_why_name(unsigned w);
 EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
+EXPORT int hp_engine_set_runtime_dir(const char *dir);
 
-static struct hp_ctx ctx;
+/* No descriptor open yet: a zeroed context would name descriptor 0 as its pagemap. */
+static struct hp_ctx ctx = {.pagemap_fd = -1};
+static char rundir[4096];
 
 /* What hp_engine_init reports about this system and process. */
 enum {
@@ -54,6 +57,7 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
 {
     hp_ctx_release(&ctx);
     hp_ctx_init(&ctx, hp);
+    ctx.rundir = rundir[0] ? rundir : 0;
     ctx.smaps = 1; /* each window is a VMA of its own (see hp_engine_run) */
     if (force & HP_ENGINE_CACHESTAT)
         ctx.cachestat = 0;
@@ -67,6 +71,19 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
     if (prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1)
         bits |= HP_ENGINE_THP_DISABLED;
     return bits;
+}
+
+/* Where the per-boot records are read and written (hp_ctx.rundir); "" for nowhere.
+ * Returns 0, or -ENAMETOOLONG. */
+EXPORT int hp_engine_set_runtime_dir(const char *dir)
+{
+    size_t n = hp_strlen(dir);
+    if (n >= sizeof rundir)
+        return -ENAMETOOLONG;
+    for (size_t i = 0; i <= n; i++)
+        rundir[i] = dir[i];
+    ctx.rundir = n ? rundir : 0;
+    return 0;
 }
 
 /* Settles (`measure` 0) or measures (1: reads nothing in) the windows of the open file
@@ -99,7 +116,7 @@ EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, 
     }
     if (!rc) {
         struct hp_target t = {.map = base, .stride = 2 * hp, .nwin = n, .offs = offs, .fd = fd, .size = -1,
-                              .zap_ok = 1, .report = out};
+                              .zap_ok = 1, .prot = PROT_READ, .random = 1, .report = out};
         struct hp_stats st = {0};
         ctx.measure = measure;
         ctx.aware = *aware;

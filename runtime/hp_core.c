@@ -39,6 +39,46 @@ void hp_memzero(void *p, size_t n)
         *b++ = 0;
 }
 
+/* dir + "/" + name (+ suffix) into out; 0, or -1 if it does not fit. */
+static int join(char *out, size_t cap, const char *dir, const char *name, const char *suffix)
+{
+    size_t n = 0;
+    for (const char *parts[] = {dir, "/", name, suffix}, **p = parts; p < parts + 4; p++)
+        for (const char *q = *p; q && *q; q++) {
+            if (n + 1 >= cap)
+                return -1;
+            out[n++] = *q;
+        }
+    out[n] = 0;
+    return 0;
+}
+
+/* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; 0 or -1. */
+static int boot_id(char out[37])
+{
+    int fd = hp_open("/proc/sys/kernel/random/boot_id", O_RDONLY);
+    if (fd < 0)
+        return -1;
+    long b = hp_read(fd, out, 36);
+    hp_close(fd);
+    out[b == 36 ? 36 : 0] = 0;
+    return b == 36 ? 0 : -1;
+}
+
+/* Writes v in `base` (10 or 16) at out; returns the number of characters. */
+static size_t put_num(char *out, uint64_t v, unsigned base)
+{
+    char d[24];
+    size_t k = 0, n = 0;
+    do {
+        d[k++] = "0123456789abcdef"[v % base];
+        v /= base;
+    } while (v);
+    while (k)
+        out[n++] = d[--k];
+    return n;
+}
+
 void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
 {
     c->hp = hp;
@@ -50,6 +90,8 @@ void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
     c->smaps = 0;
     c->prepare = 0;
     c->prepared = 0;
+    c->rundir = 0;
+    c->nfs = 0;
 }
 
 void hp_ctx_release(struct hp_ctx *c)
@@ -331,6 +373,16 @@ static int file_ready(struct hp_target *t)
     return t->size >= 0 ? 0 : -1;
 }
 
+/* Closes the target's file if the core opened it. */
+static void release_file(struct hp_target *t)
+{
+    if (t->own_fd && t->fd >= 0) {
+        hp_close(t->fd);
+        t->fd = -1;
+        t->own_fd = 0;
+    }
+}
+
 static void advise(struct hp_target *t)
 {
     if (t->advise) {
@@ -371,6 +423,115 @@ static int memory_fs(struct hp_target *t)
             t->memfs = 1;
     }
     return t->memfs == 1;
+}
+
+/* --- filesystems that give no large folios: found once per boot ---------------------
+ *
+ * Whether a filesystem gives the page cache 2 MiB folios depends on the filesystem and
+ * the kernel (XFS from Linux 5.18, ext4 from 6.16, btrfs not in Debian's kernels), not
+ * on the file. The first window that is read in again as small folios with free 2 MiB
+ * blocks at hand proves it; from then on nothing of that filesystem is evicted, read
+ * or marked MADV_HUGEPAGE (which would only widen readahead) by anyone, this boot:
+ * the process remembers it and, where it may write the runtime directory, records it
+ * for the others. */
+
+/* The record's path for device `dev` in c->rundir; 0 or -1. */
+static int fs_record_path(const struct hp_ctx *c, uint64_t dev, char *out, size_t cap)
+{
+    char name[64];
+    /* The kernel's encoding of dev_t (include/linux/kdev_t.h, new_decode_dev). */
+    uint64_t major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~0xfffULL);
+    uint64_t minor = (dev & 0xff) | ((dev >> 12) & ~0xffULL);
+    size_t n = put_num(name, major, 10);
+    name[n++] = ':';
+    n += put_num(name + n, minor, 10);
+    name[n] = 0;
+    return c->rundir ? join(out, cap, c->rundir, HP_NO_LARGE_FOLIOS_PREFIX, name) : -1;
+}
+
+/* The filesystem type of the target's file (fstatfs, else statfs of its path). */
+static long fs_magic(const struct hp_target *t)
+{
+    long type = 0;
+    if (t->fd >= 0 ? hp_fstatfs_type(t->fd, &type) : t->path ? hp_statfs_type(t->path, &type) : -1)
+        return 0;
+    return type;
+}
+
+/* Whether this boot's record for t's filesystem exists and names its type. */
+static int fs_recorded(struct hp_ctx *c, const struct hp_target *t)
+{
+    char path[4096], rec[64], boot[37];
+    if (fs_record_path(c, t->dev, path, sizeof path) != 0)
+        return 0;
+    int fd = hp_open(path, O_RDONLY);
+    if (fd < 0)
+        return 0; /* the common case: nothing recorded */
+    long r = hp_read(fd, rec, sizeof rec - 1);
+    hp_close(fd);
+    if (r < 38 || rec[36] != ' ' || boot_id(boot) != 0)
+        return 0;
+    for (int i = 0; i < 36; i++)
+        if (rec[i] != boot[i])
+            return 0;
+    /* The device number of a filesystem without one of its own (btrfs, tmpfs) can be
+     * reused by another after an unmount: the type must match too. */
+    char magic[24];
+    size_t m = put_num(magic, (uint64_t)(unsigned long)fs_magic(t), 16);
+    for (size_t i = 0; i < m; i++)
+        if (37 + (long)i >= r || rec[37 + i] != magic[i])
+            return 0;
+    return 37 + (long)m < r && rec[37 + m] == '\n';
+}
+
+/* Whether t's filesystem is known to give no large folios this boot (the process's
+ * memory, else the record). Costs a stat and a failed open when nothing is known. */
+static int fs_without_large_folios(struct hp_ctx *c, struct hp_target *t)
+{
+    if (t->nolarge)
+        return t->nolarge == 1;
+    t->nolarge = 2;
+    if (hp_stat_dev(t->fd, t->fd >= 0 ? 0 : t->path, &t->dev) != 0) {
+        if (!t->open_file || file_ready(t) != 0 || hp_stat_dev(t->fd, 0, &t->dev) != 0)
+            return 0;
+    }
+    for (uint32_t i = 0; i < c->nfs; i++)
+        if (c->nolarge[i] == t->dev)
+            return (t->nolarge = 1);
+    if (fs_recorded(c, t)) {
+        if (c->nfs < HP_MAX_FS)
+            c->nolarge[c->nfs++] = t->dev;
+        return (t->nolarge = 1);
+    }
+    return 0;
+}
+
+/* Remembers that t's filesystem gives no large folios, and records it for this boot
+ * where the runtime directory is writable (root: the service, hugify-run). */
+static void fs_mark_without_large_folios(struct hp_ctx *c, struct hp_target *t)
+{
+    if (t->nolarge == 1 || (!t->nolarge && hp_stat_dev(t->fd, 0, &t->dev) != 0))
+        return;
+    t->nolarge = 1;
+    if (c->nfs < HP_MAX_FS)
+        c->nolarge[c->nfs++] = t->dev;
+    char path[4096], tmp[4096 + 32], rec[64], pid[24];
+    if (fs_record_path(c, t->dev, path, sizeof path) != 0 || boot_id(rec) != 0)
+        return;
+    size_t n = 36;
+    rec[n++] = ' ';
+    n += put_num(rec + n, (uint64_t)(unsigned long)fs_magic(t), 16);
+    rec[n++] = '\n';
+    pid[put_num(pid, (uint64_t)hp_getpid(), 10)] = 0;
+    if (join(tmp, sizeof tmp, c->rundir, ".tmp-", pid) != 0)
+        return;
+    int fd = hp_open(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    if (fd < 0)
+        return; /* not ours to write: this process alone remembers it */
+    long w = hp_write(fd, rec, n);
+    hp_close(fd);
+    if (w != (long)n || hp_rename(tmp, path) != 0)
+        hp_unlink(tmp);
 }
 
 /* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). */
@@ -471,6 +632,31 @@ static void set_state(struct hp_target *t, struct hp_stats *st, uint64_t i, enum
     }
 }
 
+/* Replaces the caller's mapping of window i by a fresh, unfaulted mapping of the same
+ * file range, with the same protections and advice. MADV_DONTNEED would drop the
+ * page-table entries but keep the page table (before Linux 6.14, CONFIG_PT_RECLAIM), and
+ * a 2 MiB folio read in under a PMD that points to a page table is mapped by 512 PTEs:
+ * the window would read in huge for every other process and small for this one. The
+ * new mapping is made aside and moved over the window with one mremap, which either
+ * replaces it whole (freeing its page table) or leaves it as it was. */
+static int remap_window(struct hp_ctx *c, struct hp_target *t, char *w, uint64_t woff)
+{
+    uint64_t hp = c->hp;
+    char *res = hp_mmap(0, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (hp_mmap_failed(res))
+        return -1;
+    char *aside = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
+    int ok = !hp_mmap_failed(hp_mmap(aside, hp, t->prot ? t->prot : PROT_READ, MAP_PRIVATE | MAP_FIXED, t->fd, woff));
+    if (ok) {
+        hp_madvise(aside, hp, MADV_HUGEPAGE);
+        if (t->random)
+            hp_madvise(aside, hp, MADV_RANDOM);
+        ok = !hp_mmap_failed(hp_mremap(aside, hp, hp, 1 /* MREMAP_MAYMOVE */ | 2 /* MREMAP_FIXED */, w));
+    }
+    hp_munmap(res, 2 * hp); /* what is left of the reservation */
+    return ok ? 0 : -1;
+}
+
 /* Evicts window i (held in small folios) and reads it in again as one 2 MiB folio. */
 static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold)
 {
@@ -479,17 +665,19 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
     enum hp_why why = !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
                       : file_ready(t) != 0 ? HP_WHY_NO_FILE
                       : memory_fs(t) ? HP_WHY_MEMORY_FS
-                                     : HP_WHY_NONE;
+                      : t->nolarge == 1 ? HP_WHY_NO_LARGE_FOLIOS /* found on an earlier window */
+                                        : HP_WHY_NONE;
     if (why != HP_WHY_NONE) {
         set_state(t, st, i, why == HP_WHY_LOADER ? HP_BUSY : why == HP_WHY_NO_FILE ? HP_FAILED : HP_UNSUPPORTED,
                   why, 0);
         return;
     }
-    /* Drop our own page-table entries, write back what was just written (a package
+    /* A fresh mapping of the window, write back what was just written (a package
      * upgrade: dirty pages are not evicted), evict what nobody else maps, and read the
      * window in again through the MADV_HUGEPAGE mapping. */
     advise(t);
-    hp_madvise(w, hp, MADV_DONTNEED);
+    if (remap_window(c, t, w, woff) != 0)
+        hp_madvise(w, hp, MADV_DONTNEED); /* the best left: at least the entries go */
     if (dirty(c, t->fd, woff, hp))
         hp_fdatasync(t->fd);
     hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
@@ -504,9 +692,12 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
         set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
     else if (again)
         set_state(t, st, i, cold ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
-    else if (free_huge_blocks(c))
+    else if (free_huge_blocks(c)) {
+        /* Nothing of it was cached, nothing maps it, 2 MiB blocks are free, the mapping
+         * asked for a PMD folio: the filesystem gave small ones. */
         set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
-    else
+        fs_mark_without_large_folios(c, t);
+    } else
         set_state(t, st, i, HP_FAILED, HP_WHY_FRAGMENTED, 0);
 }
 
@@ -544,6 +735,8 @@ static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
                 set_state(t, st, i, HP_COLD, HP_WHY_NO_FILE, 0);
             else if (woff + hp > (uint64_t)t->size) /* faulting past the end would SIGBUS */
                 set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
+            else if (t->nolarge == 1) /* found on an earlier window: reading would be for nothing */
+                set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
             else
                 touched[k] = 1, advise(t);
         }
@@ -554,6 +747,15 @@ static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
 
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
 {
+    /* On a filesystem known to give no large folios nothing is read, evicted or
+     * advised: the windows are what the kernel makes of them, small. */
+    if (!c->measure && prepared(c) && fs_without_large_folios(c, t)) {
+        st->windows += (uint32_t)t->nwin;
+        for (uint64_t i = 0; i < t->nwin; i++)
+            set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
+        release_file(t);
+        return;
+    }
     /* Later faults of this mapping (after memory pressure evicted it) read 2 MiB folios
      * too, unless the kernel does that for executable mappings by itself. */
     if (!c->measure && t->advise && prepared(c) && c->aware <= 0)
@@ -582,37 +784,22 @@ void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
                 repair(c, t, st, i, cold[k]);
         }
     }
-    if (t->own_fd && t->fd >= 0) {
-        hp_close(t->fd);
-        t->fd = -1;
-        t->own_fd = 0;
-    }
+    release_file(t);
 }
 
 struct hp_verdict hp_read_verdict(const char *dir)
 {
     struct hp_verdict v = {0, 0, 0};
-    char path[4096], rec[128], boot[64];
-    size_t n = hp_strlen(dir);
-    static const char name[] = "/kernel-exec-pmd";
-    if (n + sizeof name > sizeof path)
+    char path[4096], rec[128], boot[37];
+    if (join(path, sizeof path, dir, "kernel-exec-pmd", 0) != 0)
         return v;
-    for (size_t i = 0; i < n; i++)
-        path[i] = dir[i];
-    for (size_t i = 0; i < sizeof name; i++)
-        path[n + i] = name[i];
     int fd = hp_open(path, O_RDONLY);
     if (fd < 0)
         return v;
     long r = hp_read(fd, rec, sizeof rec - 1);
     hp_close(fd);
-    fd = hp_open("/proc/sys/kernel/random/boot_id", O_RDONLY);
-    if (fd < 0)
-        return v;
-    long b = hp_read(fd, boot, sizeof boot - 1);
-    hp_close(fd);
     /* "<boot id, 36 characters> <0|1|-> <mode>\n" */
-    if (r < 40 || b < 36 || rec[36] != ' ' || rec[38] != ' ')
+    if (r < 40 || rec[36] != ' ' || rec[38] != ' ' || boot_id(boot) != 0)
         return v;
     rec[r] = 0;
     for (int i = 0; i < 36; i++)

@@ -15,6 +15,10 @@
 #define HP_DEFAULT_SIZE (2UL << 20)
 #define HP_PAGE 4096UL /* smallest base page; only used to size probes */
 #define HP_MAX_RANGES 4
+#define HP_MAX_FS 8 /* filesystems one process remembers as giving no large folios */
+/* The per-boot record of a filesystem that gives no large folios, in the runtime
+ * directory: "no-large-folios-MAJOR:MINOR" holding "BOOT-ID FS-MAGIC\n" (hex). */
+#define HP_NO_LARGE_FOLIOS_PREFIX "no-large-folios-"
 
 /* The whole huge-page windows of one executable PT_LOAD: file offset and link-time
  * address of the first window (both multiples of the huge-page size) and the length
@@ -81,6 +85,13 @@ struct hp_ctx {
      * page cache alone (transparent huge pages disabled). NULL: nothing to check. */
     int (*prepare)(struct hp_ctx *c);
     int prepared; /* 0 not yet, 1 go on, -1 leave alone */
+    /* Where the per-boot records are kept (/run/hugify; NULL: nowhere). A filesystem
+     * found to give no large folios is recorded there, so that no later caller of
+     * this boot (the service, hugify-run, the audit library in every process) evicts
+     * or reads a window for it again; HP_NO_LARGE_FOLIOS_PREFIX above. */
+    const char *rundir;
+    uint32_t nfs;               /* devices in `nolarge` */
+    uint64_t nolarge[HP_MAX_FS]; /* st_dev of filesystems known to give no large folios */
 };
 
 /* The windows of one object and its file. */
@@ -96,9 +107,13 @@ struct hp_target {
     int (*open_file)(struct hp_target *t); /* optional; sets fd (and may set size) */
     char *advise;    /* range to mark MADV_HUGEPAGE before any window is read; NULL: done */
     size_t advise_len;
-    int zap_ok;      /* the caller's page-table entries of a window may be dropped */
+    int zap_ok;      /* the caller's mapping of a window may be replaced (repair) */
+    int prot;        /* protections of the caller's mapping (0: PROT_READ) */
+    int random;      /* the caller's mapping carries MADV_RANDOM */
     int own_fd;      /* set when the core opened fd (it closes it) */
     int memfs;       /* 0 not known yet, 1 on a memory filesystem, 2 not */
+    int nolarge;     /* 0 not known yet, 1 its filesystem gives no large folios, 2 not known to */
+    uint64_t dev;    /* st_dev of the file, when nolarge != 0 */
     struct hp_window *report; /* optional: window i's state goes to report[i] */
 };
 

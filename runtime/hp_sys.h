@@ -52,10 +52,12 @@ static inline long hp_syscall6(long n, long a, long b, long c, long d, long e, l
 #define HP_SYS(n, a, b, c, d, e, f)                                                          \
     hp_syscall6((long)(n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
 
+/* Files it creates are 0644 (less the umask). */
 static inline int hp_open(const char *path, int flags)
 {
-    return (int)HP_SYS(__NR_openat, AT_FDCWD, path, flags | O_CLOEXEC, 0, 0, 0);
+    return (int)HP_SYS(__NR_openat, AT_FDCWD, path, flags | O_CLOEXEC, 0644, 0, 0);
 }
+static inline long hp_unlink(const char *path) { return HP_SYS(__NR_unlinkat, AT_FDCWD, path, 0, 0, 0, 0); }
 static inline long hp_close(int fd) { return HP_SYS(__NR_close, fd, 0, 0, 0, 0, 0); }
 static inline long hp_read(int fd, void *buf, size_t n) { return HP_SYS(__NR_read, fd, buf, n, 0, 0, 0); }
 static inline long hp_write(int fd, const void *buf, size_t n)
@@ -98,6 +100,33 @@ static inline long hp_fstatfs_type(int fd, long *type)
     *type = buf[0];
     return rc;
 }
+/* Only st_dev is read: the first field of the kernel's struct stat on both
+ * architectures; the buffer is larger than that struct (144 bytes on x86_64). */
+static inline long hp_stat_dev(int fd, const char *path, uint64_t *dev)
+{
+    unsigned long buf[32];
+    long rc = path ? HP_SYS(__NR_newfstatat, AT_FDCWD, path, buf, 0, 0, 0) : HP_SYS(__NR_fstat, fd, buf, 0, 0, 0, 0);
+    *dev = buf[0];
+    return rc;
+}
+/* Only f_type, as hp_fstatfs_type, of the filesystem holding `path`. */
+static inline long hp_statfs_type(const char *path, long *type)
+{
+    long buf[16];
+    long rc = HP_SYS(__NR_statfs, path, buf, 0, 0, 0, 0);
+    *type = buf[0];
+    return rc;
+}
+static inline void *hp_mremap(void *old, size_t old_len, size_t new_len, int flags, void *new_addr)
+{
+    return (void *)HP_SYS(__NR_mremap, old, old_len, new_len, flags, new_addr, 0);
+}
+/* renameat2 with no flags: aarch64 has no plain rename or renameat. */
+static inline long hp_rename(const char *from, const char *to)
+{
+    return HP_SYS(__NR_renameat2, AT_FDCWD, from, AT_FDCWD, to, 0, 0);
+}
+static inline long hp_getpid(void) { return HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0); }
 static inline long hp_ioctl(int fd, unsigned long req, void *arg)
 {
     return HP_SYS(__NR_ioctl, fd, req, arg, 0, 0, 0);

@@ -386,7 +386,8 @@ static void prefetch(int fd, const char *path, const struct hp_range *r, uint64_
     }
     if (ok) {
         struct hp_target t = {.map = base, .stride = stride, .nwin = nwin, .off = r->off, .fd = fd,
-                              .size = (long)size, .path = path, .zap_ok = 1};
+                              .size = (long)size, .path = path, .zap_ok = 1,
+                              .prot = PROT_READ, .random = 1};
         hp_settle(&ctx, &t, st);
     }
     munmap(res, span);
@@ -658,6 +659,7 @@ int main(int argc, char **argv)
             ctx.scan = 0;
         const char *rd = getenv("HUGIFY_RUNTIME_DIR");
         runtime_dir = rd && *rd ? rd : "/run/hugify";
+        ctx.rundir = runtime_dir;
         ld_library_path = getenv("LD_LIBRARY_PATH");
         int fd = open_elf(prog);
         struct stat st;

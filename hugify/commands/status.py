@@ -34,6 +34,15 @@ def run(args: argparse.Namespace) -> Exit:
             "exec_pmd_readahead": s.exec_pmd_readahead,
             "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
         }
+        no_large = [
+            {
+                "device": fs.device,
+                "type": fs.fstype,
+                "mountpoint": fs.mountpoint,
+                "remedy": pf.large_folios_remedy(fs.fstype, s.kernel),
+            }
+            for fs in pf.filesystems_without_large_folios(r.rdir)
+        ]
         cannot_measure = s.process_thp_disabled
         work = pf.open_targets(targets, r.hp)
         try:
@@ -51,7 +60,8 @@ def run(args: argparse.Namespace) -> Exit:
                     d["coverage"] = d["huge_bytes"] = None
                 files.append(d)
             out: dict[str, Any] = {
-                "system": s.as_json() | {"features": features, "problem": s.problem()},
+                "system": s.as_json()
+                | {"features": features, "problem": s.problem(), "filesystems_without_large_folios": no_large},
                 "files": files,
                 "problems": problems,
             }
@@ -73,6 +83,12 @@ def run(args: argparse.Namespace) -> Exit:
         problem = s.problem()
         if problem:
             print(f"note: {problem}")
+        for fs in no_large:  # found by a prefetch, hugify-run or the audit library this boot
+            where = f"{fs['mountpoint']} ({fs['type']})" if fs["mountpoint"] else f"a {fs['type']} filesystem"
+            print(
+                f"note: {where}, device {fs['device']}, gives no large folios on this kernel: "
+                f"its files stay in small pages; {fs['remedy']}"
+            )
         if cannot_measure:
             print("note: coverage cannot be measured from this process")
         for p in problems:
