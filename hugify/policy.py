@@ -273,6 +273,16 @@ SIGNING: dict[str, Field] = {
     "public_key": Field(_check_key_refs, "", "public key file or URI, or an array of them (rotation)"),
     "tlog_upload": Field(_check_bool, False, "upload to a transparency log"),
 }
+#: [runtime]: how the installed runtime (hugify prefetch, the boot service) works on
+#: this system; nothing here changes what a build does (not in the policy digest).
+RUNTIME: dict[str, Field] = {
+    "boot_budget": Field(
+        _check_size,
+        1 << 30,
+        "bytes of code the first prefetch of a boot reads into the page cache at most",
+        is_size=True,
+    ),
+}
 _PACKAGE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+~-]*\Z")
 
 
@@ -289,6 +299,8 @@ def field_for(key: Key) -> Field:
         return HUGE_PAGE
     if key[0] == "signing":
         return SIGNING[key[1]]
+    if key[0] == "runtime":
+        return RUNTIME[key[1]]
     return FIELDS[key[0]]
 
 
@@ -296,6 +308,7 @@ def defaults() -> dict[Key, Setting]:
     out: dict[Key, Setting] = {(k,): Setting(f.default, DEFAULT_SOURCE) for k, f in FIELDS.items()}
     out.update({("huge_page_size", a): Setting(v, DEFAULT_SOURCE) for a, v in DEFAULT_HUGE_PAGES.items()})
     out.update({("signing", k): Setting(f.default, DEFAULT_SOURCE) for k, f in SIGNING.items()})
+    out.update({("runtime", k): Setting(f.default, DEFAULT_SOURCE) for k, f in RUNTIME.items()})
     return out
 
 
@@ -425,20 +438,21 @@ class _Reader:
 
     def settings(self, doc: Mapping[str, Any], prefix: Key) -> None:
         top = not prefix
-        allowed = [*FIELDS, "huge_page_size", *(["signing", "packages"] if top else [])]
+        allowed = [*FIELDS, "huge_page_size", *(["signing", "runtime", "packages"] if top else [])]
         for name, value in doc.items():
             key = (*prefix, name)
             if name in FIELDS:
                 self.leaf(key, value, FIELDS[name])
             elif name == "huge_page_size":
                 self.huge_pages(key, value)
-            elif name == "signing" and top:
+            elif name in ("signing", "runtime") and top:
+                fields = SIGNING if name == "signing" else RUNTIME
                 tbl = self.table(key, value)
                 for k, v in (tbl or {}).items():
-                    if k in SIGNING:
-                        self.leaf((*key, k), v, SIGNING[k])
+                    if k in fields:
+                        self.leaf((*key, k), v, fields[k])
                     else:
-                        self.unknown((*key, k), SIGNING)
+                        self.unknown((*key, k), fields)
             elif name == "packages" and top:
                 for pkg, body in (self.table(key, value) or {}).items():
                     if not is_package_name(pkg):
@@ -602,6 +616,10 @@ class Policy:
     def signing(self, name: str) -> Any:
         return self._get("signing", name)
 
+    @property
+    def boot_budget(self) -> int:
+        return int(self._get("runtime", "boot_budget"))
+
     def where(self, *key: str) -> str:
         return self.settings[key].where()
 
@@ -619,13 +637,13 @@ class Policy:
 
     def digest(self) -> str:
         """sha256 (hex) of the effective values that decide what `hugify tree` does:
-        every key but signing.*, by dotted name, as canonical JSON (sorted keys, no
+        every key but signing.* and runtime.*, by dotted name, as canonical JSON (sorted keys, no
         spaces, arrays for lists, UTF-8). Where a value came from does not count,
         nor which key signs. signing/predicate-v1.md documents it for verifiers."""
         values = {
             _dotted(k): list(s.value) if isinstance(s.value, tuple) else s.value
             for k, s in self.settings.items()
-            if k[0] != "signing"
+            if k[0] not in ("signing", "runtime")
         }
         text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -748,6 +766,7 @@ def render(policy: Policy, layers: Layers, overrides: Mapping[str, Mapping[Key, 
     section(None, [((k,), settings[(k,)]) for k in FIELDS], 0)
     section("huge_page_size", sorted((k, s) for k, s in settings.items() if k[0] == "huge_page_size"), 1)
     section("signing", [(("signing", k), settings[("signing", k)]) for k in SIGNING], 1)
+    section("runtime", [(("runtime", k), settings[("runtime", k)]) for k in RUNTIME], 1)
     for pkg in sorted(overrides or {}):
         assert overrides is not None
         section(f"packages.{_dotted((pkg,))}", sorted(overrides[pkg].items()), 0)

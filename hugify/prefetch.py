@@ -94,6 +94,11 @@ def _record(directory: Path) -> list[str] | None:
     return fields
 
 
+def first_run_this_boot(directory: Path) -> bool:
+    """Whether no prefetch has run yet this boot (every run records the boot it ran in)."""
+    return _record(directory) is None
+
+
 def read_verdict(directory: Path) -> bool | None:
     """The recorded answer to "does the kernel read executable mappings as PMD folios
     by itself?" for this boot, or None if nobody found out yet."""
@@ -326,6 +331,12 @@ class Engine:
 
     def has(self, feature: int) -> bool:
         return bool(self.features & feature)
+
+    def set_budget(self, size: int) -> None:
+        """Bounds the bytes the following runs read in, together (windows past it stay
+        cold or small, reason "budget")."""
+        self.lib.hp_engine_set_budget.argtypes = [self.ct.c_int64]
+        self.lib.hp_engine_set_budget(size)
 
     def _name(self, state: int, why: int) -> tuple[str, str]:
         key = (state, why)
@@ -617,6 +628,8 @@ class Run:
             )
         if why == "fragmented":
             return "no free 2 MiB block of memory (fragmented); try again later"
+        if why == "budget":
+            return "left for later: the boot's budget of code to read (runtime.boot_budget) is spent"
         return ""
 
     def prefetch(self, targets: list[Target]) -> None:

@@ -15,6 +15,7 @@ EXPORT const char *hp_engine_why_name(unsigned w);
 EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
 EXPORT int hp_engine_set_runtime_dir(const char *dir);
+EXPORT void hp_engine_set_budget(int64_t bytes);
 
 /* No descriptor open yet: a zeroed context would name descriptor 0 as its pagemap. */
 static struct hp_ctx ctx = {.pagemap_fd = -1};
@@ -43,6 +44,7 @@ static const char *const why_names[HP_NWHY] = {
     [HP_WHY_NO_FILE] = "no-file",
     [HP_WHY_THP_OFF] = "thp-off",
     [HP_WHY_TRUNCATED] = "truncated",
+    [HP_WHY_BUDGET] = "budget",
 };
 
 EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? state_names[s] : "?"; }
@@ -85,6 +87,11 @@ EXPORT int hp_engine_set_runtime_dir(const char *dir)
     ctx.rundir = n ? rundir : 0;
     return 0;
 }
+
+/* Bounds the bytes the following runs may read in (cold windows read, small ones read
+ * again), together; windows beyond it stay `cold` or `small` with reason `budget`.
+ * Negative: no bound (the default). */
+EXPORT void hp_engine_set_budget(int64_t bytes) { ctx.budget = bytes; }
 
 /* Settles (`measure` 0) or measures (1: reads nothing in) the windows of the open file
  * `fd` at the file offsets offs[0..n), each a multiple of the huge-page size and inside

@@ -92,6 +92,7 @@ void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
     c->prepared = 0;
     c->rundir = 0;
     c->nfs = 0;
+    c->budget = -1;
 }
 
 void hp_ctx_release(struct hp_ctx *c)
@@ -657,6 +658,17 @@ static int remap_window(struct hp_ctx *c, struct hp_target *t, char *w, uint64_t
     return ok ? 0 : -1;
 }
 
+/* Takes one window's worth from the run's budget of bytes to read; 0 if it is spent. */
+static int spend(struct hp_ctx *c)
+{
+    if (c->budget < 0)
+        return 1;
+    if ((uint64_t)c->budget < c->hp)
+        return 0;
+    c->budget -= (int64_t)c->hp;
+    return 1;
+}
+
 /* Evicts window i (held in small folios) and reads it in again as one 2 MiB folio. */
 static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold)
 {
@@ -666,9 +678,14 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
                       : file_ready(t) != 0 ? HP_WHY_NO_FILE
                       : memory_fs(t) ? HP_WHY_MEMORY_FS
                       : t->nolarge == 1 ? HP_WHY_NO_LARGE_FOLIOS /* found on an earlier window */
+                      : !cold && !spend(c) ? HP_WHY_BUDGET /* a cold one was paid for when read */
                                         : HP_WHY_NONE;
     if (why != HP_WHY_NONE) {
-        set_state(t, st, i, why == HP_WHY_LOADER ? HP_BUSY : why == HP_WHY_NO_FILE ? HP_FAILED : HP_UNSUPPORTED,
+        set_state(t, st, i,
+                  why == HP_WHY_LOADER    ? HP_BUSY
+                  : why == HP_WHY_NO_FILE ? HP_FAILED
+                  : why == HP_WHY_BUDGET  ? HP_SMALL
+                                          : HP_UNSUPPORTED,
                   why, 0);
         return;
     }
@@ -737,6 +754,8 @@ static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
                 set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
             else if (t->nolarge == 1) /* found on an earlier window: reading would be for nothing */
                 set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
+            else if (!spend(c))
+                set_state(t, st, i, HP_COLD, HP_WHY_BUDGET, 0);
             else
                 touched[k] = 1, advise(t);
         }

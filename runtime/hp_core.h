@@ -56,6 +56,7 @@ enum hp_why {
     HP_WHY_NO_FILE,         /* failed or cold: the file cannot be opened */
     HP_WHY_THP_OFF,         /* cold or small: transparent huge pages are off */
     HP_WHY_TRUNCATED,       /* cold: the window ends beyond the end of the file */
+    HP_WHY_BUDGET,          /* cold or small: the run's budget of bytes to read is spent */
     HP_NWHY
 };
 
@@ -90,6 +91,8 @@ struct hp_ctx {
      * this boot (the service, hugify-run, the audit library in every process) evicts
      * or reads a window for it again; HP_NO_LARGE_FOLIOS_PREFIX above. */
     const char *rundir;
+    int64_t budget;             /* bytes this run may still read in (cold or repaired
+                                 * windows); negative: no bound */
     uint32_t nfs;               /* devices in `nolarge` */
     uint64_t nolarge[HP_MAX_FS]; /* st_dev of filesystems known to give no large folios */
 };

@@ -242,6 +242,30 @@ def test_prefetch_is_idempotent_and_cheap_when_in_place(progs: Programs, tmp_pat
     assert all(f["elapsed_ms"] < 50 for f in report["files"]), report["files"]
 
 
+def test_the_boot_run_reads_at_most_the_budget_and_later_runs_the_rest(progs: Programs, tmp_path: Path):
+    """`prefetch --boot` (the service) bounds the first run of a boot by the policy's
+    runtime.boot_budget; the next run (the timer) is not bounded."""
+    rdir, policy = tmp_path / "run", tmp_path / "policy.toml"
+    policy.write_text('[runtime]\nboot_budget = "4M"\n')
+    files = [progs.prog, progs.lib]
+    windows = sum(exec_segment_size(p) // HP for p in files)
+    assert windows > 2
+    with locked():
+        drop_caches()
+        code, first = prefetch_json("--boot", "--policy", policy, "--runtime-dir", rdir, *files)
+        cached_after_first = sum(cached_pages(p) for p in files)
+        code2, second = prefetch_json("--boot", "--policy", policy, "--runtime-dir", rdir, *files)
+    assert code == 0 and code2 == 0, (first, second)
+    got = [s for p in files for s in states(first, p)]
+    assert got.count("loaded") == 2 and got.count("cold") == windows - 2, got
+    reasons = {w.get("reason", "") for f in first["files"] for w in f["windows"] if w["state"] == "cold"}
+    assert len(reasons) == 1 and "boot_budget" in reasons.pop()
+    # The budget is what was read in: two windows and the headers, nothing more.
+    assert cached_after_first * 4096 <= 4 * HP // 2 + (1 << 20), cached_after_first
+    got2 = [s for p in files for s in states(second, p)]
+    assert got2.count("huge") == 2 and got2.count("loaded") == windows - 2, got2
+
+
 def test_status_reports_coverage_and_settings(progs: Programs, tmp_path: Path):
     mdir = tmp_path / "manifest.d"
     mdir.mkdir()

@@ -60,6 +60,7 @@ def test_engine_library_states_are_the_documented_ones():
     assert sorted(line.split()[-1] for line in syms.splitlines() if " T " in line) == [
         "hp_engine_init",
         "hp_engine_run",
+        "hp_engine_set_budget",
         "hp_engine_set_runtime_dir",
         "hp_engine_state_name",
         "hp_engine_why_name",

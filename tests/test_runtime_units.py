@@ -111,7 +111,7 @@ def test_service_runs_for_real(built: Programs, tmp_path: Path, launcher: Path):
     service, _ = installed_units(tmp_path, launcher)
     (exec_start,) = unit_value(service, "ExecStart")
     argv = [*shlex.split(exec_start), "--manifest-dir", str(mdir), "--runtime-dir", str(rdir)]
-    assert argv[:4] == [str(launcher), "prefetch", "--all", "--quiet"]
+    assert argv[:5] == [str(launcher), "prefetch", "--all", "--boot", "--quiet"]
     ok = {0, *map(int, unit_value(service, "SuccessExitStatus")[0].split())}
     with locked():
         drop_caches()

@@ -44,6 +44,9 @@ def file_line(t: Target) -> str:
         bad = [w for w in t.windows if w.state == state]
         if bad:
             parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].reason}")
+    later = sum(1 for w in t.windows if w.reason.startswith("left for later"))
+    if later:
+        parts.append(f"; {later} left for later (boot budget spent)")
     if t.count(pf.UNVERIFIED):
         parts.append(f"; {t.count(pf.UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
     if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
@@ -70,7 +73,17 @@ def run(args: argparse.Namespace) -> Exit:
         pf.say(p)
     codes: list[Exit] = [Exit.IO for _ in problems]
     messages: list[str] = []
+    budget = None
+    if args.boot:
+        from hugify.commands.common import usable_policy
+
+        pol = usable_policy(args.policy, for_build=False)
+        if pol is None:
+            return Exit.USAGE
+        budget = pol.boot_budget
     with pf.session(args.runtime_dir) as r:
+        if budget is not None and pf.first_run_this_boot(r.rdir):
+            r.engine.set_budget(budget)  # the boot's run: bounded (policy runtime.boot_budget)
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
         problem = r.system.problem()
         if problem:
@@ -154,6 +167,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="DIR",
         help="where the kernel verdict is recorded (default: $HUGIFY_RUNTIME_DIR or /run/hugify)",
     )
+    p.add_argument(
+        "--boot",
+        action="store_true",
+        help="the boot service's run: if no prefetch ran yet this boot, read at most the policy's "
+        "runtime.boot_budget bytes of code (the rest stays cold: state cold, reason budget)",
+    )
+    p.add_argument("--policy", metavar="FILE", type=Path, help="an extra policy layer (for --boot)")
     p.add_argument("-q", "--quiet", action="store_true", help="report only files with a problem")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
