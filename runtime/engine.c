@@ -15,7 +15,9 @@ EXPORT const char *hp_engine_why_name(unsigned w);
 EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
 
-static struct hp_ctx ctx;
+/* pagemap_fd -1: hp_engine_init releases the context first, and a zeroed one would
+ * close descriptor 0, the caller's stdin. */
+static struct hp_ctx ctx = {.pagemap_fd = -1};
 
 /* What hp_engine_init reports about this system and process. */
 enum {
@@ -30,6 +32,7 @@ static const char *const state_names[HP_NSTATES] = {
     [HP_SMALL] = "small",   [HP_UNVERIFIED] = "unverified",
 };
 
+/* Reason ids of the core's table (core/src/error.rs), so that `hugify explain` knows them. */
 static const char *const why_names[HP_NWHY] = {
     [HP_WHY_NONE] = "",
     [HP_WHY_LOADER] = "loader",
@@ -39,7 +42,7 @@ static const char *const why_names[HP_NWHY] = {
     [HP_WHY_FRAGMENTED] = "fragmented",
     [HP_WHY_NO_FILE] = "no-file",
     [HP_WHY_THP_OFF] = "thp-off",
-    [HP_WHY_TRUNCATED] = "truncated",
+    [HP_WHY_TRUNCATED] = "beyond-eof",
 };
 
 EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? state_names[s] : "?"; }
