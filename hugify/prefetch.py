@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hugify import reasons
+
 if TYPE_CHECKING:
     from hugify.manifest import Entry
 
@@ -173,12 +175,31 @@ class System:
 # --- the engine ---------------------------------------------------------------------
 
 
-def _engine_path() -> Path:
+def _engine_candidates() -> tuple[Path, Path]:
+    """Where the engine is: runtime/ of the source tree, or the directory above the
+    installed package (/usr/lib/hugify/python/hugify -> /usr/lib/hugify)."""
     here = Path(__file__).resolve().parent.parent
-    for p in (here / "runtime" / ENGINE_LIB, here.parent / ENGINE_LIB):
+    return here / "runtime" / ENGINE_LIB, here.parent / ENGINE_LIB
+
+
+def _engine_path() -> Path:
+    for p in _engine_candidates():
         if p.is_file():
             return p
-    raise OSError(f"{ENGINE_LIB} not found next to {here} (build it with `make`)")
+    raise OSError(engine_missing())
+
+
+def engine_missing() -> str | None:
+    """Why `prefetch` and `status` cannot run in this installation (a `pip install` of
+    the package carries no C runtime), in one line ending in its reason id; None if the
+    engine is there."""
+    where = _engine_candidates()
+    if any(p.is_file() for p in where):
+        return None
+    return (
+        f"{ENGINE_LIB} is not installed (looked for {where[0]} and {where[1]}): this command needs the C runtime "
+        "that `make install` or the distribution's package installs (no-engine)"
+    )
 
 
 def _env_flag(name: str) -> bool:
@@ -313,13 +334,16 @@ def read_windows(fd: int, hp: int) -> Windows:
 class Window:
     offset: int
     state: str = ""
-    reason: str = ""
+    reason: str = ""  # the engine's reason id (one of the core's table), or ""
+    detail: str = ""  # the reason said for this file and system
     pids: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"offset": self.offset, "state": self.state}
         if self.reason:
             out["reason"] = self.reason
+        if self.detail:
+            out["detail"] = self.detail
         if self.pids:
             out["mapped_by"] = self.pids
         return out
@@ -504,11 +528,14 @@ class Run:
         if aware is not None and before is None:  # probed on a cold window of t
             self.system.exec_pmd_readahead = aware
             self.record()
+        reasons.printed(why for _, why, _ in got)
         for w, (state, why, pages) in zip(t.windows, got, strict=True):
-            w.state, w.reason = state, self._explain(t, why, pages)
+            w.state, w.reason = state, why
+            w.detail = self._explain(t, why, pages) if why else ""
 
     def _explain(self, t: Target, why: str, pages: int) -> str:
-        """The engine's reason id, said for this file."""
+        """The engine's reason id, said for this file (the table's summary where there
+        is nothing more particular to say)."""
         if why == "not-evicted":
             return f"{pages} small pages could not be evicted (mapped, dirty or locked)"
         if why == "memory-fs":
@@ -524,20 +551,20 @@ class Run:
             )
         if why == "fragmented":
             return "no free 2 MiB block of memory (fragmented); try again later"
-        return ""
+        return reasons.table()[why][1]
 
     def prefetch(self, targets: list[Target]) -> None:
         for t in targets:
             started = time.perf_counter()
             if t.fs in self.no_large_folios:
                 for w in t.windows:  # found out on an earlier file of this filesystem
-                    w.state, w.reason = UNSUPPORTED, self.unable_fs[t.fs]
+                    w.state, w.reason, w.detail = UNSUPPORTED, "no-large-folios", self.unable_fs[t.fs]
                 continue
             try:
                 self._settle(t, measure=False)
             except OSError as e:
                 for w in t.windows:
-                    w.state, w.reason = FAILED, f"cannot map it: {e.strerror}"
+                    w.state, w.reason, w.detail = FAILED, "io-error", f"cannot map it: {e.strerror}"
             t.elapsed = time.perf_counter() - started
         self._name_mappers([t for t in targets if t.count(BUSY)])
 
@@ -555,7 +582,7 @@ class Run:
                 )
                 if users:
                     w.pids = users[:8]
-                    w.reason = "small folios mapped by running processes: " + ", ".join(users[:3])
+                    w.detail = "small folios mapped by running processes: " + ", ".join(users[:3])
 
     def measure(self, targets: list[Target]) -> None:
         """Current huge-page coverage, reading nothing into the page cache (the engine

@@ -43,7 +43,7 @@ def file_line(t: Target) -> str:
     for state in (pf.FAILED, pf.BUSY):
         bad = [w for w in t.windows if w.state == state]
         if bad:
-            parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].reason}")
+            parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].detail} ({bad[0].reason})")
     if t.count(pf.UNVERIFIED):
         parts.append(f"; {t.count(pf.UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
     if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
@@ -70,6 +70,11 @@ def run(args: argparse.Namespace) -> Exit:
         pf.say(p)
     codes: list[Exit] = [Exit.IO for _ in problems]
     messages: list[str] = []
+    missing = pf.engine_missing()
+    if missing:
+        reasons.printed(["no-engine"])
+        pf.say(missing)
+        return Exit.REFUSED
     with pf.session(args.runtime_dir) as r:
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
         problem = r.system.problem()
@@ -130,7 +135,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "process that maps them gets huge pages, and reports per file how many 2 MiB windows are huge, "
         "busy (small folios mapped by running processes) or failed, with the reason.",
         epilog="Exit status: 0 every window is huge, busy, or left to the kernel; 1 some window failed; "
-        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once); "
+        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once), or this "
+        "installation lacks the C runtime (no-engine); "
         "5 a file is missing or unreadable; 2 usage.",
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to prefetch (or manifests, with --manifests)")
