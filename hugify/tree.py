@@ -54,25 +54,29 @@ def probe(path: Path) -> _core.Probe | None:
     """The core's header facts of an ELF executable or shared object; None for any
     other file. A file that has the ELF magic but is too damaged to tell its type,
     or that cannot be read, is a candidate too (its problem set), so that it is
-    reported rather than silently passed over."""
+    reported rather than silently passed over; so is one whose probe hit a bug in the
+    core (a caught panic, reason `internal`): one file's bug must not stop the walk."""
     try:
         return _core.probe(path, _core.DEFAULT_HUGE_PAGE)
     except OSError as e:
-        return {
-            "arch": None,
-            "is64": False,
-            "kind": None,
-            "has_symtab": None,
-            "build_id": None,
-            "exec_load": None,
-            "code_size": 0,
-            "huge_page": _core.DEFAULT_HUGE_PAGE,
-            "windows": [],
-            "huge_bytes": 0,
-            "state": "none",
-            "manifest_span": None,
-            "problem": {"reason": "io-error", "kind": "io", "detail": reasons.io_detail(e)},
-        }
+        problem: _core.Refusal = {"reason": "io-error", "kind": "io", "detail": reasons.io_detail(e)}
+    except _core.HugifyError as e:
+        problem = {"reason": e.reason, "kind": e.kind, "detail": e.detail}
+    return {
+        "arch": None,
+        "is64": False,
+        "kind": None,
+        "has_symtab": None,
+        "build_id": None,
+        "exec_load": None,
+        "code_size": 0,
+        "huge_page": _core.DEFAULT_HUGE_PAGE,
+        "windows": [],
+        "huge_bytes": 0,
+        "state": "none",
+        "manifest_span": None,
+        "problem": problem,
+    }
 
 
 # --- walking -----------------------------------------------------------------------
