@@ -73,32 +73,32 @@ int hp_elf_ok(const Elf64_Ehdr *eh)
     return 0;
 }
 
-int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max)
+int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, unsigned *next, struct hp_range *out)
 {
-    int n = 0;
-    for (unsigned i = 0; i < phnum && n < max; i++) {
-        const Elf64_Phdr *p = &ph[i];
-        if (p->p_type != PT_LOAD || !(p->p_flags & PF_X) || p->p_filesz == 0)
+    /* core/src/windows.rs huge_windows() and huge_placed(), step for step: windows are
+     * rounded on the address, overflow skips the load, no cap on the number of runs. */
+    while (*next < phnum) {
+        const Elf64_Phdr *p = &ph[(*next)++];
+        if (p->p_type != PT_LOAD || !(p->p_flags & PF_X))
             continue;
-        /* A smaller p_align: the loader would not put a PIE or library at a 2 MiB-aligned
-         * address. An ET_EXEC goes to its link-time address whatever p_align says. */
-        if (!fixed && p->p_align < hp)
+        uint64_t start = p->p_vaddr, end;
+        if (start % hp && __builtin_add_overflow(start, hp - start % hp, &start))
             continue;
-        /* Offset and address must agree modulo the huge-page size, or no window of
-         * the file can ever be one PMD of the process. */
-        if ((p->p_vaddr - p->p_offset) & (hp - 1))
+        if (__builtin_add_overflow(p->p_vaddr, p->p_filesz, &end))
             continue;
-        uint64_t start = (p->p_offset + hp - 1) & ~(hp - 1);
-        uint64_t end = (p->p_offset + p->p_filesz) & ~(hp - 1);
-        if (end <= start || p->p_offset + p->p_filesz < p->p_offset || p->p_vaddr + p->p_filesz < p->p_vaddr)
+        end -= end % hp;
+        /* A PIE or library is put at a huge-page-aligned base only if its loads ask for
+         * one; an ET_EXEC goes to its link-time addresses whatever p_align says. Offset
+         * and address must agree modulo hp, or no window can ever be one PMD. */
+        if (!(fixed || p->p_align >= hp) || (p->p_vaddr - p->p_offset) % hp != 0 || end <= start)
             continue;
-        out[n].off = start;
-        out[n].vaddr = p->p_vaddr + (start - p->p_offset);
-        out[n].len = end - start;
-        out[n].readable = (p->p_flags & PF_R) != 0;
-        n++;
+        out->off = p->p_offset + (start - p->p_vaddr);
+        out->vaddr = start;
+        out->len = end - start;
+        out->readable = (p->p_flags & PF_R) != 0;
+        return 1;
     }
-    return n;
+    return 0;
 }
 
 static void touch(const char *p) { (void)*(const volatile char *)p; }

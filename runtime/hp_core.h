@@ -14,7 +14,6 @@
 
 #define HP_DEFAULT_SIZE (2UL << 20)
 #define HP_PAGE 4096UL /* smallest base page; only used to size probes */
-#define HP_MAX_RANGES 4
 
 /* The whole huge-page windows of one executable PT_LOAD: file offset and link-time
  * address of the first window (both multiples of the huge-page size) and the length
@@ -113,12 +112,15 @@ int hp_scan_works(struct hp_ctx *c);
 
 /* Checks an ELF header for this machine's class and architecture; 0 if usable. */
 int hp_elf_ok(const Elf64_Ehdr *eh);
-/* Fills `out` with the window ranges of the executable segments; returns how many.
- * The rule is the core's (core/src/windows.rs), pinned by tests/test_windows_table.py:
- * an executable PT_LOAD whose file offset and address agree modulo hp, placed at an
- * hp-aligned address (`fixed`: an ET_EXEC, at its link-time addresses; otherwise
- * p_align >= hp), spanning at least one whole hp window of file bytes. */
-int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max);
+/* The next run of whole huge-page windows among the program headers, from index
+ * *next on (start at 0): fills `out`, advances *next, returns 1; 0 when there is none
+ * left. The rule is the core's (core/src/windows.rs huge_windows), step for step, so
+ * that the runtime and the CLI agree on every file (tests/test_as_is.py holds the two
+ * against each other over a table of files): an executable PT_LOAD whose file offset
+ * and address agree modulo hp, placed at an hp-aligned address (`fixed`: an ET_EXEC,
+ * at its link-time addresses; otherwise p_align >= hp), spanning at least one whole hp
+ * window of file bytes. */
+int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, unsigned *next, struct hp_range *out);
 
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);

@@ -431,11 +431,12 @@ static void process(int i, int fd, const struct stat *st_)
     ph = phbuf;
     unsigned phnum = eh->e_phnum;
 
-    struct hp_range ranges[HP_MAX_RANGES];
-    int nr = hp_exec_ranges(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, ranges, HP_MAX_RANGES);
+    struct hp_range range;
+    unsigned next = 0;
+    int nr = 0;
     struct hp_stats stats = {0};
-    for (int r = 0; r < nr; r++)
-        prefetch(fd, o->path, &ranges[r], (uint64_t)st->st_size, &stats);
+    for (; hp_exec_range(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, &next, &range); nr++)
+        prefetch(fd, o->path, &range, (uint64_t)st->st_size, &stats);
     if (debug && nr)
         /* The states of docs/runtime.md, summed: "skipped" are the windows not read in. */
         say("%s: %u windows: %u huge (%u loaded, %u repaired), %u busy, %u failed, %u skipped, %u unverified",
