@@ -516,7 +516,7 @@ def test_a_core_bug_while_probing_one_file_does_not_stop_the_walk(tree: Tree, mo
     assert found["/" + BIG] is None
 
 
-# --- IMA/EVM signatures (issue 14, item 2) ----------------------------------------------
+# --- IMA/EVM signatures ----------------------------------------------------------
 
 IMA = "0x0302046e6a3b9f0048304602210088"  # a signature header and the start of a DER blob
 EVM = "0x05020400112233"
@@ -624,7 +624,7 @@ def test_explain_knows_the_new_reasons() -> None:
     assert "\nlive-root (refused, exit status 4): " in out
 
 
-# --- a live root (issue 14, item 4) -------------------------------------------------------
+# --- a live root -------------------------------------------------------------------
 
 
 @pytest.fixture(params=["slash", "symlink", "bind-mount"])
