@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
+from hugify.files import write_text_atomic
 
 if TYPE_CHECKING:
     from hugify.manifest import Entry
@@ -104,10 +105,7 @@ def write_record(directory: Path, aware: bool | None, thp: str | None) -> bool:
     if _read(directory / VERDICT_FILE) == text.strip():
         return True
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{VERDICT_FILE}.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.replace(directory / VERDICT_FILE)
+        write_text_atomic(directory / VERDICT_FILE, text)
         return True
     except OSError:
         return False
@@ -210,6 +208,8 @@ class Engine:
     """hp_core's window state machine, in libhugify-engine.so (runtime/engine.c)."""
 
     CACHESTAT, PAGEMAP_SCAN, THP_DISABLED = 1, 2, 4
+    #: PAGEMAP_SCAN page categories (linux/fs.h), for page_regions.
+    PAGE_IS_PRESENT, PAGE_IS_HUGE = 1 << 3, 1 << 6
 
     def __init__(self, hp: int) -> None:
         import ctypes  # lazily: ~5 ms that the other commands do not need
@@ -229,6 +229,14 @@ class Engine:
             ctypes.c_int,
             ctypes.POINTER(ctypes.c_int),
             ctypes.POINTER(Report),
+        ]
+        lib.hp_engine_page_regions.restype = ctypes.c_long
+        lib.hp_engine_page_regions.argtypes = [
+            ctypes.c_int,
+            *[ctypes.c_uint64] * 4,
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.c_uint64,
+            ctypes.POINTER(ctypes.c_uint64),
         ]
         for f in (lib.hp_engine_state_name, lib.hp_engine_why_name):
             f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_uint]
@@ -264,6 +272,24 @@ class Engine:
         if rc < 0:
             raise OSError(-rc, os.strerror(-rc))
         return [(*self._name(r.state, r.why), r.pages) for r in out], None if verdict.value < 0 else verdict.value == 1
+
+    def page_regions(
+        self, pagemap_fd: int, start: int, end: int, anyof: int, report: int
+    ) -> list[tuple[int, int, int]]:
+        """PAGEMAP_SCAN (Linux 6.7) over [start, end) of an open /proc/PID/pagemap, of
+        this process or another: the (start, end, categories & `report`) runs of pages
+        having any category of `anyof`. OSError if the kernel refuses."""
+        ct, vec_len = self.ct, 64
+        regions = (ct.c_uint64 * (3 * vec_len))()
+        walk_end = ct.c_uint64()
+        out: list[tuple[int, int, int]] = []
+        while start < end:
+            n = self.lib.hp_engine_page_regions(pagemap_fd, start, end, anyof, report, regions, vec_len, walk_end)
+            if n < 0:
+                raise OSError(-n, f"PAGEMAP_SCAN: {os.strerror(-n)}")
+            out += [(regions[3 * i], regions[3 * i + 1], regions[3 * i + 2]) for i in range(n)]
+            start = walk_end.value  # a full vector stops the walk early
+        return out
 
 
 def pmd_size() -> int:

@@ -38,6 +38,7 @@ from typing import Any, Protocol, TextIO
 
 from hugify import _core, manifest, reasons, signing, tree
 from hugify.exitcodes import Exit
+from hugify.files import source_date_epoch
 from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
 from hugify.rewrite import copy_metadata
 from hugify.sizes import human
@@ -278,9 +279,9 @@ def source_epoch(pkgs: list[Package]) -> int:
     """The time stamp of everything hugify adds: $SOURCE_DATE_EPOCH, else the
     newest time stamp of the input packages' files (so the output depends on the
     inputs alone)."""
-    value = os.environ.get("SOURCE_DATE_EPOCH", "")
-    if value.isdigit():
-        return int(value)
+    given = source_date_epoch()
+    if given is not None:
+        return given
     newest = 0
     for p in pkgs:
         for _, st in tree.walk(p.root):

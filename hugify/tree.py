@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from hugify import _core, manifest, reasons, render
 from hugify.exitcodes import Exit
+from hugify.files import source_date_epoch, temporary_name, write_text_atomic
 from hugify.policy import Policy, canonical_arch
-from hugify.rewrite import Settings, rewrite, temporary_name
+from hugify.rewrite import Settings, rewrite
 from hugify.sizes import human
 
 if TYPE_CHECKING:
@@ -284,11 +285,6 @@ class Options(NamedTuple):
     found: list[Candidate] | None = None
 
 
-def source_date_epoch() -> int | None:
-    value = os.environ.get("SOURCE_DATE_EPOCH", "")
-    return int(value) if value.isdigit() else None
-
-
 def _decide(c: Candidate, opts: Options) -> Settings | Outcome:
     """What to do with a candidate: the settings to transform it with, or why not."""
     pol = opts.policy
@@ -355,21 +351,6 @@ def log_line(o: Outcome, on_error: str) -> str:
         return f"hugify: {path}: skipped ({o.reason}): {o.detail}{also}"
     level = "error" if on_error == "fail" else "warning"
     return f"hugify: {level}: {path}: not transformed ({o.reason}): {o.detail}; the file is unchanged{also}"
-
-
-def _write_atomic(path: Path, text: str, epoch: int | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(temporary_name(path))
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o644)
-        if epoch is not None:
-            os.utime(tmp, (epoch, epoch))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def execute(
@@ -447,9 +428,9 @@ def run(opts: Options) -> Exit:
     code = Exit.FAILED if failed and pol.on_error == "fail" else Exit.OK
     try:
         if opts.manifest:
-            _write_atomic(opts.manifest, manifest.render(entries), epoch)
+            write_text_atomic(opts.manifest, manifest.render(entries), epoch)
         if opts.report:
-            _write_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
+            write_text_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
     except OSError as e:
         print(f"hugify: error: cannot write {reasons.io_detail(e)}", file=sys.stderr)
         return Exit.IO
