@@ -14,6 +14,8 @@ EXPORT const char *hp_engine_state_name(unsigned s);
 EXPORT const char *hp_engine_why_name(unsigned w);
 EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
+EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                                   struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
 /* pagemap_fd -1: hp_engine_init releases the context first, and a zeroed one would
  * close descriptor 0, the caller's stdin. */
@@ -111,4 +113,12 @@ EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, 
     }
     munmap(res, span);
     return rc;
+}
+
+/* hp_page_regions for the benchmarks, which watch other processes' page tables
+ * (bench/speedup.py): the kernel call stays in hp_core. */
+EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                                   struct hp_page_region *out, uint64_t n, uint64_t *walk_end)
+{
+    return hp_page_regions(pagemap_fd, start, end, anyof, report, out, n, walk_end);
 }

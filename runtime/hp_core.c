@@ -8,9 +8,6 @@
 #include "hp_sys.h"
 
 /* PAGEMAP_SCAN (Linux 6.7, include/uapi/linux/fs.h); Debian 12's headers predate it. */
-struct hp_page_region {
-    uint64_t start, end, categories;
-};
 struct hp_pm_scan_arg {
     uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
     uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
@@ -622,4 +619,21 @@ struct hp_verdict hp_read_verdict(const char *dir)
     v.aware = rec[37] == '1';
     v.thp_never = rec[39] == 'n' && rec[40] == 'e' && rec[41] == 'v';
     return v;
+}
+
+long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                     struct hp_page_region *out, uint64_t n, uint64_t *walk_end)
+{
+    struct hp_pm_scan_arg arg;
+    hp_memzero(&arg, sizeof arg);
+    arg.size = sizeof arg;
+    arg.start = start;
+    arg.end = end;
+    arg.vec = (uintptr_t)out;
+    arg.vec_len = n;
+    arg.category_anyof_mask = anyof;
+    arg.return_mask = report;
+    long got = hp_ioctl(pagemap_fd, HP_PAGEMAP_SCAN, &arg);
+    *walk_end = arg.walk_end;
+    return got;
 }

@@ -23,6 +23,11 @@ struct hp_range {
     int readable; /* PF_R: the code can be read to fault it in */
 };
 
+/* One region of PAGEMAP_SCAN's answer (Linux 6.7, include/uapi/linux/fs.h). */
+struct hp_page_region {
+    uint64_t start, end, categories;
+};
+
 /* The state of one window after hp_settle: the one set of states of the runtime and of
  * `hugify prefetch`/`hugify status` (which report them by the names of
  * libhugify-engine.so); docs/runtime.md "Window states". */
@@ -121,6 +126,13 @@ int hp_elf_ok(const Elf64_Ehdr *eh);
  * at its link-time addresses; otherwise p_align >= hp), spanning at least one whole hp
  * window of file bytes. */
 int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, unsigned *next, struct hp_range *out);
+
+/* One PAGEMAP_SCAN over [start, end) of the open /proc/PID/pagemap `pagemap_fd` (of
+ * any process): up to n regions whose pages have a category of `anyof`, with their
+ * categories masked by `report`, go to out; *walk_end is where the walk stopped (a
+ * full `out` stops it early). Returns how many regions, or -errno. */
+long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                     struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);

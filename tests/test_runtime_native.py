@@ -60,6 +60,7 @@ def test_engine_library_states_are_the_documented_ones():
     syms = subprocess.run(["nm", "-D", "--defined-only", engine], capture_output=True, text=True, check=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines() if " T " in line) == [
         "hp_engine_init",
+        "hp_engine_page_regions",
         "hp_engine_run",
         "hp_engine_state_name",
         "hp_engine_why_name",
@@ -163,6 +164,33 @@ def test_installed_hugify_run_ignores_an_audit_library_beside_it(tmp_path: Path)
     shutil.copy2(AUDIT_LIB, copy / "libhugify-audit.so")
     res = run([copy / "hugify-run", "sh", "-c", 'echo "$LD_AUDIT"'])
     assert res.stdout.strip() == str(copy / "libhugify-audit.so"), res
+
+
+def test_engine_scans_another_processs_page_tables():
+    """The benchmark's sampler reads other processes' page tables through the engine
+    (hp_page_regions, the runtime's one PAGEMAP_SCAN call): a child's stack page it
+    has written is present, and pages it never touched are not reported."""
+    from hugify import prefetch
+
+    build_runtime()
+    engine = prefetch.Engine(prefetch.pmd_size())
+    assert engine.has(prefetch.Engine.PAGEMAP_SCAN), "this kernel has PAGEMAP_SCAN (Linux >= 6.7)"
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        stack = next(line for line in Path(f"/proc/{child.pid}/maps").read_text().splitlines() if "[stack]" in line)
+        lo, hi = (int(x, 16) for x in stack.split()[0].split("-"))
+        fd = os.open(f"/proc/{child.pid}/pagemap", os.O_RDONLY)
+        try:
+            present = prefetch.Engine.PAGE_IS_PRESENT
+            regions = engine.page_regions(fd, lo, hi, present, present)
+        finally:
+            os.close(fd)
+    finally:
+        child.kill()
+        child.wait()
+    assert regions and all(lo <= a < b <= hi and c == present for a, b, c in regions), regions
+    assert regions[-1][1] == hi  # the top of the stack, where the child's frames are
+    assert sum(b - a for a, b, _ in regions) < hi - lo  # the untouched stack is not present
 
 
 def test_audit_changes_nothing_the_program_sees(built: Programs):
