@@ -292,7 +292,7 @@ def signed_payload(bundle: bytes) -> bytes:
 
 class SignRequest(NamedTuple):
     root: Path
-    report: dict[str, Any]
+    report: Mapping[str, Any]  # the tree report (hugify.tree.Report, or one read from a file)
     name: str  # NAME of NAME.intoto.json
     mode: str  # off | optional | required
     mode_where: str

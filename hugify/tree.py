@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TextIO, TypedDict, cast
 
 from hugify import _core, manifest, reasons, render
 from hugify.exitcodes import Exit
@@ -132,6 +132,68 @@ def candidates(root: Path) -> list[Candidate]:
 STATUSES = ("transformed", "as-is", "skipped", "failed")
 
 
+class FileReport(TypedDict):
+    """One inode's entry in the tree report (docs/…: `--report`)."""
+
+    path: str  # its first name
+    paths: list[str]
+    status: str  # transformed | as-is | skipped | failed
+    reason: str | None
+    detail: str
+    # When the file goes into the manifest:
+    build_id: NotRequired[str]
+    exec_offset: NotRequired[int]
+    exec_size: NotRequired[int]
+    huge_page: NotRequired[int]
+    # When it was transformed:
+    mode: NotRequired[str]
+    dv: NotRequired[int]
+    df: NotRequired[int]
+    growth: NotRequired[int]
+    code_bytes: NotRequired[int]
+    covered_code: NotRequired[int]
+    coverage: NotRequired[float]
+    build_id_before: NotRequired[str | None]
+    build_id_after: NotRequired[str | None]
+    sha256_before: NotRequired[str | None]
+    dropped_signatures: NotRequired[list[str]]
+
+
+Summary = TypedDict(
+    "Summary",
+    {
+        "transformed": int,
+        "as-is": int,
+        "skipped": int,
+        "failed": int,
+        "signed_refused": int,
+        "signatures_dropped": int,
+        "on_error": str,
+        "exit_status": int,
+    },
+)
+
+
+class Report(TypedDict):
+    """What `hugify tree --report` writes, and what repack and signing read back."""
+
+    hugify_tree_report: int  # the format's version: 1
+    hugify_version: str
+    package: str | None
+    arch: str | None
+    enabled: bool
+    manifest_only: bool
+    policy: dict[str, Any]
+    policy_digest: str
+    files: list[FileReport]
+    summary: Summary
+
+
+def read_report(path: Path) -> Report:
+    """A report `hugify tree` wrote (this version's: written and read by one hugify)."""
+    return cast(Report, json.loads(path.read_text(encoding="utf-8")))
+
+
 class Outcome(NamedTuple):
     paths: list[str]
     status: str  # transformed | as-is | skipped | failed
@@ -143,8 +205,8 @@ class Outcome(NamedTuple):
     #: sha256 (hex) of the file before it was transformed, for the signed statement.
     sha256_before: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_json(self) -> FileReport:
+        out: FileReport = {
             "path": self.paths[0],
             "paths": self.paths,
             "status": self.status,
@@ -152,22 +214,24 @@ class Outcome(NamedTuple):
             "detail": self.detail,
         }
         if self.entry:
-            out.update(zip(("build_id", "exec_offset", "exec_size", "huge_page"), self.entry, strict=True))
+            out["build_id"], out["exec_offset"], out["exec_size"], out["huge_page"] = self.entry
         if self.report:
             res = self.report["result"]
             code = self.report["code_bytes"]
             out.update(
-                mode=res["mode"],
-                dv=res["dv"],
-                df=res["df"],
-                growth=res["growth"],
-                code_bytes=code,
-                covered_code=res["covered_code"],
-                coverage=round(res["covered_code"] / code, 4) if code else 0.0,
-                huge_page=self.report["huge_page"],
-                build_id_before=self.report["build_id"],
-                build_id_after=res["build_id"],
-                sha256_before=self.sha256_before,
+                {
+                    "mode": res["mode"],
+                    "dv": res["dv"],
+                    "df": res["df"],
+                    "growth": res["growth"],
+                    "code_bytes": code,
+                    "covered_code": res["covered_code"],
+                    "coverage": round(res["covered_code"] / code, 4) if code else 0.0,
+                    "huge_page": self.report["huge_page"],
+                    "build_id_before": self.report["build_id"],
+                    "build_id_after": res["build_id"],
+                    "sha256_before": self.sha256_before,
+                }
             )
             if self.report.get("dropped_signatures"):
                 out["dropped_signatures"] = self.report["dropped_signatures"]
@@ -479,7 +543,8 @@ def _signed(outcomes: list[Outcome]) -> tuple[int, int]:
 
 def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
     pol = opts.policy
-    doc = {
+    refused, dropped = _signed(outcomes)
+    doc: Report = {
         "hugify_tree_report": 1,
         "hugify_version": _core.VERSION,
         "package": pol.package,
@@ -490,8 +555,12 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
         "policy_digest": pol.digest(),
         "files": [o.as_json() for o in outcomes],
         "summary": {
-            **{s: sum(o.status == s for o in outcomes) for s in STATUSES},
-            **dict(zip(("signed_refused", "signatures_dropped"), _signed(outcomes), strict=True)),
+            "transformed": sum(o.status == "transformed" for o in outcomes),
+            "as-is": sum(o.status == "as-is" for o in outcomes),
+            "skipped": sum(o.status == "skipped" for o in outcomes),
+            "failed": sum(o.status == "failed" for o in outcomes),
+            "signed_refused": refused,
+            "signatures_dropped": dropped,
             "on_error": pol.on_error,
             "exit_status": int(code),
         },
