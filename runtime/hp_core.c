@@ -248,16 +248,9 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
             uintptr_t hi = (uintptr_t)(map + (first + count - 1) * stride) + c->hp;
             struct hp_page_region regs[32];
             for (;;) {
-                struct hp_pm_scan_arg arg;
-                hp_memzero(&arg, sizeof arg);
-                arg.size = sizeof arg;
-                arg.start = lo;
-                arg.end = hi;
-                arg.vec = (uintptr_t)regs;
-                arg.vec_len = sizeof regs / sizeof regs[0];
-                arg.category_anyof_mask = HP_PAGE_IS_HUGE;
-                arg.return_mask = HP_PAGE_IS_HUGE;
-                long n = hp_ioctl(c->pagemap_fd, HP_PAGEMAP_SCAN, &arg);
+                uint64_t walk_end, room = sizeof regs / sizeof regs[0];
+                long n =
+                    hp_page_regions(c->pagemap_fd, lo, hi, HP_PAGE_IS_HUGE, HP_PAGE_IS_HUGE, regs, room, &walk_end);
                 if (n < 0) {
                     if (n == -ENOTTY || n == -EINVAL || n == -ENOSYS || n == -EPERM)
                         c->scan = 0;
@@ -270,9 +263,9 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
                         if (regs[r].start <= w && regs[r].end >= w + c->hp)
                             huge[i] = 1;
                     }
-                if ((uint64_t)n < arg.vec_len || arg.walk_end >= hi)
+                if ((uint64_t)n < room || walk_end >= hi)
                     return 0;
-                lo = arg.walk_end;
+                lo = walk_end;
             }
             if (c->scan == 1)
                 return 0;

@@ -34,6 +34,14 @@ def run(argv: list, env: dict[str, str] | None = None, **kw) -> subprocess.Compl
     )
 
 
+def runtime_sources(src: Path) -> Path:
+    """What `make -C runtime install` needs of the source tree, unbuilt, under `src`."""
+    shutil.copytree(RUNTIME, src / "runtime", ignore=shutil.ignore_patterns("hugify-run", "*.so", "build-config.h*"))
+    shutil.copytree(REPO / "systemd", src / "systemd")
+    shutil.copy(REPO / "Cargo.toml", src / "Cargo.toml")
+    return src
+
+
 def test_audit_library_exports_only_the_audit_interface():
     syms = subprocess.run(
         ["nm", "-D", "--defined-only", AUDIT_LIB], capture_output=True, text=True, check=True
@@ -144,10 +152,7 @@ def test_installed_hugify_run_ignores_an_audit_library_beside_it(tmp_path: Path)
     """hugify-run installed in its BINDIR gives ld.so the installed audit library, even
     with a libhugify-audit.so lying beside it (which would be loaded into every process
     it runs); a copy elsewhere still takes the one beside it (build trees)."""
-    src = tmp_path / "src"
-    shutil.copytree(RUNTIME, src / "runtime", ignore=shutil.ignore_patterns("hugify-run", "*.so", "build-config.h*"))
-    shutil.copytree(REPO / "systemd", src / "systemd")
-    shutil.copy(REPO / "Cargo.toml", src / "Cargo.toml")
+    src = runtime_sources(tmp_path / "src")
     prefix = tmp_path / "prefix"
     subprocess.run(
         ["make", "-s", "-C", src / "runtime", "install", f"PREFIX={prefix}"], check=True, capture_output=True
@@ -311,10 +316,7 @@ def test_audit_handles_a_program_loaded_through_ld_so(built: Programs, tmp_path:
 def test_runtime_make_install(tmp_path: Path):
     """`make install DESTDIR= PREFIX=` puts the dispatcher, the audit library and the
     trigger helper in place, with the audit library's path built into hugify-run."""
-    src = tmp_path / "src"
-    shutil.copytree(RUNTIME, src / "runtime", ignore=shutil.ignore_patterns("hugify-run", "*.so", "build-config.h*"))
-    shutil.copytree(REPO / "systemd", src / "systemd")
-    shutil.copy(REPO / "Cargo.toml", src / "Cargo.toml")
+    src = runtime_sources(tmp_path / "src")
     dest = tmp_path / "dest"
     subprocess.run(
         ["make", "-s", "-C", src / "runtime", "install", f"DESTDIR={dest}", "PREFIX=/opt/hugify"],

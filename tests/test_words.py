@@ -1,6 +1,7 @@
 """Words that must stay true: the tests a comment names exist, test comments point at
-nothing outside the repository, and the manifest rule as `hugify manifest --help` and
-docs/manifest.md state it is the core's (core/src/windows.rs), fixed address included."""
+nothing outside the repository, the manifest rule as `hugify manifest --help` and
+docs/manifest.md state it is the core's (core/src/windows.rs), fixed address included,
+and one module reads $SOURCE_DATE_EPOCH."""
 
 from __future__ import annotations
 
@@ -47,3 +48,10 @@ def test_manifest_rule_states_the_fixed_address_rule() -> None:
     doc = " ".join((REPO / "docs/manifest.md").read_text().split())
     record_rule = doc.split("A file is recorded when")[1].split(".")[0]
     assert "`ET_EXEC` at its fixed link-time address" in record_rule
+
+
+def test_one_place_reads_source_date_epoch() -> None:
+    """hugify/files.py is the one reader of $SOURCE_DATE_EPOCH (others only pass it on
+    to the tools they run)."""
+    read = re.compile(r"""environ(?:\.get\(|\[)\s*["']SOURCE_DATE_EPOCH""")
+    assert [p.name for p in tracked("hugify/*.py") if read.search(p.read_text())] == ["files.py"]
