@@ -26,8 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from benchlib import REPO  # first: runs this benchmark with the project's .venv
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"

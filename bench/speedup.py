@@ -47,7 +47,7 @@ from fixtures import cache_root, debian_packages, locked
 from sources import ITLB_CFLAGS, cxx_unit, itlb_program
 
 from hugify import manifest
-from hugify.prefetch import GOOD_STATES, NotHugified, read_windows
+from hugify.prefetch import GOOD_STATES, Engine, NotHugified, read_windows
 
 #: The policy the trees are transformed under: the shipped default, except that
 #: stripped files are transformed. The archive's binaries are stripped; a package
@@ -176,62 +176,13 @@ class Seen:
         return {"paths": sorted(self.paths), "pmd_mapped": self.pmd, "resident_code": self.rss}
 
 
-#: PAGEMAP_SCAN page categories (linux/fs.h).
-PAGE_IS_PRESENT, PAGE_IS_HUGE = 1 << 3, 1 << 6
-
-
-class PagemapScan:
-    """PAGEMAP_SCAN (Linux 6.7) over another process's /proc/PID/pagemap: which pages
-    of its mappings are present, and which are mapped by huge pages. (hugify's own
-    engine scans only its own process.)"""
-
-    REQUEST = (3 << 30) | (12 * 8 << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, 96 bytes)
-
-    def __init__(self) -> None:
-        import ctypes
-
-        self.ct = ctypes
-        self.ioctl = ctypes.CDLL(None, use_errno=True).ioctl
-
-    def page_regions(self, fd: int, start: int, end: int, anyof: int, report: int) -> list[tuple[int, int, int]]:
-        """The (start, end, categories & `report`) runs of pages in [start, end) having
-        any category of `anyof`."""
-        ct = self.ct
-        arg = (ct.c_uint64 * 12)()
-        regions = (ct.c_uint64 * (3 * 64))()
-        out: list[tuple[int, int, int]] = []
-        while start < end:
-            arg[0], arg[2], arg[3] = 12 * 8, start, end  # size, start, end
-            arg[5], arg[6] = ct.addressof(regions), 64  # vec, vec_len
-            arg[10], arg[11] = anyof, report  # category_anyof_mask, return_mask
-            n = int(self.ioctl(fd, ct.c_ulong(self.REQUEST), ct.byref(arg)))
-            if n < 0:
-                e = ct.get_errno()
-                raise OSError(e, f"PAGEMAP_SCAN: {os.strerror(e)}")
-            out += [(int(regions[3 * i]), int(regions[3 * i + 1]), int(regions[3 * i + 2])) for i in range(n)]
-            start = int(arg[4])  # walk_end: where a full vector stopped the walk
-        return out
-
-    def works(self) -> bool:
-        """Whether this kernel has it: a scan of this process's own stack page."""
-        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            here = self.ct.addressof(self.ct.c_int()) & ~0xFFF
-            self.page_regions(fd, here, here + 4096, PAGE_IS_PRESENT, PAGE_IS_PRESENT)
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
-
-
 class Sampler(threading.Thread):
     """Polls the smaps of every process below this one while a run lasts, for the
     objects of interest: which copy is mapped, FilePmdMapped and Rss of its code,
     and (PAGEMAP_SCAN) which of its huge-page windows are PMD-mapped or executed on
     small pages."""
 
-    def __init__(self, objects: dict[str, Path], windows: dict[str, list[int]], kernel: PagemapScan | None) -> None:
+    def __init__(self, objects: dict[str, Path], windows: dict[str, list[int]], kernel: Engine | None) -> None:
         super().__init__(daemon=True)
         self.names = {p.name for p in objects.values()}
         self.key = {str(p): rel for rel, p in objects.items()}  # the expected copy -> object
@@ -278,7 +229,11 @@ class Sampler(threading.Thread):
         fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
         try:
             regions = self.kernel.page_regions(
-                fd, v.start, v.end, PAGE_IS_PRESENT | PAGE_IS_HUGE, PAGE_IS_PRESENT | PAGE_IS_HUGE
+                fd,
+                v.start,
+                v.end,
+                Engine.PAGE_IS_PRESENT | Engine.PAGE_IS_HUGE,
+                Engine.PAGE_IS_PRESENT | Engine.PAGE_IS_HUGE,
             )
         finally:
             os.close(fd)
@@ -288,7 +243,7 @@ class Sampler(threading.Thread):
             if w < v.offset or lo + HP > v.end:
                 continue
             hit = [(a, b, c) for a, b, c in regions if a < lo + HP and b > lo]
-            if any(c & PAGE_IS_HUGE and a <= lo and b >= lo + HP for a, b, c in hit):
+            if any(c & Engine.PAGE_IS_HUGE and a <= lo and b >= lo + HP for a, b, c in hit):
                 s.huge.add(w)
             elif hit:
                 s.small.add(w)
@@ -729,8 +684,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
 
     prepare("B")
     prefetched = first
-    pagemap = PagemapScan()
-    scan = pagemap if pagemap.works() else None
+    engine = Engine(HP)  # hugify's engine makes the kernel calls (PAGEMAP_SCAN) for the sampler
+    scan = engine if engine.has(Engine.PAGEMAP_SCAN) else None
     seen = {side: {rel: Seen() for rel in setup.uses} for side in ("A", "B")}
     samples = {"A": 0, "B": 0}
     dropped_runs = {"A": 0, "B": 0}

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from hugify import _core
 from hugify.repack import Package, RepackError, replace_debug_file, tool
+from hugify.tree import FileReport
 
 #: The debug file of a build-id in a package (Debian -dbgsym and Fedora -debuginfo
 #: both install one under this name; in an rpm it is a symbolic link).
@@ -29,7 +29,7 @@ def by_build_id(root: Path, build_id: str) -> Path:
     return root / BUILD_ID_DIR / build_id[:2] / f"{build_id[2:]}.debug"
 
 
-def moved_debug_file(original: Path, debug: Path, shipped: dict[str, Any], work: Path) -> Path:
+def moved_debug_file(original: Path, debug: Path, shipped: FileReport, work: Path) -> Path:
     """The debug file of the transformed file: `debug` (the debug half of
     `original`) moved by the plan `shipped` (the tree report's entry of the
     transformed file). Written in `work`; its path."""
@@ -61,9 +61,9 @@ def repack(dbg: Package, main: Package, work: Path) -> None:
     scratch = work / f"debug-{dbg.name}"
     scratch.mkdir(parents=True, exist_ok=True)
     for f in main.report["files"]:
-        if f["status"] != "transformed" or not f.get("build_id_before") or not f.get("build_id_after"):
+        old, new = f.get("build_id_before"), f.get("build_id_after")
+        if f["status"] != "transformed" or not old or not new:
             continue
-        old, new = f["build_id_before"], f["build_id_after"]
         path = by_build_id(dbg.root, old)
         if not path.is_file():
             continue

@@ -12,13 +12,13 @@ in ``/var/lib/hugify/discovered.list``, which ``hugify prefetch --all`` and
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from hugify import manifest, prefetch
+from hugify.files import write_text_atomic
 
 
 def entry_of(path: str, hp: int) -> manifest.Entry | None:
@@ -51,16 +51,7 @@ def _read(listing: Path) -> list[manifest.Entry]:
 
 
 def _write(listing: Path, entries: list[manifest.Entry]) -> None:
-    listing.parent.mkdir(parents=True, exist_ok=True)
-    tmp = listing.with_name(f".{listing.name}.{os.getpid()}")
-    try:
-        tmp.write_text(manifest.render(entries), encoding="utf-8")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, listing)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    write_text_atomic(listing, manifest.render(entries))
 
 
 def _usable(paths: Iterable[str]) -> set[str]:

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hugify import reasons
+from hugify.files import write_text_atomic
+
 if TYPE_CHECKING:
     from hugify.manifest import Entry
 
@@ -119,10 +122,7 @@ def write_record(directory: Path, aware: bool | None, thp: str | None) -> bool:
     if _read(directory / VERDICT_FILE) == text.strip():
         return True
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{VERDICT_FILE}.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.replace(directory / VERDICT_FILE)
+        write_text_atomic(directory / VERDICT_FILE, text)
         return True
     except OSError:
         return False
@@ -280,12 +280,31 @@ class System:
 # --- the engine ---------------------------------------------------------------------
 
 
-def _engine_path() -> Path:
+def _engine_candidates() -> tuple[Path, Path]:
+    """Where the engine is: runtime/ of the source tree, or the directory above the
+    installed package (/usr/lib/hugify/python/hugify -> /usr/lib/hugify)."""
     here = Path(__file__).resolve().parent.parent
-    for p in (here / "runtime" / ENGINE_LIB, here.parent / ENGINE_LIB):
+    return here / "runtime" / ENGINE_LIB, here.parent / ENGINE_LIB
+
+
+def _engine_path() -> Path:
+    for p in _engine_candidates():
         if p.is_file():
             return p
-    raise OSError(f"{ENGINE_LIB} not found next to {here} (build it with `make`)")
+    raise OSError(engine_missing())
+
+
+def engine_missing() -> str | None:
+    """Why `prefetch` and `status` cannot run in this installation (a `pip install` of
+    the package carries no C runtime), in one line ending in its reason id; None if the
+    engine is there."""
+    where = _engine_candidates()
+    if any(p.is_file() for p in where):
+        return None
+    return (
+        f"{ENGINE_LIB} is not installed (looked for {where[0]} and {where[1]}): this command needs the C runtime "
+        "that `make install` or the distribution's package installs (no-engine)"
+    )
 
 
 def _env_flag(name: str) -> bool:
@@ -296,6 +315,8 @@ class Engine:
     """hp_core's window state machine, in libhugify-engine.so (runtime/engine.c)."""
 
     CACHESTAT, PAGEMAP_SCAN, THP_DISABLED = 1, 2, 4
+    #: PAGEMAP_SCAN page categories (linux/fs.h), for page_regions.
+    PAGE_IS_PRESENT, PAGE_IS_HUGE = 1 << 3, 1 << 6
 
     def __init__(self, hp: int, rdir: Path | None = None) -> None:
         import ctypes  # lazily: ~5 ms that the other commands do not need
@@ -315,6 +336,14 @@ class Engine:
             ctypes.c_int,
             ctypes.POINTER(ctypes.c_int),
             ctypes.POINTER(Report),
+        ]
+        lib.hp_engine_page_regions.restype = ctypes.c_long
+        lib.hp_engine_page_regions.argtypes = [
+            ctypes.c_int,
+            *[ctypes.c_uint64] * 4,
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.c_uint64,
+            ctypes.POINTER(ctypes.c_uint64),
         ]
         for f in (lib.hp_engine_state_name, lib.hp_engine_why_name):
             f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_uint]
@@ -360,6 +389,24 @@ class Engine:
         if rc < 0:
             raise OSError(-rc, os.strerror(-rc))
         return [(*self._name(r.state, r.why), r.pages) for r in out], None if verdict.value < 0 else verdict.value == 1
+
+    def page_regions(
+        self, pagemap_fd: int, start: int, end: int, anyof: int, report: int
+    ) -> list[tuple[int, int, int]]:
+        """PAGEMAP_SCAN (Linux 6.7) over [start, end) of an open /proc/PID/pagemap, of
+        this process or another: the (start, end, categories & `report`) runs of pages
+        having any category of `anyof`. OSError if the kernel refuses."""
+        ct, vec_len = self.ct, 64
+        regions = (ct.c_uint64 * (3 * vec_len))()
+        walk_end = ct.c_uint64()
+        out: list[tuple[int, int, int]] = []
+        while start < end:
+            n = self.lib.hp_engine_page_regions(pagemap_fd, start, end, anyof, report, regions, vec_len, walk_end)
+            if n < 0:
+                raise OSError(-n, f"PAGEMAP_SCAN: {os.strerror(-n)}")
+            out += [(regions[3 * i], regions[3 * i + 1], regions[3 * i + 2]) for i in range(n)]
+            start = walk_end.value  # a full vector stops the walk early
+        return out
 
 
 def pmd_size() -> int:
@@ -430,13 +477,16 @@ def read_windows(fd: int, hp: int) -> Windows:
 class Window:
     offset: int
     state: str = ""
-    reason: str = ""
+    reason: str = ""  # the engine's reason id (one of the core's table), or ""
+    detail: str = ""  # the reason said for this file and system
     pids: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"offset": self.offset, "state": self.state}
         if self.reason:
             out["reason"] = self.reason
+        if self.detail:
+            out["detail"] = self.detail
         if self.pids:
             out["mapped_by"] = self.pids
         return out
@@ -607,11 +657,14 @@ class Run:
         if aware is not None and before is None:  # probed on a cold window of t
             self.system.exec_pmd_readahead = aware
             self.record()
+        reasons.printed(why for _, why, _ in got)
         for w, (state, why, pages) in zip(t.windows, got, strict=True):
-            w.state, w.reason = state, self._explain(t, why, pages)
+            w.state, w.reason = state, why
+            w.detail = self._explain(t, why, pages) if why else ""
 
     def _explain(self, t: Target, why: str, pages: int) -> str:
-        """The engine's reason id, said for this file."""
+        """The engine's reason id, said for this file (the table's summary where there
+        is nothing more particular to say)."""
         if why == "not-evicted":
             return f"{pages} small pages could not be evicted (mapped, dirty or locked)"
         if why == "memory-fs":
@@ -628,9 +681,7 @@ class Run:
             )
         if why == "fragmented":
             return "no free 2 MiB block of memory (fragmented); try again later"
-        if why == "budget":
-            return "left for later: the boot's budget of code to read (runtime.boot_budget) is spent"
-        return ""
+        return reasons.table()[why][1]
 
     def prefetch(self, targets: list[Target]) -> None:
         for t in targets:
@@ -639,7 +690,7 @@ class Run:
                 self._settle(t, measure=False)
             except OSError as e:
                 for w in t.windows:
-                    w.state, w.reason = FAILED, f"cannot map it: {e.strerror}"
+                    w.state, w.reason, w.detail = FAILED, "io-error", f"cannot map it: {e.strerror}"
             t.elapsed = time.perf_counter() - started
         self._name_mappers([t for t in targets if t.count(BUSY)])
 
@@ -657,7 +708,7 @@ class Run:
                 )
                 if users:
                     w.pids = users[:8]
-                    w.reason = "small folios mapped by running processes: " + ", ".join(users[:3])
+                    w.detail = "small folios mapped by running processes: " + ", ".join(users[:3])
 
     def measure(self, targets: list[Target]) -> None:
         """Current huge-page coverage, reading nothing into the page cache (the engine

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from typing import Any, Protocol, TextIO
 
 from hugify import _core, manifest, reasons, signing, tree
 from hugify.exitcodes import Exit
+from hugify.files import source_date_epoch
 from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
 from hugify.rewrite import copy_metadata
 from hugify.sizes import human
@@ -89,7 +89,7 @@ class Package:
     #: The name of the package this is the debug package of, else None.
     debug_of: str | None = None
     #: What `hugify tree` said: its JSON report (None until transformed).
-    report: dict[str, Any] | None = None
+    report: tree.Report | None = None
     #: Installed path -> a hard link to the file as it was before the transformation.
     originals: dict[str, Path] = field(default_factory=dict)
     #: (old build-id, new build-id) of the separate debug files renamed in a debug package.
@@ -278,9 +278,9 @@ def source_epoch(pkgs: list[Package]) -> int:
     """The time stamp of everything hugify adds: $SOURCE_DATE_EPOCH, else the
     newest time stamp of the input packages' files (so the output depends on the
     inputs alone)."""
-    value = os.environ.get("SOURCE_DATE_EPOCH", "")
-    if value.isdigit():
-        return int(value)
+    given = source_date_epoch()
+    if given is not None:
+        return given
     newest = 0
     for p in pkgs:
         for _, st in tree.walk(p.root):
@@ -316,7 +316,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
     with _dir_times(pkg.root, epoch):
         code = tree.run(topts)
         pkg.log = log.getvalue().splitlines()
-        pkg.report = json.loads(report.read_text(encoding="utf-8"))
+        pkg.report = tree.read_report(report)
         if code != Exit.OK:
             failed = [f for f in pkg.report["files"] if f["status"] == "failed"]
             raise RepackError("files-failed", f"{len(failed)} file(s) failed and the policy says on_error = fail")

@@ -6,12 +6,12 @@ original is untouched."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import stat
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from hugify import _core
+from hugify.files import StrPath, temporary_name
 
 if TYPE_CHECKING:
 
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
         dropped_signatures: list[str]
 
 
-_counter = itertools.count()
-StrPath = str | os.PathLike[str]
 #: Extended attributes that sign the file's bytes: IMA appraisal rejects a file
 #: whose bytes no longer match them, so they never follow a rewrite silently.
 SIGNATURE_XATTRS = ("security.evm", "security.ima")
@@ -34,12 +32,6 @@ class Settings(NamedTuple):
     huge_page: int = _core.DEFAULT_HUGE_PAGE
     threshold: int = _core.DEFAULT_THRESHOLD
     mode: str = "auto"
-
-
-def temporary_name(target: StrPath) -> str:
-    """A name in the target's directory that no other run uses."""
-    head, tail = os.path.split(os.fspath(target))
-    return os.path.join(head, f".{tail}.hugify-{os.getpid()}-{next(_counter)}")
 
 
 def hugify_error(reason: str, detail: str) -> _core.HugifyError:

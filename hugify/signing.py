@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from hugify.files import source_date_epoch, write_text_atomic
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 #: hugify's predicate, version 1 (signing/predicate-v1.md). Verifiers pin it.
 PREDICATE_TYPE = "https://hugify.dev/attestation/transform/v1"
@@ -290,7 +292,7 @@ def signed_payload(bundle: bytes) -> bytes:
 
 class SignRequest(NamedTuple):
     root: Path
-    report: dict[str, Any]
+    report: Mapping[str, Any]  # the tree report (hugify.tree.Report, or one read from a file)
     name: str  # NAME of NAME.intoto.json
     mode: str  # off | optional | required
     mode_where: str
@@ -303,9 +305,7 @@ class SignRequest(NamedTuple):
 
 
 def _write(path: Path, text: str) -> None:
-    from hugify import tree
-
-    tree._write_atomic(path, text, tree.source_date_epoch())
+    write_text_atomic(path, text, source_date_epoch())
 
 
 def _place(prefix: Path, statement: str, bundle: str | None) -> list[Path]:

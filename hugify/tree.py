@@ -34,12 +34,13 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TextIO, TypedDict, cast
 
 from hugify import _core, manifest, reasons, render
 from hugify.exitcodes import Exit
+from hugify.files import source_date_epoch, temporary_name, write_text_atomic
 from hugify.policy import Policy, canonical_arch
-from hugify.rewrite import Settings, rewrite, temporary_name
+from hugify.rewrite import Settings, rewrite
 from hugify.sizes import human
 
 if TYPE_CHECKING:
@@ -54,25 +55,29 @@ def probe(path: Path) -> _core.Probe | None:
     """The core's header facts of an ELF executable or shared object; None for any
     other file. A file that has the ELF magic but is too damaged to tell its type,
     or that cannot be read, is a candidate too (its problem set), so that it is
-    reported rather than silently passed over."""
+    reported rather than silently passed over; so is one whose probe hit a bug in the
+    core (a caught panic, reason `internal`): one file's bug must not stop the walk."""
     try:
         return _core.probe(path, _core.DEFAULT_HUGE_PAGE)
     except OSError as e:
-        return {
-            "arch": None,
-            "is64": False,
-            "kind": None,
-            "has_symtab": None,
-            "build_id": None,
-            "exec_load": None,
-            "code_size": 0,
-            "huge_page": _core.DEFAULT_HUGE_PAGE,
-            "windows": [],
-            "huge_bytes": 0,
-            "state": "none",
-            "manifest_span": None,
-            "problem": {"reason": "io-error", "kind": "io", "detail": reasons.io_detail(e)},
-        }
+        problem: _core.Refusal = {"reason": "io-error", "kind": "io", "detail": reasons.io_detail(e)}
+    except _core.HugifyError as e:
+        problem = {"reason": e.reason, "kind": e.kind, "detail": e.detail}
+    return {
+        "arch": None,
+        "is64": False,
+        "kind": None,
+        "has_symtab": None,
+        "build_id": None,
+        "exec_load": None,
+        "code_size": 0,
+        "huge_page": _core.DEFAULT_HUGE_PAGE,
+        "windows": [],
+        "huge_bytes": 0,
+        "state": "none",
+        "manifest_span": None,
+        "problem": problem,
+    }
 
 
 # --- walking -----------------------------------------------------------------------
@@ -127,6 +132,68 @@ def candidates(root: Path) -> list[Candidate]:
 STATUSES = ("transformed", "as-is", "skipped", "failed")
 
 
+class FileReport(TypedDict):
+    """One inode's entry in the tree report (docs/…: `--report`)."""
+
+    path: str  # its first name
+    paths: list[str]
+    status: str  # transformed | as-is | skipped | failed
+    reason: str | None
+    detail: str
+    # When the file goes into the manifest:
+    build_id: NotRequired[str]
+    exec_offset: NotRequired[int]
+    exec_size: NotRequired[int]
+    huge_page: NotRequired[int]
+    # When it was transformed:
+    mode: NotRequired[str]
+    dv: NotRequired[int]
+    df: NotRequired[int]
+    growth: NotRequired[int]
+    code_bytes: NotRequired[int]
+    covered_code: NotRequired[int]
+    coverage: NotRequired[float]
+    build_id_before: NotRequired[str | None]
+    build_id_after: NotRequired[str | None]
+    sha256_before: NotRequired[str | None]
+    dropped_signatures: NotRequired[list[str]]
+
+
+Summary = TypedDict(
+    "Summary",
+    {
+        "transformed": int,
+        "as-is": int,
+        "skipped": int,
+        "failed": int,
+        "signed_refused": int,
+        "signatures_dropped": int,
+        "on_error": str,
+        "exit_status": int,
+    },
+)
+
+
+class Report(TypedDict):
+    """What `hugify tree --report` writes, and what repack and signing read back."""
+
+    hugify_tree_report: int  # the format's version: 1
+    hugify_version: str
+    package: str | None
+    arch: str | None
+    enabled: bool
+    manifest_only: bool
+    policy: dict[str, Any]
+    policy_digest: str
+    files: list[FileReport]
+    summary: Summary
+
+
+def read_report(path: Path) -> Report:
+    """A report `hugify tree` wrote (this version's: written and read by one hugify)."""
+    return cast(Report, json.loads(path.read_text(encoding="utf-8")))
+
+
 class Outcome(NamedTuple):
     paths: list[str]
     status: str  # transformed | as-is | skipped | failed
@@ -138,8 +205,8 @@ class Outcome(NamedTuple):
     #: sha256 (hex) of the file before it was transformed, for the signed statement.
     sha256_before: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_json(self) -> FileReport:
+        out: FileReport = {
             "path": self.paths[0],
             "paths": self.paths,
             "status": self.status,
@@ -147,22 +214,24 @@ class Outcome(NamedTuple):
             "detail": self.detail,
         }
         if self.entry:
-            out.update(zip(("build_id", "exec_offset", "exec_size", "huge_page"), self.entry, strict=True))
+            out["build_id"], out["exec_offset"], out["exec_size"], out["huge_page"] = self.entry
         if self.report:
             res = self.report["result"]
             code = self.report["code_bytes"]
             out.update(
-                mode=res["mode"],
-                dv=res["dv"],
-                df=res["df"],
-                growth=res["growth"],
-                code_bytes=code,
-                covered_code=res["covered_code"],
-                coverage=round(res["covered_code"] / code, 4) if code else 0.0,
-                huge_page=self.report["huge_page"],
-                build_id_before=self.report["build_id"],
-                build_id_after=res["build_id"],
-                sha256_before=self.sha256_before,
+                {
+                    "mode": res["mode"],
+                    "dv": res["dv"],
+                    "df": res["df"],
+                    "growth": res["growth"],
+                    "code_bytes": code,
+                    "covered_code": res["covered_code"],
+                    "coverage": round(res["covered_code"] / code, 4) if code else 0.0,
+                    "huge_page": self.report["huge_page"],
+                    "build_id_before": self.report["build_id"],
+                    "build_id_after": res["build_id"],
+                    "sha256_before": self.sha256_before,
+                }
             )
             if self.report.get("dropped_signatures"):
                 out["dropped_signatures"] = self.report["dropped_signatures"]
@@ -280,11 +349,6 @@ class Options(NamedTuple):
     found: list[Candidate] | None = None
 
 
-def source_date_epoch() -> int | None:
-    value = os.environ.get("SOURCE_DATE_EPOCH", "")
-    return int(value) if value.isdigit() else None
-
-
 def _decide(c: Candidate, opts: Options) -> Settings | Outcome:
     """What to do with a candidate: the settings to transform it with, or why not."""
     pol = opts.policy
@@ -351,21 +415,6 @@ def log_line(o: Outcome, on_error: str) -> str:
         return f"hugify: {path}: skipped ({o.reason}): {o.detail}{also}"
     level = "error" if on_error == "fail" else "warning"
     return f"hugify: {level}: {path}: not transformed ({o.reason}): {o.detail}; the file is unchanged{also}"
-
-
-def _write_atomic(path: Path, text: str, epoch: int | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(temporary_name(path))
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o644)
-        if epoch is not None:
-            os.utime(tmp, (epoch, epoch))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def execute(
@@ -443,9 +492,9 @@ def run(opts: Options) -> Exit:
     code = Exit.FAILED if failed and pol.on_error == "fail" else Exit.OK
     try:
         if opts.manifest:
-            _write_atomic(opts.manifest, manifest.render(entries), epoch)
+            write_text_atomic(opts.manifest, manifest.render(entries), epoch)
         if opts.report:
-            _write_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
+            write_text_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
     except OSError as e:
         print(f"hugify: error: cannot write {reasons.io_detail(e)}", file=sys.stderr)
         return Exit.IO
@@ -494,7 +543,8 @@ def _signed(outcomes: list[Outcome]) -> tuple[int, int]:
 
 def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
     pol = opts.policy
-    doc = {
+    refused, dropped = _signed(outcomes)
+    doc: Report = {
         "hugify_tree_report": 1,
         "hugify_version": _core.VERSION,
         "package": pol.package,
@@ -505,8 +555,12 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
         "policy_digest": pol.digest(),
         "files": [o.as_json() for o in outcomes],
         "summary": {
-            **{s: sum(o.status == s for o in outcomes) for s in STATUSES},
-            **dict(zip(("signed_refused", "signatures_dropped"), _signed(outcomes), strict=True)),
+            "transformed": sum(o.status == "transformed" for o in outcomes),
+            "as-is": sum(o.status == "as-is" for o in outcomes),
+            "skipped": sum(o.status == "skipped" for o in outcomes),
+            "failed": sum(o.status == "failed" for o in outcomes),
+            "signed_refused": refused,
+            "signatures_dropped": dropped,
             "on_error": pol.on_error,
             "exit_status": int(code),
         },

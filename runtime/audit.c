@@ -246,10 +246,11 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         ph = main_phdrs(&phnum);
     if (!ph || !dynamic_matches(map, ph, phnum))
         return 0;
-    struct hp_range r[HP_MAX_RANGES];
     /* Only a non-PIE main program is loaded at address 0 (l_addr): fixed addresses. */
-    int nr = hp_exec_ranges(ph, phnum, is_main && map->l_addr == 0, HP_DEFAULT_SIZE, r, HP_MAX_RANGES);
-    if (nr == 0)
+    int fixed = is_main && map->l_addr == 0;
+    unsigned next = 0;
+    struct hp_range range, *r = &range;
+    if (!hp_exec_range(ph, phnum, fixed, HP_DEFAULT_SIZE, &next, r))
         return 0; /* not hugified: the common case ends here */
     if (!ready) {
         hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
@@ -258,16 +259,16 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         ready = 1;
     }
 
-    for (int i = 0; i < nr; i++) {
-        uintptr_t at = map->l_addr + r[i].vaddr;
-        if ((at & (HP_DEFAULT_SIZE - 1)) || !r[i].readable)
+    do {
+        uintptr_t at = map->l_addr + r->vaddr;
+        if ((at & (HP_DEFAULT_SIZE - 1)) || !r->readable)
             continue; /* not aligned at run time (ld.so ignored p_align), or unreadable */
         struct hp_target t;
         hp_memzero(&t, sizeof t);
         t.map = (char *)at;
         t.stride = HP_DEFAULT_SIZE;
-        t.nwin = r[i].len / HP_DEFAULT_SIZE;
-        t.off = r[i].off;
+        t.nwin = r->len / HP_DEFAULT_SIZE;
+        t.off = r->off;
         t.fd = -1;
         t.size = -1;
         t.path = is_main ? 0 : name;
@@ -280,8 +281,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         /* The whole executable mapping, so that the VMA is not split. */
         for (unsigned k = 0; k < phnum; k++) {
             const Elf64_Phdr *p = &ph[k];
-            if (p->p_type == PT_LOAD && (p->p_flags & PF_X) && p->p_vaddr <= r[i].vaddr &&
-                r[i].vaddr < p->p_vaddr + p->p_memsz) {
+            if (p->p_type == PT_LOAD && (p->p_flags & PF_X) && p->p_vaddr <= r->vaddr &&
+                r->vaddr < p->p_vaddr + p->p_memsz) {
                 uintptr_t lo = (map->l_addr + p->p_vaddr) & ~(uintptr_t)(HP_PAGE - 1);
                 uintptr_t hi = (map->l_addr + p->p_vaddr + p->p_memsz + HP_PAGE - 1) & ~(uintptr_t)(HP_PAGE - 1);
                 t.advise = (char *)lo;
@@ -289,11 +290,11 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
                 t.prot = (p->p_flags & PF_R ? PROT_READ : 0) | (p->p_flags & PF_X ? PROT_EXEC : 0);
             }
         }
-        t.zap_ok = !(caller >= at && caller < at + r[i].len); /* never under ld.so's feet */
+        t.zap_ok = !(caller >= at && caller < at + r->len); /* never under ld.so's feet */
         struct hp_stats st;
         hp_memzero(&st, sizeof st);
         hp_settle(&ctx, &t, &st);
-    }
+    } while (hp_exec_range(ph, phnum, fixed, HP_DEFAULT_SIZE, &next, r));
     return 0;
 }
 

@@ -16,8 +16,11 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
 EXPORT int hp_engine_set_runtime_dir(const char *dir);
 EXPORT void hp_engine_set_budget(int64_t bytes);
+EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                                   struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
-/* No descriptor open yet: a zeroed context would name descriptor 0 as its pagemap. */
+/* pagemap_fd -1: hp_engine_init releases the context first, and a zeroed one would
+ * close descriptor 0, the caller's stdin. */
 static struct hp_ctx ctx = {.pagemap_fd = -1};
 static char rundir[4096];
 
@@ -34,6 +37,7 @@ static const char *const state_names[HP_NSTATES] = {
     [HP_SMALL] = "small",   [HP_UNVERIFIED] = "unverified",
 };
 
+/* Reason ids of the core's table (core/src/error.rs), so that `hugify explain` knows them. */
 static const char *const why_names[HP_NWHY] = {
     [HP_WHY_NONE] = "",
     [HP_WHY_LOADER] = "loader",
@@ -43,7 +47,7 @@ static const char *const why_names[HP_NWHY] = {
     [HP_WHY_FRAGMENTED] = "fragmented",
     [HP_WHY_NO_FILE] = "no-file",
     [HP_WHY_THP_OFF] = "thp-off",
-    [HP_WHY_TRUNCATED] = "truncated",
+    [HP_WHY_TRUNCATED] = "beyond-eof",
     [HP_WHY_BUDGET] = "budget",
 };
 
@@ -132,4 +136,12 @@ EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, 
     }
     munmap(res, span);
     return rc;
+}
+
+/* hp_page_regions for the benchmarks, which watch other processes' page tables
+ * (bench/speedup.py): the kernel call stays in hp_core. */
+EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                                   struct hp_page_region *out, uint64_t n, uint64_t *walk_end)
+{
+    return hp_page_regions(pagemap_fd, start, end, anyof, report, out, n, walk_end);
 }

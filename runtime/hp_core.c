@@ -8,9 +8,6 @@
 #include "hp_sys.h"
 
 /* PAGEMAP_SCAN (Linux 6.7, include/uapi/linux/fs.h); Debian 12's headers predate it. */
-struct hp_page_region {
-    uint64_t start, end, categories;
-};
 struct hp_pm_scan_arg {
     uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
     uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
@@ -116,32 +113,32 @@ int hp_elf_ok(const Elf64_Ehdr *eh)
     return 0;
 }
 
-int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max)
+int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, unsigned *next, struct hp_range *out)
 {
-    int n = 0;
-    for (unsigned i = 0; i < phnum && n < max; i++) {
-        const Elf64_Phdr *p = &ph[i];
-        if (p->p_type != PT_LOAD || !(p->p_flags & PF_X) || p->p_filesz == 0)
+    /* core/src/windows.rs huge_windows() and huge_placed(), step for step: windows are
+     * rounded on the address, overflow skips the load, no cap on the number of runs. */
+    while (*next < phnum) {
+        const Elf64_Phdr *p = &ph[(*next)++];
+        if (p->p_type != PT_LOAD || !(p->p_flags & PF_X))
             continue;
-        /* A smaller p_align: the loader would not put a PIE or library at a 2 MiB-aligned
-         * address. An ET_EXEC goes to its link-time address whatever p_align says. */
-        if (!fixed && p->p_align < hp)
+        uint64_t start = p->p_vaddr, end;
+        if (start % hp && __builtin_add_overflow(start, hp - start % hp, &start))
             continue;
-        /* Offset and address must agree modulo the huge-page size, or no window of
-         * the file can ever be one PMD of the process. */
-        if ((p->p_vaddr - p->p_offset) & (hp - 1))
+        if (__builtin_add_overflow(p->p_vaddr, p->p_filesz, &end))
             continue;
-        uint64_t start = (p->p_offset + hp - 1) & ~(hp - 1);
-        uint64_t end = (p->p_offset + p->p_filesz) & ~(hp - 1);
-        if (end <= start || p->p_offset + p->p_filesz < p->p_offset || p->p_vaddr + p->p_filesz < p->p_vaddr)
+        end -= end % hp;
+        /* A PIE or library is put at a huge-page-aligned base only if its loads ask for
+         * one; an ET_EXEC goes to its link-time addresses whatever p_align says. Offset
+         * and address must agree modulo hp, or no window can ever be one PMD. */
+        if (!(fixed || p->p_align >= hp) || (p->p_vaddr - p->p_offset) % hp != 0 || end <= start)
             continue;
-        out[n].off = start;
-        out[n].vaddr = p->p_vaddr + (start - p->p_offset);
-        out[n].len = end - start;
-        out[n].readable = (p->p_flags & PF_R) != 0;
-        n++;
+        out->off = p->p_offset + (start - p->p_vaddr);
+        out->vaddr = start;
+        out->len = end - start;
+        out->readable = (p->p_flags & PF_R) != 0;
+        return 1;
     }
-    return n;
+    return 0;
 }
 
 static void touch(const char *p) { (void)*(const volatile char *)p; }
@@ -294,16 +291,9 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
             uintptr_t hi = (uintptr_t)(map + (first + count - 1) * stride) + c->hp;
             struct hp_page_region regs[32];
             for (;;) {
-                struct hp_pm_scan_arg arg;
-                hp_memzero(&arg, sizeof arg);
-                arg.size = sizeof arg;
-                arg.start = lo;
-                arg.end = hi;
-                arg.vec = (uintptr_t)regs;
-                arg.vec_len = sizeof regs / sizeof regs[0];
-                arg.category_anyof_mask = HP_PAGE_IS_HUGE;
-                arg.return_mask = HP_PAGE_IS_HUGE;
-                long n = hp_ioctl(c->pagemap_fd, HP_PAGEMAP_SCAN, &arg);
+                uint64_t walk_end, room = sizeof regs / sizeof regs[0];
+                long n =
+                    hp_page_regions(c->pagemap_fd, lo, hi, HP_PAGE_IS_HUGE, HP_PAGE_IS_HUGE, regs, room, &walk_end);
                 if (n < 0) {
                     if (n == -ENOTTY || n == -EINVAL || n == -ENOSYS || n == -EPERM)
                         c->scan = 0;
@@ -316,9 +306,9 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
                         if (regs[r].start <= w && regs[r].end >= w + c->hp)
                             huge[i] = 1;
                     }
-                if ((uint64_t)n < arg.vec_len || arg.walk_end >= hi)
+                if ((uint64_t)n < room || walk_end >= hi)
                     return 0;
-                lo = arg.walk_end;
+                lo = walk_end;
             }
             if (c->scan == 1)
                 return 0;
@@ -828,4 +818,21 @@ struct hp_verdict hp_read_verdict(const char *dir)
     v.aware = rec[37] == '1';
     v.thp_never = rec[39] == 'n' && rec[40] == 'e' && rec[41] == 'v';
     return v;
+}
+
+long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                     struct hp_page_region *out, uint64_t n, uint64_t *walk_end)
+{
+    struct hp_pm_scan_arg arg;
+    hp_memzero(&arg, sizeof arg);
+    arg.size = sizeof arg;
+    arg.start = start;
+    arg.end = end;
+    arg.vec = (uintptr_t)out;
+    arg.vec_len = n;
+    arg.category_anyof_mask = anyof;
+    arg.return_mask = report;
+    long got = hp_ioctl(pagemap_fd, HP_PAGEMAP_SCAN, &arg);
+    *walk_end = arg.walk_end;
+    return got;
 }

@@ -14,7 +14,6 @@
 
 #define HP_DEFAULT_SIZE (2UL << 20)
 #define HP_PAGE 4096UL /* smallest base page; only used to size probes */
-#define HP_MAX_RANGES 4
 #define HP_MAX_FS 8 /* filesystems one process remembers as giving no large folios */
 /* The per-boot record of a filesystem that gives no large folios, in the runtime
  * directory: "no-large-folios-MAJOR:MINOR" holding "BOOT-ID FS-MAGIC\n" (hex). */
@@ -26,6 +25,11 @@
 struct hp_range {
     uint64_t off, vaddr, len;
     int readable; /* PF_R: the code can be read to fault it in */
+};
+
+/* One region of PAGEMAP_SCAN's answer (Linux 6.7, include/uapi/linux/fs.h). */
+struct hp_page_region {
+    uint64_t start, end, categories;
 };
 
 /* The state of one window after hp_settle: the one set of states of the runtime and of
@@ -131,12 +135,22 @@ int hp_scan_works(struct hp_ctx *c);
 
 /* Checks an ELF header for this machine's class and architecture; 0 if usable. */
 int hp_elf_ok(const Elf64_Ehdr *eh);
-/* Fills `out` with the window ranges of the executable segments; returns how many.
- * The rule is the core's (core/src/windows.rs), pinned by tests/test_windows_table.py:
- * an executable PT_LOAD whose file offset and address agree modulo hp, placed at an
- * hp-aligned address (`fixed`: an ET_EXEC, at its link-time addresses; otherwise
- * p_align >= hp), spanning at least one whole hp window of file bytes. */
-int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max);
+/* The next run of whole huge-page windows among the program headers, from index
+ * *next on (start at 0): fills `out`, advances *next, returns 1; 0 when there is none
+ * left. The rule is the core's (core/src/windows.rs huge_windows), step for step, so
+ * that the runtime and the CLI agree on every file (tests/test_as_is.py holds the two
+ * against each other over a table of files): an executable PT_LOAD whose file offset
+ * and address agree modulo hp, placed at an hp-aligned address (`fixed`: an ET_EXEC,
+ * at its link-time addresses; otherwise p_align >= hp), spanning at least one whole hp
+ * window of file bytes. */
+int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, unsigned *next, struct hp_range *out);
+
+/* One PAGEMAP_SCAN over [start, end) of the open /proc/PID/pagemap `pagemap_fd` (of
+ * any process): up to n regions whose pages have a category of `anyof`, with their
+ * categories masked by `report`, go to out; *walk_end is where the walk stopped (a
+ * full `out` stops it early). Returns how many regions, or -errno. */
+long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                     struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);

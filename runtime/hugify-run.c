@@ -6,8 +6,10 @@
  * later with dlopen() are handled too. Prefetching is best effort: whatever happens,
  * PROGRAM is executed; only a PROGRAM that cannot be found or executed is an error.
  *
- * The audit library is the libhugify-audit.so in hugify-run's own directory if there is
- * one (a build tree: the library built beside it), else the installed one.
+ * The audit library is the installed one for an installed hugify-run (its real path in
+ * the BINDIR it was built for); any other hugify-run (a build tree, a copy) takes the
+ * libhugify-audit.so in its own directory if there is one, else the installed one. An
+ * installed hugify-run never loads a library that merely lies beside it in /usr/bin.
  *
  * Environment: HUGIFY_DEBUG=1 reports per object on stderr; HUGIFY_AUDIT_LIB
  * overrides the audit library (empty: do not set LD_AUDIT); HUGIFY_RUNTIME_DIR
@@ -430,11 +432,12 @@ static void process(int i, int fd, const struct stat *st_)
     ph = phbuf;
     unsigned phnum = eh->e_phnum;
 
-    struct hp_range ranges[HP_MAX_RANGES];
-    int nr = hp_exec_ranges(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, ranges, HP_MAX_RANGES);
+    struct hp_range range;
+    unsigned next = 0;
+    int nr = 0;
     struct hp_stats stats = {0};
-    for (int r = 0; r < nr; r++)
-        prefetch(fd, o->path, &ranges[r], (uint64_t)st->st_size, &stats);
+    for (; hp_exec_range(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, &next, &range); nr++)
+        prefetch(fd, o->path, &range, (uint64_t)st->st_size, &stats);
     if (debug && nr)
         /* The states of docs/runtime.md, summed: "skipped" are the windows not read in. */
         say("%s: %u windows: %u huge (%u loaded, %u repaired), %u busy, %u failed, %u skipped, %u unverified",
@@ -591,8 +594,8 @@ static int thp_never(void)
     return strstr(buf, "[never]") != NULL;
 }
 
-/* The audit library beside this program's real path, if there is one, else the
- * installed one. */
+/* The installed audit library for an installed hugify-run; for another one, the
+ * library beside its real path if there is one, else the installed one. */
 static const char *audit_library(void)
 {
     static char beside[PATH_MAX];
@@ -601,6 +604,14 @@ static const char *audit_library(void)
         beside[n] = 0;
         char *slash = strrchr(beside, '/');
         static const char name[] = "libhugify-audit.so";
+        char bindir[PATH_MAX];
+        if (slash && realpath(HUGIFY_BIN_DIR, bindir)) {
+            *slash = 0;
+            int installed = strcmp(beside, bindir) == 0;
+            *slash = '/';
+            if (installed)
+                return HUGIFY_AUDIT_PATH;
+        }
         if (slash && (size_t)(slash + 1 - beside) + sizeof name <= sizeof beside) {
             memcpy(slash + 1, name, sizeof name);
             if (access(beside, R_OK) == 0)
@@ -616,7 +627,8 @@ static void usage(FILE *f)
           "Loads the code of PROGRAM and of the shared libraries it will load into the page cache\n"
           "as 2 MiB huge pages, then runs PROGRAM with the hugify audit library (LD_AUDIT).\n"
           "Environment: HUGIFY_DEBUG=1 reports what was done; HUGIFY_AUDIT_LIB=PATH (empty: none; default:\n"
-          "libhugify-audit.so in hugify-run's own directory if it is there, else " HUGIFY_AUDIT_PATH ").\n",
+          HUGIFY_AUDIT_PATH " for hugify-run installed in " HUGIFY_BIN_DIR ";\n"
+          "elsewhere, libhugify-audit.so in hugify-run's own directory if it is there, else the former).\n",
           f);
 }
 

@@ -35,9 +35,27 @@ class Shifted:
         }
 
     def mapping(self, name: str) -> Mapping:
-        r = self.reports[name]
+        """The shift as the two files show it, not as hugify reports it: the sections
+        whose address changed all moved by the same dv, and the lowest of them is the
+        split point (sections are read with pyelftools)."""
+        old, new = section_addresses(self.orig / name), section_addresses(self.new / name)
+        # The shift adds only its padding sections; every original one is kept.
+        assert [n for n, _ in new if not n.startswith(".hugify")] == [n for n, _ in old]
+        pairs = list(zip(old, [s for s in new if not s[0].startswith(".hugify")], strict=True))
+        moved = [(a, b - a) for (_, a), (_, b) in pairs if a != b]
+        assert moved and len({dv for _, dv in moved}) == 1, moved
+        split, dv = min(moved)
+        assert all(a < split for (_, a), (_, b) in pairs if a == b and a), "a section above the split did not move"
         image_end = max(seg.vaddr + seg.memsz for seg in readelf_loads(self.orig / name))
-        return Mapping(r["split"], image_end, r["result"]["dv"])
+        r = self.reports[name]
+        assert (r["split"], r["result"]["dv"]) == (split, dv)  # and the report says the same
+        return Mapping(split, image_end, dv)
+
+
+def section_addresses(path: Path) -> list[tuple[str, int]]:
+    """(name, address) of each section that is loaded (SHF_ALLOC), in header order."""
+    with path.open("rb") as f:
+        return [(s.name, s["sh_addr"]) for s in ELFFile(f).iter_sections() if s["sh_flags"] & 2]
 
 
 class Mapping:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 from pathlib import Path
 
@@ -115,29 +116,69 @@ def test_audit_library_loads_an_as_is_executable_and_a_dlopened_as_is_library(as
     assert maps[str(plug)].pmd == len(_expected_windows(plug, fixed=False)) * HP > 0
 
 
+def _headers_only_elf(path: Path, e_type: int, loads: list[tuple[int, int, int, int, int]]) -> None:
+    """An x86-64 ELF file of just a header and PT_LOADs (flags, offset, vaddr, filesz,
+    align), sparse up to the end of its last segment: the corners of the window rule."""
+    ehdr = b"\x7fELF\x02\x01\x01" + bytes(9)
+    ehdr += struct.pack("<HHIQQQIHHHHHH", e_type, 62, 1, 0, 64, 0, 0, 64, 56, len(loads), 64, 0, 0)
+    phdrs = b"".join(struct.pack("<IIQQQQQQ", 1, f, off, va, va, size, size, al) for f, off, va, size, al in loads)
+    with path.open("wb") as out:
+        out.write(ehdr + phdrs)
+        out.truncate(max(off + size for _, off, _, size, _ in loads))
+
+
+ET_EXEC, ET_DYN, R_X, X = 2, 3, 5, 1
+#: name -> (e_type, loads): where a rule that rounds the offset, caps the runs or
+#: ignores p_align would part from the core's.
+CORNERS = {
+    "rounds-on-the-address": (ET_DYN, [(R_X, 0x1000, 0x1000, 5 * HP, HP)]),
+    "six-executable-loads": (ET_DYN, [(R_X, k * 4 * HP + 0x1000, k * 4 * HP + 0x1000, 3 * HP, HP) for k in range(6)]),
+    "exec-at-fixed-address-small-align": (ET_EXEC, [(R_X, 0x1000, 0x401000, 5 * HP, 0x1000)]),
+    "pie-small-align": (ET_DYN, [(R_X, 0x1000, 0x401000, 5 * HP, 0x1000)]),
+    "congruent-to-the-page-only": (ET_EXEC, [(R_X, 0x1000, 0x202000, 5 * HP, 0x1000)]),
+    "at-the-top-of-the-address-space": (ET_EXEC, [(R_X, 0x1000, 2**64 - HP + 0x1000, 0x1000, HP)]),
+    "less-than-a-window": (ET_DYN, [(R_X, 0x1000, 0x1000, HP, HP)]),
+    "execute-only-and-a-second-load": (ET_DYN, [(X, 0x1000, 0x1000, 5 * HP, HP), (R_X, 6 * HP, 6 * HP, 3 * HP, HP)]),
+}
+
+
 def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: Path) -> None:
-    """The shared table: the same files give the same windows in Rust and C."""
+    """One rule in Rust and C: every 64-bit file of this machine's architecture the core
+    probes without a problem gives the C runtime (hp_exec_range) exactly the core's
+    windows; the C reader may reject only files the core rejects too. Over a table of
+    constructed corners and real programs."""
     driver = tmp_path / "hp_windows"
     src = Path(__file__).parent / "programs/hp_windows.c"
     _gcc(tmp_path, "-O1", f"-I{RUNTIME}", "-o", str(driver), str(src), str(RUNTIME / "hp_core.c"))
+    corners = []
+    for name, (e_type, loads) in CORNERS.items():
+        _headers_only_elf(tmp_path / name, e_type, loads)
+        corners.append(tmp_path / name)
     shifted = tmp_path / "shifted"
     hugify("transform", "--threshold", "0", build(BY_NAME["gcc-bfd"]) / "prog", "-o", shifted)
     files = [as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so", shifted, build(BY_NAME["clang-lld"]) / "prog"]
     aligned = tmp_path / "aligned"
     hugify("transform", "--threshold", "0", files[-1], "-o", aligned)
     files.append(aligned)
+    files += corners
     files += sorted(p for p in Path("/usr/bin").iterdir() if p.is_file() and not p.is_symlink())[:200]
     out = subprocess.run([driver, *files], capture_output=True, text=True, check=True).stdout
     c_side: dict[str, list[tuple[int, int]]] = {}
+    unreadable = set()
     for line in out.splitlines():
         path, *rest = line.rsplit(" ", 2)
-        if rest != ["unreadable"] and len(rest) == 2:
+        if rest == ["unreadable"]:
+            unreadable.add(line.rsplit(" ", 1)[0])
+        else:
             c_side.setdefault(path, []).append((int(rest[0]), int(rest[1])))
-    compared = 0
+    compared, host = [], os.uname().machine
     for f in files:
         p = _core.probe(f, HP)
-        if p is None or p["problem"] or f"{f} unreadable" in out:
+        if p is None or p["problem"] or not p["is64"] or p["arch"] != host or p["kind"] is None:
             continue
+        assert str(f) not in unreadable, f"the C reader rejects {f}, which the core reads"
         assert c_side.get(str(f), []) == [(w["offset"], w["len"]) for w in p["windows"]], f
-        compared += 1
-    assert compared >= 5 and sum(map(len, c_side.values())) >= 5
+        compared.append(f)
+    assert set(corners) <= set(compared)
+    assert len(compared) >= 5 + len(corners) and sum(map(len, c_side.values())) >= 5
+    assert len(c_side[str(tmp_path / "six-executable-loads")]) == 6

@@ -609,7 +609,7 @@ def test_erasing_the_hugify_rpm_leaves_nothing_behind(rpm_session: Session) -> N
     assert "is not installed" in s.text("status-after")
 
 
-# --- rpm: hugified files found without a manifest (issue 14, item 5) ----------------------------
+# --- rpm: hugified files found without a manifest ----------------------------------------
 
 
 def _prefetched(s: Session, name: str) -> dict[str, dict]:

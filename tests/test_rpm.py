@@ -551,7 +551,7 @@ def test_brp_then_runs_the_command_and_refreshes_the_manifest(tmp_path: Path, fa
     assert _brp(tmp_path, fake, "--then", "true").returncode == 0 and not calls.exists()
 
 
-# --- switch spellings (issue 14, item 3) ------------------------------------------------
+# --- switch spellings ------------------------------------------------------------
 
 ON = ["1", "2", "yes", "Yes", "TRUE", "true", "on", "On"]
 OFF = ["0", "no", "No", "false", "FALSE", "off", "OFF", "%{nil}"]

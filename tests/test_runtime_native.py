@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from runtime_support import (
@@ -31,6 +32,14 @@ def run(argv: list, env: dict[str, str] | None = None, **kw) -> subprocess.Compl
     return subprocess.run(
         [str(a) for a in argv], capture_output=True, text=True, env={**base, **(env or {})}, check=False, **kw
     )
+
+
+def runtime_sources(src: Path) -> Path:
+    """What `make -C runtime install` needs of the source tree, unbuilt, under `src`."""
+    shutil.copytree(RUNTIME, src / "runtime", ignore=shutil.ignore_patterns("hugify-run", "*.so", "build-config.h*"))
+    shutil.copytree(REPO / "systemd", src / "systemd")
+    shutil.copy(REPO / "Cargo.toml", src / "Cargo.toml")
+    return src
 
 
 def test_audit_library_exports_only_the_audit_interface():
@@ -59,6 +68,7 @@ def test_engine_library_states_are_the_documented_ones():
     syms = subprocess.run(["nm", "-D", "--defined-only", engine], capture_output=True, text=True, check=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines() if " T " in line) == [
         "hp_engine_init",
+        "hp_engine_page_regions",
         "hp_engine_run",
         "hp_engine_set_budget",
         "hp_engine_set_runtime_dir",
@@ -73,6 +83,121 @@ def test_engine_library_states_are_the_documented_ones():
     doc = (REPO / "docs/runtime.md").read_text().split("## Window states")[1].split("\n## ")[0]
     assert states == [line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")]
     assert {getattr(prefetch, s.upper()) for s in states} == set(states)
+
+
+def test_engine_leaves_the_callers_stdin_open(tmp_path: Path):
+    """hp_engine_init releases the engine's context before setting it up; a context that
+    starts zeroed closed descriptor 0 (and pagemap took its place). `hugify status` run
+    in-process with stdin a file: afterwards fd 0 is still that file."""
+    build_runtime()
+    stdin_file = tmp_path / "stdin"
+    stdin_file.write_text("input\n")
+    script = (
+        "import os, sys\n"
+        "from hugify.cli import main\n"
+        "main(['status', '--json', sys.argv[1]])\n"
+        "print(os.readlink('/proc/self/fd/0'))\n"
+    )
+    with stdin_file.open() as stdin:
+        res = run([sys.executable, "-c", script, "/bin/true"], cwd=REPO, stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == str(stdin_file)
+
+
+def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
+    """Every reason id the engine reports is in the core's table (so `hugify explain`
+    knows it, with its meaning, not another one), docs/runtime.md lists exactly them,
+    and a window carrying one reports the id and a detail, never an empty string."""
+    import ctypes
+
+    from hugify import prefetch, reasons
+
+    build_runtime()
+    why = ctypes.CDLL(str(RUNTIME / "libhugify-engine.so")).hp_engine_why_name
+    why.restype, why.argtypes = ctypes.c_char_p, [ctypes.c_uint]
+    ids = []
+    while (name := why(len(ids) + 1).decode()) != "?":  # 0 is "no reason"
+        ids.append(name)
+    assert why(0).decode() == ""
+    table = reasons.table()
+    assert [table.get(i, ("unknown", ""))[0] for i in ids] == ["info"] * len(ids), ids
+    doc = (REPO / "docs/runtime.md").read_text().split("## Window states")[1].split("\n## ")[0]
+    rows = [line.split("|")[3] for line in doc.splitlines() if line.startswith("| `")]
+    documented = {rid for row in rows for rid in row.split("`")[1::2]}
+    assert documented == set(ids)
+    hp = prefetch.pmd_size()
+    engine = prefetch.Engine(hp)
+    run_ = prefetch.Run(engine, prefetch.system_info(engine, hp, tmp_path), tmp_path, hp)
+    target = prefetch.Target("/x", fs="ext4")
+    for rid in ids:
+        window = prefetch.Window(0, "failed", rid, run_._explain(target, rid, 3))
+        assert window.as_json()["reason"] == rid and window.as_json()["detail"], rid
+    res = run([sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO)
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == len(ids), res.stderr
+
+
+def test_prefetch_and_status_without_the_engine_say_so_in_one_line(tmp_path: Path):
+    """A hugify installed without the C runtime (what `pip install .` gives: the package
+    alone in site-packages) refuses prefetch and status in one line with exit status 4,
+    not a traceback."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(REPO / "hugify", site / "hugify", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(site)}
+    for cmd in (["status"], ["status", "/bin/true"], ["prefetch", "/bin/true"]):
+        res = run([sys.executable, "-m", "hugify.cli", *cmd], env, cwd=tmp_path)
+        assert res.returncode == 4, res.stderr
+        assert len(res.stderr.splitlines()) == 1 and res.stderr.rstrip().endswith("(no-engine)"), res.stderr
+        assert "libhugify-engine.so is not installed" in res.stderr
+
+
+def test_installed_hugify_run_ignores_an_audit_library_beside_it(tmp_path: Path):
+    """hugify-run installed in its BINDIR gives ld.so the installed audit library, even
+    with a libhugify-audit.so lying beside it (which would be loaded into every process
+    it runs); a copy elsewhere still takes the one beside it (build trees)."""
+    src = runtime_sources(tmp_path / "src")
+    prefix = tmp_path / "prefix"
+    subprocess.run(
+        ["make", "-s", "-C", src / "runtime", "install", f"PREFIX={prefix}"], check=True, capture_output=True
+    )
+    installed = prefix / "bin/hugify-run"
+    planted = prefix / "bin/libhugify-audit.so"
+    shutil.copy2(AUDIT_LIB, planted)
+    res = run([installed, "sh", "-c", 'echo "$LD_AUDIT"'])
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert res.stdout.strip() == str(prefix / "lib/hugify/libhugify-audit.so")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy2(installed, copy / "hugify-run")
+    shutil.copy2(AUDIT_LIB, copy / "libhugify-audit.so")
+    res = run([copy / "hugify-run", "sh", "-c", 'echo "$LD_AUDIT"'])
+    assert res.stdout.strip() == str(copy / "libhugify-audit.so"), res
+
+
+def test_engine_scans_another_processs_page_tables():
+    """The benchmark's sampler reads other processes' page tables through the engine
+    (hp_page_regions, the runtime's one PAGEMAP_SCAN call): a child's stack page it
+    has written is present, and pages it never touched are not reported."""
+    from hugify import prefetch
+
+    build_runtime()
+    engine = prefetch.Engine(prefetch.pmd_size())
+    assert engine.has(prefetch.Engine.PAGEMAP_SCAN), "this kernel has PAGEMAP_SCAN (Linux >= 6.7)"
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        stack = next(line for line in Path(f"/proc/{child.pid}/maps").read_text().splitlines() if "[stack]" in line)
+        lo, hi = (int(x, 16) for x in stack.split()[0].split("-"))
+        fd = os.open(f"/proc/{child.pid}/pagemap", os.O_RDONLY)
+        try:
+            present = prefetch.Engine.PAGE_IS_PRESENT
+            regions = engine.page_regions(fd, lo, hi, present, present)
+        finally:
+            os.close(fd)
+    finally:
+        child.kill()
+        child.wait()
+    assert regions and all(lo <= a < b <= hi and c == present for a, b, c in regions), regions
+    assert regions[-1][1] == hi  # the top of the stack, where the child's frames are
+    assert sum(b - a for a, b, _ in regions) < hi - lo  # the untouched stack is not present
 
 
 def test_audit_changes_nothing_the_program_sees(built: Programs):
@@ -193,10 +318,7 @@ def test_audit_handles_a_program_loaded_through_ld_so(built: Programs, tmp_path:
 def test_runtime_make_install(tmp_path: Path):
     """`make install DESTDIR= PREFIX=` puts the dispatcher, the audit library and the
     trigger helper in place, with the audit library's path built into hugify-run."""
-    src = tmp_path / "src"
-    shutil.copytree(RUNTIME, src / "runtime", ignore=shutil.ignore_patterns("hugify-run", "*.so", "build-config.h*"))
-    shutil.copytree(REPO / "systemd", src / "systemd")
-    shutil.copy(REPO / "Cargo.toml", src / "Cargo.toml")
+    src = runtime_sources(tmp_path / "src")
     dest = tmp_path / "dest"
     subprocess.run(
         ["make", "-s", "-C", src / "runtime", "install", f"DESTDIR={dest}", "PREFIX=/opt/hugify"],

@@ -490,7 +490,33 @@ def test_an_unexpected_error_on_one_file_does_not_stop_the_others(tree: Tree, mo
     assert exec_aligned(tree.root / SUID) and exec_aligned(tree.root / LIB)
 
 
-# --- IMA/EVM signatures (issue 14, item 2) ----------------------------------------------
+def test_a_core_bug_while_probing_one_file_does_not_stop_the_walk(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A panic in the core's probe comes back as HugifyError (reason internal): that file
+    is reported, every other file is still found and transformed."""
+    from hugify import _core
+    from hugify import tree as walker
+
+    real = _core.probe
+
+    def panicking(path, huge_page):
+        if str(path).endswith("/sgid"):
+            e = _core.HugifyError("panic in the rewriter: simulated (internal)")
+            e.reason, e.kind, e.detail = "internal", "internal", "panic in the rewriter: simulated"
+            raise e
+        return real(path, huge_page)
+
+    monkeypatch.setattr(_core, "probe", panicking)
+    found = {c.paths[0]: c.probe["problem"] for c in walker.candidates(tree.root)}
+    assert found["/usr/bin/sgid"] == {
+        "reason": "internal",
+        "kind": "internal",
+        "detail": "panic in the rewriter: simulated",
+    }
+    assert {"/" + p for p in (BIG, SUID, LIB, SMALL)} <= found.keys()
+    assert found["/" + BIG] is None
+
+
+# --- IMA/EVM signatures ----------------------------------------------------------
 
 IMA = "0x0302046e6a3b9f0048304602210088"  # a signature header and the start of a DER blob
 EVM = "0x05020400112233"
@@ -598,7 +624,7 @@ def test_explain_knows_the_new_reasons() -> None:
     assert "\nlive-root (refused, exit status 4): " in out
 
 
-# --- a live root (issue 14, item 4) -------------------------------------------------------
+# --- a live root -------------------------------------------------------------------
 
 
 @pytest.fixture(params=["slash", "symlink", "bind-mount"])

@@ -2,9 +2,9 @@
 //! file is": whole huge-page windows of an executable PT_LOAD whose file offset is
 //! congruent to its address and which the loader places at a huge-page-aligned
 //! address. `inspect`'s figure for today, each plan's coverage, the probe and the
-//! manifest entry all come from here. The C runtime (libc-free) keeps its own copy,
-//! `hp_exec_ranges` in runtime/hp_core.c, which tests/test_windows_table.py pins to
-//! this one file by file.
+//! manifest entry all come from here. The libc-free C runtime cannot link this crate,
+//! so `hp_exec_range` in runtime/hp_core.c states the same rule step for step, and
+//! tests/test_as_is.py holds the two to the same answer over a table of files.
 
 use crate::elf::consts::{PF_X, PT_LOAD};
 use crate::elf::{align_down, Phdr};

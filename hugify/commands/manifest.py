@@ -37,8 +37,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="record or forget installed hugified files in the discovered list (rpm file triggers)",
         description="Keeps $HUGIFY_STATE_DIR/discovered.list (default /var/lib/hugify/discovered.list), "
         "read by `hugify prefetch --all` and `hugify status` after the manifests of "
-        "/usr/lib/hugify/manifest.d. A file is hugified when its executable segment, aligned to this "
-        "system's PMD huge page with its file offset congruent to its address, spans a whole window.",
+        "/usr/lib/hugify/manifest.d. A file is hugified when its executable segment spans a whole window "
+        "of this system's PMD huge page, with its file offset congruent to its address, at an address "
+        "the loader aligns to that size (an ET_EXEC at its fixed address; a PIE or library with "
+        "p_align of at least that size).",
     )
     cmds = p.add_subparsers(dest="manifest_command", required=True, metavar="ACTION")
     for name, text in (

@@ -43,8 +43,8 @@ def file_line(t: Target) -> str:
     for state in (pf.FAILED, pf.BUSY):
         bad = [w for w in t.windows if w.state == state]
         if bad:
-            parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].reason}")
-    later = sum(1 for w in t.windows if w.reason.startswith("left for later"))
+            parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].detail} ({bad[0].reason})")
+    later = sum(1 for w in t.windows if w.reason == "budget")
     if later:
         parts.append(f"; {later} left for later (boot budget spent)")
     if t.count(pf.UNVERIFIED):
@@ -73,6 +73,11 @@ def run(args: argparse.Namespace) -> Exit:
         pf.say(p)
     codes: list[Exit] = [Exit.IO for _ in problems]
     messages: list[str] = []
+    missing = pf.engine_missing()
+    if missing:
+        reasons.printed(["no-engine"])
+        pf.say(missing)
+        return Exit.REFUSED
     budget = None
     if args.boot:
         from hugify.commands.common import usable_policy
@@ -143,7 +148,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "process that maps them gets huge pages, and reports per file how many 2 MiB windows are huge, "
         "busy (small folios mapped by running processes) or failed, with the reason.",
         epilog="Exit status: 0 every window is huge, busy, or left to the kernel; 1 some window failed; "
-        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once); "
+        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once), or this "
+        "installation lacks the C runtime (no-engine); "
         "5 a file is missing or unreadable; 2 usage.",
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to prefetch (or manifests, with --manifests)")

@@ -26,6 +26,11 @@ def run(args: argparse.Namespace) -> Exit:
         targets = [pf.Target(f) for f in args.files]
     else:
         targets, problems = pf.targets_from_manifests(pf.manifest_files(args.manifest_dir))
+    missing = pf.engine_missing()
+    if missing:
+        reasons.printed(["no-engine"])
+        pf.say(missing)
+        return Exit.REFUSED
     with pf.session(args.runtime_dir) as r:
         s = r.system
         features = {
@@ -127,6 +132,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "file triggers (or the given files) with the share of "
         "their code that the page cache holds in 2 MiB folios right now, and the system settings that "
         "matter. Reads nothing into the page cache.",
+        epilog="Exit status: 0 reported; 4 this installation lacks the C runtime (no-engine); 2 usage.",
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to report instead of the installed ones")
     p.add_argument(
