@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hugify import _core
-from hugify.repack import Package, RepackError, replace_debug_file, tool
+from hugify.repack_package import Package, RepackError, replace_debug_file, tool
 
 #: The debug file of a build-id in a package (Debian -dbgsym and Fedora -debuginfo
 #: both install one under this name; in an rpm it is a symbolic link).

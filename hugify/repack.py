@@ -18,7 +18,8 @@ which is checked), and the debug part is split off again (objcopy
 
 Everything is written into a temporary directory inside the output directory and
 renamed into place at the end: on any failure nothing is left in the output.
-The format handlers are hugify.repack_deb and hugify.repack_rpm.
+The format handlers are hugify.repack_deb and hugify.repack_rpm; what they share
+with this module is in hugify.repack_package.
 """
 
 from __future__ import annotations
@@ -27,76 +28,18 @@ import contextlib
 import io
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
-from hugify import _core, manifest, reasons, signing, tree
+from hugify import debugfiles, manifest, reasons, repack_deb, repack_rpm, signing, tree
 from hugify.exitcodes import Exit
 from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
-from hugify.rewrite import copy_metadata
+from hugify.repack_package import Context, Package, RepackError, add_file
 from hugify.sizes import human
-
-#: Reason ids of whole packages (`hugify explain` lists them with the core's):
-#: (id, kind, summary). The kind decides the exit status as for files.
-
-
-class RepackError(Exception):
-    """A package cannot be repacked: a reason id and a one-line detail."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
-    @property
-    def exit(self) -> Exit:
-        from hugify import reasons
-
-        return Exit.for_kind(reasons.table()[self.reason][0])
-
-
-def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    """Runs a packaging tool; its stdout, or RepackError with its first error line."""
-    try:
-        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    except OSError as e:
-        raise RepackError("tool-failed", f"cannot run {cmd[0]}: {e.strerror or e}") from e
-    if res.returncode != 0:
-        # The last line that says something (rpmbuild ends with a heading and indented errors).
-        lines = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and not ln.endswith(":")]
-        raise RepackError("tool-failed", f"{' '.join(cmd[:2])}: {lines[-1] if lines else f'exit {res.returncode}'}")
-    return res.stdout
-
-
-# --- one unpacked package ------------------------------------------------------------
-
-
-@dataclass
-class Package:
-    """An input package unpacked into a work directory; the format handler fills
-    it in and rebuilds it."""
-
-    src: Path
-    name: str
-    version: str  # as the format writes it (deb: [epoch:]upstream[-revision]; rpm: the release)
-    arch: str
-    root: Path  # the installed files
-    #: The name of the package this is the debug package of, else None.
-    debug_of: str | None = None
-    #: What `hugify tree` said: its JSON report (None until transformed).
-    report: dict[str, Any] | None = None
-    #: Installed path -> a hard link to the file as it was before the transformation.
-    originals: dict[str, Path] = field(default_factory=dict)
-    #: (old build-id, new build-id) of the separate debug files renamed in a debug package.
-    renamed_ids: list[tuple[str, str]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
-    #: The format handler's own state.
-    extra: Any = None
 
 
 class Format(Protocol):
@@ -122,12 +65,8 @@ def format_of(path: Path) -> Format:
     except OSError as e:
         raise RepackError("not-a-package", f"cannot read it: {e.strerror or e}") from e
     if magic == b"!<arch>\n":
-        from hugify import repack_deb
-
         return repack_deb.Deb()
     if magic[:4] == b"\xed\xab\xee\xdb":
-        from hugify import repack_rpm
-
         return repack_rpm.Rpm()
     raise RepackError("not-a-package", "neither a .deb (ar archive) nor an .rpm (lead magic)")
 
@@ -146,21 +85,6 @@ class Options:
     dry_run: bool = False
     jobs: int = 1
     out: TextIO | None = None
-
-
-@dataclass
-class Context:
-    """What the format handlers need besides the package."""
-
-    suffix: str
-    #: The new version of each repacked package, by name (debug packages' exact
-    #: dependencies on their main package follow it).
-    versions: dict[str, tuple[str, str]]
-    epoch: int
-
-    def note(self, pkg: Package) -> str:
-        """The value of the field naming the original version and hugify's."""
-        return f"original-version={pkg.version}; hugify={_core.VERSION}"
 
 
 def _unusable(e: PolicyError, package: str | None = None) -> RepackError:
@@ -252,8 +176,6 @@ def _repack_all(opts: Options, layers: Layers, work: Path, out: TextIO) -> list[
     for _, p in pkgs:
         if p.debug_of is not None:
             try:
-                from hugify import debugfiles
-
                 with _dir_times(p.root, epoch):
                     debugfiles.repack(p, mains[p.debug_of], work)
             except RepackError as e:
@@ -353,17 +275,6 @@ def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:
         os.utime(f, (epoch, epoch))
 
 
-def add_file(root: Path, dest: Path, data: bytes, epoch: int, mode: int = 0o644) -> None:
-    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories."""
-    missing = [d for d in [dest.parent, *dest.parent.parents] if d.is_relative_to(root) and not d.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for d in missing:
-        os.chmod(d, 0o755)
-    dest.write_bytes(data)
-    os.chmod(dest, mode)
-    os.utime(dest, (epoch, epoch))
-
-
 @contextlib.contextmanager
 def _dir_times(root: Path, epoch: int) -> Iterator[None]:
     """Puts back the time stamps of the directories of root after changes in them;
@@ -373,25 +284,6 @@ def _dir_times(root: Path, epoch: int) -> Iterator[None]:
     for d, _, _ in os.walk(root):
         ns = before.get(Path(d), epoch * 1_000_000_000)
         os.utime(d, ns=(ns, ns))
-
-
-def replace_debug_file(path: Path, new_path: Path, data_from: Path) -> None:
-    """Gives a debug file new contents under the name of its new build-id, keeping
-    its metadata. An rpm names the file after the package and links the build-id
-    to it: there the file keeps its name and rpmbuild makes the new link."""
-    if path.is_symlink():
-        path = path.resolve()
-        new_path = path
-    st = path.lstat()
-    tmp = new_path.with_name(f".{new_path.name}.hugify")
-    new_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(data_from, tmp)
-    copy_metadata(st, path, tmp, times=True)
-    os.replace(tmp, new_path)
-    if new_path != path:
-        path.unlink()
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()
 
 
 # --- the summary -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from hugify.repack import Context, Package, RepackError, tool
+from hugify.repack_package import Context, Package, RepackError, tool
 
 #: data.tar member suffix -> dpkg-deb -Z value.
 COMPRESSORS = {".xz": "xz", ".zst": "zstd", ".gz": "gzip", "": "none"}

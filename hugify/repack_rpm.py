@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from hugify.repack import Context, Package, RepackError, tool
+from hugify.repack_package import Context, Package, RepackError, tool
 
 # rpmds sense flags (rpm's rpmds.h)
 LESS, GREATER, EQUAL = 2, 4, 8
