@@ -54,11 +54,11 @@ def moved_debug_file(original: Path, debug: Path, shipped: dict[str, Any], work:
     return out
 
 
-def repack(dbg: Package, main: Package, work: Path) -> None:
+def repack(dbg: Package, main: Package) -> None:
     """Moves every debug file in `dbg` that describes a file transformed in `main`
     and renames it after the new build-id."""
     assert main.report is not None
-    scratch = work / f"debug-{dbg.name}"
+    scratch = dbg.root.parent / "debug"  # beside its root: names may repeat across architectures
     scratch.mkdir(parents=True, exist_ok=True)
     for f in main.report["files"]:
         if f["status"] != "transformed" or not f.get("build_id_before") or not f.get("build_id_after"):

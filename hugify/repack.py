@@ -52,6 +52,10 @@ class Format(Protocol):
 
     def new_version(self, pkg: Package, suffix: str) -> str: ...
 
+    def sorts_above(self, old: str, new: str) -> bool:
+        """Whether the format's package manager takes `new` as newer than `old`."""
+        ...
+
     def build(self, pkg: Package, ctx: Context, outdir: Path) -> Path:
         """Writes the rebuilt package into outdir; its path."""
         ...
@@ -133,6 +137,10 @@ def run(opts: Options) -> Exit:
             if opts.dry_run:
                 print("hugify: dry run: nothing written", file=out)
                 return Exit.OK
+            names = [f.name for f in built]
+            if len(set(names)) != len(names):
+                twice = sorted({n for n in names if names.count(n) > 1})
+                raise RepackError("not-a-package", f"the same package given twice: {', '.join(twice)}")
             for f in built:
                 os.replace(f, opts.outdir / f.name)
                 print(f"hugify: wrote {opts.outdir / f.name}", file=out)
@@ -159,25 +167,32 @@ def _repack_all(opts: Options, layers: Layers, work: Path, out: TextIO) -> list[
             pkgs.append((fmt, fmt.unpack(src, work / f"p{i}")))
         except RepackError as e:
             raise _in(src, e) from None
-    names = {p.name for _, p in pkgs}
+    # By name and architecture: one call may hold a package for two architectures.
+    mains = {(p.name, p.arch): p for _, p in pkgs if p.debug_of is None}
     for _, p in pkgs:
-        if p.debug_of is not None and p.debug_of not in names:
+        if p.debug_of is not None and (p.debug_of, p.arch) not in mains:
             raise RepackError("debug-without-main", f"{p.src}: {p.name} describes {p.debug_of}, which is not given")
     epoch = source_epoch([p for _, p in pkgs])
     suffix_of = {fmt.name: opts.suffix or fmt.default_suffix for fmt, _ in pkgs}
     versions = {p.name: (p.version, fmt.new_version(p, suffix_of[fmt.name])) for fmt, p in pkgs}
-    mains = {p.name: p for _, p in pkgs if p.debug_of is None}
+    for fmt, p in pkgs:
+        old, new = versions[p.name]
+        if not fmt.sorts_above(old, new):
+            raise RepackError(
+                "suffix-not-higher",
+                f"{p.src}: {p.name} {new} does not sort above {old}: the suffix {suffix_of[fmt.name]!r} lowers it",
+            )
     for _, p in pkgs:
         if p.debug_of is None:
             try:
-                _transform(p, repack_policy(layers, p.name), opts, work, epoch)
+                _transform(p, repack_policy(layers, p.name), opts, epoch)
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
         if p.debug_of is not None:
             try:
                 with _dir_times(p.root, epoch):
-                    debugfiles.repack(p, mains[p.debug_of], work)
+                    debugfiles.repack(p, mains[(p.debug_of, p.arch)])
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
@@ -210,20 +225,22 @@ def source_epoch(pkgs: list[Package]) -> int:
     return newest
 
 
-def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int) -> None:
+def _transform(pkg: Package, pol: Policy, opts: Options, epoch: int) -> None:
     """Runs `hugify tree` on the package's files, keeping a hard link to each ELF
     file's original (debug files are matched with those), then adds the manifest
     and, when the policy signs, the signed statement."""
     found = tree.candidates(pkg.root)
     if not found:
         raise RepackError("no-elf-file", f"{pkg.name} holds no ELF executable or shared object")
-    keep = work / f"originals-{pkg.name}"
-    keep.mkdir(parents=True)
+    # Beside the package's own root: two packages may share a name (two architectures).
+    scratch = pkg.root.parent
+    keep = scratch / "originals"
+    keep.mkdir()
     for n, c in enumerate(found):
         os.link(c.files[0], keep / str(n))
         for path in c.paths:
             pkg.originals[path] = keep / str(n)
-    listing, report = work / f"{pkg.name}.list", work / f"{pkg.name}.report.json"
+    listing, report = scratch / "manifest.list", scratch / "report.json"
     log = io.StringIO()
     topts = tree.Options(
         root=pkg.root,
@@ -246,7 +263,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
             why = "; ".join(sorted({f"{f['reason']}" for f in pkg.report["files"]}))
             raise RepackError("all-refused", f"no ELF file of {pkg.name} was transformed ({why})")
         if manifest.parse(listing.read_text(encoding="utf-8"), str(listing)):
-            dest = pkg.root / manifest.MANIFEST_DIR.relative_to("/") / f"{pkg.name}.list"
+            dest = pkg.root / manifest.MANIFEST_DIR.relative_to("/") / pkg.manifest_name
             add_file(pkg.root, dest, listing.read_bytes(), epoch)
         _sign(pkg, pol, report, epoch)
 

@@ -68,6 +68,14 @@ class Package:
     log: list[str] = field(default_factory=list)
     #: The format handler's own state.
     extra: Any = None
+    #: Installed beside the same package of other architectures (Debian's
+    #: Multi-Arch: same): what hugify adds must not collide with theirs.
+    coinstallable: bool = False
+
+    @property
+    def manifest_name(self) -> str:
+        """The name of the runtime manifest hugify adds (in manifest.MANIFEST_DIR)."""
+        return f"{self.name}:{self.arch}.list" if self.coinstallable else f"{self.name}.list"
 
 
 @dataclass
