@@ -104,6 +104,9 @@ PREAMBLE = {
     "Vendor": "Vendor",
     "Packager": "Packager",
     "Distribution": "Distribution",
+    "Vcs": "VCS",
+    "Translationurl": "TranslationURL",
+    "Upstreamreleases": "UpstreamReleases",
 }
 MACRO_TAGS = {"Disttag": "disttag", "Disturl": "disturl", "Modularitylabel": "modularitylabel"}
 #: Every header tag the rebuild carries: said again in the spec, or given to
@@ -277,7 +280,7 @@ def file_lines(h: dict[str, list[Any]], root: Path) -> list[str]:
     """The %files lines of every file of the header but rpmbuild's own artifacts."""
     lines = []
     columns = [h.get(t, []) for t in ("Filemodes", "Fileusername", "Filegroupname", "Fileflags", "Fileverifyflags")]
-    caps, langs = h.get("Filecaps", []), h.get("Filelangs", [])
+    caps, langs, mtimes = h.get("Filecaps", []), h.get("Filelangs", []), h.get("Filemtimes", [])
     for i, (path, mode, user, group, flags, verify) in enumerate(zip(file_paths(h), *columns, strict=True)):
         if flags & F_ARTIFACT:
             continue
@@ -302,8 +305,11 @@ def file_lines(h: dict[str, list[Any]], root: Path) -> list[str]:
             attrs.append("%ghost")
             ghost = root / path.lstrip("/")
             if not ghost.exists() and not ghost.is_symlink():
+                # Absent, rpmbuild would date it by the clock: an empty file dated as
+                # in the header keeps the output deterministic (docs/packaging-rpm.md).
                 ghost.parent.mkdir(parents=True, exist_ok=True)
                 ghost.touch()
+                os.utime(ghost, (mtimes[i], mtimes[i]))
         if i < len(langs) and langs[i]:
             attrs.append(f"%lang({langs[i]})")
         if verify & 0xFFFFFFFF != 0xFFFFFFFF:
@@ -371,6 +377,11 @@ class Rpm:
         if rpm2cpio.returncode != 0 or cpio.returncode != 0:
             why = (err.decode(errors="replace") + cpio.stderr).strip().splitlines()
             raise RepackError("not-a-package", f"the payload does not unpack: {why[-1] if why else 'rpm2cpio failed'}")
+        # cpio -m dates regular files only: symbolic links and directories get the header's too.
+        for path, mtime in zip(file_paths(h), h.get("Filemtimes", []), strict=False):
+            installed = root / path.lstrip("/")
+            if installed.is_symlink() or installed.is_dir():
+                os.utime(installed, (mtime, mtime), follow_symlinks=False)
         name = one(h, "Name")
         if any(p.startswith(f"{NOTE_PROVIDE}(") for p in h.get("Providename", [])):
             raise RepackError("already-repacked", f"{name} {evr(h)} is a repack (it provides {NOTE_PROVIDE}(…))")
