@@ -28,8 +28,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deb_support import build_variant, build_id
-from fixtures import debian_packages
+from deb_support import build_id, build_variant
+from fixtures import cache_root, locked
 from helpers import REPO, hugified, hugify
 
 slow = pytest.mark.slow
@@ -119,7 +119,9 @@ def build_test_rpms(top: Path) -> dict[str, Path]:
     assert res.returncode == 0, res.stderr[-3000:]
     pkgs = {}
     for p in (top / "RPMS").rglob("*.rpm"):
-        name = subprocess.run(["rpm", "-qp", "--qf", "%{NAME}", str(p)], capture_output=True, text=True).stdout
+        name = subprocess.run(
+            ["rpm", "-qp", "--qf", "%{NAME}", str(p)], capture_output=True, text=True, check=True
+        ).stdout
         pkgs[name] = p
     return pkgs
 
@@ -144,13 +146,14 @@ def expected_rows(
     out = []
     for name, flags, version in before:
         old_new = together.get(subject(name))
+        after = version
         if old_new and flags & EQUAL:
             old, new = old_new
             if version == old:
-                version = new
+                after = new
             elif version == old.split(":", 1)[-1]:
-                version = new.split(":", 1)[-1]
-        out.append((name, flags & ~AUTO_MARKS, version))
+                after = new.split(":", 1)[-1]
+        out.append((name, flags & ~AUTO_MARKS, after))
     return sorted(out)
 
 
@@ -256,7 +259,7 @@ def test_rpm_repacked_alone_keeps_every_tag_and_the_other_packages_version(
     new = rpm_of(out, "hugify-repack-test")
     assert new.name == "hugify-repack-test-2.1-3.hugify1.x86_64.rpm"
     # The -tools package was not repacked: the exact requirement keeps its version.
-    requires = subprocess.run(["rpm", "-qp", "--requires", str(new)], capture_output=True, text=True).stdout
+    requires = subprocess.run(["rpm", "-qp", "--requires", str(new)], capture_output=True, text=True, check=True).stdout
     assert "hugify-repack-test-tools = 1:2.1-3\n" in requires, requires
     rpm_oracle(main, new, ".hugify1", {"hugify-repack-test": ("1:2.1-3", "1:2.1-3.hugify1")}, tmp_path)
     out_tools = tmp_path / "out-tools"
@@ -275,7 +278,9 @@ def test_rpm_repacked_together_follow_each_other(test_rpms: dict[str, Path], pol
     together = {n: ("1:2.1-3", "1:2.1-3.hugify1") for n in names}
     for n in names[:2]:
         new = rpm_of(out, n)
-        requires = subprocess.run(["rpm", "-qp", "--requires", str(new)], capture_output=True, text=True).stdout
+        requires = subprocess.run(
+            ["rpm", "-qp", "--requires", str(new)], capture_output=True, text=True, check=True
+        ).stdout
         other = names[1 - names.index(n)]
         assert f"{other} = 1:2.1-3.hugify1\n" in requires, requires
         work = tmp_path / n
@@ -292,7 +297,8 @@ def test_rpm_suffix_that_sorts_lower_is_refused(test_rpms: dict[str, Path], poli
     assert res.returncode == 3 and "(suffix-not-higher)" in res.stderr and len(res.stderr.splitlines()) == 1, res
     assert list(out.iterdir()) == []
     # rpm's own rule agrees: 3~x1 sorts before 3.
-    vercmp = subprocess.run(["rpm", "--eval", '%{lua: print(rpm.vercmp("3~x1", "3"))}'], capture_output=True, text=True)
+    script = '%{lua: print(rpm.vercmp("3~x1", "3"))}'
+    vercmp = subprocess.run(["rpm", "--eval", script], capture_output=True, text=True, check=True)
     assert vercmp.stdout.strip() == "-1"
     assert "suffix-not-higher" in hugify("explain", "suffix-not-higher").stdout
 
@@ -317,7 +323,9 @@ def with_ima_signatures(pkg: Path, dest: Path) -> None:
     index = [list(struct.unpack(">iiii", data[at + 16 + 16 * i : at + 32 + 16 * i])) for i in range(count)]
     store = at + 16 + 16 * count
     trailer = next(e for e in index if e[0] == 63)[2]  # HEADERIMMUTABLE
-    files = subprocess.run(["rpm", "-qp", "--qf", "[%{FILENAMES}\n]", str(pkg)], capture_output=True, text=True)
+    files = subprocess.run(
+        ["rpm", "-qp", "--qf", "[%{FILENAMES}\n]", str(pkg)], capture_output=True, text=True, check=True
+    )
     signatures = b"ab\0" * len(files.stdout.splitlines())
     for e in index:
         if e[2] >= trailer:
@@ -355,12 +363,57 @@ def test_rpm_with_file_signatures_is_refused_by_tag_name(
 
 DEB_RULES_HEADING = "#### What repack changes in a .deb"
 ARCHIVE = ["libzstd1", "cron", "dash", "liblz4-1", "liblz4-1:arm64"]
+MIRROR = "http://deb.debian.org/debian"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+
+
+def archive_debs(packages: list[str]) -> list[Path]:
+    """The running system's suite's current .debs of `packages` (NAME:ARCH for
+    another architecture), fetched with apt-get download through a private apt
+    state (its own sources list, architectures amd64 and arm64, lists and cache) and
+    kept under the test cache by file name."""
+    release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
+    suite = release["VERSION_CODENAME"].strip('"')
+    group = cache_root() / f"repack-oracle-{suite}"
+    state = group / "apt"
+    with locked(group / "apt.lock"):
+        for d in ("lists/partial", "cache/archives/partial", "sources.list.d"):
+            (state / d).mkdir(parents=True, exist_ok=True)
+        (state / "sources.list").write_text(f"deb [signed-by={KEYRING}] {MIRROR} {suite} main\n")
+        opts = [
+            f"-oDir::Etc::SourceList={state / 'sources.list'}",
+            f"-oDir::Etc::SourceParts={state / 'sources.list.d'}",
+            f"-oDir::State::Lists={state / 'lists'}",
+            f"-oDir::Cache={state / 'cache'}",
+            "-oAPT::Architecture=amd64",
+            "-oAPT::Architectures::=amd64",
+            "-oAPT::Architectures::=arm64",
+        ]
+
+        def names() -> list[str] | None:
+            res = subprocess.run(
+                ["apt-get", *opts, "download", "--print-uris", *packages], capture_output=True, text=True, check=False
+            )
+            return sorted(line.split()[1] for line in res.stdout.splitlines()) if res.returncode == 0 else None
+
+        debs = names()
+        if debs is None or not all((group / d).exists() for d in debs):
+            subprocess.run(["apt-get", "-q", *opts, "update"], capture_output=True, text=True, check=True)
+            debs = names()
+            assert debs is not None, packages
+            res = subprocess.run(
+                ["apt-get", *opts, "download", *packages], cwd=group, capture_output=True, text=True, check=False
+            )
+            assert res.returncode == 0, res.stderr
+        for stale in group.glob("*.deb"):
+            if stale.name not in debs:
+                stale.unlink()
+    return [group / d for d in debs]
 
 
 @pytest.fixture(scope="module")
 def archive() -> list[Path]:
-    cache = debian_packages("repack-oracle-debs", ARCHIVE).parent
-    return sorted(cache.glob("*.deb"))
+    return archive_debs(ARCHIVE)
 
 
 def deb_fields(deb: Path) -> dict[str, str]:
@@ -383,7 +436,7 @@ def deb_members(deb: Path) -> dict[str, tuple[str, str, str, str]]:
     out = {}
     for line in text.splitlines():
         mode, owner, size, _date, _time, name = line.split(None, 5)
-        path, _, target = name.partition(" -> ")
+        path, _, target = name.partition(" link to " if mode.startswith("h") else " -> ")
         out[path] = (mode, owner, size, target)
     return out
 
@@ -450,7 +503,7 @@ def deb_oracle(orig: Path, new: Path, suffix: str, together: dict[str, tuple[str
     # md5sums: a line for every regular file but the conffiles, each right.
     conffiles = set(control["a"].get("conffiles", b"").decode().split())
     md5 = dict(ln.split("  ", 1)[::-1] for ln in control["b"]["md5sums"].decode().splitlines())
-    files = {p[2:] for p, m in mb.items() if m[0].startswith("-")}
+    files = {p[2:] for p, m in mb.items() if m[0][0] in "-h"}  # regular files, hard links too
     assert set(md5) == {f for f in files if "/" + f not in conffiles}
     for f, digest in md5.items():
         assert hashlib.md5((root / f).read_bytes()).hexdigest() == digest, f
@@ -495,7 +548,9 @@ def test_dbgsym_keeps_every_field_and_member(policy: Path, tmp_path: Path) -> No
     out = tmp_path / "out"
     hugify("repack", *debs, "-o", out)
     new = {deb_fields(p)["Package"]: p for p in out.iterdir()}
-    together = {n: (deb_fields(d)["Version"], deb_fields(d)["Version"] + "+hugify1") for n, d in zip(names, debs)}
+    together = {
+        n: (deb_fields(d)["Version"], deb_fields(d)["Version"] + "+hugify1") for n, d in zip(names, debs, strict=True)
+    }
     for n, deb in zip(names, debs, strict=True):
         work = tmp_path / n
         work.mkdir()
