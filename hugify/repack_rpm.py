@@ -421,7 +421,6 @@ class Rpm:
         defines = {
             "_topdir": str(top),
             "_rpmdir": str(outdir),
-            "buildroot": str(pkg.root),
             "__spec_install_pre": "%{___build_pre}",
             "__spec_install_post": "%{nil}",
             "__os_install_post": "%{nil}",
@@ -439,7 +438,8 @@ class Rpm:
         # Only what the header has: none of the building system's defaults.
         undefined = [m for t, m in MACRO_TAGS.items() if not one(h, t)]
         undefined += ["vendor", "packager", "distribution", "bugurl"]
-        cmd = ["rpmbuild", "-bb", "--nodeps", "--target", pkg.arch]
+        # --buildroot, not a definition: rpm >= 4.20 derives %buildroot from its build directory.
+        cmd = ["rpmbuild", "-bb", "--nodeps", "--target", pkg.arch, "--buildroot", str(pkg.root)]
         for k, v in defines.items():
             cmd += ["--define", f"{k} {v}"]
         for macro in undefined:

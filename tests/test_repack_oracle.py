@@ -272,7 +272,10 @@ def test_rpm_repacked_alone_keeps_every_tag_and_the_other_packages_version(
 
 @slow
 def test_rpm_repacked_together_follow_each_other(test_rpms: dict[str, Path], policy: Path, tmp_path: Path) -> None:
-    names = ("hugify-repack-test", "hugify-repack-test-tools", "hugify-repack-test-debuginfo")
+    # rpm >= 4.20 makes no -debuginfo where the platform does not enable debug packages (Debian).
+    names = [
+        n for n in ("hugify-repack-test", "hugify-repack-test-tools", "hugify-repack-test-debuginfo") if n in test_rpms
+    ]
     out = tmp_path / "out"
     hugify("repack", *(test_rpms[n] for n in names), "--policy", policy, "-o", out)
     together = {n: ("1:2.1-3", "1:2.1-3.hugify1") for n in names}
