@@ -40,6 +40,7 @@ POLICY = 'threshold = "0"\n'
 AUTO_MARKS = 0x4000 | 0x8000 | 0x10000000
 EQUAL = 8
 GHOST = 64  # rpmfiles.h
+FILESIGNATURES = 5090  # rpmtag.h
 BUILD_ID_DIR = "/usr/lib/.build-id"
 
 
@@ -306,13 +307,13 @@ def test_rpm_suffix_that_sorts_lower_is_refused(test_rpms: dict[str, Path], poli
     assert "suffix-not-higher" in hugify("explain", "suffix-not-higher").stdout
 
 
-def with_ima_signatures(pkg: Path, dest: Path) -> None:
-    """A copy of the package whose header carries per-file IMA signatures
-    (FILESIGNATURES, tag 5090), as `rpmsign --signfiles` leaves it. rpm here is built
-    without IMA support (rpmsign has no --signfiles), so the tag is written into the
-    header's immutable region directly: a string array of placeholder signatures,
-    one per file, before the region's trailer, whose offset and count follow. rpm
-    reads the result (checked below); only its digests no longer match."""
+def with_tag(pkg: Path, dest: Path, tag: int = FILESIGNATURES) -> None:
+    """A copy of the package whose header carries a string array tag with one value
+    per file: per-file IMA signatures (FILESIGNATURES) as `rpmsign --signfiles` leaves
+    them, by default. rpm here is built without IMA support (rpmsign has no
+    --signfiles), so the tag is written into the header's immutable region directly:
+    placeholder values before the region's trailer, whose offset and count follow.
+    rpm reads the result (checked by the callers); only its digests no longer match."""
     data = pkg.read_bytes()
 
     def header_end(at: int) -> tuple[int, int, int]:
@@ -333,7 +334,7 @@ def with_ima_signatures(pkg: Path, dest: Path) -> None:
     for e in index:
         if e[2] >= trailer:
             e[2] += len(signatures)
-    index.append([5090, 8, trailer, len(files.stdout.splitlines())])
+    index.append([tag, 8, trailer, len(files.stdout.splitlines())])  # RPM_STRING_ARRAY_TYPE
     region = struct.pack(">iiii", 63, 7, -(count + 1) * 16, 16)
     body = data[store : store + trailer] + signatures + region + data[store + trailer + 16 : store + size]
     dest.write_bytes(
@@ -350,7 +351,7 @@ def test_rpm_with_file_signatures_is_refused_by_tag_name(
     test_rpms: dict[str, Path], policy: Path, tmp_path: Path
 ) -> None:
     signed = tmp_path / "signed.rpm"
-    with_ima_signatures(test_rpms["hugify-repack-test-tools"], signed)
+    with_tag(test_rpms["hugify-repack-test-tools"], signed)
     query = ["rpm", "-qp", "--nosignature", "--nodigest", "--qf", "[%{FILESIGNATURES}\n]", str(signed)]
     assert set(subprocess.run(query, capture_output=True, text=True, check=True).stdout.split()) == {"ab"}
     before = hashlib.sha256(signed.read_bytes()).hexdigest()
@@ -360,6 +361,12 @@ def test_rpm_with_file_signatures_is_refused_by_tag_name(
     assert "the header has Filesignatures (per-file IMA signatures)" in res.stderr, res.stderr
     assert "(unsupported-metadata)" in res.stderr and list(out.iterdir()) == []
     assert hashlib.sha256(signed.read_bytes()).hexdigest() == before
+    # A tag this rpm has no name for (a newer rpm's) is refused too, not dropped.
+    newer = tmp_path / "newer.rpm"
+    with_tag(test_rpms["hugify-repack-test-tools"], newer, 20000)
+    res = hugify("repack", newer, "--policy", policy, "-o", out, check=False)
+    assert res.returncode == 4 and "a tag this rpm does not know" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1 and list(out.iterdir()) == []
 
 
 # --- Debian ---------------------------------------------------------------------------
