@@ -311,10 +311,12 @@ def summary_table(pkgs: list[Package]) -> str:
     size growth and the code on huge pages predicted."""
     rows = [("package", "transformed", "as is", "skipped", "growth", "code on huge pages")]
     reasons: list[str] = []
+    names = [p.name for p in pkgs]
     for p in pkgs:
+        label = f"{p.name}:{p.arch}" if names.count(p.name) > 1 else p.name
         if p.report is None:
             ids = f"{len(p.renamed_ids)} debug file(s) moved"
-            rows.append((p.name, ids, "", "", "", ""))
+            rows.append((label, ids, "", "", "", ""))
             continue
         files = p.report["files"]
         done = [f for f in files if f["status"] == "transformed"]
@@ -323,7 +325,7 @@ def summary_table(pkgs: list[Package]) -> str:
         covered = sum(f.get("covered_code", 0) for f in done)
         rows.append(
             (
-                p.name,
+                label,
                 str(len(done)),
                 str(sum(f["status"] == "as-is" for f in files)),
                 str(len(skipped)),
@@ -332,7 +334,7 @@ def summary_table(pkgs: list[Package]) -> str:
             )
         )
         for f in skipped:
-            reasons.append(f"  {p.name}: {f['path']}: {f['status']} ({f['reason']}): {f['detail']}")
+            reasons.append(f"  {label}: {f['path']}: {f['status']} ({f['reason']}): {f['detail']}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(["hugify: repack summary", *lines, *(["not transformed:", *reasons] if reasons else [])])

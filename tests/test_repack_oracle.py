@@ -532,6 +532,8 @@ def test_archive_debs_keep_every_field_and_member(archive: list[Path], policy: P
     res = hugify("repack", *archive, "--policy", policy, "-o", out)
     new = {(deb_fields(p)["Package"], deb_fields(p)["Architecture"]): p for p in out.iterdir()}
     assert len(new) == len(archive), res.stdout
+    for arch in ("amd64", "arm64"):  # the summary tells the two apart
+        assert re.search(rf"^liblz4-1:{arch}\s+1\s+0\s+0\s", res.stdout, re.M), res.stdout
     together = {f["Package"]: (f["Version"], f["Version"] + "+hugify1") for f in kinds.values()}
     for deb in archive:
         f = kinds[deb.name]
