@@ -434,7 +434,9 @@ class Rpm:
             "optflags": pct(one(h, "Optflags", "")) or "%{nil}",
             "_target_platform": one(h, "Platform", "%{_target_cpu}-%{_vendor}-%{_target_os}"),
             "use_source_date_epoch_as_buildtime": "1",
-            "clamp_mtime_to_source_date_epoch": "0",
+            # The /usr/lib/.build-id links rpmbuild makes would be dated by the clock:
+            # clamped to the epoch, which no file of the package is newer than (below).
+            "clamp_mtime_to_source_date_epoch": "1",
             **{macro: pct(one(h, tag)) for tag, macro in MACRO_TAGS.items() if one(h, tag)},
         }
         # Only what the header has: none of the building system's defaults.
@@ -446,7 +448,9 @@ class Rpm:
             cmd += ["--define", f"{k} {v}"]
         for macro in undefined:
             cmd += ["--undefine", macro]
-        env = {**os.environ, "SOURCE_DATE_EPOCH": str(ctx.epoch), "LC_ALL": "C"}
+        # Nothing the package owns is newer than the epoch, so the clamp leaves their times.
+        newest = max(h.get("Filemtimes", []), default=0)
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(max(ctx.epoch, newest)), "LC_ALL": "C"}
         said = tool([*cmd, str(spec_file)], env=env)
         # Where rpmbuild wrote it, by the building system's own _build_name_fmt.
         wrote = [Path(ln.split(":", 1)[1].strip()) for ln in said.splitlines() if ln.startswith("Wrote:")]

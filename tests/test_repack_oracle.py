@@ -279,6 +279,9 @@ def test_rpm_repacked_together_follow_each_other(test_rpms: dict[str, Path], pol
     ]
     out = tmp_path / "out"
     hugify("repack", *(test_rpms[n] for n in names), "--policy", policy, "-o", out)
+    again = tmp_path / "again"
+    hugify("repack", *(test_rpms[n] for n in names), "--policy", policy, "-o", again)
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == {p.name: p.read_bytes() for p in out.iterdir()}
     together = {n: ("1:2.1-3", "1:2.1-3.hugify1") for n in names}
     for n in names[:2]:
         new = rpm_of(out, n)
