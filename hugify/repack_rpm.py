@@ -329,8 +329,8 @@ def check_carried(h: dict[str, list[Any]]) -> None:
         return RepackError("unsupported-metadata", f"the header has {what}, which repack cannot carry")
 
     for tag in sorted(h):
-        if tag == "(unknown)":  # rpm -qp --xml names what this rpm does not know so
-            raise refuse("a tag this rpm does not know (from a newer rpm)")
+        if tag == "(unknown)" or re.fullmatch(r"\[\d+\]", tag):  # how rpm < 4.20 and >= 4.20 name them
+            raise refuse(f"a tag this rpm does not know{'' if tag == '(unknown)' else f' (number {tag[1:-1]})'}")
         if tag not in CARRIED and tag not in REGENERATED:
             raise refuse(f"{tag}{f' ({MEANING[tag]})' if tag in MEANING else ''}")
     for stem in DEPENDENCIES.values():
