@@ -2,14 +2,20 @@
 
 The header is read with `rpm -qp --xml`, the payload unpacked with rpm2cpio and
 cpio, and a spec is written that says again what the header says: name, epoch,
-version, the release with the suffix, summary, description, relationships
-(with their scriptlet qualifiers), scriptlets with their interpreters, triggers,
-the changelog, and every file with its mode, owner, group, capabilities, verify
-flags and %config/%doc/%ghost flags. rpmbuild packs the unpacked tree as it is
-(no %install step, no brp scripts, no dependency generator). What rpmbuild
+version, the release with the suffix, the preamble's tags, relationships (with
+their scriptlet qualifiers), scriptlets and triggers with their interpreters and
+flags, the changelog, and every file with its mode, owner, group, capabilities,
+verify flags and %config/%doc/%ghost flags. rpmbuild packs the unpacked tree as
+it is (no %install step, no brp scripts, no dependency generator). What rpmbuild
 regenerates itself is left out of the spec: rpmlib() and interpreter
-requirements, config() provides and the /usr/lib/.build-id links, which it
-makes for the new build-ids.
+requirements and the /usr/lib/.build-id links, which it makes for the new
+build-ids.
+
+Every tag of the header is either carried (CARRIED) or regenerated
+(REGENERATED); a package with any other tag is refused before anything is
+written, naming the tag (check_carried). docs/packaging-rpm.md lists what
+differs between the original and the repacked header, which
+tests/test_repack_oracle.py checks tag by tag.
 """
 
 from __future__ import annotations
