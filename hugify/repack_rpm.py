@@ -32,7 +32,7 @@ from hugify.repack_package import Context, Package, RepackError, tool
 
 # rpmds sense flags (rpm's rpmds.h)
 LESS, GREATER, EQUAL = 2, 4, 8
-POSTTRANS, PREREQ, PRETRANS, INTERP = 1 << 5, 1 << 6, 1 << 7, 1 << 8
+POSTTRANS, PRETRANS, INTERP = 1 << 5, 1 << 7, 1 << 8
 SCRIPT_PRE, SCRIPT_POST, SCRIPT_PREUN, SCRIPT_POSTUN, SCRIPT_VERIFY = (1 << n for n in range(9, 14))
 FIND_REQUIRES, FIND_PROVIDES = 1 << 14, 1 << 15
 TRIGGERIN, TRIGGERUN, TRIGGERPOSTUN, TRIGGERPREIN = 1 << 16, 1 << 17, 1 << 18, 1 << 25
@@ -56,10 +56,12 @@ TRIGGERS = (
     (TRIGGERUN, "triggerun"),
     (TRIGGERPOSTUN, "triggerpostun"),
 )
-#: The bits of a relationship a spec line says again. rpmbuild's generator sets
-#: FIND_REQUIRES/FIND_PROVIDES on what it found and PREREQ on old (pre) lines; the
-#: rebuilt spec states them by hand (docs/packaging-rpm.md, what repack changes).
-CARRIED_SENSE = LESS | GREATER | EQUAL | PREREQ | FIND_REQUIRES | FIND_PROVIDES | CONFIG
+#: The bits of a relationship a spec line says again, and those of rpmbuild's
+#: dependency generator (FIND_REQUIRES/FIND_PROVIDES on what it found, CONFIG on
+#: config() relations), which the rebuilt spec states by hand instead
+#: (docs/packaging-rpm.md, what repack changes). Any other bit (the legacy PREREQ,
+#: MISSINGOK, KEYRING…) no spec line sets: the package is refused.
+CARRIED_SENSE = LESS | GREATER | EQUAL | FIND_REQUIRES | FIND_PROVIDES | CONFIG
 CARRIED_SENSE |= sum(bit for bit, _ in QUALIFIERS) | sum(bit for bit, _ in TRIGGERS)
 # rpmfiles.h file flags
 F_CONFIG, F_DOC, F_MISSINGOK, F_NOREPLACE, F_GHOST, F_LICENSE, F_README, F_ARTIFACT = (
@@ -339,7 +341,7 @@ def check_carried(h: dict[str, list[Any]]) -> None:
             raise refuse(f"a tag this rpm does not know{'' if tag == '(unknown)' else f' (number {tag[1:-1]})'}")
         if tag not in CARRIED and tag not in REGENERATED:
             raise refuse(f"{tag}{f' ({MEANING[tag]})' if tag in MEANING else ''}")
-    for stem in DEPENDENCIES.values():
+    for stem in [*DEPENDENCIES.values(), "Trigger"]:
         for dep, fl in zip(h.get(f"{stem}name", []), h.get(f"{stem}flags", []), strict=False):
             if fl & ~(CARRIED_SENSE | RPMLIB | INTERP):
                 raise refuse(f"{stem}flags {fl:#x} on {dep}")
