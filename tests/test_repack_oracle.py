@@ -400,7 +400,8 @@ def archive_debs(packages: list[str]) -> list[Path]:
     """The running system's suite's current .debs of `packages` (NAME:ARCH for
     another architecture), fetched with apt-get download through a private apt
     state (its own sources list, architectures amd64 and arm64, lists and cache) and
-    kept under the test cache by file name."""
+    kept under the test cache by file name, the archive's newer versions replacing
+    older ones."""
     release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
     suite = release["VERSION_CODENAME"].strip('"')
     group = cache_root() / f"repack-oracle-{suite}"
@@ -426,18 +427,21 @@ def archive_debs(packages: list[str]) -> list[Path]:
             return sorted(line.split()[1] for line in res.stdout.splitlines()) if res.returncode == 0 else None
 
         debs = names()
-        if debs is None or not all((group / d).exists() for d in debs):
+        # One directory per package list, so that lists do not evict each other's files.
+        here = group / hashlib.sha256(" ".join(sorted(packages)).encode()).hexdigest()[:16]
+        here.mkdir(exist_ok=True)
+        if debs is None or not all((here / d).exists() for d in debs):
             subprocess.run(["apt-get", "-q", *opts, "update"], capture_output=True, text=True, check=True)
             debs = names()
             assert debs is not None, packages
             res = subprocess.run(
-                ["apt-get", *opts, "download", *packages], cwd=group, capture_output=True, text=True, check=False
+                ["apt-get", *opts, "download", *packages], cwd=here, capture_output=True, text=True, check=False
             )
             assert res.returncode == 0, res.stderr
-        for stale in group.glob("*.deb"):
+        for stale in here.glob("*.deb"):
             if stale.name not in debs:
                 stale.unlink()
-    return [group / d for d in debs]
+    return [here / d for d in debs]
 
 
 @pytest.fixture(scope="module")
