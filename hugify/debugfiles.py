@@ -17,7 +17,7 @@ import contextlib
 from pathlib import Path
 
 from hugify import _core
-from hugify.repack import Package, RepackError, replace_debug_file, tool
+from hugify.repack_package import Package, RepackError, replace_debug_file, tool
 from hugify.tree import FileReport
 
 #: The debug file of a build-id in a package (Debian -dbgsym and Fedora -debuginfo
@@ -54,11 +54,11 @@ def moved_debug_file(original: Path, debug: Path, shipped: FileReport, work: Pat
     return out
 
 
-def repack(dbg: Package, main: Package, work: Path) -> None:
+def repack(dbg: Package, main: Package) -> None:
     """Moves every debug file in `dbg` that describes a file transformed in `main`
     and renames it after the new build-id."""
     assert main.report is not None
-    scratch = work / f"debug-{dbg.name}"
+    scratch = dbg.root.parent / "debug"  # beside its root: names may repeat across architectures
     scratch.mkdir(parents=True, exist_ok=True)
     for f in main.report["files"]:
         old, new = f.get("build_id_before"), f.get("build_id_after")

@@ -18,7 +18,8 @@ which is checked), and the debug part is split off again (objcopy
 
 Everything is written into a temporary directory inside the output directory and
 renamed into place at the end: on any failure nothing is left in the output.
-The format handlers are hugify.repack_deb and hugify.repack_rpm.
+The format handlers are hugify.repack_deb and hugify.repack_rpm; what they share
+with this module is in hugify.repack_package.
 """
 
 from __future__ import annotations
@@ -26,77 +27,19 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
-from hugify import _core, manifest, reasons, signing, tree
+from hugify import debugfiles, manifest, reasons, repack_deb, repack_rpm, signing, tree
 from hugify.exitcodes import Exit
 from hugify.files import source_date_epoch
 from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
-from hugify.rewrite import copy_metadata
+from hugify.repack_package import Context, Package, RepackError, add_file
 from hugify.sizes import human
-
-#: Reason ids of whole packages (`hugify explain` lists them with the core's):
-#: (id, kind, summary). The kind decides the exit status as for files.
-
-
-class RepackError(Exception):
-    """A package cannot be repacked: a reason id and a one-line detail."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
-    @property
-    def exit(self) -> Exit:
-        from hugify import reasons
-
-        return Exit.for_kind(reasons.table()[self.reason][0])
-
-
-def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    """Runs a packaging tool; its stdout, or RepackError with its first error line."""
-    try:
-        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    except OSError as e:
-        raise RepackError("tool-failed", f"cannot run {cmd[0]}: {e.strerror or e}") from e
-    if res.returncode != 0:
-        # The last line that says something (rpmbuild ends with a heading and indented errors).
-        lines = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and not ln.endswith(":")]
-        raise RepackError("tool-failed", f"{' '.join(cmd[:2])}: {lines[-1] if lines else f'exit {res.returncode}'}")
-    return res.stdout
-
-
-# --- one unpacked package ------------------------------------------------------------
-
-
-@dataclass
-class Package:
-    """An input package unpacked into a work directory; the format handler fills
-    it in and rebuilds it."""
-
-    src: Path
-    name: str
-    version: str  # as the format writes it (deb: [epoch:]upstream[-revision]; rpm: the release)
-    arch: str
-    root: Path  # the installed files
-    #: The name of the package this is the debug package of, else None.
-    debug_of: str | None = None
-    #: What `hugify tree` said: its JSON report (None until transformed).
-    report: tree.Report | None = None
-    #: Installed path -> a hard link to the file as it was before the transformation.
-    originals: dict[str, Path] = field(default_factory=dict)
-    #: (old build-id, new build-id) of the separate debug files renamed in a debug package.
-    renamed_ids: list[tuple[str, str]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
-    #: The format handler's own state.
-    extra: Any = None
 
 
 class Format(Protocol):
@@ -108,6 +51,10 @@ class Format(Protocol):
     def unpack(self, src: Path, work: Path) -> Package: ...
 
     def new_version(self, pkg: Package, suffix: str) -> str: ...
+
+    def sorts_above(self, old: str, new: str) -> bool:
+        """Whether the format's package manager takes `new` as newer than `old`."""
+        ...
 
     def build(self, pkg: Package, ctx: Context, outdir: Path) -> Path:
         """Writes the rebuilt package into outdir; its path."""
@@ -122,12 +69,8 @@ def format_of(path: Path) -> Format:
     except OSError as e:
         raise RepackError("not-a-package", f"cannot read it: {e.strerror or e}") from e
     if magic == b"!<arch>\n":
-        from hugify import repack_deb
-
         return repack_deb.Deb()
     if magic[:4] == b"\xed\xab\xee\xdb":
-        from hugify import repack_rpm
-
         return repack_rpm.Rpm()
     raise RepackError("not-a-package", "neither a .deb (ar archive) nor an .rpm (lead magic)")
 
@@ -146,21 +89,6 @@ class Options:
     dry_run: bool = False
     jobs: int = 1
     out: TextIO | None = None
-
-
-@dataclass
-class Context:
-    """What the format handlers need besides the package."""
-
-    suffix: str
-    #: The new version of each repacked package, by name (debug packages' exact
-    #: dependencies on their main package follow it).
-    versions: dict[str, tuple[str, str]]
-    epoch: int
-
-    def note(self, pkg: Package) -> str:
-        """The value of the field naming the original version and hugify's."""
-        return f"original-version={pkg.version}; hugify={_core.VERSION}"
 
 
 def _unusable(e: PolicyError, package: str | None = None) -> RepackError:
@@ -209,6 +137,10 @@ def run(opts: Options) -> Exit:
             if opts.dry_run:
                 print("hugify: dry run: nothing written", file=out)
                 return Exit.OK
+            names = [f.name for f in built]
+            if len(set(names)) != len(names):
+                twice = sorted({n for n in names if names.count(n) > 1})
+                raise RepackError("not-a-package", f"the same package given twice: {', '.join(twice)}")
             for f in built:
                 os.replace(f, opts.outdir / f.name)
                 print(f"hugify: wrote {opts.outdir / f.name}", file=out)
@@ -235,27 +167,32 @@ def _repack_all(opts: Options, layers: Layers, work: Path, out: TextIO) -> list[
             pkgs.append((fmt, fmt.unpack(src, work / f"p{i}")))
         except RepackError as e:
             raise _in(src, e) from None
-    names = {p.name for _, p in pkgs}
+    # By name and architecture: one call may hold a package for two architectures.
+    mains = {(p.name, p.arch): p for _, p in pkgs if p.debug_of is None}
     for _, p in pkgs:
-        if p.debug_of is not None and p.debug_of not in names:
+        if p.debug_of is not None and (p.debug_of, p.arch) not in mains:
             raise RepackError("debug-without-main", f"{p.src}: {p.name} describes {p.debug_of}, which is not given")
     epoch = source_epoch([p for _, p in pkgs])
     suffix_of = {fmt.name: opts.suffix or fmt.default_suffix for fmt, _ in pkgs}
     versions = {p.name: (p.version, fmt.new_version(p, suffix_of[fmt.name])) for fmt, p in pkgs}
-    mains = {p.name: p for _, p in pkgs if p.debug_of is None}
+    for fmt, p in pkgs:
+        old, new = versions[p.name]
+        if not fmt.sorts_above(old, new):
+            raise RepackError(
+                "suffix-not-higher",
+                f"{p.src}: {p.name} {new} does not sort above {old}: the suffix {suffix_of[fmt.name]!r} lowers it",
+            )
     for _, p in pkgs:
         if p.debug_of is None:
             try:
-                _transform(p, repack_policy(layers, p.name), opts, work, epoch)
+                _transform(p, repack_policy(layers, p.name), opts, epoch)
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
         if p.debug_of is not None:
             try:
-                from hugify import debugfiles
-
                 with _dir_times(p.root, epoch):
-                    debugfiles.repack(p, mains[p.debug_of], work)
+                    debugfiles.repack(p, mains[(p.debug_of, p.arch)])
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
@@ -288,20 +225,22 @@ def source_epoch(pkgs: list[Package]) -> int:
     return newest
 
 
-def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int) -> None:
+def _transform(pkg: Package, pol: Policy, opts: Options, epoch: int) -> None:
     """Runs `hugify tree` on the package's files, keeping a hard link to each ELF
     file's original (debug files are matched with those), then adds the manifest
     and, when the policy signs, the signed statement."""
     found = tree.candidates(pkg.root)
     if not found:
         raise RepackError("no-elf-file", f"{pkg.name} holds no ELF executable or shared object")
-    keep = work / f"originals-{pkg.name}"
-    keep.mkdir(parents=True)
+    # Beside the package's own root: two packages may share a name (two architectures).
+    scratch = pkg.root.parent
+    keep = scratch / "originals"
+    keep.mkdir()
     for n, c in enumerate(found):
         os.link(c.files[0], keep / str(n))
         for path in c.paths:
             pkg.originals[path] = keep / str(n)
-    listing, report = work / f"{pkg.name}.list", work / f"{pkg.name}.report.json"
+    listing, report = scratch / "manifest.list", scratch / "report.json"
     log = io.StringIO()
     topts = tree.Options(
         root=pkg.root,
@@ -324,7 +263,7 @@ def _transform(pkg: Package, pol: Policy, opts: Options, work: Path, epoch: int)
             why = "; ".join(sorted({f"{f['reason']}" for f in pkg.report["files"]}))
             raise RepackError("all-refused", f"no ELF file of {pkg.name} was transformed ({why})")
         if manifest.parse(listing.read_text(encoding="utf-8"), str(listing)):
-            dest = pkg.root / manifest.MANIFEST_DIR.relative_to("/") / f"{pkg.name}.list"
+            dest = pkg.root / manifest.MANIFEST_DIR.relative_to("/") / pkg.manifest_name
             add_file(pkg.root, dest, listing.read_bytes(), epoch)
         _sign(pkg, pol, report, epoch)
 
@@ -353,17 +292,6 @@ def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:
         os.utime(f, (epoch, epoch))
 
 
-def add_file(root: Path, dest: Path, data: bytes, epoch: int, mode: int = 0o644) -> None:
-    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories."""
-    missing = [d for d in [dest.parent, *dest.parent.parents] if d.is_relative_to(root) and not d.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for d in missing:
-        os.chmod(d, 0o755)
-    dest.write_bytes(data)
-    os.chmod(dest, mode)
-    os.utime(dest, (epoch, epoch))
-
-
 @contextlib.contextmanager
 def _dir_times(root: Path, epoch: int) -> Iterator[None]:
     """Puts back the time stamps of the directories of root after changes in them;
@@ -375,25 +303,6 @@ def _dir_times(root: Path, epoch: int) -> Iterator[None]:
         os.utime(d, ns=(ns, ns))
 
 
-def replace_debug_file(path: Path, new_path: Path, data_from: Path) -> None:
-    """Gives a debug file new contents under the name of its new build-id, keeping
-    its metadata. An rpm names the file after the package and links the build-id
-    to it: there the file keeps its name and rpmbuild makes the new link."""
-    if path.is_symlink():
-        path = path.resolve()
-        new_path = path
-    st = path.lstat()
-    tmp = new_path.with_name(f".{new_path.name}.hugify")
-    new_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(data_from, tmp)
-    copy_metadata(st, path, tmp, times=True)
-    os.replace(tmp, new_path)
-    if new_path != path:
-        path.unlink()
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()
-
-
 # --- the summary -----------------------------------------------------------------------
 
 
@@ -402,10 +311,12 @@ def summary_table(pkgs: list[Package]) -> str:
     size growth and the code on huge pages predicted."""
     rows = [("package", "transformed", "as is", "skipped", "growth", "code on huge pages")]
     reasons: list[str] = []
+    names = [p.name for p in pkgs]
     for p in pkgs:
+        label = f"{p.name}:{p.arch}" if names.count(p.name) > 1 else p.name
         if p.report is None:
             ids = f"{len(p.renamed_ids)} debug file(s) moved"
-            rows.append((p.name, ids, "", "", "", ""))
+            rows.append((label, ids, "", "", "", ""))
             continue
         files = p.report["files"]
         done = [f for f in files if f["status"] == "transformed"]
@@ -414,7 +325,7 @@ def summary_table(pkgs: list[Package]) -> str:
         covered = sum(f.get("covered_code", 0) for f in done)
         rows.append(
             (
-                p.name,
+                label,
                 str(len(done)),
                 str(sum(f["status"] == "as-is" for f in files)),
                 str(len(skipped)),
@@ -423,7 +334,7 @@ def summary_table(pkgs: list[Package]) -> str:
             )
         )
         for f in skipped:
-            reasons.append(f"  {p.name}: {f['path']}: {f['status']} ({f['reason']}): {f['detail']}")
+            reasons.append(f"  {label}: {f['path']}: {f['status']} ({f['reason']}): {f['detail']}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(["hugify: repack summary", *lines, *(["not transformed:", *reasons] if reasons else [])])

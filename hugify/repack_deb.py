@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 from pathlib import Path
 
-from hugify.repack import Context, Package, RepackError, tool
+from hugify.repack_package import Context, Package, RepackError, tool
 
 #: data.tar member suffix -> dpkg-deb -Z value.
 COMPRESSORS = {".xz": "xz", ".zst": "zstd", ".gz": "gzip", "": "none"}
@@ -160,10 +161,21 @@ class Deb:
             debug_of = name.removesuffix("-dbgsym")
         pkg = Package(src, name, version, arch, root, debug_of)
         pkg.extra = DebExtra(control, fields, compressor, installed_kib(root))
+        pkg.coinstallable = (get(fields, "Multi-Arch") or "").strip() == "same"
         return pkg
 
     def new_version(self, pkg: Package, suffix: str) -> str:
         return pkg.version + suffix
+
+    def sorts_above(self, old: str, new: str) -> bool:
+        """dpkg's own comparison (dpkg --compare-versions)."""
+        try:
+            res = subprocess.run(["dpkg", "--compare-versions", new, "gt", old], capture_output=True, check=False)
+        except OSError as e:
+            raise RepackError("tool-failed", f"cannot run dpkg: {e.strerror or e}") from e
+        if res.returncode not in (0, 1):
+            raise RepackError("tool-failed", f"dpkg --compare-versions: {res.stderr.decode(errors='replace').strip()}")
+        return res.returncode == 0
 
     def build(self, pkg: Package, ctx: Context, outdir: Path) -> Path:
         x: DebExtra = pkg.extra

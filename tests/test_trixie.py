@@ -1,5 +1,5 @@
 """The next userland: the rpm and debhelper integration tests, the DWARF matrix and
-the Debian corpus, run again inside a Debian 13 (trixie) root (rpm 4.20, debhelper
+the Debian corpus and the repack oracle, run again inside a Debian 13 (trixie) root (rpm 4.20, debhelper
 13.2x, gcc 14, clang 19, binutils 2.44, elfutils 0.192, glibc 2.41).
 
 The root is made with mmdebstrap from the Debian archive and cached under the test
@@ -69,7 +69,13 @@ PACKAGES = sorted(
     }
 )
 #: The selection run inside the root (the whole of each file).
-TEST_FILES = ("tests/test_rpm.py", "tests/test_debhelper.py", "tests/test_dwarf.py", "tests/test_debian_corpus.py")
+TEST_FILES = (
+    "tests/test_rpm.py",
+    "tests/test_debhelper.py",
+    "tests/test_dwarf.py",
+    "tests/test_debian_corpus.py",
+    "tests/test_repack_oracle.py",
+)
 
 
 def root_key() -> str:

@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and a version suffix. A debug package (-dbgsym, -debuginfo) given with its package is repacked "
         "to match. Prints a summary. Run as root or under fakeroot. Exit status: 0; 2 usage; 3 not a "
         "package or unusable policy; 4 nothing to transform (reason id, see `hugify explain`); "
-        "5 I/O or tool failure. On failure nothing is written to DIR.",
+        "5 I/O or tool failure; a --suffix that does not sort above the original version is refused "
+        "(3). An rpm header tag repack cannot carry is refused by name (4). On failure nothing is "
+        "written to DIR.",
     )
     p.add_argument("packages", nargs="+", metavar="PACKAGE", help=".deb or .rpm files")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="where the new packages go")
@@ -51,7 +53,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--suffix",
         type=_suffix,
         metavar="TEXT",
-        help="appended to the version (default: +hugify1 for Debian, .hugify1 to the rpm Release)",
+        help="appended to the version; it must sort above the original (default: +hugify1 for Debian, "
+        ".hugify1 to the rpm Release)",
     )
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="files transformed at once (default: CPUs)")

@@ -1,0 +1,123 @@
+"""What the parts of ``hugify repack`` share: an unpacked package, the context of
+a run, the error that refuses a package, and the helpers that run packaging tools
+and add files. hugify.repack drives a run; the format handlers (hugify.repack_deb,
+hugify.repack_rpm) and the debug files' handler (hugify.debugfiles) import this
+module only, so the modules read top-down without a cycle."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hugify import _core, reasons, tree
+from hugify.exitcodes import Exit
+from hugify.rewrite import copy_metadata
+
+
+class RepackError(Exception):
+    """A package cannot be repacked: a reason id and a one-line detail."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+    @property
+    def exit(self) -> Exit:
+        return Exit.for_kind(reasons.table()[self.reason][0])
+
+
+def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """Runs a packaging tool; its stdout, or RepackError with its first error line."""
+    try:
+        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise RepackError("tool-failed", f"cannot run {cmd[0]}: {e.strerror or e}") from e
+    if res.returncode != 0:
+        # The last line that says something (rpmbuild ends with a heading and indented errors).
+        lines = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and not ln.endswith(":")]
+        raise RepackError("tool-failed", f"{' '.join(cmd[:2])}: {lines[-1] if lines else f'exit {res.returncode}'}")
+    return res.stdout
+
+
+# --- one unpacked package ------------------------------------------------------------
+
+
+@dataclass
+class Package:
+    """An input package unpacked into a work directory; the format handler fills
+    it in and rebuilds it."""
+
+    src: Path
+    name: str
+    version: str  # as the format writes it (deb: [epoch:]upstream[-revision]; rpm: the release)
+    arch: str
+    root: Path  # the installed files
+    #: The name of the package this is the debug package of, else None.
+    debug_of: str | None = None
+    #: What `hugify tree` said: its JSON report (None until transformed).
+    report: tree.Report | None = None
+    #: Installed path -> a hard link to the file as it was before the transformation.
+    originals: dict[str, Path] = field(default_factory=dict)
+    #: (old build-id, new build-id) of the separate debug files renamed in a debug package.
+    renamed_ids: list[tuple[str, str]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    #: The format handler's own state.
+    extra: Any = None
+    #: Installed beside the same package of other architectures (Debian's
+    #: Multi-Arch: same): what hugify adds must not collide with theirs.
+    coinstallable: bool = False
+
+    @property
+    def manifest_name(self) -> str:
+        """The name of the runtime manifest hugify adds (in manifest.MANIFEST_DIR)."""
+        return f"{self.name}:{self.arch}.list" if self.coinstallable else f"{self.name}.list"
+
+
+@dataclass
+class Context:
+    """What the format handlers need besides the package."""
+
+    suffix: str
+    #: The new version of each repacked package, by name (debug packages' exact
+    #: dependencies on their main package follow it).
+    versions: dict[str, tuple[str, str]]
+    epoch: int
+
+    def note(self, pkg: Package) -> str:
+        """The value of the field naming the original version and hugify's."""
+        return f"original-version={pkg.version}; hugify={_core.VERSION}"
+
+
+def add_file(root: Path, dest: Path, data: bytes, epoch: int, mode: int = 0o644) -> None:
+    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories."""
+    missing = [d for d in [dest.parent, *dest.parent.parents] if d.is_relative_to(root) and not d.exists()]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for d in missing:
+        os.chmod(d, 0o755)
+    dest.write_bytes(data)
+    os.chmod(dest, mode)
+    os.utime(dest, (epoch, epoch))
+
+
+def replace_debug_file(path: Path, new_path: Path, data_from: Path) -> None:
+    """Gives a debug file new contents under the name of its new build-id, keeping
+    its metadata. An rpm names the file after the package and links the build-id
+    to it: there the file keeps its name and rpmbuild makes the new link."""
+    if path.is_symlink():
+        path = path.resolve()
+        new_path = path
+    st = path.lstat()
+    tmp = new_path.with_name(f".{new_path.name}.hugify")
+    new_path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(data_from, tmp)
+    copy_metadata(st, path, tmp, times=True)
+    os.replace(tmp, new_path)
+    if new_path != path:
+        path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
