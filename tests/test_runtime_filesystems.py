@@ -125,8 +125,8 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
     assert res.returncode == 4, res.stderr
     report = json.loads(res.stdout)
     for f in report["files"]:
-        assert {(w["state"], w.get("reason", "")[:40]) for w in f["windows"]} == {
-            ("unsupported", "the btrfs filesystem gives no large foli")
+        assert {(w["state"], w["reason"], w["detail"][:40]) for w in f["windows"]} == {
+            ("unsupported", "no-large-folios", "the btrfs filesystem gives no large foli")
         }, f
     dev = os.stat(progs.prog).st_dev
     record = RUN / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
