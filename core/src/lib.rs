@@ -350,13 +350,16 @@ mod tests {
         let align = t.report.align.as_ref().unwrap();
         assert!(align.covered_code < t.summary().covered_code && t.summary().covered_code == 0x30000);
 
+        // lld's layout: the read-only data before the code moves with it.
         let (_, t, _) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Auto, hp);
-        assert_eq!((t.summary().mode, t.report.layout), (Mode::Align, "rodata-first"));
+        assert_eq!((t.summary().mode, t.report.layout), (Mode::Shift, "rodata-first"));
+        assert_eq!(t.summary().covered_code, 0x30000);
 
         // Neither: both reasons in one line, the shift's id.
-        let data = Dso::new(Arrangement::RodataFirst, 0x3000).build().data;
-        let e = transform(&data, &opts(ModeChoice::Auto, hp)).err().expect("refused");
-        assert_eq!(e.reason, Reason::UnsupportedLayout);
+        let mut named = Dso::new(Arrangement::RodataFirst, 0x3000);
+        named.symbols.push(("__ehdr_start", testelf::NOTE));
+        let e = transform(&named.build().data, &opts(ModeChoice::Auto, hp)).err().expect("refused");
+        assert_eq!(e.reason, Reason::EhdrReference);
         assert!(e.detail.contains("alignment only: no whole huge-page window"), "{e}");
     }
 

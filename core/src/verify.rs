@@ -59,6 +59,15 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
     // Sections: same set, addresses moved exactly as planned, and no byte that was
     // not executable became executable.
     let old_x = an.exec_load();
+    // A rodata-first shift may expose the read-only data that shares the code's first
+    // window, and nothing above the code.
+    let new_code_start = new.shdrs[..elf.shdrs.len()]
+        .iter()
+        .filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_size > 0)
+        .map(|s| s.sh_addr)
+        .min()
+        .unwrap_or(0);
+    let mut exposed = 0;
     for (o, n) in elf.shdrs.iter().zip(&new.shdrs) {
         if o.name != n.name || o.sh_type != n.sh_type || o.sh_flags != n.sh_flags {
             return Err(fail(format!("section {} changed identity ({} -> {})", o.index, o.name, n.name)));
@@ -71,7 +80,10 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
             let was_exec = o.sh_addr >= old_x.p_vaddr && o.sh_addr < old_x.vend();
             let is_exec = n.sh_addr >= x.p_vaddr && n.sh_addr < x.vend();
             if is_exec && !was_exec {
-                return Err(fail(format!("section {} ({}) became executable", o.index, o.name)));
+                exposed += o.sh_size;
+                if n.sh_addr + n.sh_size > new_code_start || exposed > plan.exposed {
+                    return Err(fail(format!("section {} ({}) became executable", o.index, o.name)));
+                }
             }
         }
         if o.sh_flags & SHF_EXECINSTR != 0 && o.has_file_data() {
