@@ -284,7 +284,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let window_end = t + dv;
     // Moved bytes keep their distances in the file too: output offset = address - base.
     let file_start = align_up(stay_fend + (below_code - lead), hp);
-    let out_off = |a: u64| a + dv - window_start + file_start;
+    let out_off = |a: u64| a + dv + file_start - window_start;
     let code_dst = out_off(code_start);
     let df = code_dst - code_src;
     let code_len = code_end - code_start;
