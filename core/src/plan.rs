@@ -4,6 +4,10 @@
 //!   by one constant `dv`, chosen so the code ends on a huge-page boundary and the
 //!   free space between the metadata and the moved code holds the leading padding.
 //!   The executable segment then covers whole huge-page windows and nothing else.
+//!   In lld's rodata-first layout the read-only data between the split point and the
+//!   code (.rodata, .eh_frame_hdr, .eh_frame) moves too, in a read-only load of its
+//!   own; since one `dv` keeps its distance to the code, what of it lies in the code's
+//!   first window joins the executable segment ([`Plan::exposed`]).
 //! * **Align** (alignment only): no address changes; file offsets are padded so the
 //!   code's offset is congruent to its address modulo the huge-page size, which lets
 //!   the whole windows *inside* the code be mapped with huge pages.

@@ -195,6 +195,17 @@ mod tests {
     }
 
     #[test]
+    fn read_only_data_may_become_executable_only_as_planned() {
+        // Code short of a window: the read-only data below it shares the code's window.
+        let (built, mut t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x3000), ModeChoice::Shift, 2 << 20);
+        assert!(t.plan.exposed > 0);
+        assert!(crate::verify(&built.data, &out, &t).is_ok());
+        t.plan.exposed = 0;
+        let e = crate::verify(&built.data, &out, &t).unwrap_err();
+        assert!(e.detail.contains("became executable"), "{e}");
+    }
+
+    #[test]
     fn damaged_contents_are_rejected() {
         let pad = |e: &Elf| e.shdrs.iter().find(|s| s.name == super::PAD_SECTION).unwrap().sh_offset as usize;
         assert!(rejected(|e, b| b[pad(e) + 5] = 0x90).contains("not all trap"));
