@@ -17,8 +17,9 @@ from helpers import HP, elflint, hugify, readelf_loads, transform
 
 INSTALLED = Path("/usr/lib/firefox-esr")
 #: Loaded at start-up: sqlite for the profile, NSS for certificates, the glue libraries,
-#: and libxul itself (auto keeps it aligned; forced, its shift makes the executable
-#: segment start below .rodata, which straddles the code's first window).
+#: and libxul itself (auto keeps it aligned; forced, its shift starts the executable
+#: segment below all of its read-only data: .eh_frame, .eh_frame_hdr and .rodata each
+#: straddle a window boundary below the code).
 SHIFTED = [
     "libxul.so",
     "libmozsqlite3.so",
