@@ -45,6 +45,8 @@ class Plan(TypedDict):
     #: Of the file written, once transformed.
     growth: int
     covered_code: int
+    #: Read-only bytes that share the code's first window and become executable.
+    exposed_read_only: int
     segments: list[Segment]
     windows: list[WindowRun]
     build_id: str | None

@@ -68,9 +68,11 @@ def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chose
     if plan["ok"] is False:
         return f"    {name:<6} not possible: {plan['detail']} ({plan['reason']})"
     cover = 100.0 * plan["covered_code"] / code if code else 0.0
+    exposed = plan["exposed_read_only"]
+    shared = f", {human(exposed)} of read-only data shares the code's window (executable)" if exposed else ""
     return (
         f"    {name:<6} dv={plan['dv']:#x} df={plan['df']:#x} growth {human(plan['growth'])}, "
-        f"code on huge pages {cover:.1f}%{mark}"
+        f"code on huge pages {cover:.1f}%{shared}{mark}"
     )
 
 

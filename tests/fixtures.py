@@ -130,42 +130,20 @@ RECIPES = [
     Recipe("gcc-bfd-now-relr", ldflags=("-Wl,-z,now", "-Wl,-z,pack-relative-relocs")),
     Recipe("gcc-gold", ldflags=("-fuse-ld=gold",)),
     Recipe("clang-bfd", cc="clang", ldflags=("-fuse-ld=bfd",)),
-    # lld puts .rodata before the code, so only alignment is possible; it needs code
-    # spanning at least one whole 2 MiB window to gain anything.
-    Recipe(
-        "clang-lld",
-        cc="clang",
-        ldflags=("-fuse-ld=lld",),
-        exe_funcs=6500,
-        lib_funcs=6500,
-        expect_mode="align",
-    ),
+    # lld puts .rodata before the code (-z rosegment): it moves with the code.
+    Recipe("clang-lld", cc="clang", ldflags=("-fuse-ld=lld",)),
     Recipe("clang-lld-no-rosegment", cc="clang", ldflags=("-fuse-ld=lld", "-Wl,--no-rosegment")),
     # (lld 14's RELR lacks the GLIBC_ABI_DT_RELR dependency that glibc 2.36 requires,
     # so RELR is covered by GNU ld.)
-    Recipe(
-        "clang-lld-now",
-        cc="clang",
-        ldflags=("-fuse-ld=lld", "-Wl,-z,now"),
-        exe_funcs=6500,
-        lib_funcs=6500,
-        expect_mode="align",
-    ),
+    Recipe("clang-lld-now", cc="clang", ldflags=("-fuse-ld=lld", "-Wl,-z,now")),
     Recipe("gcc-bfd-large", exe_funcs=7800, lib_funcs=1200),
     Recipe("gcc-bfd-small", exe_funcs=200, lib_funcs=200),
     Recipe("gcc-static-pie", static_pie=True, exe_funcs=5500, expect_mode="align"),
     Recipe("cxx-gcc-bfd", lang="cxx", cc="gcc"),
-    Recipe(
-        "cxx-clang-lld",
-        lang="cxx",
-        cc="clang",
-        ldflags=("-fuse-ld=lld",),
-        exe_funcs=6500,
-        lib_funcs=6500,
-        expect_mode="align",
-    ),
+    Recipe("cxx-clang-lld", lang="cxx", cc="clang", ldflags=("-fuse-ld=lld",)),
     Recipe("cxx-gcc-gold", lang="cxx", cc="gcc", ldflags=("-fuse-ld=gold",)),
-    Recipe("rust-default", lang="rust", exe_funcs=13000, expect_mode="align"),
+    # rustc links with its own rust-lld by default: rodata-first.
+    Recipe("rust-default", lang="rust", exe_funcs=5000),
     Recipe("rust-bfd", lang="rust", exe_funcs=5000, ldflags=("-C", "link-arg=-fuse-ld=bfd")),
 ]
 
@@ -202,6 +180,9 @@ DWARF_RECIPES = [
     _dw("dw-gcc-zdebug", "-g", "-gz=zlib-gnu", ldflags=("-fuse-ld=bfd", "-gz=zlib-gnu"), compress_after="zlib-gnu"),
     _dw("dw-gcc-gz-zstd", "-g", compress_after="zstd"),
     _dw("dw-rust", "-g", lang="rust"),
+    # lld's rodata-first layout (-z rosegment, its default), in C and in Rust.
+    _dw("dw-clang-lld", "-g", cc="clang", ldflags=("-fuse-ld=lld",)),
+    _dw("dw-rust-lld", "-g", lang="rust", ldflags=("-C", "link-arg=-fuse-ld=lld")),
     _dw("dw-cxx-large", "-g", lang="cxx", heavy_units=32),
 ]
 A64, I686 = "aarch64-linux-gnu", "i686-linux-gnu"
@@ -209,15 +190,7 @@ CROSS_RECIPES = [
     # GNU ld on aarch64 puts code and metadata in one segment, 64 KiB aligned.
     CrossRecipe("a64-gcc-bfd", target=A64),
     CrossRecipe("a64-gcc-gold", target=A64, ldflags=("-fuse-ld=gold",)),
-    CrossRecipe(
-        "a64-clang-lld",
-        target=A64,
-        cc="clang",
-        ldflags=("-fuse-ld=lld",),
-        exe_funcs=6500,
-        lib_funcs=6500,
-        expect_mode="align",
-    ),
+    CrossRecipe("a64-clang-lld", target=A64, cc="clang", ldflags=("-fuse-ld=lld",)),
     CrossRecipe("a64-cxx-gcc-bfd", target=A64, lang="cxx"),
     CrossRecipe("a64-gcc-now", target=A64, ldflags=("-Wl,-z,now",)),
     CrossRecipe("i686-gcc-bfd", target=I686),

@@ -156,7 +156,7 @@ def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: P
         corners.append(tmp_path / name)
     shifted = tmp_path / "shifted"
     hugify("transform", "--threshold", "0", build(BY_NAME["gcc-bfd"]) / "prog", "-o", shifted)
-    files = [as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so", shifted, build(BY_NAME["clang-lld"]) / "prog"]
+    files = [as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so", shifted, build(BY_NAME["gcc-static-pie"]) / "prog"]
     aligned = tmp_path / "aligned"
     hugify("transform", "--threshold", "0", files[-1], "-o", aligned)
     files.append(aligned)

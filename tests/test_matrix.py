@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fixtures import CROSS_RECIPES, RECIPES, Recipe, build
+from elftools.elf.elffile import ELFFile
+from fixtures import BY_NAME, CROSS_RECIPES, RECIPES, Recipe, build
 from helpers import (
     HP,
     Case,
@@ -90,6 +93,39 @@ def test_transformed_library_under_original_program(
     shutil.copy(case.new / "libhug.so", tmp_path / "libhug.so")
     runner = case.recipe.runner
     assert run_program(tmp_path / "prog", runner=runner) == run_program(case.orig / "prog", runner=runner)
+
+
+#: Native recipes whose first segment holds .rodata (lld's default), so it splits.
+RODATA_FIRST = [BY_NAME[n] for n in ("clang-lld", "clang-lld-now", "cxx-clang-lld", "rust-default")]
+
+
+def _headers(path: Path) -> tuple[dict[str, int], list[Any]]:
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        return {k: elf[k] for k in ("e_phoff", "e_phnum", "e_entry")}, [s.header for s in elf.iter_segments()]
+
+
+@pytest.mark.parametrize("recipe", RODATA_FIRST, ids=lambda r: r.name)
+def test_relocated_program_headers_reach_the_program(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """lld's first segment splits and its program header table moves: the kernel's
+    AT_PHDR points at the relocated table (and AT_PHNUM counts its headers), and ld.so
+    run as a program, which maps the file by e_phoff itself, runs it the same."""
+    case = case_for(recipe, tmp_path_factory)
+    prog = case.new / "prog"
+    ehdr, segments = _headers(prog)
+    old_ehdr, old_segments = _headers(case.orig / "prog")
+    (phdr,) = [s for s in segments if s["p_type"] == "PT_PHDR"]
+    assert phdr["p_offset"] == ehdr["e_phoff"] != old_ehdr["e_phoff"]
+    res = subprocess.run([prog], env={"LD_SHOW_AUXV": "1"}, capture_output=True, text=True, check=True)
+    auxv = dict(line.split(":", 1) for line in res.stdout.splitlines() if line.startswith("AT_"))
+    base = int(auxv["AT_ENTRY"], 16) - ehdr["e_entry"]
+    assert (int(auxv["AT_PHDR"], 16) - base, int(auxv["AT_PHNUM"])) == (phdr["p_vaddr"], ehdr["e_phnum"])
+    assert base % HP == 0
+    (interp,) = [s for s in old_segments if s["p_type"] == "PT_INTERP"]
+    with (case.orig / "prog").open("rb") as f:
+        f.seek(interp["p_offset"])
+        loader = f.read(interp["p_filesz"]).rstrip(b"\0").decode()
+    assert run_program(prog, runner=[loader]) == run_program(case.orig / "prog")
 
 
 def test_elflint_reports_nothing_new(case: Case) -> None:

@@ -63,7 +63,7 @@ def test_align_mode_manifest_entry_is_the_whole_windows(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "usr/bin").mkdir(parents=True)
     prog = root / "usr/bin/prog"
-    shutil.copy2(build(BY_NAME["clang-lld"]) / "prog", prog)
+    shutil.copy2(build(BY_NAME["gcc-static-pie"]) / "prog", prog)
     res = _tree(root, "--manifest", tmp_path / "m.list", "--report", tmp_path / "r.json")
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads((tmp_path / "r.json").read_text())["files"][0]["mode"] == "align"

@@ -104,6 +104,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<B
             d.set_item("df", s.df)?;
             d.set_item("growth", s.growth)?;
             d.set_item("covered_code", s.covered_code)?;
+            d.set_item("exposed_read_only", s.exposed)?;
             d.set_item("segments", segments(py, &s.phdrs)?)?;
             d.set_item("windows", windows(py, &s.windows)?)?;
             d.set_item("build_id", s.build_id.as_deref().map(hex))?;

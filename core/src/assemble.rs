@@ -253,6 +253,24 @@ mod tests {
     }
 
     #[test]
+    fn a_rodata_first_shift_keeps_the_read_only_data_and_relocates_the_table() {
+        for code in [0x3000, 0x1ff000] {
+            let (built, t, out) = run(&Dso::new(Arrangement::RodataFirst, code), ModeChoice::Shift, HP);
+            crate::verify(&built.data, &out, &t).unwrap();
+            let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
+            let dv = t.summary().dv;
+            for name in [".rodata", ".text"] {
+                let (o, n) = (old.section(name).unwrap(), new.section(name).unwrap());
+                assert_eq!((n.sh_addr, new.section_data(n)), (o.sh_addr + dv, old.section_data(o)), "{name}");
+            }
+            assert_eq!(t.summary().covered_code, code);
+            // The header table moved into what stays, where .rodata was.
+            assert_eq!(new.ehdr.e_phoff, align_up(old.section(".rodata").unwrap().sh_offset, 8));
+            assert_eq!(new.loads().next().unwrap().fend(), new.ehdr.e_phoff + new.ehdr.phnum * 56);
+        }
+    }
+
+    #[test]
     fn align_only_pads_file_offsets() {
         let hp = 0x10000;
         let (built, t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Align, hp);

@@ -4,12 +4,16 @@
 //!   by one constant `dv`, chosen so the code ends on a huge-page boundary and the
 //!   free space between the metadata and the moved code holds the leading padding.
 //!   The executable segment then covers whole huge-page windows and nothing else.
+//!   In lld's rodata-first layout the read-only data between the split point and the
+//!   code (.rodata, .eh_frame_hdr, .eh_frame) moves too, in a read-only load of its
+//!   own; since one `dv` keeps its distance to the code, what of it lies in the code's
+//!   first window joins the executable segment ([`Plan::exposed`]).
 //! * **Align** (alignment only): no address changes; file offsets are padded so the
 //!   code's offset is congruent to its address modulo the huge-page size, which lets
 //!   the whole windows *inside* the code be mapped with huge pages.
 
 use crate::elf::consts::*;
-use crate::elf::{align_down, align_up, Elf, Phdr};
+use crate::elf::{align_down, align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::hazards;
 use crate::layout::{Analysis, FileKind, LoadPlace};
@@ -95,6 +99,9 @@ pub struct Plan {
     pub df: u64,
     /// Bytes of executable sections inside whole huge-page windows of the new layout.
     pub covered_code: u64,
+    /// Bytes of read-only sections that share the code's first huge-page window and so
+    /// become executable (a rodata-first shift); 0 otherwise.
+    pub exposed: u64,
 }
 
 /// A plan's outcome per mode, for `inspect`.
@@ -162,25 +169,35 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     if an.kind == FileKind::Executable {
         return Err(refused(Reason::UnsupportedType, "an ET_EXEC has fixed addresses; only alignment can change"));
     }
-    let first_moved = an.places.iter().position(|p| *p != LoadPlace::Stays);
-    if first_moved != Some(an.exec) {
-        return Err(refused(
-            Reason::UnsupportedLayout,
-            format!(
-                "{} at the split point lies before the code, so the code cannot have padding of its own (alignment only is possible)",
-                an.split_section
-            ),
-        ));
-    }
+    let Some(first_moved) = an.places.iter().position(|p| *p != LoadPlace::Stays).filter(|&i| i <= an.exec) else {
+        return Err(refused(Reason::UnsupportedLayout, "the executable segment lies before the split point"));
+    };
     hazards::check_shift(elf, an)?;
     let x = an.exec_load();
     if x.p_filesz != x.p_memsz {
         return Err(refused(Reason::UnsupportedLayout, "the executable segment has bytes not backed by the file"));
     }
-    let split = an.places[an.exec] == LoadPlace::Split;
+    let split = an.places[first_moved] == LoadPlace::Split;
     let align = moved_alignment(elf, an)?;
     let page = an.arch.min_page;
-    let code_start = an.move_start;
+    let start = an.move_start;
+    // Read-only content between the split point and the code (lld's .rodata, .eh_frame
+    // before .text) moves with the code by the same dv: the code reaches it pc-relatively.
+    let leading = first_moved..an.exec;
+    for l in &an.loads[leading.clone()] {
+        if l.p_flags & PF_W != 0 || l.p_filesz != l.p_memsz {
+            return Err(refused(
+                Reason::UnsupportedLayout,
+                format!(
+                    "{} at the split point is followed by the {} segment at {:#x} before the code",
+                    an.split_section,
+                    if l.p_flags & PF_W != 0 { "writable" } else { "partly file-less" },
+                    l.p_vaddr
+                ),
+            ));
+        }
+    }
+    let code_start = if leading.is_empty() { start } else { x.p_vaddr };
     if code_start < x.p_vaddr {
         // S lies in the gap before the code (a .tbss at the end of the load before it).
         return Err(refused(
@@ -205,43 +222,87 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         }
     }
 
+    // T + dv is a huge-page boundary, so every boundary lies at T minus a multiple of hp
+    // (in input addresses) whatever dv is. The executable segment starts `lead` bytes
+    // before the code, at the boundary below it; read-only content that moved with the
+    // code and lies there joins the executable segment (a whole window cannot be shared),
+    // and no section may straddle the segment's start.
+    let leading_sections: Vec<&Shdr> = elf
+        .shdrs
+        .iter()
+        .filter(|s| an.section_moves[s.index] && s.sh_size > 0 && s.sh_addr < code_start)
+        .filter(|s| s.sh_flags & SHF_EXECINSTR == 0 && !s.is_tls_bss())
+        .collect();
+    let mut lead = (hp - (t - code_start) % hp) % hp;
+    while leading_sections.iter().any(|s| s.sh_addr + lead < code_start && s.vend() + lead > code_start) {
+        lead += hp;
+    }
+    // Input addresses (as distances below the code) of the lowest moved byte and of the
+    // executable segment's start.
+    let below_code = (code_start - start).max(lead);
+    let read_only_end = code_start.saturating_sub(lead).max(start);
+    let exposed = leading_sections
+        .iter()
+        .filter(|s| s.vend() > read_only_end)
+        .map(|s| s.vend().min(code_start) - s.sh_addr.max(read_only_end))
+        .sum();
+
+    // The loads of the output: what stays, the moved read-only part below the
+    // executable segment, the executable segment, what follows it.
+    let leading_loads: Vec<(u64, u64)> = an.loads[leading.clone()]
+        .iter()
+        .map(|l| (l.p_vaddr.max(start), l.vend().min(read_only_end)))
+        .filter(|(from, to)| to > from)
+        .collect();
+    let new_load_count = an.places.iter().filter(|p| **p != LoadPlace::Moves).count()
+        + leading_loads.len()
+        + 1
+        + (an.exec + 1..an.loads.len()).count();
+
     // What stays: the prefix of the file, plus a relocated program header table when
-    // the first segment is split and needs one more header.
+    // the first moved segment is split and its header table needs room for more headers.
     let phdr_size = elf.class.phdr_size();
-    let mut stay_fend = code_src;
-    let mut stay_vend = an.loads[..an.exec].iter().map(Phdr::vend).max().unwrap_or(0);
+    let table_size = (elf.phdrs.len() - an.loads.len() + new_load_count) as u64 * phdr_size;
+    let first = an.loads[first_moved];
+    let start_src = first.p_offset + start.saturating_sub(first.p_vaddr);
+    let mut stay_fend = start_src;
+    let mut stay_vend = an.loads[..first_moved].iter().map(Phdr::vend).max().unwrap_or(0);
     let mut phdr_table = None;
     if split {
-        let off = align_up(code_src, elf.class.word());
-        let vaddr = off - x.p_offset + x.p_vaddr;
-        let size = (elf.phdrs.len() as u64 + 1) * phdr_size;
+        let off = align_up(start_src, elf.class.word());
+        let vaddr = off - first.p_offset + first.p_vaddr;
         phdr_table = Some((off, vaddr));
-        stay_fend = off + size;
-        stay_vend = vaddr + size;
+        stay_fend = off + table_size;
+        stay_vend = vaddr + table_size;
     }
 
     // dv: T + dv is a huge-page boundary and dv is a multiple of `align`; take the
-    // smallest such dv whose leading window clears what stays.
+    // smallest such dv whose lowest moved page clears what stays.
     let step = align.max(hp);
     let mut dv = (hp - t % hp) % hp;
-    while align_down(code_start + dv, hp) < align_up(stay_vend, page) {
+    while (code_start + dv).checked_sub(below_code).is_none_or(|low| align_down(low, page) < align_up(stay_vend, page))
+    {
         dv += step;
     }
-    let window_start = align_down(code_start + dv, hp);
+    let window_start = code_start + dv - lead;
     let window_end = t + dv;
-    let file_start = align_up(stay_fend, hp);
-    let code_dst = file_start + (code_start + dv - window_start);
+    // Moved bytes keep their distances in the file too: output offset = address - base.
+    let file_start = align_up(stay_fend + (below_code - lead), hp);
+    let out_off = |a: u64| a + dv + file_start - window_start;
+    let code_dst = out_off(code_start);
     let df = code_dst - code_src;
     let code_len = code_end - code_start;
 
-    let mut copies =
-        vec![Placement { src: 0, len: code_src, dst: 0 }, Placement { src: code_src, len: code_len, dst: code_dst }];
-    let traps = vec![
-        (file_start, code_dst - file_start),
-        (code_dst + code_len, file_start + (window_end - window_start) - (code_dst + code_len)),
-    ];
-    let mut cursor = file_start + (window_end - window_start);
-    let map = AddrMap { start: an.move_start, end: an.image_end, dv };
+    let mut copies = vec![Placement { src: 0, len: start_src, dst: 0 }];
+    for l in &an.loads[leading.clone()] {
+        let from = l.p_vaddr.max(start);
+        copies.push(Placement { src: l.p_offset + (from - l.p_vaddr), len: l.vend() - from, dst: out_off(from) });
+    }
+    copies.push(Placement { src: code_src, len: code_len, dst: code_dst });
+    let window_file_end = file_start + (window_end - window_start);
+    let traps = gaps(&copies, file_start, window_file_end);
+    let mut cursor = window_file_end;
+    let map = AddrMap { start, end: an.image_end, dv };
 
     let mut new_loads = Vec::new();
     for (i, l) in an.loads.iter().enumerate() {
@@ -249,13 +310,25 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             LoadPlace::Stays => new_loads.push(*l),
             LoadPlace::Split => {
                 let (table_off, _) = phdr_table.expect("split loads relocate the header table");
-                let filesz = table_off + (elf.phdrs.len() as u64 + 1) * phdr_size - l.p_offset;
+                let filesz = table_off + table_size - l.p_offset;
                 let memsz = stay_vend - l.p_vaddr;
                 new_loads.push(Phdr { p_flags: PF_R, p_filesz: filesz, p_memsz: memsz, ..*l });
             }
             LoadPlace::Moves => {}
         }
-        if i == an.exec {
+        if leading.contains(&i) {
+            let (from, to) = (l.p_vaddr.max(start), l.vend().min(read_only_end));
+            if to > from {
+                new_loads.push(Phdr {
+                    p_offset: out_off(from),
+                    p_vaddr: from + dv,
+                    p_paddr: l.p_paddr.wrapping_add(from - l.p_vaddr + dv),
+                    p_filesz: to - from,
+                    p_memsz: to - from,
+                    ..*l
+                });
+            }
+        } else if i == an.exec {
             new_loads.push(Phdr {
                 p_type: PT_LOAD,
                 p_flags: l.p_flags,
@@ -266,14 +339,15 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
                 p_memsz: window_end - window_start,
                 p_align: hp,
             });
-        } else if an.places[i] == LoadPlace::Moves {
+        } else if i > an.exec {
             let dst = place_after(cursor, l, page);
             copies.push(Placement { src: l.p_offset, len: l.p_filesz, dst });
             cursor = cursor.max(dst + l.p_filesz);
             new_loads.push(Phdr { p_offset: dst, p_vaddr: l.p_vaddr + dv, p_paddr: l.p_paddr.wrapping_add(dv), ..*l });
         }
     }
-    let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, phdr_table, hp)?;
+    debug_assert_eq!(new_loads.len(), new_load_count);
+    let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, phdr_table.map(|(o, v)| (o, v, table_size)), hp)?;
     let mut plan = Plan {
         mode: Mode::Shift,
         huge_page: hp,
@@ -285,9 +359,29 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         tail_start: cursor,
         df,
         covered_code: 0,
+        exposed,
     };
     plan.covered_code = covered_code(elf, an, &plan);
     Ok(plan)
+}
+
+/// The ranges of `[from, to)` that no copy fills, in order.
+fn gaps(copies: &[Placement], from: u64, to: u64) -> Vec<(u64, u64)> {
+    let mut filled: Vec<(u64, u64)> =
+        copies.iter().map(|c| (c.dst.max(from), (c.dst + c.len).min(to))).filter(|(a, b)| b > a).collect();
+    filled.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = from;
+    for (a, b) in filled {
+        if a > at {
+            out.push((at, a - at));
+        }
+        at = at.max(b);
+    }
+    if to > at {
+        out.push((at, to - at));
+    }
+    out
 }
 
 fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
@@ -327,6 +421,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         tail_start: cursor,
         df: d,
         covered_code: 0,
+        exposed: 0,
     };
     plan.covered_code = covered_code(elf, an, &plan);
     if plan.covered_code == 0 {
@@ -357,7 +452,7 @@ fn rebuild_phdrs(
     new_loads: &[Phdr],
     map: &AddrMap,
     copies: &[Placement],
-    table: Option<(u64, u64)>,
+    table: Option<(u64, u64, u64)>,
     hp: u64,
 ) -> Result<Vec<Phdr>> {
     let mut out = Vec::with_capacity(elf.phdrs.len() + 1);
@@ -374,8 +469,7 @@ fn rebuild_phdrs(
                     loads_emitted = true;
                 }
             }
-            (PT_PHDR, Some((off, vaddr))) => {
-                let size = (elf.phdrs.len() as u64 + 1) * elf.class.phdr_size();
+            (PT_PHDR, Some((off, vaddr, size))) => {
                 out.push(Phdr { p_offset: off, p_vaddr: vaddr, p_paddr: vaddr, p_filesz: size, p_memsz: size, ..*p });
             }
             (PT_GNU_STACK, _) => out.push(*p),
@@ -500,14 +594,29 @@ mod tests {
     }
 
     #[test]
-    fn rodata_first_can_only_be_aligned() {
-        let (_, c) = plans(&Dso::new(Arrangement::RodataFirst, 0x30000), 0x10000);
-        let e = c.shift.unwrap_err();
-        assert_eq!(e.reason, Reason::UnsupportedLayout);
-        assert!(e.detail.contains(".rodata at the split point"), "{e}");
-        // Too little code for a whole window: alignment gains nothing either.
+    fn rodata_first_moves_its_read_only_data_with_the_code() {
+        // Code of whole windows: the read-only data gets a load of its own below them.
+        let dso = Dso::new(Arrangement::RodataFirst, 0x30000);
+        let built = dso.build();
+        let p = plans(&dso, 0x10000).1.shift.unwrap();
+        let rodata = built.addr(".rodata");
+        assert_eq!((p.map.start, p.covered_code, p.exposed), (rodata, 0x30000, 0));
+        let loads: Vec<&Phdr> = p.phdrs.iter().filter(|l| l.p_type == PT_LOAD).collect();
+        assert_eq!(loads.iter().map(|l| l.p_flags).collect::<Vec<_>>(), [PF_R, PF_R, PF_R | PF_X, PF_R | PF_W]);
+        assert_eq!(loads[1].p_vaddr, rodata + p.map.dv);
+        assert!(loads[1].vend() <= loads[2].p_vaddr && loads[0].vend() < loads[1].p_vaddr);
+        // The code keeps its distance to the data it reaches pc-relatively.
+        assert_eq!(exec_load(&p).p_vaddr - loads[1].p_vaddr, built.addr(".text") - rodata);
+
+        // Code short of a window: the read-only data below it shares the window and
+        // becomes executable, as in a text-in-first layout; nothing of what stays does.
         let (_, c) = plans(&Dso::new(Arrangement::RodataFirst, 0x3000), HP);
-        assert_eq!(c.align.unwrap_err().reason, Reason::NoGain);
+        let p = c.shift.unwrap();
+        let x = exec_load(&p);
+        assert_eq!((p.covered_code, x.p_vaddr % HP, x.vend() % HP), (0x3000, 0, 0));
+        assert!(p.exposed > 0 && x.p_vaddr <= rodata + p.map.dv, "{p:x?}");
+        assert_eq!(p.phdrs.iter().filter(|l| l.p_type == PT_LOAD).count(), 3, "no read-only load is left");
+        assert!(p.phdrs[0].vend() <= x.p_vaddr);
     }
 
     #[test]
