@@ -14,6 +14,7 @@
 #include <link.h>
 #include <sys/mman.h>
 
+#include "hp_anon.h"
 #include "hp_core.h"
 #include "hp_sys.h"
 
@@ -21,6 +22,9 @@
 
 static struct hp_ctx ctx;
 static int ready; /* ctx initialised (at the first hugified object) */
+static int traced; /* a debugger is attached: private pages may hold its breakpoints */
+static struct hp_anon_settings anon; /* the anonymous-copy mode (hp_anon.h), read with ctx */
+static struct hp_window states[4096]; /* hp_settle's window states, for that mode */
 
 /* The compiler may emit calls to these for structure copies and initialisers. */
 void *memset(void *d, int c, size_t n);
@@ -187,6 +191,20 @@ static int dynamic_matches(struct link_map *map, const Elf64_Phdr *ph, unsigned 
 
 static unsigned int objopen(struct link_map *map, uintptr_t caller);
 
+/* "TracerPid:\tN" of /proc/self/status with N other than 0. */
+static int tracer_line(const char *line, void *arg)
+{
+    static const char key[] = "TracerPid:";
+    (void)arg;
+    for (size_t k = 0; k + 1 < sizeof key; k++)
+        if (line[k] != key[k])
+            return 0;
+    for (const char *p = line + sizeof key - 1; *p; p++)
+        if (*p >= '1' && *p <= '9')
+            return 1;
+    return 2; /* found, not traced: stop reading */
+}
+
 #ifdef HUGIFY_AUDIT_TIMING
 /* Measurement build (make libhugify-audit-timing.so, used by bench/runtime_bench.py):
  * reports the time spent in each la_objopen on stderr as "hugify-audit: US NAME". */
@@ -254,6 +272,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     if (!ready) {
         hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
         ctx.prepare = prepare;
+        hp_anon_read_settings(&anon);
+        traced = hp_each_line("/proc/self/status", tracer_line, 0) == 1;
         ready = 1;
     }
 
@@ -277,6 +297,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
             t.open_file = open_main;
         }
         /* The whole executable mapping, so that the VMA is not split. */
+        int prot = PROT_READ | PROT_EXEC;
         for (unsigned k = 0; k < phnum; k++) {
             const Elf64_Phdr *p = &ph[k];
             if (p->p_type == PT_LOAD && (p->p_flags & PF_X) && p->p_vaddr <= r[i].vaddr &&
@@ -285,12 +306,29 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
                 uintptr_t hi = (map->l_addr + p->p_vaddr + p->p_memsz + HP_PAGE - 1) & ~(uintptr_t)(HP_PAGE - 1);
                 t.advise = (char *)lo;
                 t.advise_len = hi - lo;
+                prot = (p->p_flags & PF_R ? PROT_READ : 0) | (p->p_flags & PF_W ? PROT_WRITE : 0) |
+                       (p->p_flags & PF_X ? PROT_EXEC : 0);
             }
         }
-        t.zap_ok = !(caller >= at && caller < at + r[i].len); /* never under ld.so's feet */
+        /* Never under ld.so's feet, nor under a debugger's: dropping the page-table entries
+         * of a window would drop the breakpoints it wrote there (gdb inserts them in the
+         * program's code before ld.so runs, and does not write them again). */
+        t.zap_ok = !(caller >= at && caller < at + r[i].len) && !traced;
         struct hp_stats st;
         hp_memzero(&st, sizeof st);
+        if (anon.mode != HP_ANON_OFF && t.nwin <= sizeof states / sizeof states[0])
+            t.report = states;
         hp_settle(&ctx, &t, &st);
+        if (anon.mode != HP_ANON_OFF) {
+            struct hp_anon_range ar = {(char *)at, t.nwin, t.off, r[i].vaddr, prot, t.report};
+            static char path[4096];
+            int fd = -1;
+            if (is_main)
+                fd = open_main_file(ph, phnum, at, path, sizeof path);
+            hp_anon_copy(&ctx, &anon, &ar, fd, is_main ? path : name);
+            if (fd >= 0)
+                hp_close(fd);
+        }
     }
     return 0;
 }

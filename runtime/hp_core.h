@@ -120,6 +120,11 @@ int hp_elf_ok(const Elf64_Ehdr *eh);
  * p_align >= hp), spanning at least one whole hp window of file bytes. */
 int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, struct hp_range *out, int max);
 
+/* Whether the anonymous window at `w` (hp-aligned, one VMA of its own) is mapped by one
+ * PMD: 1 yes, 0 no, -1 the kernel gives no way to tell. PAGEMAP_SCAN, else the VMA's
+ * AnonHugePages in /proc/self/smaps. For the anonymous-copy mode (hp_anon.h). */
+int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
+
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);
 
