@@ -174,6 +174,15 @@ def _check_globs(v: Any) -> tuple[str, ...]:
 KEY_SCHEMES = ("awskms://", "gcpkms://", "azurekms://", "hashivault://", "k8s://", "pkcs11:", "env://")
 
 
+def _check_programs(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise _Bad(f"expected an array of program paths, got {_type_name(v)}", 'e.g. ["/usr/sbin/postgres"]')
+    for x in v:
+        if not x.startswith("/") or "\n" in x:
+            raise _Bad(f"{json.dumps(x)} is not an absolute path", "name the installed program by its full path")
+    return tuple(v)
+
+
 def _check_key_ref(v: Any) -> str:
     hint = "an absolute path to a key file, or a URI starting with " + ", ".join(KEY_SCHEMES)
     if not isinstance(v, str):
@@ -273,6 +282,13 @@ SIGNING: dict[str, Field] = {
     "public_key": Field(_check_key_refs, "", "public key file or URI, or an array of them (rotation)"),
     "tlog_upload": Field(_check_bool, False, "upload to a transparency log"),
 }
+#: [runtime]: what the runtime (hugify prefetch, the audit library) does on this host;
+#: not part of a build's policy (not in the digest, not per package).
+RUNTIME: dict[str, Field] = {
+    "anonymous": Field(
+        _check_programs, (), "programs whose code is copied into anonymous huge pages where files get none"
+    ),
+}
 _PACKAGE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+~-]*\Z")
 
 
@@ -289,6 +305,8 @@ def field_for(key: Key) -> Field:
         return HUGE_PAGE
     if key[0] == "signing":
         return SIGNING[key[1]]
+    if key[0] == "runtime":
+        return RUNTIME[key[1]]
     return FIELDS[key[0]]
 
 
@@ -296,6 +314,7 @@ def defaults() -> dict[Key, Setting]:
     out: dict[Key, Setting] = {(k,): Setting(f.default, DEFAULT_SOURCE) for k, f in FIELDS.items()}
     out.update({("huge_page_size", a): Setting(v, DEFAULT_SOURCE) for a, v in DEFAULT_HUGE_PAGES.items()})
     out.update({("signing", k): Setting(f.default, DEFAULT_SOURCE) for k, f in SIGNING.items()})
+    out.update({("runtime", k): Setting(f.default, DEFAULT_SOURCE) for k, f in RUNTIME.items()})
     return out
 
 
@@ -425,20 +444,21 @@ class _Reader:
 
     def settings(self, doc: Mapping[str, Any], prefix: Key) -> None:
         top = not prefix
-        allowed = [*FIELDS, "huge_page_size", *(["signing", "packages"] if top else [])]
+        allowed = [*FIELDS, "huge_page_size", *(["signing", "runtime", "packages"] if top else [])]
         for name, value in doc.items():
             key = (*prefix, name)
             if name in FIELDS:
                 self.leaf(key, value, FIELDS[name])
             elif name == "huge_page_size":
                 self.huge_pages(key, value)
-            elif name == "signing" and top:
+            elif name in ("signing", "runtime") and top:
+                schema = SIGNING if name == "signing" else RUNTIME
                 tbl = self.table(key, value)
                 for k, v in (tbl or {}).items():
-                    if k in SIGNING:
-                        self.leaf((*key, k), v, SIGNING[k])
+                    if k in schema:
+                        self.leaf((*key, k), v, schema[k])
                     else:
-                        self.unknown((*key, k), SIGNING)
+                        self.unknown((*key, k), schema)
             elif name == "packages" and top:
                 for pkg, body in (self.table(key, value) or {}).items():
                     if not is_package_name(pkg):
@@ -602,6 +622,11 @@ class Policy:
     def signing(self, name: str) -> Any:
         return self._get("signing", name)
 
+    @property
+    def anonymous_programs(self) -> tuple[str, ...]:
+        """[runtime] anonymous: the programs run with anonymous copies of their code."""
+        return tuple(self._get("runtime", "anonymous"))
+
     def where(self, *key: str) -> str:
         return self.settings[key].where()
 
@@ -619,13 +644,13 @@ class Policy:
 
     def digest(self) -> str:
         """sha256 (hex) of the effective values that decide what `hugify tree` does:
-        every key but signing.*, by dotted name, as canonical JSON (sorted keys, no
+        every key but signing.* and runtime.*, by dotted name, as canonical JSON (sorted keys, no
         spaces, arrays for lists, UTF-8). Where a value came from does not count,
         nor which key signs. signing/predicate-v1.md documents it for verifiers."""
         values = {
             _dotted(k): list(s.value) if isinstance(s.value, tuple) else s.value
             for k, s in self.settings.items()
-            if k[0] != "signing"
+            if k[0] not in ("signing", "runtime")
         }
         text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -748,6 +773,7 @@ def render(policy: Policy, layers: Layers, overrides: Mapping[str, Mapping[Key, 
     section(None, [((k,), settings[(k,)]) for k in FIELDS], 0)
     section("huge_page_size", sorted((k, s) for k, s in settings.items() if k[0] == "huge_page_size"), 1)
     section("signing", [(("signing", k), settings[("signing", k)]) for k in SIGNING], 1)
+    section("runtime", [(("runtime", k), settings[("runtime", k)]) for k in RUNTIME], 1)
     for pkg in sorted(overrides or {}):
         assert overrides is not None
         section(f"packages.{_dotted((pkg,))}", sorted(overrides[pkg].items()), 0)

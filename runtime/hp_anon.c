@@ -237,15 +237,18 @@ static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char
         /* Named where the kernel allows it (CONFIG_ANON_VMA_NAME): smaps, `hugify status`
          * and the tests find the copies by it. */
         HP_SYS(__NR_prctl, PR_SET_VMA, PR_SET_VMA_ANON_NAME, a, hp, vma_name, 0);
-        /* The first write faults in a whole huge page (MADV_HUGEPAGE); the source is the
-         * program's own mapping, so what is copied is exactly what it would run
-         * (a debugger's breakpoints included). */
-        copy_bytes(a, w, hp);
+        /* The first write faults in a whole huge page (MADV_HUGEPAGE), or one small page
+         * when the kernel has none to give: checked at once, so that a failure costs 4 KiB,
+         * not 2 MiB of small pages. The source is the program's own mapping, so what is
+         * copied is exactly what it would run (a debugger's breakpoints included). */
+        copy_bytes(a, w, 8);
         int pmd = hp_anon_window_is_pmd(c, a);
         if (pmd < 0)
             why = WHY_UNVERIFIED;
         else if (!pmd)
             why = WHY_NOT_HUGE;
+        else if (copy_bytes(a, w, hp), (pmd = hp_anon_window_is_pmd(c, a)) != 1)
+            why = pmd < 0 ? WHY_UNVERIFIED : WHY_NOT_HUGE; /* split meanwhile (khugepaged, reclaim) */
         else if ((rc = HP_SYS(__NR_mprotect, a, hp, prot, 0, 0, 0)) != 0)
             why = WHY_MPROTECT;
         else if ((rc = HP_SYS(__NR_mremap, a, hp, hp, HP_MREMAP_MAYMOVE | HP_MREMAP_FIXED, w, 0)) != (long)w)
@@ -495,7 +498,7 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
         long err = 0;
         if (s->mode == HP_ANON_UNSUPPORTED && (!r->states || r->states[i].state != HP_UNSUPPORTED))
             why = WHY_NOT_NEEDED;
-        else if (c->prepared < 0)
+        else if (!hp_thp_allowed(c))
             why = WHY_THP_OFF;
         else if (!(r->prot & PROT_READ))
             why = WHY_UNREADABLE;

@@ -332,6 +332,8 @@ static int prepared(struct hp_ctx *c)
     return c->prepared > 0;
 }
 
+int hp_thp_allowed(struct hp_ctx *c) { return prepared(c); }
+
 /* Opens the target's file and learns its size; 0 if usable. */
 static int file_ready(struct hp_target *t)
 {

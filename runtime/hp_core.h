@@ -125,6 +125,10 @@ int hp_exec_ranges(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp,
  * AnonHugePages in /proc/self/smaps. For the anonymous-copy mode (hp_anon.h). */
 int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
 
+/* Whether transparent huge pages may be used (c->prepare, called once): 0 when the
+ * administrator set them to never. */
+int hp_thp_allowed(struct hp_ctx *c);
+
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);
 

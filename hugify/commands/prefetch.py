@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> Exit:
     messages: list[str] = []
     with pf.session(args.runtime_dir) as r:
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
+        _record_anonymous(r.rdir)
         problem = r.system.problem()
         if problem:
             pf.say(problem)
@@ -115,6 +116,20 @@ def run(args: argparse.Namespace) -> Exit:
                 }
             )
     return worst(codes)
+
+
+def _record_anonymous(rdir: Path) -> None:
+    """Passes the policy's [runtime] anonymous programs to the audit library."""
+    from hugify import policy
+    from hugify import prefetch as pf
+
+    try:
+        programs = policy.resolve(policy.load(), for_build=False).anonymous_programs
+    except policy.PolicyError as e:
+        pf.say(f"policy not usable, [runtime] anonymous left as it was: {e.problems[0]}")
+        return
+    if not pf.write_anonymous_record(rdir, programs):
+        pf.say(f"cannot write {rdir / pf.ANONYMOUS_FILE}")
 
 
 def _dump(obj: dict[str, Any]) -> None:

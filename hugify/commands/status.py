@@ -17,7 +17,26 @@ def _yes(v: bool | None, unknown: str = "unknown") -> str:
     return unknown if v is None else "yes" if v else "no"
 
 
+def _print_copies(copies: list[Any], hp: int) -> None:
+    from hugify.sizes import human
+
+    if not copies:
+        print("anonymous copies: none")
+        return
+    print("anonymous copies (held per process, shared with forked children):")
+    for c in copies:
+        print(
+            f"  pid {c.pid} ({c.command}): {c.path}: {c.windows(hp)} windows, "
+            f"{human(c.anon_huge)} in anonymous huge pages"
+        )
+    print(
+        f"  total: {len({c.pid for c in copies})} processes, {human(sum(c.anon_huge for c in copies))} "
+        "in anonymous huge pages"
+    )
+
+
 def run(args: argparse.Namespace) -> Exit:
+    from hugify import anoncopies
     from hugify import prefetch as pf
     from hugify.sizes import human
 
@@ -35,6 +54,7 @@ def run(args: argparse.Namespace) -> Exit:
             "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
         }
         cannot_measure = s.process_thp_disabled
+        copies = anoncopies.running_copies(r.hp)
         work = pf.open_targets(targets, r.hp)
         try:
             if not cannot_measure:
@@ -54,6 +74,7 @@ def run(args: argparse.Namespace) -> Exit:
                 "system": s.as_json() | {"features": features, "problem": s.problem()},
                 "files": files,
                 "problems": problems,
+                "anonymous_copies": [c.as_json(r.hp) for c in copies],
             }
             json.dump(out, sys.stdout, indent=2, sort_keys=True)
             print()
@@ -77,6 +98,7 @@ def run(args: argparse.Namespace) -> Exit:
             print("note: coverage cannot be measured from this process")
         for p in problems:
             print(f"hugify: {p}", file=sys.stderr)
+        _print_copies(copies, r.hp)
         if not targets:
             print("no hugified files installed (no manifests)" if not args.files else "no files")
             return Exit.OK

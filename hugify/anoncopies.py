@@ -1,0 +1,116 @@
+"""The anonymous copies the audit library made of hugified code (docs/runtime.md,
+"Anonymous copies"), found in /proc/PID/maps: for `hugify status`.
+
+A copy is an anonymous executable VMA of whole 2 MiB windows at a 2 MiB-aligned address,
+named ``[anon:hugify:PATH]`` where the kernel names anonymous VMAs
+(CONFIG_ANON_VMA_NAME), otherwise recognised by its place: between two mappings of
+the same file (the object's own segments), where nothing but a copy of its code can be.
+The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NAME_PREFIX = "[anon:hugify:"
+_MAPS = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ (\d+)\s*(.*)$")
+
+
+@dataclass
+class Copy:
+    """The anonymous copies of one file's windows in one process."""
+
+    pid: int
+    command: str
+    path: str
+    size: int = 0
+    anon_huge: int = 0
+    rss: int = 0
+
+    def windows(self, hp: int) -> int:
+        return self.size // hp
+
+    def as_json(self, hp: int) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "command": self.command,
+            "path": self.path,
+            "windows": self.windows(hp),
+            "bytes": self.size,
+            "anon_huge_bytes": self.anon_huge,
+            "rss_bytes": self.rss,
+        }
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def copy_ranges(maps: str, hp: int) -> dict[tuple[int, int], str]:
+    """The anonymous copies in one process's maps: (start, end) -> the file's path."""
+    rows = []
+    for line in maps.splitlines():
+        m = _MAPS.match(line)
+        if m:
+            rows.append((int(m[1], 16), int(m[2], 16), m[3], int(m[4]), m[5]))
+
+    def candidate(row: tuple[int, int, str, int, str]) -> bool:
+        lo, hi, perms, inode, name = row
+        anon = inode == 0 and (name == "" or name.startswith(NAME_PREFIX))
+        return anon and "x" in perms and lo % hp == 0 and (hi - lo) % hp == 0
+
+    out: dict[tuple[int, int], str] = {}
+    for i, row in enumerate(rows):
+        if not candidate(row):
+            continue
+        if row[4].startswith(NAME_PREFIX):
+            out[(row[0], row[1])] = row[4][len(NAME_PREFIX) : -1]
+            continue
+        before = next((r[4] for r in reversed(rows[:i]) if not candidate(r)), "")
+        after = next((r[4] for r in rows[i + 1 :] if not candidate(r)), "")
+        if before.startswith("/") and before == after:
+            out[(row[0], row[1])] = before
+    return out
+
+
+def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(AnonHugePages, Rss) in bytes of the given VMAs."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    cur: tuple[int, int] | None = None
+    for line in text.splitlines():
+        m = _MAPS.match(line)
+        if m:
+            key = (int(m[1], 16), int(m[2], 16))
+            cur = key if key in ranges else None
+            continue
+        if cur and line.startswith(("AnonHugePages:", "Rss:")):
+            huge, rss = out.get(cur, (0, 0))
+            kb = int(line.split()[1]) * 1024
+            out[cur] = (kb, rss) if line.startswith("AnonHugePages:") else (huge, kb)
+    return out
+
+
+def running_copies(hp: int, proc: Path = Path("/proc")) -> list[Copy]:
+    """Every process's anonymous copies, per process and file."""
+    found: list[Copy] = []
+    for d in sorted((p for p in proc.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+        maps = _read(d / "maps")
+        ranges = copy_ranges(maps, hp) if maps else {}
+        if not ranges:
+            continue
+        sizes = _smaps_sizes(_read(d / "smaps") or "", ranges)
+        command = (_read(d / "comm") or "?").strip()
+        per_file: dict[str, Copy] = {}
+        for (lo, hi), path in ranges.items():
+            c = per_file.setdefault(path, Copy(int(d.name), command, path))
+            huge, rss = sizes.get((lo, hi), (0, 0))
+            c.size += hi - lo
+            c.anon_huge += huge
+            c.rss += rss
+        found.extend(per_file.values())
+    return found
