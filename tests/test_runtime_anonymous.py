@@ -342,7 +342,10 @@ def test_gdb_breaks_and_backtraces_in_the_copied_code(spin: Path):
     out = gdb(spin, {**audit, "HUGIFY_ANONYMOUS": "always", "HUGIFY_DEBUG": "1"})
     without = gdb(spin, audit)
     assert f"hugify-audit: anonymous {spin}: {nwin(spin)}/{nwin(spin)} windows copied" in out
-    assert re.search(r"^Breakpoint 1, hugify_hot_spin \(", out, re.M), out
+    # without copies too: the audit library used to drop the page holding gdb's breakpoint
+    # when it repaired the window under it
+    for text in (out, without):
+        assert re.search(r"^Breakpoint 1, hugify_hot_spin \(", text, re.M), text
     assert re.search(r"^#1 +0x[0-9a-f]+ in main \(", out, re.M), out
     # where it stopped is anonymous memory (no objfile): one of the copied windows
     pc = int(re.findall(r"^\$1 = 0x([0-9a-f]+)$", out, re.M)[0], 16)
