@@ -10,6 +10,7 @@ The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,12 @@ def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[in
     return out
 
 
-def running_copies(hp: int, proc: Path = Path("/proc")) -> list[Copy]:
-    """Every process's anonymous copies, per process and file."""
+def running_copies(hp: int, pids: Iterable[int] | None = None) -> list[Copy]:
+    """The anonymous copies of every process (or of `pids`), per process and file."""
     found: list[Copy] = []
-    for d in sorted((p for p in proc.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+    proc = Path("/proc")
+    every = (int(p.name) for p in proc.iterdir() if p.name.isdigit())
+    for d in (proc / str(pid) for pid in sorted(every if pids is None else pids)):
         maps = _read(d / "maps")
         ranges = copy_ranges(maps, hp) if maps else {}
         if not ranges:
