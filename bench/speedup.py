@@ -251,6 +251,7 @@ class Sampler(threading.Thread):
         self.samples = 0
         #: Most AnonHugePages of anonymous copies of code in one process at one time.
         self.anon_held = 0
+        self.copied_in: set[int] = set()  # processes seen with copies
 
     def run(self) -> None:
         me = os.getpid()
@@ -286,6 +287,8 @@ class Sampler(threading.Thread):
         """The anonymous copies the runtime made in this process, and what they hold."""
         held = sum(c.anon_huge for c in anoncopies.running_copies(HP, pids=[pid]) if Path(c.path).name in self.names)
         self.anon_held = max(self.anon_held, held)
+        if held:
+            self.copied_in.add(pid)
 
     def scan(self, pid: int, rel: str, v: Vma) -> None:
         """Classifies the windows inside this mapping: PMD-mapped, or some page of it
@@ -788,6 +791,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         finally:
             side_env.clear()
         anon_held[0] = max(anon_held[0], sampler.anon_held)
+        for pid in sampler.copied_in:  # the perf maps the runtime wrote for the copies
+            Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
         dropped = cache_drops() != drops
         merge(seen[side], sampler, dropped)
         samples[side] += sampler.samples

@@ -84,6 +84,7 @@ struct env_values {
     char anonymous[16];
     int anonymous_set;
     char debug[8];
+    char perf_map[8];
     char runtime_dir[512];
 };
 
@@ -94,6 +95,8 @@ static void env_entry(const char *e, struct env_values *v)
         v->anonymous_set = 1;
     } else if (has_prefix(e, "HUGIFY_DEBUG=")) {
         copy_str(v->debug, sizeof v->debug, e + 13);
+    } else if (has_prefix(e, "HUGIFY_PERF_MAP=")) {
+        copy_str(v->perf_map, sizeof v->perf_map, e + 16);
     } else if (has_prefix(e, "HUGIFY_RUNTIME_DIR=")) {
         copy_str(v->runtime_dir, sizeof v->runtime_dir, e + 19);
     }
@@ -144,6 +147,7 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     hp_memzero(&v, sizeof v);
     read_environ(&v);
     s->debug = v.debug[0] && !str_eq(v.debug, "0");
+    s->no_perf_map = str_eq(v.perf_map, "0");
     s->mode = HP_ANON_OFF;
     if (v.anonymous_set) {
         if (str_eq(v.anonymous, "always"))
@@ -423,16 +427,24 @@ static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, c
         static const char pre[] = "/tmp/perf-";
         for (const char *p = pre; *p; p++)
             name[n++] = *p;
+        /* The first object of a process starts the file afresh: a map left by an earlier
+         * process with the same PID would name the wrong code. (A forked child that
+         * dlopens a hugified library starts its own.) */
+        static long written_by;
+        long pid = HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0);
+        int fresh = written_by != pid ? O_TRUNC : 0;
+        written_by = pid;
         o.n = 0;
         o.fd = -1;
-        out_num(&o, (uint64_t)HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0), 10);
+        out_num(&o, (uint64_t)pid, 10);
         out_str(&o, ".map");
         for (size_t k = 0; k < o.n; k++)
             name[n++] = o.buf[k];
         name[n] = 0;
         o.n = 0;
         /* O_NOFOLLOW: /tmp is shared; a symlink planted there is not followed. */
-        o.fd = (int)HP_SYS(__NR_openat, AT_FDCWD, name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644,
+        o.fd = (int)HP_SYS(__NR_openat, AT_FDCWD, name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | fresh,
+                           0644,
                            0, 0);
         if (o.fd >= 0) {
             perf_symbols(&o, from, symtab, r, hp, copied);
@@ -518,7 +530,8 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
         if (own)
             fd = hp_open(path, O_RDONLY);
         if (fd >= 0) {
-            write_perf_map(fd, r, hp, done);
+            if (!s->no_perf_map)
+                write_perf_map(fd, r, hp, done);
             /* The process no longer maps these pages of the file: let them go unless
              * another process maps them (this drops only unmapped, clean pages). */
             for (uint64_t i = 0; i < r->nwin && i < sizeof done; i++)

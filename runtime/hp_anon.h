@@ -31,9 +31,10 @@ enum hp_anon_mode {
 struct hp_anon_settings {
     int mode;  /* enum hp_anon_mode */
     int debug; /* HUGIFY_DEBUG: one line per object on stderr */
+    int no_perf_map; /* HUGIFY_PERF_MAP=0: no /tmp/perf-PID.map */
 };
 
-/* The settings of this process: HUGIFY_ANONYMOUS and HUGIFY_DEBUG from
+/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG and HUGIFY_PERF_MAP from
  * /proc/self/environ, else the program's entry in $HUGIFY_RUNTIME_DIR/anonymous
  * (default /run/hugify). Costs one read of environ (and of the record if the variable
  * is not set); called once per process, at its first hugified object. */

@@ -123,17 +123,17 @@ def anonymous_pmds(maps: list[Vma], path: Path) -> list[bool]:
     return out
 
 
-def run(argv: list, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
+def run(argv: list, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs a command (hugify-run execs the program: same PID) and removes the perf map
+    the copies left in /tmp."""
     base = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD", "HUGIFY_ANONYMOUS")}
-    res = subprocess.run(
-        [str(a) for a in argv],
-        capture_output=True,
-        text=True,
-        env={**base, **(env or {})},
-        timeout=120,
-        check=False,
-        **kw,
-    )
+    argv = [str(a) for a in argv]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**base, **(env or {})})
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:
+        Path(f"/tmp/perf-{p.pid}.map").unlink(missing_ok=True)
+    res = subprocess.CompletedProcess(argv, p.returncode, out, err)
     assert res.returncode == 0, f"{argv} -> {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr}"
     return res
 
@@ -254,6 +254,7 @@ def test_status_lists_the_processes_and_their_memory(progs: Programs, tmp_path: 
             p.stdin.write("\n")
             p.stdin.close()
         p.wait(timeout=60)
+        Path(f"/tmp/perf-{p.pid}.map").unlink(missing_ok=True)
     assert p.returncode == 0
     assert set(mine) == {os.path.realpath(f) for f in progs.files}
     for f in progs.files:
@@ -278,8 +279,11 @@ def perf_top_symbol(data: Path) -> str:
 
 def test_perf_resolves_the_copied_code_by_name(spin: Path, tmp_path: Path):
     data = tmp_path / "perf.data"
+    # launched under perf, the copies are named through the file (perf saw it mapped and no
+    # new mapping since): without the map (HUGIFY_PERF_MAP=0, nothing left in /tmp)
     res = run(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-o", data, "--", HUGIFY_RUN, "--anonymous=always", spin], DEBUG
+        ["perf", "record", "-q", "-e", "cpu-clock", "-o", data, "--", HUGIFY_RUN, "--anonymous=always", spin],
+        {**DEBUG, "HUGIFY_PERF_MAP": "0"},
     )
     assert copy_lines(res.stderr)[str(spin)] == (nwin(spin), nwin(spin), "")
     assert perf_top_symbol(data) == "hugify_hot_spin"
@@ -339,7 +343,7 @@ def gdb(spin: Path, env: dict[str, str]) -> str:
 
 def test_gdb_breaks_and_backtraces_in_the_copied_code(spin: Path):
     audit = {"LD_AUDIT": str(AUDIT_LIB)}
-    out = gdb(spin, {**audit, "HUGIFY_ANONYMOUS": "always", "HUGIFY_DEBUG": "1"})
+    out = gdb(spin, {**audit, "HUGIFY_ANONYMOUS": "always", "HUGIFY_DEBUG": "1", "HUGIFY_PERF_MAP": "0"})
     without = gdb(spin, audit)
     assert f"hugify-audit: anonymous {spin}: {nwin(spin)}/{nwin(spin)} windows copied" in out
     # without copies too: the audit library used to drop the page holding gdb's breakpoint
