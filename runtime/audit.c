@@ -273,6 +273,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
         ctx.prepare = prepare;
         hp_anon_read_settings(&anon);
+        if (anon.mode != HP_ANON_OFF && anon.force_smaps)
+            ctx.scan = 0; /* the copies' check as on kernels without PAGEMAP_SCAN (tests) */
         traced = hp_each_line("/proc/self/status", tracer_line, 0) == 1;
         ready = 1;
     }

@@ -85,6 +85,7 @@ struct env_values {
     int anonymous_set;
     char debug[8];
     char perf_map[8];
+    char force_smaps[8];
     char runtime_dir[512];
 };
 
@@ -95,6 +96,8 @@ static void env_entry(const char *e, struct env_values *v)
         v->anonymous_set = 1;
     } else if (has_prefix(e, "HUGIFY_DEBUG=")) {
         copy_str(v->debug, sizeof v->debug, e + 13);
+    } else if (has_prefix(e, "HUGIFY_FORCE_SMAPS=")) {
+        copy_str(v->force_smaps, sizeof v->force_smaps, e + 19);
     } else if (has_prefix(e, "HUGIFY_PERF_MAP=")) {
         copy_str(v->perf_map, sizeof v->perf_map, e + 16);
     } else if (has_prefix(e, "HUGIFY_RUNTIME_DIR=")) {
@@ -148,6 +151,7 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     read_environ(&v);
     s->debug = v.debug[0] && !str_eq(v.debug, "0");
     s->no_perf_map = str_eq(v.perf_map, "0");
+    s->force_smaps = v.force_smaps[0] && !str_eq(v.force_smaps, "0");
     s->mode = HP_ANON_OFF;
     if (v.anonymous_set) {
         if (str_eq(v.anonymous, "always"))

@@ -32,9 +32,11 @@ struct hp_anon_settings {
     int mode;  /* enum hp_anon_mode */
     int debug; /* HUGIFY_DEBUG: one line per object on stderr */
     int no_perf_map; /* HUGIFY_PERF_MAP=0: no /tmp/perf-PID.map */
+    int force_smaps; /* HUGIFY_FORCE_SMAPS=1: check copies from smaps, as before Linux 6.7 */
 };
 
-/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG and HUGIFY_PERF_MAP from
+/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG, HUGIFY_PERF_MAP and
+ * HUGIFY_FORCE_SMAPS from
  * /proc/self/environ, else the program's entry in $HUGIFY_RUNTIME_DIR/anonymous
  * (default /run/hugify). Costs one read of environ (and of the record if the variable
  * is not set); called once per process, at its first hugified object. */

@@ -177,6 +177,16 @@ def test_always_makes_every_window_one_anonymous_pmd(progs: Programs):
     assert all(not any(anonymous_pmds(smaps_of(plain), f)) for f in progs.files)
 
 
+def test_copies_checked_from_smaps_as_before_linux_6_7(progs: Programs):
+    """Without PAGEMAP_SCAN (Debian 12's 6.1) each copy is checked by its AnonHugePages."""
+    res = run([HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], {**DEBUG, "HUGIFY_FORCE_SMAPS": "1"})
+    lines = copy_lines(res.stderr)
+    maps = smaps_of(res)
+    for f in progs.files:
+        assert lines[os.path.realpath(f)] == (nwin(f), nwin(f), ""), res.stderr
+        assert anonymous_pmds(maps, f) == [True] * nwin(f), f
+
+
 def test_mode_off_changes_nothing(progs: Programs, tmp_path: Path):
     rdir = tmp_path / "run"
     rdir.mkdir()
