@@ -6,7 +6,8 @@ code, and every fault leaves the program running on its file mapping with one
 HUGIFY_DEBUG line.
 
 This host (Linux 6.18, ext4) gives file-backed 2 MiB folios, so the copies are forced
-here with `always`; the default mode must then do nothing (the file-backed way works).
+here with `always`, and the default mode must do nothing on ext4; it is seen copying on
+tmpfs, where hp_settle finds file-backed huge pages unsupported.
 Not provoked: "no free 2 MiB block" proper (memory fragmentation); the same check (the
 copy is not one PMD) is what PR_SET_THP_DISABLE exercises below."""
 
@@ -175,6 +176,31 @@ def test_always_makes_every_window_one_anonymous_pmd(progs: Programs):
         assert anonymous_pmds(maps, f) == [True] * n, f
     # the original mapping had them file-backed
     assert all(not any(anonymous_pmds(smaps_of(plain), f)) for f in progs.files)
+
+
+def test_default_mode_copies_where_the_filesystem_gives_no_huge_pages(progs: Programs):
+    """On tmpfs (/dev/shm, no huge= option) no window can be a file-backed 2 MiB folio
+    (hp_settle: unsupported, memory-fs): `--anonymous` alone copies them all."""
+    shm = Path("/dev/shm") / f"hugify-anon-test-{os.getpid()}"
+    shm.mkdir()
+    try:
+        for f in progs.files:
+            (shm / f.name).write_bytes(f.read_bytes())
+            (shm / f.name).chmod(0o755)
+        on_shm = Programs(shm, progs.orig)
+        plain = run([on_shm.prog, on_shm.plug], {"LD_AUDIT": str(AUDIT_LIB)})
+        res = run([HUGIFY_RUN, "--anonymous", on_shm.prog, on_shm.plug], DEBUG)
+        lines = copy_lines(res.stderr)
+        maps = smaps_of(res)
+        assert result(res) == result(plain)
+        for f in on_shm.files:
+            assert lines[os.path.realpath(f)] == (nwin(f), nwin(f), ""), res.stderr
+            assert anonymous_pmds(maps, f) == [True] * nwin(f), f
+            assert not any(anonymous_pmds(smaps_of(plain), f))
+    finally:
+        for f in shm.iterdir():
+            f.unlink()
+        shm.rmdir()
 
 
 def test_copies_checked_from_smaps_as_before_linux_6_7(progs: Programs):
