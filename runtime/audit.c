@@ -22,7 +22,6 @@
 
 static struct hp_ctx ctx;
 static int ready; /* ctx initialised (at the first hugified object) */
-static int traced; /* a debugger is attached: private pages may hold its breakpoints */
 static struct hp_anon_settings anon; /* the anonymous-copy mode (hp_anon.h), read with ctx */
 static struct hp_window states[4096]; /* hp_settle's window states, for that mode */
 
@@ -191,7 +190,7 @@ static int dynamic_matches(struct link_map *map, const Elf64_Phdr *ph, unsigned 
 
 static unsigned int objopen(struct link_map *map, uintptr_t caller);
 
-/* "TracerPid:\tN" of /proc/self/status with N other than 0. */
+/* "TracerPid:\tN" of /proc/self/status with N other than 0: 1, else 2 (stop reading). */
 static int tracer_line(const char *line, void *arg)
 {
     static const char key[] = "TracerPid:";
@@ -203,6 +202,16 @@ static int tracer_line(const char *line, void *arg)
         if (*p >= '1' && *p <= '9')
             return 1;
     return 2; /* found, not traced: stop reading */
+}
+
+/* Whether no debugger is attached, asked only when a window is about to be repaired in
+ * place (reading /proc/self/status costs about 10 us); the answer holds for the process. */
+static int not_traced(void)
+{
+    static int answer = -1;
+    if (answer < 0)
+        answer = hp_each_line("/proc/self/status", tracer_line, 0) != 1;
+    return answer;
 }
 
 #ifdef HUGIFY_AUDIT_TIMING
@@ -275,7 +284,6 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         hp_anon_read_settings(&anon);
         if (anon.mode != HP_ANON_OFF && anon.force_smaps)
             ctx.scan = 0; /* the copies' check as on kernels without PAGEMAP_SCAN (tests) */
-        traced = hp_each_line("/proc/self/status", tracer_line, 0) == 1;
         ready = 1;
     }
 
@@ -315,7 +323,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         /* Never under ld.so's feet, nor under a debugger's: dropping the page-table entries
          * of a window would drop the breakpoints it wrote there (gdb inserts them in the
          * program's code before ld.so runs, and does not write them again). */
-        t.zap_ok = !(caller >= at && caller < at + r[i].len) && !traced;
+        t.zap_ok = !(caller >= at && caller < at + r[i].len);
+        t.zap_check = not_traced;
         struct hp_stats st;
         hp_memzero(&st, sizeof st);
         if (anon.mode != HP_ANON_OFF && t.nwin <= sizeof states / sizeof states[0])

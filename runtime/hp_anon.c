@@ -160,10 +160,9 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
             s->mode = HP_ANON_UNSUPPORTED;
         return;
     }
-    /* The policy's programs, as `hugify prefetch` recorded them (real paths). */
+    /* The policy's programs, as `hugify prefetch` recorded them (real paths); most
+     * systems have none, and the record is then absent. */
     char exe[4096], path[600];
-    if (self_exe(exe, sizeof exe) <= 0)
-        return;
     const char *dir = v.runtime_dir[0] ? v.runtime_dir : "/run/hugify";
     size_t dl = hp_strlen(dir);
     if (dl + sizeof HP_ANON_RECORD + 2 > sizeof path)
@@ -171,7 +170,11 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     copy_str(path, sizeof path, dir);
     path[dl] = '/';
     copy_str(path + dl + 1, sizeof path - dl - 1, HP_ANON_RECORD);
-    if (hp_each_line(path, record_line, exe) == 1)
+    int fd = hp_open(path, O_RDONLY);
+    if (fd < 0)
+        return;
+    hp_close(fd);
+    if (self_exe(exe, sizeof exe) > 0 && hp_each_line(path, record_line, exe) == 1)
         s->mode = HP_ANON_UNSUPPORTED;
 }
 

@@ -496,6 +496,8 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
 {
     uint64_t hp = c->hp, woff = window_off(t, i, hp);
     char *w = t->map + i * t->stride;
+    if (t->zap_ok && t->zap_check)
+        t->zap_ok = t->zap_check(), t->zap_check = 0;
     enum hp_why why = !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
                       : file_ready(t) != 0 ? HP_WHY_NO_FILE
                       : memory_fs(t) ? HP_WHY_MEMORY_FS

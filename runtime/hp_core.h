@@ -97,6 +97,7 @@ struct hp_target {
     char *advise;    /* range to mark MADV_HUGEPAGE before any window is read; NULL: done */
     size_t advise_len;
     int zap_ok;      /* the caller's page-table entries of a window may be dropped */
+    int (*zap_check)(void); /* optional: asked once, before the first drop; 0 forbids it */
     int own_fd;      /* set when the core opened fd (it closes it) */
     int memfs;       /* 0 not known yet, 1 on a memory filesystem, 2 not */
     struct hp_window *report; /* optional: window i's state goes to report[i] */
