@@ -469,3 +469,28 @@ def test_seccomp_forbidding_mremap_keeps_the_file_mapping(progs: Programs):
 def test_hugify_run_usage_names_the_option():
     res = subprocess.run([str(HUGIFY_RUN), "--help"], capture_output=True, text=True, check=True, cwd=REPO)
     assert "--anonymous[=always]" in res.stdout
+
+
+def test_status_finds_copies_by_name_or_by_place():
+    """Named copies ([anon:hugify:PATH], kernels with CONFIG_ANON_VMA_NAME, which this
+    one lacks) and unnamed ones between two mappings of the same file; other anonymous
+    executable memory (a JIT's) is not a copy."""
+    from hugify.anoncopies import copy_ranges
+
+    maps = (
+        "55e000000000-55e000003000 r--p 00000000 fe:00 12 /usr/bin/prog\n"
+        "55e000200000-55e000400000 r-xp 00000000 00:00 0 [anon:hugify:/usr/bin/prog]\n"
+        "55e000400000-55e000600000 r-xp 00000000 00:00 0 \n"
+        "55e000600000-55e000601000 r-xp 00600000 fe:00 12 /usr/bin/prog\n"
+        "7f0000000000-7f0000003000 r--p 00000000 fe:00 13 /usr/lib/libfoo.so\n"
+        "7f0000003000-7f0000200000 ---p 00003000 fe:00 13 /usr/lib/libfoo.so\n"
+        "7f0000200000-7f0000400000 r-xp 00000000 00:00 0 \n"
+        "7f0000400000-7f0000402000 r--p 00400000 fe:00 13 /usr/lib/libfoo.so\n"
+        "7f1000000000-7f1000200000 rwxp 00000000 00:00 0 \n"
+        "7f1000200000-7f1000201000 r--p 00000000 fe:00 14 /usr/lib/libbar.so\n"
+    )
+    assert copy_ranges(maps, HP) == {
+        (0x55E000200000, 0x55E000400000): "/usr/bin/prog",
+        (0x55E000400000, 0x55E000600000): "/usr/bin/prog",
+        (0x7F0000200000, 0x7F0000400000): "/usr/lib/libfoo.so",
+    }
