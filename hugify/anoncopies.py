@@ -3,8 +3,8 @@
 
 A copy is an anonymous executable VMA of whole 2 MiB windows at a 2 MiB-aligned address,
 named ``[anon:hugify:PATH]`` where the kernel names anonymous VMAs
-(CONFIG_ANON_VMA_NAME), otherwise recognised by its place: between two mappings of
-the same file (the object's own segments), where nothing but a copy of its code can be.
+(CONFIG_ANON_VMA_NAME), otherwise recognised by its place: inside the mapping of a
+file, which continues on one side of it at the file offsets that match.
 The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 NAME_PREFIX = "[anon:hugify:"
-_MAPS = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ (\d+)\s*(.*)$")
+_MAPS = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) \S+ (\d+)\s*(.*)$")
 
 
 @dataclass
@@ -53,29 +53,49 @@ def _read(path: Path) -> str | None:
 
 
 def copy_ranges(maps: str, hp: int) -> dict[tuple[int, int], str]:
-    """The anonymous copies in one process's maps: (start, end) -> the file's path."""
+    """The anonymous copies in one process's maps: (start, end) -> the file's path.
+
+    An unnamed run of anonymous executable whole windows is a copy when a mapping of a
+    file adjoins it with offsets that continue through it: the rest of that file's
+    mapping, with the run at 2 MiB-aligned file offsets (where the windows of a
+    hugified file are)."""
     rows = []
     for line in maps.splitlines():
         m = _MAPS.match(line)
         if m:
-            rows.append((int(m[1], 16), int(m[2], 16), m[3], int(m[4]), m[5]))
+            rows.append((int(m[1], 16), int(m[2], 16), m[3], int(m[4], 16), int(m[5]), m[6]))
 
-    def candidate(row: tuple[int, int, str, int, str]) -> bool:
-        lo, hi, perms, inode, name = row
+    def candidate(i: int) -> bool:
+        lo, hi, perms, _, inode, name = rows[i]
         anon = inode == 0 and (name == "" or name.startswith(NAME_PREFIX))
         return anon and "x" in perms and lo % hp == 0 and (hi - lo) % hp == 0
 
     out: dict[tuple[int, int], str] = {}
-    for i, row in enumerate(rows):
-        if not candidate(row):
+    i = 0
+    while i < len(rows):
+        if not candidate(i):
+            i += 1
             continue
-        if row[4].startswith(NAME_PREFIX):
-            out[(row[0], row[1])] = row[4][len(NAME_PREFIX) : -1]
-            continue
-        before = next((r[4] for r in reversed(rows[:i]) if not candidate(r)), "")
-        after = next((r[4] for r in rows[i + 1 :] if not candidate(r)), "")
-        if before.startswith("/") and before == after:
-            out[(row[0], row[1])] = before
+        j = i
+        while j + 1 < len(rows) and candidate(j + 1) and rows[j + 1][0] == rows[j][1]:
+            j += 1
+        lo, hi = rows[i][0], rows[j][1]
+        path = ""
+        if i > 0 and rows[i - 1][1] == lo and rows[i - 1][5].startswith("/"):
+            before = rows[i - 1]
+            if (before[3] + lo - before[0]) % hp == 0:
+                path = before[5]
+        if not path and j + 1 < len(rows) and rows[j + 1][0] == hi and rows[j + 1][5].startswith("/"):
+            after = rows[j + 1]
+            if after[3] >= hi - lo and (after[3] - (hi - lo)) % hp == 0:
+                path = after[5]
+        for k in range(i, j + 1):
+            name = rows[k][5]
+            if name.startswith(NAME_PREFIX):
+                out[(rows[k][0], rows[k][1])] = name[len(NAME_PREFIX) : -1]
+            elif path:
+                out[(rows[k][0], rows[k][1])] = path
+        i = j + 1
     return out
 
 

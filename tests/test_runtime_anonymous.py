@@ -473,8 +473,9 @@ def test_hugify_run_usage_names_the_option():
 
 def test_status_finds_copies_by_name_or_by_place():
     """Named copies ([anon:hugify:PATH], kernels with CONFIG_ANON_VMA_NAME, which this
-    one lacks) and unnamed ones between two mappings of the same file; other anonymous
-    executable memory (a JIT's) is not a copy."""
+    one lacks) and unnamed ones that a mapping of their file adjoins at the matching
+    offsets (before or after them); other anonymous executable memory (a JIT's) is not
+    a copy."""
     from hugify.anoncopies import copy_ranges
 
     maps = (
@@ -486,6 +487,9 @@ def test_status_finds_copies_by_name_or_by_place():
         "7f0000003000-7f0000200000 ---p 00003000 fe:00 13 /usr/lib/libfoo.so\n"
         "7f0000200000-7f0000400000 r-xp 00000000 00:00 0 \n"
         "7f0000400000-7f0000402000 r--p 00400000 fe:00 13 /usr/lib/libfoo.so\n"
+        "7f0800000000-7f0800001000 rw-p 000de000 fe:00 15 /usr/lib/libm.so.6\n"
+        "7f0800200000-7f0800400000 r-xp 00000000 00:00 0 \n"
+        "7f0800400000-7f0800562000 r-xp 00200000 fe:00 16 /usr/lib/libLLVM.so\n"
         "7f1000000000-7f1000200000 rwxp 00000000 00:00 0 \n"
         "7f1000200000-7f1000201000 r--p 00000000 fe:00 14 /usr/lib/libbar.so\n"
     )
@@ -493,4 +497,5 @@ def test_status_finds_copies_by_name_or_by_place():
         (0x55E000200000, 0x55E000400000): "/usr/bin/prog",
         (0x55E000400000, 0x55E000600000): "/usr/bin/prog",
         (0x7F0000200000, 0x7F0000400000): "/usr/lib/libfoo.so",
+        (0x7F0800200000, 0x7F0800400000): "/usr/lib/libLLVM.so",  # code from the file's start
     }
