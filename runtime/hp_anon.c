@@ -532,18 +532,15 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
         else if (first_why == WHY_COPIED)
             first_bad = i, first_why = why, first_err = err;
     }
-    if (copied) {
+    /* The file's pages of the copied windows are no longer mapped by this process: the
+     * kernel may reclaim them like any unmapped page cache. They are not dropped here: the
+     * next process started would read them from disk again to copy them. */
+    if (copied && !s->no_perf_map) {
         int own = fd < 0;
         if (own)
             fd = hp_open(path, O_RDONLY);
         if (fd >= 0) {
-            if (!s->no_perf_map)
-                write_perf_map(fd, r, hp, done);
-            /* The process no longer maps these pages of the file: let them go unless
-             * another process maps them (this drops only unmapped, clean pages). */
-            for (uint64_t i = 0; i < r->nwin && i < sizeof done; i++)
-                if (done[i])
-                    hp_fadvise(fd, r->off + i * hp, hp, 4 /* POSIX_FADV_DONTNEED */);
+            write_perf_map(fd, r, hp, done);
             if (own)
                 hp_close(fd);
         }
