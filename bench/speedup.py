@@ -13,6 +13,11 @@ Inputs come from the Debian archive (apt-get download, cached under the test cac
 like the corpus tests' packages) and are transformed as a package build would:
 `hugify tree` over the unpacked packages under POLICY below.
 
+The variants NAME-anon (itlb, clang) run side B with the runtime's anonymous-copy mode
+forced (docs/runtime.md, "Anonymous copies": LD_AUDIT with HUGIFY_ANONYMOUS=always, as
+this host's filesystem gives file-backed 2 MiB folios), and report the memory the copies
+held (AnonHugePages of the copied ranges, most in one process at one time).
+
 usage: bench/speedup.py [--quick] [--only W[,W...]] [--json OUT] [--max-pairs N]
                         [--min-pairs N] [--budget SECONDS] [--target FRACTION]
 """
@@ -46,7 +51,7 @@ from corpus_support import copy_tree
 from fixtures import cache_root, debian_packages, locked
 from sources import ITLB_CFLAGS, cxx_unit, itlb_program
 
-from hugify import manifest
+from hugify import anoncopies, manifest
 from hugify.prefetch import GOOD_STATES, Engine, NotHugified, read_windows
 
 #: The policy the trees are transformed under: the shipped default, except that
@@ -59,6 +64,9 @@ LIB = "usr/lib/x86_64-linux-gnu"
 WORKLOADS_DIR = REPO / "bench" / "workloads"
 #: Seconds between two looks at the workload's processes.
 SAMPLE_INTERVAL = 0.025
+AUDIT_LIB = REPO / "runtime" / "libhugify-audit.so"
+#: Set for the runs of a side that uses the anonymous-copy mode (clean_env adds it).
+side_env: dict[str, str] = {}
 
 
 class Unavailable(Exception):
@@ -105,7 +113,7 @@ def digest(path: Path) -> str:
 
 def clean_env(**extra: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_", "PYTHON"))}
-    return {**base, "LC_ALL": "C", **extra}
+    return {**base, "LC_ALL": "C", **extra, **side_env}
 
 
 # --- watching the workload's processes --------------------------------------------------
@@ -192,6 +200,9 @@ class Sampler(threading.Thread):
         self.seen: dict[str, Seen] = {rel: Seen() for rel in objects}
         self.stop = threading.Event()
         self.samples = 0
+        #: Most AnonHugePages of anonymous copies of code in one process at one time.
+        self.anon_held = 0
+        self.copied_in: set[int] = set()  # processes seen with copies
 
     def run(self) -> None:
         me = os.getpid()
@@ -201,6 +212,8 @@ class Sampler(threading.Thread):
                 with contextlib.suppress(OSError):
                     if os.readlink(f"/proc/{pid}/exe") != own:  # not a child between fork and exec
                         self.look(pid)
+                        if side_env:
+                            self.look_copies(pid)
             self.samples += 1
             if self.stop.wait(SAMPLE_INTERVAL):
                 return
@@ -220,6 +233,13 @@ class Sampler(threading.Thread):
         for rel, (pmd, rss) in per.items():
             s = self.seen[rel]
             s.pmd, s.rss = max(s.pmd, pmd), max(s.rss, rss)
+
+    def look_copies(self, pid: int) -> None:
+        """The anonymous copies the runtime made in this process, and what they hold."""
+        held = sum(c.anon_huge for c in anoncopies.running_copies(HP, pids=[pid]) if Path(c.path).name in self.names)
+        self.anon_held = max(self.anon_held, held)
+        if held:
+            self.copied_in.add(pid)
 
     def scan(self, pid: int, rel: str, v: Vma) -> None:
         """Classifies the windows inside this mapping: PMD-mapped, or some page of it
@@ -298,6 +318,8 @@ class Setup:
     uses: list[str]  # files (relative to the trees) the runs must map from their own tree
     run: Callable[[Path, Path], Run]  # (tree, scratch dir) -> one run
     close: Callable[[], None] = lambda: None
+    #: Side B runs with the runtime's anonymous copies (the NAME-anon variants).
+    anonymous: bool = False
 
 
 def code_key() -> str:
@@ -533,12 +555,28 @@ def itlb(size: Size) -> Setup:
     )
 
 
+def anonymous(workload: Callable[[Size], Setup]) -> Callable[[Size], Setup]:
+    """The workload with side B in the anonymous-copy mode."""
+
+    def setup(size: Size) -> Setup:
+        if not AUDIT_LIB.is_file():
+            raise Unavailable(f"{AUDIT_LIB} is not built (make -C runtime)")
+        s = workload(size)
+        s.anonymous = True
+        s.command += "; hugified side: LD_AUDIT=libhugify-audit.so HUGIFY_ANONYMOUS=always"
+        return s
+
+    return setup
+
+
 WORKLOADS: dict[str, Callable[[Size], Setup]] = {
     "clang": clang,
+    "clang-anon": anonymous(clang),
     "gcc": gcc,
     "postgres": postgres,
     "python": python,
     "itlb": itlb,
+    "itlb-anon": anonymous(itlb),
 }
 
 
@@ -690,6 +728,7 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     samples = {"A": 0, "B": 0}
     dropped_runs = {"A": 0, "B": 0}
     window_list = {rel: w for rel, (w, _) in windows.items()}
+    anon_held = [0]
 
     def one(side: str) -> Run:
         tree = setup.trees.original if side == "A" else setup.trees.hugified
@@ -698,8 +737,17 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         work.mkdir(exist_ok=True)
         prepare(side)
         drops = cache_drops()
-        with sampling(sampler):
-            r = setup.run(tree, work)
+        side_env.clear()
+        if side == "B" and setup.anonymous:
+            side_env.update(LD_AUDIT=str(AUDIT_LIB), HUGIFY_ANONYMOUS="always")
+        try:
+            with sampling(sampler):
+                r = setup.run(tree, work)
+        finally:
+            side_env.clear()
+        anon_held[0] = max(anon_held[0], sampler.anon_held)
+        for pid in sampler.copied_in:  # the perf maps the runtime wrote for the copies
+            Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
         dropped = cache_drops() != drops
         merge(seen[side], sampler, dropped)
         samples[side] += sampler.samples
@@ -775,6 +823,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         "per_pair": pairs,
         "samples": samples,
         "windows_prefetched_again": reloaded[0],
+        "anonymous": setup.anonymous,
+        "anonymous_held": anon_held[0] if setup.anonymous else None,
         "runs_with_cache_drops": dropped_runs,
         "objects": objects,
         "page_cache": {
@@ -843,7 +893,7 @@ def interval(r: dict[str, Any]) -> str:
 def print_report(results: dict[str, dict[str, Any]]) -> None:
     print(
         f"{'workload':9} {'pairs':>5}  {'CPU hug/orig [95 % CI]':26} {'wall hug/orig [95 % CI]':26} "
-        f"{'orig CPU':>9}  {'seen huge':>10}  {'2M folios':>10}  {'orig code':>10}  {'growth':>9}"
+        f"{'orig CPU':>9}  {'seen huge':>10}  {'2M folios':>10}  {'orig code':>10}  {'growth':>9}  {'anon held':>10}"
     )
     for name, r in results.items():
         if r["status"] != "measured":
@@ -854,7 +904,8 @@ def print_report(results: dict[str, dict[str, Any]]) -> None:
         print(
             f"{name:9} {r['pairs']:5}  {interval(r['cpu_ratio']):26} {interval(r['wall_ratio']):26} "
             f"{r['original']['cpu_median_s']:8.2f}s  {mib(seen):>10}  {mib(pc['hugified_2m_folios']):>10}  "
-            f"{mib(pc['original_resident_code']):>10}  {mib(pc['growth_on_disk']):>9}"
+            f"{mib(pc['original_resident_code']):>10}  {mib(pc['growth_on_disk']):>9}  "
+            f"{mib(r['anonymous_held']) if r.get('anonymous') else '-':>10}"
         )
     for name, r in results.items():
         if r["status"] != "measured":

@@ -174,6 +174,15 @@ def _check_globs(v: Any) -> tuple[str, ...]:
 KEY_SCHEMES = ("awskms://", "gcpkms://", "azurekms://", "hashivault://", "k8s://", "pkcs11:", "env://")
 
 
+def _check_programs(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise _Bad(f"expected an array of program paths, got {_type_name(v)}", 'e.g. ["/usr/sbin/postgres"]')
+    for x in v:
+        if not x.startswith("/") or "\n" in x:
+            raise _Bad(f"{json.dumps(x)} is not an absolute path", "name the installed program by its full path")
+    return tuple(v)
+
+
 def _check_key_ref(v: Any) -> str:
     hint = "an absolute path to a key file, or a URI starting with " + ", ".join(KEY_SCHEMES)
     if not isinstance(v, str):
@@ -273,14 +282,18 @@ SIGNING: dict[str, Field] = {
     "public_key": Field(_check_key_refs, "", "public key file or URI, or an array of them (rotation)"),
     "tlog_upload": Field(_check_bool, False, "upload to a transparency log"),
 }
-#: [runtime]: how the installed runtime (hugify prefetch, the boot service) works on
-#: this system; nothing here changes what a build does (not in the policy digest).
+#: [runtime]: what the installed runtime (hugify prefetch and the boot service, the
+#: audit library) does on this host; nothing here changes what a build does (not in
+#: the policy digest, not per package).
 RUNTIME: dict[str, Field] = {
     "boot_budget": Field(
         _check_size,
         1 << 30,
         "bytes of code the first prefetch of a boot reads into the page cache at most",
         is_size=True,
+    ),
+    "anonymous": Field(
+        _check_programs, (), "programs whose code is copied into anonymous huge pages where files get none"
     ),
 }
 _PACKAGE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+~-]*\Z")
@@ -446,13 +459,13 @@ class _Reader:
             elif name == "huge_page_size":
                 self.huge_pages(key, value)
             elif name in ("signing", "runtime") and top:
-                fields = SIGNING if name == "signing" else RUNTIME
+                schema = SIGNING if name == "signing" else RUNTIME
                 tbl = self.table(key, value)
                 for k, v in (tbl or {}).items():
-                    if k in fields:
-                        self.leaf((*key, k), v, fields[k])
+                    if k in schema:
+                        self.leaf((*key, k), v, schema[k])
                     else:
-                        self.unknown((*key, k), fields)
+                        self.unknown((*key, k), schema)
             elif name == "packages" and top:
                 for pkg, body in (self.table(key, value) or {}).items():
                     if not is_package_name(pkg):
@@ -619,6 +632,11 @@ class Policy:
     @property
     def boot_budget(self) -> int:
         return int(self._get("runtime", "boot_budget"))
+
+    @property
+    def anonymous_programs(self) -> tuple[str, ...]:
+        """[runtime] anonymous: the programs run with anonymous copies of their code."""
+        return tuple(self._get("runtime", "anonymous"))
 
     def where(self, *key: str) -> str:
         return self.settings[key].where()

@@ -128,6 +128,33 @@ def write_record(directory: Path, aware: bool | None, thp: str | None) -> bool:
         return False
 
 
+#: The programs of the policy's [runtime] anonymous, for the audit library (hp_anon.h).
+ANONYMOUS_FILE = "anonymous"
+
+
+def write_anonymous_record(directory: Path, programs: Iterable[str]) -> bool:
+    """Records the programs whose code the audit library copies into anonymous huge
+    pages, one real path a line (the audit library compares /proc/self/exe); without
+    programs the record is removed. Rewritten only when it changes; False if not
+    writable."""
+    paths = sorted({os.path.realpath(p) for p in programs})
+    path = directory / ANONYMOUS_FILE
+    try:
+        if not paths:
+            path.unlink(missing_ok=True)
+            return True
+        text = "# hugify prefetch, from the policy's [runtime] anonymous\n" + "".join(f"{p}\n" for p in paths)
+        if _read(path) == text.strip():
+            return True
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{ANONYMOUS_FILE}.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.replace(path)
+        return True
+    except OSError:
+        return False
+
+
 def kernel_config(option: str) -> bool | None:
     """A boolean kernel configuration option, from /proc/config.gz or /boot; None if
     neither can be read."""

@@ -14,6 +14,7 @@
 #include <link.h>
 #include <sys/mman.h>
 
+#include "hp_anon.h"
 #include "hp_core.h"
 #include "hp_sys.h"
 
@@ -21,6 +22,8 @@
 
 static struct hp_ctx ctx;
 static int ready; /* ctx initialised (at the first hugified object) */
+static struct hp_anon_settings anon; /* the anonymous-copy mode (hp_anon.h), read with ctx */
+static struct hp_window states[4096]; /* hp_settle's window states, for that mode */
 
 /* The compiler may emit calls to these for structure copies and initialisers. */
 void *memset(void *d, int c, size_t n);
@@ -49,11 +52,11 @@ EXPORT unsigned int la_version(unsigned int version)
 
 /* Once per process, at the first hugified object: are huge pages allowed, and does
  * the kernel read executable mappings as PMD folios by itself? Both come from the
- * record `hugify prefetch` keeps in /run/hugify for this boot (reading sysfs costs
- * about 20 us); without one, from sysfs. */
+ * record `hugify prefetch` keeps in the runtime directory (/run/hugify) for this boot
+ * (reading sysfs costs about 20 us); without one, from sysfs. */
 static int prepare(struct hp_ctx *c)
 {
-    struct hp_verdict v = hp_read_verdict("/run/hugify");
+    struct hp_verdict v = hp_read_verdict(c->rundir);
     if (v.valid) {
         c->aware = v.aware;
         return v.thp_never ? -1 : 0;
@@ -187,6 +190,30 @@ static int dynamic_matches(struct link_map *map, const Elf64_Phdr *ph, unsigned 
 
 static unsigned int objopen(struct link_map *map, uintptr_t caller);
 
+/* "TracerPid:\tN" of /proc/self/status with N other than 0: 1, else 2 (stop reading). */
+static int tracer_line(const char *line, void *arg)
+{
+    static const char key[] = "TracerPid:";
+    (void)arg;
+    for (size_t k = 0; k + 1 < sizeof key; k++)
+        if (line[k] != key[k])
+            return 0;
+    for (const char *p = line + sizeof key - 1; *p; p++)
+        if (*p >= '1' && *p <= '9')
+            return 1;
+    return 2; /* found, not traced: stop reading */
+}
+
+/* Whether no debugger is attached, asked only when a window is about to be repaired in
+ * place (reading /proc/self/status costs about 10 us); the answer holds for the process. */
+static int not_traced(void)
+{
+    static int answer = -1;
+    if (answer < 0)
+        answer = hp_each_line("/proc/self/status", tracer_line, 0) != 1;
+    return answer;
+}
+
 #ifdef HUGIFY_AUDIT_TIMING
 /* Measurement build (make libhugify-audit-timing.so, used by bench/runtime_bench.py):
  * reports the time spent in each la_objopen on stderr as "hugify-audit: US NAME". */
@@ -255,7 +282,10 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     if (!ready) {
         hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
         ctx.prepare = prepare;
-        ctx.rundir = "/run/hugify";
+        hp_anon_read_settings(&anon);
+        ctx.rundir = anon.runtime_dir;
+        if (anon.mode != HP_ANON_OFF && anon.force_smaps)
+            ctx.scan = 0; /* the copies' check as on kernels without PAGEMAP_SCAN (tests) */
         ready = 1;
     }
 
@@ -279,6 +309,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
             t.open_file = open_main;
         }
         /* The whole executable mapping, so that the VMA is not split. */
+        int prot = PROT_READ | PROT_EXEC;
         for (unsigned k = 0; k < phnum; k++) {
             const Elf64_Phdr *p = &ph[k];
             if (p->p_type == PT_LOAD && (p->p_flags & PF_X) && p->p_vaddr <= r->vaddr &&
@@ -287,13 +318,31 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
                 uintptr_t hi = (map->l_addr + p->p_vaddr + p->p_memsz + HP_PAGE - 1) & ~(uintptr_t)(HP_PAGE - 1);
                 t.advise = (char *)lo;
                 t.advise_len = hi - lo;
-                t.prot = (p->p_flags & PF_R ? PROT_READ : 0) | (p->p_flags & PF_X ? PROT_EXEC : 0);
+                prot = (p->p_flags & PF_R ? PROT_READ : 0) | (p->p_flags & PF_W ? PROT_WRITE : 0) |
+                       (p->p_flags & PF_X ? PROT_EXEC : 0);
             }
         }
-        t.zap_ok = !(caller >= at && caller < at + r->len); /* never under ld.so's feet */
+        t.prot = prot;
+        /* Never under ld.so's feet, nor under a debugger's: replacing the mapping of a
+         * window would drop the breakpoints it wrote there (gdb inserts them in the
+         * program's code before ld.so runs, and does not write them again). */
+        t.zap_ok = !(caller >= at && caller < at + r->len);
+        t.zap_check = not_traced;
         struct hp_stats st;
         hp_memzero(&st, sizeof st);
+        if (anon.mode != HP_ANON_OFF && t.nwin <= sizeof states / sizeof states[0])
+            t.report = states;
         hp_settle(&ctx, &t, &st);
+        if (anon.mode != HP_ANON_OFF) {
+            struct hp_anon_range ar = {(char *)at, t.nwin, t.off, r->vaddr, prot, t.report};
+            static char path[4096];
+            int fd = -1;
+            if (is_main)
+                fd = open_main_file(ph, phnum, at, path, sizeof path);
+            hp_anon_copy(&ctx, &anon, &ar, fd, is_main ? path : name);
+            if (fd >= 0)
+                hp_close(fd);
+        }
     } while (hp_exec_range(ph, phnum, fixed, HP_DEFAULT_SIZE, &next, r));
     return 0;
 }

@@ -236,6 +236,7 @@ const char *hp_maps_range(const char *line, uint64_t *start, uint64_t *end)
 struct pmd_query {
     uintptr_t first;   /* address of the first window */
     uint64_t stride, len, count;
+    const char *key;   /* "FilePmdMapped:" or "AnonHugePages:" */
     long cur;          /* the window whose VMA the lines are about, or -1 */
     uint64_t seen;     /* windows found as VMAs of their own */
     unsigned char *huge;
@@ -252,8 +253,8 @@ static int pmd_line(const char *line, void *arg)
             q->cur = (long)k;
         return 0;
     }
-    if (q->cur >= 0 && starts_with(line, "FilePmdMapped:")) {
-        const char *v = line + 14;
+    if (q->cur >= 0 && starts_with(line, q->key)) {
+        const char *v = line + hp_strlen(q->key);
         long kb = 0;
         while (*v == ' ')
             v++;
@@ -266,20 +267,21 @@ static int pmd_line(const char *line, void *arg)
     return 0;
 }
 
-/* huge[i] from the FilePmdMapped bytes of the VMA that is exactly window i, in one read
- * of /proc/self/smaps; -1 if a window is no VMA of its own or smaps cannot be read.
- * Used where PAGEMAP_SCAN is missing (Linux < 6.7). */
-static int smaps_pmd(uintptr_t first, uint64_t stride, uint64_t len, uint64_t count, unsigned char *huge)
+/* huge[i] from the `key` bytes (FilePmdMapped, AnonHugePages) of the VMA that is exactly
+ * window i, in one read of /proc/self/smaps; -1 if a window is no VMA of its own or smaps
+ * cannot be read. Used where PAGEMAP_SCAN is missing (Linux < 6.7). */
+static int smaps_pmd(const char *key, uintptr_t first, uint64_t stride, uint64_t len, uint64_t count,
+                     unsigned char *huge)
 {
-    struct pmd_query q = {first, stride, len, count, -1, 0, huge};
+    struct pmd_query q = {first, stride, len, count, key, -1, 0, huge};
     hp_each_line("/proc/self/smaps", pmd_line, &q);
     return q.seen == q.count ? 0 : -1;
 }
 
 /* huge[i] = 1 if window `first + i` is mapped by one PMD; returns 0, or -1 if the
  * kernel gives no way to tell. */
-static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, uint64_t count,
-                  unsigned char *huge)
+static int verify_mapped(struct hp_ctx *c, const char *smaps_key, char *map, uint64_t stride, uint64_t first,
+                         uint64_t count, unsigned char *huge)
 {
     for (uint64_t i = 0; i < count; i++)
         huge[i] = 0;
@@ -317,7 +319,23 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
     /* Fallback: smaps, for windows that are VMAs of their own. */
     if (!c->smaps)
         return -1;
-    return smaps_pmd((uintptr_t)(map + first * stride), stride, c->hp, count, huge);
+    return smaps_pmd(smaps_key, (uintptr_t)(map + first * stride), stride, c->hp, count, huge);
+}
+
+static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, uint64_t count,
+                  unsigned char *huge)
+{
+    return verify_mapped(c, "FilePmdMapped:", map, stride, first, count, huge);
+}
+
+int hp_anon_window_is_pmd(struct hp_ctx *c, char *w)
+{
+    unsigned char huge = 0;
+    int smaps = c->smaps;
+    c->smaps = 1; /* the caller's window is an anonymous VMA of its own */
+    int rc = verify_mapped(c, "AnonHugePages:", w, c->hp, 0, 1, &huge);
+    c->smaps = smaps;
+    return rc == 0 ? huge : -1;
 }
 
 int hp_scan_works(struct hp_ctx *c)
@@ -346,6 +364,8 @@ static int prepared(struct hp_ctx *c)
         c->prepared = c->prepare && c->prepare(c) != 0 ? -1 : 1;
     return c->prepared > 0;
 }
+
+int hp_thp_allowed(struct hp_ctx *c) { return prepared(c); }
 
 /* Opens the target's file and learns its size; 0 if usable. */
 static int file_ready(struct hp_target *t)
@@ -664,6 +684,8 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
 {
     uint64_t hp = c->hp, woff = window_off(t, i, hp);
     char *w = t->map + i * t->stride;
+    if (t->zap_ok && t->zap_check)
+        t->zap_ok = t->zap_check(), t->zap_check = 0;
     enum hp_why why = !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
                       : file_ready(t) != 0 ? HP_WHY_NO_FILE
                       : memory_fs(t) ? HP_WHY_MEMORY_FS

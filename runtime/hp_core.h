@@ -115,6 +115,7 @@ struct hp_target {
     char *advise;    /* range to mark MADV_HUGEPAGE before any window is read; NULL: done */
     size_t advise_len;
     int zap_ok;      /* the caller's mapping of a window may be replaced (repair) */
+    int (*zap_check)(void); /* optional: asked once, before the first replacement; 0 forbids it */
     int prot;        /* protections of the caller's mapping (0: PROT_READ) */
     int random;      /* the caller's mapping carries MADV_RANDOM */
     int own_fd;      /* set when the core opened fd (it closes it) */
@@ -151,6 +152,15 @@ int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, 
  * full `out` stops it early). Returns how many regions, or -errno. */
 long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
                      struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
+
+/* Whether the anonymous window at `w` (hp-aligned, one VMA of its own) is mapped by one
+ * PMD: 1 yes, 0 no, -1 the kernel gives no way to tell. PAGEMAP_SCAN, else the VMA's
+ * AnonHugePages in /proc/self/smaps. For the anonymous-copy mode (hp_anon.h). */
+int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
+
+/* Whether transparent huge pages may be used (c->prepare, called once): 0 when the
+ * administrator set them to never. */
+int hp_thp_allowed(struct hp_ctx *c);
 
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);

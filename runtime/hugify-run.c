@@ -11,6 +11,9 @@
  * libhugify-audit.so in its own directory if there is one, else the installed one. An
  * installed hugify-run never loads a library that merely lies beside it in /usr/bin.
  *
+ * --anonymous[=always] sets HUGIFY_ANONYMOUS for the audit library's anonymous-copy
+ * mode (hp_anon.h).
+ *
  * Environment: HUGIFY_DEBUG=1 reports per object on stderr; HUGIFY_AUDIT_LIB
  * overrides the audit library (empty: do not set LD_AUDIT); HUGIFY_RUNTIME_DIR
  * overrides /run/hugify (where `hugify prefetch` records the kernel verdict);
@@ -623,9 +626,11 @@ static const char *audit_library(void)
 
 static void usage(FILE *f)
 {
-    fputs("usage: hugify-run [--] PROGRAM [ARGS...]\n"
+    fputs("usage: hugify-run [--anonymous[=always]] [--] PROGRAM [ARGS...]\n"
           "Loads the code of PROGRAM and of the shared libraries it will load into the page cache\n"
           "as 2 MiB huge pages, then runs PROGRAM with the hugify audit library (LD_AUDIT).\n"
+          "--anonymous: where the filesystem gives no 2 MiB folios, the audit library copies the code\n"
+          "windows into anonymous huge pages (=always: every window); sets HUGIFY_ANONYMOUS.\n"
           "Environment: HUGIFY_DEBUG=1 reports what was done; HUGIFY_AUDIT_LIB=PATH (empty: none; default:\n"
           HUGIFY_AUDIT_PATH " for hugify-run installed in " HUGIFY_BIN_DIR ";\n"
           "elsewhere, libhugify-audit.so in hugify-run's own directory if it is there, else the former).\n",
@@ -642,6 +647,11 @@ int main(int argc, char **argv)
     if (a < argc && !strcmp(argv[a], "--version")) {
         puts("hugify-run " HUGIFY_VERSION);
         return 0;
+    }
+    /* The anonymous-copy mode (hp_anon.h): the audit library reads the variable. */
+    if (a < argc && (!strcmp(argv[a], "--anonymous") || !strcmp(argv[a], "--anonymous=always"))) {
+        setenv("HUGIFY_ANONYMOUS", argv[a][11] ? "always" : "1", 1);
+        a++;
     }
     if (a < argc && !strcmp(argv[a], "--"))
         a++;

@@ -7,9 +7,9 @@ real in tests/test_kernel_matrix.py). Whether this kernel gives btrfs large foli
 first observed independently of hugify: a file read through a MADV_HUGEPAGE mapping,
 and the FilePmdMapped of that mapping in smaps.
 
-The audit library reads the per-boot records in /run/hugify (it cannot be pointed
-elsewhere), so these tests write their record there and remove it afterwards; they hold
-the runtime tests' lock like every test that touches the page cache."""
+Every component is pointed at a private runtime directory (HUGIFY_RUNTIME_DIR, which
+the audit library reads from the process's environment too); the tests hold the runtime
+tests' lock like every test that touches the page cache."""
 
 from __future__ import annotations
 
@@ -33,30 +33,23 @@ from runtime_support import (
     read_plainly,
 )
 
-RUN = Path("/run/hugify")
 BTRFS_MAGIC = "9123683e"
 
 
 @pytest.fixture
-def on_btrfs(built: Programs, tmp_path: Path) -> Iterator[Programs]:
-    """The hugified programs on a fresh btrfs filesystem (loop device)."""
+def on_btrfs(built: Programs, tmp_path: Path) -> Iterator[tuple[Programs, Path]]:
+    """The hugified programs on a fresh btrfs filesystem (loop device), and an empty
+    runtime directory."""
     image, mnt = tmp_path / "btrfs.img", tmp_path / "mnt"
     with image.open("wb") as f:
         f.truncate(256 << 20)
     subprocess.run(["mkfs.btrfs", "-q", "-f", str(image)], check=True, capture_output=True)
     mnt.mkdir()
     subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
-    existed = RUN.is_dir()
-    before = set(RUN.iterdir()) if existed else set()
     try:
         with locked():
-            yield copy_programs(built, mnt / "bin")
+            yield copy_programs(built, mnt / "bin"), tmp_path / "run"
     finally:
-        # Leave /run/hugify as it was: only what these tests wrote goes.
-        for rec in (set(RUN.iterdir()) if RUN.is_dir() else set()) - before:
-            rec.unlink()
-        if not existed and RUN.is_dir():
-            RUN.rmdir()
         subprocess.run(["umount", str(mnt)], check=True)
 
 
@@ -108,20 +101,20 @@ def blocks_read_by(argv: list[str], times: int, env: dict[str, str]) -> int:
     return int(out.stdout)
 
 
-def clean_env(**extra: str) -> dict[str, str]:
+def clean_env(run: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD", "HUGIFY_DEBUG")}
-    return env | extra
+    return env | {"HUGIFY_RUNTIME_DIR": str(run)} | extra
 
 
-def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(on_btrfs: Programs, tmp_path: Path):
-    progs = on_btrfs
+def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(on_btrfs: tuple[Programs, Path]):
+    progs, run = on_btrfs
     # The premise, seen without hugify: this kernel gives btrfs files no PMD folios.
     assert not gives_large_folios(progs.prog), "this kernel gives btrfs large folios: the test needs another fs"
 
     # The boot service's run: cold files, read in, found small, one window evicted and
     # read again to be sure, then the verdict is recorded for this boot.
     drop_caches()
-    res = hugify("prefetch", "--json", progs.prog, progs.lib, env={"HUGIFY_RUNTIME_DIR": str(RUN)})
+    res = hugify("prefetch", "--json", progs.prog, progs.lib, env={"HUGIFY_RUNTIME_DIR": str(run)})
     assert res.returncode == 4, res.stderr
     report = json.loads(res.stdout)
     for f in report["files"]:
@@ -129,7 +122,7 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
             ("unsupported", "no-large-folios", "the btrfs filesystem gives no large foli")
         }, f
     dev = os.stat(progs.prog).st_dev
-    record = RUN / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
+    record = run / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert record.read_text() == f"{boot} {BTRFS_MAGIC}\n"
 
@@ -137,42 +130,46 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
     # are cached (small) now, so plain starts read nothing either; with the old engine
     # every start evicted and read a window again (2-4 MiB each).
     read_plainly(progs.files)
-    plain = blocks_read_by([str(progs.prog)], 20, clean_env())
-    audited = blocks_read_by([str(progs.prog)], 20, clean_env(LD_AUDIT=str(AUDIT_LIB)))
-    dispatched = blocks_read_by([str(HUGIFY_RUN), str(progs.prog)], 20, clean_env())
+    plain = blocks_read_by([str(progs.prog)], 20, clean_env(run))
+    audited = blocks_read_by([str(progs.prog)], 20, clean_env(run, LD_AUDIT=str(AUDIT_LIB)))
+    dispatched = blocks_read_by([str(HUGIFY_RUN), str(progs.prog)], 20, clean_env(run))
     assert plain < 1 << 20, plain
     assert audited <= plain + (256 << 10), (audited, plain)
     assert dispatched <= plain + (256 << 10), (dispatched, plain)
 
     debug = subprocess.run(
-        [str(HUGIFY_RUN), str(progs.prog)], capture_output=True, text=True, check=False, env=clean_env(HUGIFY_DEBUG="1")
+        [str(HUGIFY_RUN), str(progs.prog)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean_env(run, HUGIFY_DEBUG="1"),
     )
     assert f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 3 failed" in debug.stderr
 
     # hugify status says it once, naming the filesystem and what would do it.
-    status = hugify("status", "--runtime-dir", RUN, progs.prog)
+    status = hugify("status", "--runtime-dir", run, progs.prog)
     notes = [line for line in status.stdout.splitlines() if "gives no large folios" in line]
     assert len(notes) == 1, status.stdout
     assert "btrfs" in notes[0] and f"{os.major(dev)}:{os.minor(dev)}" in notes[0]
-    js = json.loads(hugify("status", "--json", "--runtime-dir", RUN, progs.prog).stdout)
+    js = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog).stdout)
     (fs,) = [x for x in js["system"]["filesystems_without_large_folios"] if x["device"] == record.name[16:]]
     assert fs["type"] == "btrfs" and "btrfs" in fs["remedy"]
 
 
-def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_btrfs: Programs):
+def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_btrfs: tuple[Programs, Path]):
     """A stale record (another boot, or a filesystem of another type that had the same
     device number) must not keep files from being tried."""
-    progs = on_btrfs
+    progs, run = on_btrfs
     dev = os.stat(progs.prog).st_dev
-    record = RUN / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
+    record = run / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     for stale in ("00000000-0000-0000-0000-000000000000 " + BTRFS_MAGIC, f"{boot} ef53"):
-        RUN.mkdir(exist_ok=True)
+        run.mkdir(exist_ok=True)
         record.write_text(stale + "\n")
         drop_caches()
         # Not skipped: the files are read in (the windows leave the "cold" state), and
         # the verdict is found again and rewritten.
-        res = hugify("prefetch", "--json", progs.prog, env={"HUGIFY_RUNTIME_DIR": str(RUN)})
+        res = hugify("prefetch", "--json", progs.prog, env={"HUGIFY_RUNTIME_DIR": str(run)})
         assert res.returncode == 4, res.stderr
         assert record.read_text() == f"{boot} {BTRFS_MAGIC}\n"
         with contextlib.suppress(FileNotFoundError):

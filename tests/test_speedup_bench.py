@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from runtime_support import REPO, locked
 
-WORKLOADS = {"clang", "gcc", "postgres", "python", "itlb"}
+WORKLOADS = {"clang", "clang-anon", "gcc", "postgres", "python", "itlb", "itlb-anon"}
 
 
 def test_the_benchmark_runs_by_its_shebang():
@@ -71,10 +71,14 @@ def test_quick_run_of_every_workload(tmp_path: Path):
     assert obj["prefetched"]["huge_bytes"] >= 16 * (2 << 20)
     assert obj["seen"]["pmd_mapped"] > 0 and obj["seen"]["windows_huge"] > 0, obj
     assert not obj["seen"]["windows_small"], obj
+    # the anonymous-copy variant: its process held one anonymous huge page per window
+    anon = results["itlb-anon"]
+    assert anon["status"] == "measured" and anon["anonymous"], anon
+    assert anon["anonymous_held"] == anon["objects"]["itlb"]["predicted"]["windows"] * (2 << 20), anon
 
 
 def test_unknown_workload_is_a_usage_error():
     cmd = [sys.executable, "bench/speedup.py", "--only", "itlb,nosuch"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     assert res.returncode == 2
-    assert "unknown workload nosuch; known: clang, gcc, postgres, python, itlb" in res.stderr
+    assert "unknown workload nosuch; known: clang, clang-anon, gcc, postgres, python, itlb, itlb-anon" in res.stderr

@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> Exit:
         if budget is not None and pf.first_run_this_boot(r.rdir):
             r.engine.set_budget(budget)  # the boot's run: bounded (policy runtime.boot_budget)
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
+        _record_anonymous(r.rdir)
         problem = r.system.problem()
         if problem:
             pf.say(problem)
@@ -133,6 +134,20 @@ def run(args: argparse.Namespace) -> Exit:
                 }
             )
     return worst(codes)
+
+
+def _record_anonymous(rdir: Path) -> None:
+    """Passes the policy's [runtime] anonymous programs to the audit library."""
+    from hugify import policy
+    from hugify import prefetch as pf
+
+    try:
+        programs = policy.resolve(policy.load(), for_build=False).anonymous_programs
+    except policy.PolicyError as e:
+        pf.say(f"policy not usable, [runtime] anonymous left as it was: {e.problems[0]}")
+        return
+    if not pf.write_anonymous_record(rdir, programs):
+        pf.say(f"cannot write {rdir / pf.ANONYMOUS_FILE}")
 
 
 def _dump(obj: dict[str, Any]) -> None:

@@ -17,7 +17,26 @@ def _yes(v: bool | None, unknown: str = "unknown") -> str:
     return unknown if v is None else "yes" if v else "no"
 
 
+def _print_copies(copies: list[Any], hp: int) -> None:
+    from hugify.sizes import human
+
+    if not copies:
+        print("anonymous copies: none")
+        return
+    print("anonymous copies (held per process, shared with forked children):")
+    for c in copies:
+        print(
+            f"  pid {c.pid} ({c.command}): {c.path}: {c.windows(hp)} windows, "
+            f"{human(c.anon_huge)} in anonymous huge pages"
+        )
+    print(
+        f"  total: {len({c.pid for c in copies})} processes, {human(sum(c.anon_huge for c in copies))} "
+        "in anonymous huge pages"
+    )
+
+
 def run(args: argparse.Namespace) -> Exit:
+    from hugify import anoncopies
     from hugify import prefetch as pf
     from hugify.sizes import human
 
@@ -49,6 +68,7 @@ def run(args: argparse.Namespace) -> Exit:
             for fs in pf.filesystems_without_large_folios(r.rdir)
         ]
         cannot_measure = s.process_thp_disabled
+        copies = anoncopies.running_copies(r.hp)
         work = pf.open_targets(targets, r.hp)
         try:
             if not cannot_measure:
@@ -69,6 +89,7 @@ def run(args: argparse.Namespace) -> Exit:
                 | {"features": features, "problem": s.problem(), "filesystems_without_large_folios": no_large},
                 "files": files,
                 "problems": problems,
+                "anonymous_copies": [c.as_json(r.hp) for c in copies],
             }
             json.dump(out, sys.stdout, indent=2, sort_keys=True)
             print()
@@ -98,6 +119,7 @@ def run(args: argparse.Namespace) -> Exit:
             print("note: coverage cannot be measured from this process")
         for p in problems:
             print(f"hugify: {p}", file=sys.stderr)
+        _print_copies(copies, r.hp)
         if not targets:
             print("no hugified files installed (no manifests)" if not args.files else "no files")
             return Exit.OK
