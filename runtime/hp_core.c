@@ -358,10 +358,15 @@ int hp_scan_works(struct hp_ctx *c)
 
 #define CHUNK 64
 
+/* Whether huge pages may be made at all (asked once, before the first window is read
+ * or repaired): not in a process with prctl(PR_SET_THP_DISABLE), whose reads come in
+ * small folios on any filesystem (taken for "no large folios", that would be recorded
+ * for the filesystem and stop every other process too), nor where the caller's
+ * `prepare` says no (THP "never"). */
 static int prepared(struct hp_ctx *c)
 {
     if (c->prepared == 0)
-        c->prepared = c->prepare && c->prepare(c) != 0 ? -1 : 1;
+        c->prepared = hp_prctl(42 /* PR_GET_THP_DISABLE */) == 1 || (c->prepare && c->prepare(c) != 0) ? -1 : 1;
     return c->prepared > 0;
 }
 

@@ -126,6 +126,7 @@ static inline long hp_rename(const char *from, const char *to)
 {
     return HP_SYS(__NR_renameat2, AT_FDCWD, from, AT_FDCWD, to, 0, 0);
 }
+static inline long hp_prctl(int option) { return HP_SYS(__NR_prctl, option, 0, 0, 0, 0, 0); }
 static inline long hp_getpid(void) { return HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0); }
 static inline long hp_ioctl(int fd, unsigned long req, void *arg)
 {

@@ -174,3 +174,28 @@ def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_btrfs: tuple[
         assert record.read_text() == f"{boot} {BTRFS_MAGIC}\n"
         with contextlib.suppress(FileNotFoundError):
             record.unlink()
+
+
+def test_a_process_without_huge_pages_records_nothing(built: Programs, tmp_path: Path):
+    """A process with prctl(PR_SET_THP_DISABLE) reads small folios on any filesystem: its
+    audit library must neither take that for the filesystem's verdict (which would stop
+    every other process for the rest of the boot) nor read or evict anything."""
+    progs = copy_programs(built, tmp_path / "bin")  # ext4 here, which gives large folios
+    run = tmp_path / "run"
+    run.mkdir()
+    disabled = (
+        "import ctypes, os, sys; ctypes.CDLL(None).prctl(41, 1, 0, 0, 0); "  # PR_SET_THP_DISABLE
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    with locked():
+        drop_caches()
+        read_plainly(progs.files)  # small folios: the audit library would repair them
+        res = subprocess.run(
+            [sys.executable, "-c", disabled, str(progs.prog)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=clean_env(run, LD_AUDIT=str(AUDIT_LIB)),
+        )
+    assert res.returncode == 0, res.stderr
+    assert not list(run.glob("no-large-folios-*")), [p.read_text() for p in run.iterdir()]
