@@ -301,7 +301,6 @@ fn encoded_references(code: &[u8], base: u64, stay: Staying, addressing: Address
     // where every byte is tested exactly.
     let lo = stay.low.saturating_sub(4); // the immediate after a RIP-relative displacement
     let span = stay.end - lo;
-    let mask = if addressing.bitness() == 32 { 0xffff_ffff } else { u64::MAX };
     let mut found: Vec<(usize, u64)> = Vec::new();
     let mut test = |i: usize| {
         if found.last().is_none_or(|&(last, _)| last < i) {
@@ -315,9 +314,9 @@ fn encoded_references(code: &[u8], base: u64, stay: Staying, addressing: Address
     for i in 0..slow {
         test(i);
     }
-    let mut hits = displacements_reaching::<true>(code, slow, base + 4, mask, lo, span);
+    let mut hits = displacements_reaching::<true>(code, slow, base + 4, lo, span);
     if let Addressing::GotRelative(got) = addressing {
-        hits.extend(displacements_reaching::<false>(code, slow, got, mask, lo, span));
+        hits.extend(displacements_reaching::<false>(code, slow, got, lo, span));
         hits.sort_unstable();
     }
     for j in hits {
@@ -332,39 +331,40 @@ fn encoded_references(code: &[u8], base: u64, stay: Staying, addressing: Address
     found
 }
 
-/// Offsets `j >= first` of `code` where a 32-bit displacement `d` gives a target
-/// `(base + d) & mask` in `[lo, lo + span)`, where base is `bias + j` (PC_RELATIVE:
-/// the displacement counts from the address `bias` past its own position) or
-/// `bias`. The hot loop of the check: whole chunks are tested without a branch.
+/// Offsets `j >= first` of `code` where a 32-bit displacement `d` may give a target
+/// `base + d` in `[lo, lo + span)`, where base is `bias + j` (PC_RELATIVE: the
+/// displacement counts from the address `bias` past its own position) or `bias`.
+/// The hot loop of the check, so it computes modulo 2^32 (every true target is
+/// found; a few more are, which `exact` then rules out) and tests five places per
+/// load without a branch.
 fn displacements_reaching<const PC_RELATIVE: bool>(
     code: &[u8],
     first: usize,
     bias: u64,
-    mask: u64,
     lo: u64,
     span: u64,
 ) -> Vec<usize> {
-    const CHUNK: usize = 64;
-    let reaches = |j: usize, d: [u8; 4]| {
-        let base = if PC_RELATIVE { bias.wrapping_add(j as u64) } else { bias };
-        (base.wrapping_add(i32::from_le_bytes(d) as i64 as u64) & mask).wrapping_sub(lo) < span
-    };
     let end = code.len().saturating_sub(3); // the last displacement starts before it
+    let Ok(span) = u32::try_from(span) else {
+        return (first..end).collect(); // what stays spans 4 GiB: every place may reach it
+    };
+    let from_lo = bias.wrapping_sub(lo) as u32;
+    let base = |j: usize| if PC_RELATIVE { from_lo.wrapping_add(j as u32) } else { from_lo };
     let mut hits = Vec::new();
     let mut j = first;
-    while j < end {
-        let n = CHUNK.min(end - j);
-        let window = &code[j..j + n + 3];
-        let any =
-            (0..n).fold(false, |any, k| any | reaches(j + k, [window[k], window[k + 1], window[k + 2], window[k + 3]]));
-        if any {
-            hits.extend(
-                (0..n)
-                    .filter(|&k| reaches(j + k, [window[k], window[k + 1], window[k + 2], window[k + 3]]))
-                    .map(|k| j + k),
-            );
+    // Five displacements from one 8-byte load, tested without a branch.
+    while j + 8 <= code.len() {
+        let w = u64::from_le_bytes(code[j..j + 8].try_into().unwrap());
+        let reach = |k: usize| base(j + k).wrapping_add((w >> (8 * k)) as u32) < span;
+        if reach(0) | reach(1) | reach(2) | reach(3) | reach(4) {
+            hits.extend((0..5).filter(|&k| reach(k)).map(|k| j + k));
         }
-        j += n;
+        j += 5;
+    }
+    for j in j..end {
+        if base(j).wrapping_add(u32::from_le_bytes(code[j..j + 4].try_into().unwrap())) < span {
+            hits.push(j);
+        }
     }
     hits
 }
