@@ -153,7 +153,9 @@ def _shift_refusal(path: Path) -> dict[str, str]:
 
 
 def _objdump(path: Path) -> str:
-    return subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def test_a_true_header_reference_is_refused_with_its_instruction(tmp_path: Path) -> None:
