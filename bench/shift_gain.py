@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -23,21 +24,24 @@ BATCH = 64
 
 
 def elf_files(paths: list[Path], min_size: int) -> list[Path]:
-    """Regular ELF files under `paths`, each inode once, in a stable order."""
-    seen: set[tuple[int, int]] = set()
+    """Regular ELF files under `paths`, each content once (the same program installed
+    and unpacked from its package counts once), in a stable order."""
+    seen: set[tuple[int, bytes]] = set()
     out = []
     for root in paths:
         walk = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
         for p in walk:
             if p.is_symlink():
                 continue
-            st = p.stat()
-            if st.st_size < min_size or (st.st_dev, st.st_ino) in seen:
+            size = p.stat().st_size
+            if size < min_size:
                 continue
             with p.open("rb") as f:
-                if f.read(4) != ELF_MAGIC:
-                    continue
-            seen.add((st.st_dev, st.st_ino))
+                head = f.read(1 << 20)
+            key = (size, hashlib.sha256(head).digest())
+            if head[:4] != ELF_MAGIC or key in seen:
+                continue
+            seen.add(key)
             out.append(p)
     return out
 
