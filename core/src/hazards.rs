@@ -210,7 +210,11 @@ fn check_x86(elf: &Elf, an: &Analysis, stay: Staying, addressing: Addressing) ->
         for (at, target) in encoded_references(code, s.sh_addr, stay, addressing) {
             let pc = s.sh_addr + at as u64;
             // The function holding `pc` that starts last: decoding starts in step there.
-            let holder = bounds[..bounds.partition_point(|r| r.0 <= pc)].iter().rev().take(8).find(|r| r.1 > pc);
+            let holder = bounds[..bounds.partition_point(|r| r.0 <= pc)]
+                .iter()
+                .rev()
+                .take(8)
+                .find(|r| r.1 > pc && r.0 >= s.sh_addr);
             let Some(&(start, stop)) = holder else {
                 if looks_like_lea_or_mov(code, at) {
                     return Err(outside_functions(elf, s, at - 1, code, target, addressing));
