@@ -7,8 +7,11 @@ cp's time plus a fixed start-up under 100 ms; peak memory under 2x the file size
 hugify runs as installed, from compiled bytecode (the warm-up run writes it).
 With --baseline, hugify from another checkout runs in the same rounds, for a
 no-slowdown check of a change (this/baseline per round, median and interval).
+With --debian, the same comparison (and the ratio to cp) runs instead on the
+biggest code of the running Debian release: its libLLVM and chromium (apt-get
+download, cached with the test fixtures).
 
-usage: bench/transform_bench.py [--repeat N] [--baseline CHECKOUT]
+usage: bench/transform_bench.py [--repeat N] [--baseline CHECKOUT] [--debian]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from benchlib import (
     REPO,
+    Sample,
     add_baseline_option,
     baseline_name,
     hugify_cmd,
@@ -33,7 +37,36 @@ from benchlib import (
     report_pairs,
     run,
 )
-from fixtures import BY_NAME, build
+from corpus_support import RELEASE
+from fixtures import BY_NAME, build, debian_packages
+
+
+def debian_large() -> list[Path]:
+    """libLLVM (GNU ld or gold: a shift is planned, so the hazard check runs) and
+    chromium (lld), unpacked from the running release's packages."""
+    root = debian_packages("bench-large", [f"libllvm{RELEASE.llvm}", "chromium"])
+    return [root / "usr/lib/x86_64-linux-gnu" / RELEASE.llvm_lib, root / "usr/lib/chromium/chromium"]
+
+
+def compare(path: Path, out: Path, repeat: int, baseline: Path | None) -> dict[str, list[Sample]]:
+    """hugify transform of `path` against cp (and the baseline checkout), interleaved."""
+
+    def clean() -> None:
+        out.unlink(missing_ok=True)
+
+    env = installed_env()
+    contenders = {
+        "cp": lambda: run(["cp", path, out]),
+        "hugify transform": lambda: run(hugify_cmd("transform", path, "-o", out), env=env),
+    }
+    if baseline:
+        old = baseline_name(baseline)
+        contenders[old] = lambda: run(hugify_cmd("transform", path, "-o", out), env=env, cwd=baseline)
+    results = interleaved(contenders, repeat, prepare=clean)
+    report(f"transform of {path.name} ({path.stat().st_size / 2**20:.0f} MiB)", results, "cp")
+    if baseline:
+        report_pairs(results, "hugify transform", old)
+    return results
 
 
 def big_pie(work: Path) -> Path:
@@ -57,29 +90,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
     add_baseline_option(ap)
+    ap.add_argument("--debian", action="store_true", help="compare on libLLVM and chromium from Debian instead")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         work = Path(d)
+        out = work / "out"
+        if args.debian:
+            for path in debian_large():
+                compare(path, out, args.repeat, args.baseline)
+                out.unlink(missing_ok=True)
+            return
         big = big_pie(work)
         size = big.stat().st_size
         print(f"input: {size / 2**20:.1f} MiB PIE without debug info")
-        out = work / "out"
+        results = compare(big, out, args.repeat, args.baseline)
+        env = installed_env()
 
         def clean() -> None:
             out.unlink(missing_ok=True)
 
-        env = installed_env()
-        contenders = {
-            "cp": lambda: run(["cp", big, out]),
-            "hugify transform": lambda: run(hugify_cmd("transform", big, "-o", out), env=env),
-        }
-        if args.baseline:
-            old = baseline_name(args.baseline)
-            contenders[old] = lambda: run(hugify_cmd("transform", big, "-o", out), env=env, cwd=args.baseline)
-        results = interleaved(contenders, args.repeat, prepare=clean)
-        report("transform of a large file", results, "cp")
-        if args.baseline:
-            report_pairs(results, "hugify transform", old)
         tiny = build(BY_NAME["gcc-bfd-small"]) / "prog"
         startup = interleaved(
             {

@@ -41,6 +41,18 @@ pub enum Field {
         /// Raw value as stored (sign-extended for signed encodings).
         value: u64,
     },
+    /// The code an FDE describes: its initial location (as in the `Pointer` reported
+    /// just before) and the length of the range, in bytes.
+    Fde {
+        /// Section offset of the initial location.
+        off: u64,
+        /// Its encoding.
+        enc: u8,
+        /// Its raw value.
+        value: u64,
+        /// The pc_range.
+        len: u64,
+    },
     /// A DWARF expression block at `off` of `len` bytes (CFA rules).
     Expression {
         /// Section offset.
@@ -133,10 +145,16 @@ impl<'a> Cursor<'a> {
         visit(Field::Pointer { off, enc, size, value })
     }
 
-    /// Like `pointer`, for a length (pc_range): read only, never reported.
-    fn length(&mut self, enc: u8, addr_size: u8) -> Result<()> {
-        let mut ignore = |_| Ok(());
-        self.pointer(enc & 0x0f, addr_size, &mut ignore)
+    /// Like `pointer`, for a length (pc_range): read, returned, never reported.
+    fn length(&mut self, enc: u8, addr_size: u8) -> Result<u64> {
+        let mut len = 0;
+        self.pointer(enc & 0x0f, addr_size, &mut |f| {
+            if let Field::Pointer { value, .. } = f {
+                len = value;
+            }
+            Ok(())
+        })?;
+        Ok(len)
     }
 }
 
@@ -188,8 +206,17 @@ pub fn walk(data: &[u8], flavour: Flavour, addr_size: u8, mut visit: impl FnMut(
             };
             let cie =
                 cies.get(&cie_pos).ok_or_else(|| bad(format!("FDE at {pos:#x} refers to no CIE at {cie_pos:#x}")))?;
-            c.pointer(cie.fde_enc, cie.addr_size, &mut visit)?;
-            c.length(cie.fde_enc, cie.addr_size)?;
+            let mut start = None;
+            c.pointer(cie.fde_enc, cie.addr_size, &mut |f| {
+                if let Field::Pointer { off, enc, value, .. } = f {
+                    start = Some((off, enc, value));
+                }
+                visit(f)
+            })?;
+            let len = c.length(cie.fde_enc, cie.addr_size)?;
+            if let Some((off, enc, value)) = start {
+                visit(Field::Fde { off, enc, value, len })?;
+            }
             if cie.has_z {
                 let aug_len = c.uleb()?;
                 let aug_end = c

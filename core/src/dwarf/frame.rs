@@ -19,5 +19,6 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, asz: u8, ed: &mut Edits) ->
         Field::Expression { off, len } => {
             expr::walk(base.range(off as usize..(off + len) as usize), &place, map, ed, &mut constants)
         }
+        Field::Fde { .. } => Ok(()),
     })
 }

@@ -67,9 +67,11 @@ pub const SHN_XINDEX: u16 = 0xffff;
 pub const PN_XNUM: u16 = 0xffff;
 
 pub const STB_LOCAL: u8 = 0;
+pub const STT_FUNC: u8 = 2;
 pub const STT_SECTION: u8 = 3;
 pub const STT_FILE: u8 = 4;
 pub const STT_TLS: u8 = 6;
+pub const STT_GNU_IFUNC: u8 = 10;
 
 pub const DT_NULL: i64 = 0;
 pub const DT_PLTGOT: i64 = 3;

@@ -181,12 +181,13 @@ pub(super) fn read_dynamic(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Dyn
 
 /// One symbol.
 #[derive(Clone, Copy, Debug)]
-#[allow(missing_docs)] // the gABI's fields without their prefix (st_name, st_info, st_shndx, st_value)
+#[allow(missing_docs)] // the gABI's fields without their prefix (st_name, st_info, st_shndx, st_value, st_size)
 pub struct Sym {
     pub name: u32,
     pub info: u8,
     pub shndx: u16,
     pub value: u64,
+    pub size: u64,
 }
 
 impl Sym {
@@ -221,11 +222,13 @@ pub(super) fn read_symbols(d: &[u8], c: Class, s: &Shdr) -> Result<Vec<(u64, Sym
                 info: d[off as usize + 4],
                 shndx: read_u16(d, off + 6)?,
                 value: read_u64(d, off + 8)?,
+                size: read_u64(d, off + 16)?,
             }
         } else {
             Sym {
                 name: read_u32(d, off)?,
                 value: u64::from(read_u32(d, off + 4)?),
+                size: u64::from(read_u32(d, off + 8)?),
                 info: d[off as usize + 12],
                 shndx: read_u16(d, off + 14)?,
             }

@@ -18,7 +18,7 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
         let map = ctx.plan.map;
         cfi::walk(elf.section_data(s), Flavour::EhFrame, asz, |f| match f {
             Field::Pointer { off, enc, size, value } => relative_pointer(s, &map, off, enc, size, value, 0, p),
-            Field::Expression { .. } => Ok(()),
+            Field::Expression { .. } | Field::Fde { .. } => Ok(()),
         })?;
     }
     if let Some(h) = elf.section(".eh_frame_hdr").filter(|s| s.is_alloc() && s.has_file_data()) {
