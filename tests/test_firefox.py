@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,12 +17,9 @@ from fixtures import debian_packages
 from helpers import HP, elflint, hugify, readelf_loads, transform
 
 INSTALLED = Path("/usr/lib/firefox-esr")
-#: Loaded at start-up: sqlite for the profile, NSS for certificates, the glue libraries,
-#: and libxul itself (auto keeps it aligned; forced, its shift starts the executable
-#: segment below all of its read-only data: .eh_frame, .eh_frame_hdr and .rodata each
-#: straddle a window boundary below the code).
+#: Loaded at start-up: sqlite for the profile, NSS for certificates, the glue libraries.
+#: libxul itself is rewritten too, aligned (test_libxul_cannot_be_shifted_and_is_aligned).
 SHIFTED = [
-    "libxul.so",
     "libmozsqlite3.so",
     "libnss3.so",
     "libnssutil3.so",
@@ -101,8 +99,10 @@ def test_shifted_libraries_still_run_firefox(archive_dir: Path, tmp_path: Path) 
         (x,) = [seg for seg in readelf_loads(libs / name) if "E" in seg.flags]
         assert x.vaddr % HP == 0 and x.offset % HP == 0 and x.memsz % HP == 0, name
     assert elflint(libs / "libmozsqlite3.so") - elflint(archive_dir / "libmozsqlite3.so") == set()
+    report = transform(archive_dir / "libxul.so", libs / "libxul.so")
+    assert report["result"]["mode"] == "align", report["result"]
 
-    rewritten = _firefox_copy(tmp_path / "firefox", {n: libs / n for n in SHIFTED})
+    rewritten = _firefox_copy(tmp_path / "firefox", {n: libs / n for n in [*SHIFTED, "libxul.so"]})
     expected, plain_loaded = _screenshot(INSTALLED, tmp_path, "plain")
     got, loaded = _screenshot(rewritten, tmp_path, "shifted")
     assert plain_loaded == [str(INSTALLED / n) for n in ("libmozsqlite3.so", "libxul.so")]
@@ -110,13 +110,23 @@ def test_shifted_libraries_still_run_firefox(archive_dir: Path, tmp_path: Path) 
     assert got == expected
 
 
-def test_auto_keeps_libxul_aligned(archive_dir: Path) -> None:
-    """libxul's shift would put 1.3 % more of its code on huge pages but make 51 MiB of
-    .rodata and .eh_frame executable: auto keeps alignment only."""
+def test_libxul_cannot_be_shifted_and_is_aligned(archive_dir: Path) -> None:
+    """libxul's code calls address 0 (an undefined weak function that lld resolved to
+    0, the ELF header, which stays in place): the decoder names that instruction and
+    refuses the shift; auto aligns it. The instruction is checked against objdump."""
     r = json.loads(hugify("inspect", "--json", archive_dir / "libxul.so").stdout)
     r = r[0] if isinstance(r, list) else r
     shift, align = r["plans"]["shift"], r["plans"]["align"]
-    assert r["layout"] == "rodata-first" and shift["ok"] and align["ok"]
-    assert shift["covered_code"] > align["covered_code"]
-    assert shift["exposed_read_only"] > shift["covered_code"] - align["covered_code"]
+    assert r["layout"] == "rodata-first" and align["ok"] and not shift["ok"]
+    assert shift["reason"] == "ehdr-reference", shift
+    m = re.match(r"`call 0h` \(([0-9a-f ]+)\) at (0x[0-9a-f]+) in \.text refers by a branch to 0x0", shift["detail"])
+    assert m, shift["detail"]
+    at = int(m.group(2), 16)
+    dump = subprocess.run(
+        ["objdump", "-d", "--start-address", hex(at), "--stop-address", hex(at + 5), str(archive_dir / "libxul.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert re.search(rf"{at:x}:\s+{m.group(1)}\s+call\s+0\b", dump), dump
     assert r["chosen"] == "align"
