@@ -53,23 +53,32 @@ def debian_root(name: str, *args: str, fmt: str = "directory") -> Path:
     return out
 
 
-def _apt_source_options(state: Path) -> list[str]:
-    """apt options that make apt-get read only bookworm's deb-src line and keep its
-    lists and cache under `state`."""
+def apt_options(state: Path, sources: list[str]) -> list[str]:
+    """apt options that make apt-get read only the given sources.list lines and keep
+    its lists and cache under `state` (the host's apt configuration is left alone)."""
     (state / "lists" / "partial").mkdir(parents=True, exist_ok=True)
     (state / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    sources = state / "sources.list"
-    sources.write_text(f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main\n")
+    sources_list = state / "sources.list"
+    sources_list.write_text("".join(f"{line}\n" for line in sources))
     return [
         "-o",
-        f"Dir::Etc::SourceList={sources}",
+        f"Dir::Etc::SourceList={sources_list}",
         "-o",
         f"Dir::Etc::SourceParts={state / 'sources.list.d'}",
+        "-o",
+        f"Dir::Etc::Preferences={state / 'preferences'}",
+        "-o",
+        f"Dir::Etc::PreferencesParts={state / 'preferences.d'}",
         "-o",
         f"Dir::State::Lists={state / 'lists'}",
         "-o",
         f"Dir::Cache={state / 'cache'}",
     ]
+
+
+def _apt_source_options(state: Path) -> list[str]:
+    """apt options for bookworm's deb-src line only (apt-get source)."""
+    return apt_options(state, [f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
 
 
 def source_package(name: str) -> Path:
