@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from deb_support import drop_stale, tool_versions
+from deb_support import deb_field, drop_stale, tool_versions
 from fixtures import cache_root, locked
 
 SUITE = "bookworm"
@@ -106,3 +106,25 @@ def source_package(name: str) -> Path:
             )
             work.rename(dsc.parent)
     return dsc
+
+
+#: What a root booted with systemd as PID 1 needs besides hugify's own dependencies.
+SYSTEMD_BASE = ("systemd", "systemd-sysv", "dbus")
+
+
+def hugify_depends(deb: Path) -> list[str]:
+    """The package names hugify's .deb depends on (first alternative of each)."""
+    names = []
+    for dep in deb_field(deb, "Depends").split(","):
+        name = dep.split("|")[0].split("(")[0].strip().removesuffix(":any")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def systemd_root(hugify_deb: Path) -> Path:
+    """A minbase bookworm root with systemd as init and what hugify's .deb depends
+    on (tests/test_boot.py boots it in a container, tests/test_kernel_matrix.py under
+    qemu): the same cached root for both."""
+    include = ",".join([*SYSTEMD_BASE, *hugify_depends(hugify_deb)])
+    return debian_root("boot-root", "--variant=minbase", f"--include={include}")
