@@ -30,9 +30,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from deb_support import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
 from debian_roots import systemd_root
@@ -150,7 +152,7 @@ def initramfs(k: Kernel) -> Path:
         files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
         cpio = subprocess.run(
             ["cpio", "-o", "-H", "newc", "--quiet", "--reproducible"],
-            input="\n".join(["."] + files).encode(),
+            input="\n".join([".", *files]).encode(),
             cwd=tree,
             capture_output=True,
             check=True,
@@ -197,9 +199,11 @@ def guest_inputs() -> GuestInputs:
     debs = [hugify, *(variant.deb(p) for p in GUEST_DEBS)]
     root = systemd_root(hugify)
     tools = guest_tools()
-    files = [(p.name, p) for p in debs] + [
-        (n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")
-    ] + [(p.name, p) for p in sorted(tools.iterdir())]
+    files = (
+        [(p.name, p) for p in debs]
+        + [(n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")]
+        + [(p.name, p) for p in sorted(tools.iterdir())]
+    )
     return GuestInputs(root, debs, tools, files_key(files, root.parent.name))
 
 
@@ -272,7 +276,7 @@ class BootResult:
     kernel: Kernel
     fs: str
     dir: Path
-    results: dict[str, object]
+    results: dict[str, Any]
     seconds: float
 
     def console_tail(self, lines: int = 40) -> str:
@@ -287,7 +291,7 @@ def _results_of(port_log: str) -> dict[str, object] | None:
     return dict(json.loads(body))
 
 
-def qemu_command(k: Kernel, fs: str, initrd: Path, disk: Path, out: Path, thp: str) -> list[str]:
+def qemu_command(k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path) -> list[str]:
     append = f"console=ttyS0 hugify.rootfs={fs} transparent_hugepage={thp} panic=-1 loglevel=5"
     return [
         "qemu-system-x86_64",
@@ -337,9 +341,15 @@ def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
     qemu = tool_versions("qemu-system-x86")
     key = files_key([("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB))
     final = cached_dir("kernel-matrix", f"boot-{k.release}-{fs}-{thp}", key)
-    if (final / "results.json").exists():
-        meta = json.loads((final / "meta.json").read_text())
-        return BootResult(k, fs, final, json.loads((final / "results.json").read_text()), meta["seconds"])
+    # Both of the suite's workers may ask for the same boot: one boots, the other waits.
+    with locked(cache_root() / "kernel-matrix" / f"boot-{k.release}-{fs}-{thp}.lock"):
+        if not (final / "results.json").exists():
+            _boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final)
+    meta = json.loads((final / "meta.json").read_text())
+    return BootResult(k, fs, final, json.loads((final / "results.json").read_text()), meta["seconds"])
+
+
+def _boot_uncached(k: Kernel, fs: str, thp: str, *, initrd: Path, image: Path, final: Path) -> None:
     if shutil.which("qemu-system-x86_64") is None:
         raise VmError("qemu-system-x86_64 is not installed: run tools/setup-dev-env")
     work = final.with_name(final.name + ".tmp")
@@ -347,18 +357,19 @@ def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
     work.mkdir(parents=True)
     disk = work / "overlay.qcow2"
     _run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image), "-F", "raw", str(disk)])
-    import time
-
     started = time.monotonic()
     with (work / "qemu.log").open("w") as log:
-        proc = subprocess.Popen(qemu_command(k, fs, initrd, disk, work, thp), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work), stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             rc = proc.wait(timeout=BOOT_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            console = _tail(work / "console.log")
             raise VmError(
-                f"{k.label} on {fs}: the guest did not finish in {BOOT_TIMEOUT} s; console:\n{_tail(work / 'console.log')}"
+                f"{k.label} on {fs}: the guest did not finish in {BOOT_TIMEOUT} s; console:\n{console}"
             ) from None
     seconds = round(time.monotonic() - started, 1)
     disk.unlink()
@@ -367,9 +378,13 @@ def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
         raise VmError(f"qemu could not run {k.label} on {fs} (exit {rc}): {_tail(work / 'qemu.log', 10)}")
     if "Kernel panic" in console:
         raise VmError(f"{k.label} on {fs}: the guest panicked; console:\n{_tail(work / 'console.log')}")
-    results = _results_of((work / "results.log").read_text(errors="replace")) if (work / "results.log").exists() else None
+    results = (
+        _results_of((work / "results.log").read_text(errors="replace")) if (work / "results.log").exists() else None
+    )
     if results is None:
-        raise VmError(f"{k.label} on {fs}: the guest powered off without results; console:\n{_tail(work / 'console.log')}")
+        raise VmError(
+            f"{k.label} on {fs}: the guest powered off without results; console:\n{_tail(work / 'console.log')}"
+        )
     if "driver_error" in results:
         raise VmError(f"{k.label} on {fs}: the guest driver failed: {results['driver_error']}")
     (work / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
@@ -377,4 +392,3 @@ def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
     shutil.rmtree(final, ignore_errors=True)
     work.rename(final)
     drop_stale(final)
-    return BootResult(k, fs, final, results, seconds)

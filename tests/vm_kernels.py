@@ -93,7 +93,9 @@ def _update_lists(state: Path, opts: list[str]) -> None:
 
 def _show(opts: list[str], package: str, suite: str) -> str:
     """The record apt-cache shows first for package/suite (that release's), or ""."""
-    res = subprocess.run(["apt-cache", *opts, "show", f"{package}/{suite}"], capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        ["apt-cache", *opts, "show", f"{package}/{suite}"], capture_output=True, text=True, check=False
+    )
     return res.stdout.split("\n\n")[0] if res.returncode == 0 else ""
 
 

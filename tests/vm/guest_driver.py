@@ -16,8 +16,8 @@ preloaded probe, tests/vm/probe.c):
     audit          through the audit library (LD_AUDIT), and the library loaded with
                    dlopen() by a small program, also under the audit library,
   each followed by `hugify status --json`;
-- pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts, 20 starts through the
-  audit library and 20 through hugify-run, each series starting from the files cached in
+- pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
+  the audit library, each series starting from the files cached in
   small folios (in the THP mode the guest booted with only).
 """
 
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 WORK = Path("/hugify-matrix")
 PROBE = WORK / "probe.so"
@@ -42,14 +43,14 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 STARTS = 20
 
 
-def run(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> dict[str, object]:
+def run(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> dict[str, Any]:
     res = subprocess.run(
         list(argv), capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout, check=False
     )
     return {"argv": list(argv), "rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
 
 
-def json_of(*argv: str) -> object:
+def json_of(*argv: str) -> Any:
     res = run(*argv)
     try:
         return json.loads(str(res["stdout"]))
@@ -90,7 +91,7 @@ def pgpgin() -> int:
     raise RuntimeError("no pgpgin in /proc/vmstat")
 
 
-def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, object]:
+def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Runs argv with the probe preloaded: its result and the smaps report of every
     process that exited (path -> size, FilePmdMapped of its executable mappings)."""
     PROBE_OUT.unlink(missing_ok=True)
@@ -108,7 +109,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, object]:
     return res
 
 
-def ways() -> dict[str, list[dict[str, object]]]:
+def ways() -> dict[str, list[dict[str, Any]]]:
     """How the program and the library can be run: name -> the steps after setting
     the cache state (the last step's smaps is the verdict of the row)."""
     audit = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1"}
@@ -121,21 +122,21 @@ def ways() -> dict[str, list[dict[str, object]]]:
     }
 
 
-def one_case(cache: str, steps: list[dict[str, object]]) -> dict[str, object]:
+def one_case(cache: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
     started = time.monotonic()
     set_cache(cache)
-    done: list[dict[str, object]] = []
+    done: list[dict[str, Any]] = []
     for step in steps:
         if step.get("prefetch"):
             done.append({"prefetch": json_of("hugify", "prefetch", "--json")})
         else:
-            argv = [str(a) for a in step["run"]]  # type: ignore[attr-defined]
-            done.append(probed(*argv, env=step.get("env")))  # type: ignore[arg-type]
+            argv = [str(a) for a in step["run"]]
+            done.append(probed(*argv, env=step.get("env")))
     status = json_of("hugify", "status", "--json")
     return {"steps": done, "status": status, "seconds": round(time.monotonic() - started, 1)}
 
 
-def service(name: str) -> dict[str, object]:
+def service(name: str) -> dict[str, Any]:
     props = run("systemctl", "show", "-p", "ActiveState,Result,ExecMainCode,ExecMainStatus,InvocationID", name)
     return {
         "props": dict(line.split("=", 1) for line in str(props["stdout"]).splitlines() if "=" in line),
@@ -143,7 +144,7 @@ def service(name: str) -> dict[str, object]:
     }
 
 
-def rerun_prefetch_service() -> dict[str, object]:
+def rerun_prefetch_service() -> dict[str, Any]:
     run("systemctl", "restart", "hugify-prefetch.service")
     return service("hugify-prefetch.service")
 
@@ -154,7 +155,6 @@ def io_check() -> dict[str, int]:
     series = {
         "plain": ([PROG], {}),
         "audit": ([PROG], {"LD_AUDIT": AUDIT_LIB}),
-        "hugify-run": (["hugify-run", PROG], {}),
     }
     out = {}
     for name, (argv, env) in series.items():
@@ -168,11 +168,11 @@ def io_check() -> dict[str, int]:
 
 def main() -> None:
     started = time.monotonic()
-    results: dict[str, object] = {
+    results: dict[str, Any] = {
         "uname": os.uname().release,
-        "root_fs": run("findmnt", "-no", "FSTYPE", "/")["stdout"].strip(),  # type: ignore[union-attr]
+        "root_fs": run("findmnt", "-no", "FSTYPE", "/")["stdout"].strip(),
         "boot_thp": thp_mode(),
-        "system_state": run("systemctl", "is-system-running")["stdout"].strip(),  # type: ignore[union-attr]
+        "system_state": run("systemctl", "is-system-running")["stdout"].strip(),
         "failed_units": run("systemctl", "list-units", "--failed", "--plain", "--no-legend")["stdout"],
         "boot_service": service("hugify-prefetch.service"),
         "boot_status": json_of("hugify", "status", "--json"),
@@ -180,7 +180,7 @@ def main() -> None:
     }
     boot_mode = thp_mode()
     for mode in (boot_mode, "madvise" if boot_mode != "madvise" else "always"):
-        entry: dict[str, object] = {}
+        entry: dict[str, Any] = {}
         if mode != thp_mode():
             THP.write_text(mode + "\n")
             entry["service"] = rerun_prefetch_service()
@@ -189,7 +189,7 @@ def main() -> None:
         }
         if mode == boot_mode:  # the I/O check does not depend on the THP mode: measured once per boot
             entry["pgpgin_kib"] = io_check()
-        results["thp"][mode] = entry  # type: ignore[index]
+        results["thp"][mode] = entry
     results["driver_seconds"] = round(time.monotonic() - started, 1)
     with open(RESULTS_PORT, "w") as port:
         port.write("HUGIFY-MATRIX-BEGIN\n" + json.dumps(results, sort_keys=True) + "\nHUGIFY-MATRIX-END\n")
