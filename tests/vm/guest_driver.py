@@ -128,7 +128,7 @@ def one_case(cache: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
     done: list[dict[str, Any]] = []
     for step in steps:
         if step.get("prefetch"):
-            done.append({"prefetch": json_of("hugify", "prefetch", "--json")})
+            done.append({"prefetch": json_of("hugify", "prefetch", "--all", "--json")})
         else:
             argv = [str(a) for a in step["run"]]
             done.append(probed(*argv, env=step.get("env")))
