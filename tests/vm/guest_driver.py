@@ -11,7 +11,7 @@ preloaded probe, tests/vm/probe.c):
   plainly with read(), so the cache holds them in small folios) — the hugified program
   (which links the hugified library) run:
     plain          the kernel alone (and a second plain run: the kernel's own readahead),
-    prefetch       after `hugify prefetch --json`, then plainly,
+    prefetch       after `hugify prefetch --all --json`, then plainly,
     hugify-run     through hugify-run with HUGIFY_DEBUG=1,
     audit          through the audit library (LD_AUDIT), and the library loaded with
                    dlopen() by a small program, also under the audit library,
