@@ -5,7 +5,7 @@ whom (the kernel alone, prefetch, hugify-run, the audit library), with THP `alwa
 both cache states (cold, and cached in small folios); where `madvise` differs it says so.
 The table sits between two marker comments; everything else in the file is kept.
 
-usage: bench/matrix_table.py [--json FILE] [--doc FILE]
+usage: bench/matrix_table.py [--json FILE...] [--doc FILE]
 """
 
 from __future__ import annotations
@@ -74,10 +74,14 @@ def table(doc: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, default=REPO / "bench" / "kernel_matrix.json")
+    ap.add_argument("--json", type=Path, nargs="+", default=[REPO / "bench" / "kernel_matrix.json"])
     ap.add_argument("--doc", type=Path, default=REPO / "docs" / "runtime.md")
     args = ap.parse_args()
-    doc = json.loads(args.json.read_text())
+    docs = [json.loads(p.read_text()) for p in args.json]
+    # Several runs (e.g. of parts of the matrix) make one table: the latest date, every row.
+    doc = {**docs[0], "date": max(d["date"] for d in docs)}
+    doc["rows"] = [r for d in docs for r in d["rows"]]
+    doc["errors"] = [e for d in docs for e in d.get("errors", [])]
     text = args.doc.read_text()
     if BEGIN not in text or END not in text:
         print(f"{args.doc}: no kernel-matrix markers", file=sys.stderr)

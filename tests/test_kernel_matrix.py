@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vm_boot import BootResult, VmError, boot
-from vm_kernels import KernelUnavailable
+from vm_boot import BootResult, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
+from vm_kernels import KernelUnavailable, kernel
 from vm_matrix import CACHES, PGPGIN_NOISE_KIB, SUBSET, case, fully_huge, gives_large_folios, resolve
 
 MODES = ("always", "madvise")
@@ -151,3 +151,38 @@ def test_audit_library_reads_nothing_more_where_it_cannot_work(booted: BootResul
     if supported(booted):
         return
     assert pgpgin["audit"] <= pgpgin["plain"] + PGPGIN_NOISE_KIB, pgpgin
+
+
+# --- bad input: each fails with its reason -------------------------------------------------------
+
+
+def test_a_kernel_that_cannot_be_fetched_fails_with_the_reason() -> None:
+    with pytest.raises(KernelUnavailable, match="no linux-image-amd64 in no-such-suite"):
+        kernel("no-such-suite")
+
+
+@pytest.fixture(scope="module")
+def trixie_ext4() -> dict[str, Any]:
+    k = kernel("trixie")
+    return {"k": k, "fs": "ext4", "thp": "always", "initrd": initramfs(k), "image": root_image("ext4", guest_inputs())}
+
+
+def test_a_qemu_that_cannot_start_fails_with_the_reason(trixie_ext4: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(VmError, match=r"qemu could not run 6\.12 \(trixie\) on ext4 \(exit 1\): .*no-such-accel"):
+        boot_uncached(**trixie_ext4, final=tmp_path / "boot", accel="no-such-accel")
+    assert not (tmp_path / "boot").exists()
+
+
+def test_a_guest_that_does_not_finish_in_time_fails_with_its_console(
+    trixie_ext4: dict[str, Any], tmp_path: Path
+) -> None:
+    with pytest.raises(VmError, match=r"did not finish in 3 s; console:") as e:
+        boot_uncached(**trixie_ext4, final=tmp_path / "boot", timeout=3)
+    assert not (tmp_path / "boot").exists(), e.value
+
+
+def test_a_panicking_guest_shows_its_console_last_lines(trixie_ext4: dict[str, Any], tmp_path: Path) -> None:
+    # No init in the initramfs: the kernel looks for a root device of its own, finds none and panics.
+    with pytest.raises(VmError, match=r"the guest panicked; console:\n") as e:
+        boot_uncached(**trixie_ext4, final=tmp_path / "boot", extra="rdinit=/no-such-init", timeout=300)
+    assert "Kernel panic" in str(e.value) and "VFS" in str(e.value), e.value

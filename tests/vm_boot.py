@@ -194,17 +194,17 @@ def guest_tools() -> Path:
 
 
 def guest_inputs() -> GuestInputs:
-    hugify = build_hugify_deb().ok().deb("hugify")
+    hugify = build_hugify_deb().ok()
     variant = build_variant("with").ok()
-    debs = [hugify, *(variant.deb(p) for p in GUEST_DEBS)]
-    root = systemd_root(hugify)
+    debs = [hugify.deb("hugify"), *(variant.deb(p) for p in GUEST_DEBS)]
+    root = systemd_root(debs[0])
     tools = guest_tools()
-    files = (
-        [(p.name, p) for p in debs]
-        + [(n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")]
-        + [(p.name, p) for p in sorted(tools.iterdir())]
-    )
-    return GuestInputs(root, debs, tools, files_key(files, root.parent.name))
+    files = [(n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")]
+    files += [(p.name, p) for p in sorted(tools.iterdir())]
+    # The packages count by their builds' cache keys (their sources and tools), not their
+    # bytes: the shared cache may rebuild them for another checkout in between, and a
+    # rebuild of the same sources must not make every image and boot stale.
+    return GuestInputs(root, debs, tools, files_key(files, root.parent.name, hugify.dir.name, variant.dir.name))
 
 
 @contextlib.contextmanager
@@ -291,12 +291,14 @@ def _results_of(port_log: str) -> dict[str, object] | None:
     return dict(json.loads(body))
 
 
-def qemu_command(k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path) -> list[str]:
-    append = f"console=ttyS0 hugify.rootfs={fs} transparent_hugepage={thp} panic=-1 loglevel=5"
+def qemu_command(
+    k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path, accel: str = ACCEL, extra: str = ""
+) -> list[str]:
+    append = f"console=ttyS0 hugify.rootfs={fs} transparent_hugepage={thp} panic=-1 loglevel=5 {extra}".strip()
     return [
         "qemu-system-x86_64",
         "-accel",
-        ACCEL,
+        accel,
         "-m",
         str(MEMORY_MIB),
         "-smp",
@@ -344,12 +346,25 @@ def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
     # Both of the suite's workers may ask for the same boot: one boots, the other waits.
     with locked(cache_root() / "kernel-matrix" / f"boot-{k.release}-{fs}-{thp}.lock"):
         if not (final / "results.json").exists():
-            _boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final)
+            boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final)
     meta = json.loads((final / "meta.json").read_text())
     return BootResult(k, fs, final, json.loads((final / "results.json").read_text()), meta["seconds"])
 
 
-def _boot_uncached(k: Kernel, fs: str, thp: str, *, initrd: Path, image: Path, final: Path) -> None:
+def boot_uncached(
+    k: Kernel,
+    fs: str,
+    thp: str,
+    *,
+    initrd: Path,
+    image: Path,
+    final: Path,
+    accel: str = ACCEL,
+    extra: str = "",
+    timeout: int = BOOT_TIMEOUT,
+) -> None:
+    """One boot into `final` (kept only when it finished); `accel`, `extra` (more of the
+    kernel's command line) and `timeout` let the tests break it on purpose."""
     if shutil.which("qemu-system-x86_64") is None:
         raise VmError("qemu-system-x86_64 is not installed: run tools/setup-dev-env")
     work = final.with_name(final.name + ".tmp")
@@ -360,17 +375,17 @@ def _boot_uncached(k: Kernel, fs: str, thp: str, *, initrd: Path, image: Path, f
     started = time.monotonic()
     with (work / "qemu.log").open("w") as log:
         proc = subprocess.Popen(
-            qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work), stdout=log, stderr=subprocess.STDOUT
+            qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work, accel=accel, extra=extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
-            rc = proc.wait(timeout=BOOT_TIMEOUT)
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
             console = _tail(work / "console.log")
-            raise VmError(
-                f"{k.label} on {fs}: the guest did not finish in {BOOT_TIMEOUT} s; console:\n{console}"
-            ) from None
+            raise VmError(f"{k.label} on {fs}: the guest did not finish in {timeout} s; console:\n{console}") from None
     seconds = round(time.monotonic() - started, 1)
     disk.unlink()
     console = (work / "console.log").read_text(errors="replace") if (work / "console.log").exists() else ""
