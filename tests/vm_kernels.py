@@ -109,6 +109,8 @@ def _image_packages(opts: list[str], suite: str) -> tuple[str, str, list[str]]:
     the packages to fetch for it: the image itself and, from 7.x on, the
     linux-binary-<release> (vmlinuz) and linux-modules-<release> it depends on."""
     meta = _show(opts, "linux-image-amd64", suite)
+    if not meta:
+        raise KernelUnavailable(f"no linux-image-amd64 in {suite} (not a suite of {', '.join(SUITES)}?)")
     images = re.findall(r"\b(linux-image-[0-9][^ ,]*)", _field(meta, "Depends"))
     if not images:
         raise KernelUnavailable(f"linux-image-amd64 in {suite} depends on no image: {meta[:300]!r}")
