@@ -65,6 +65,10 @@ WANTED_MODULES = (
 #: The test package's binaries installed in the guest (its hugified program and library).
 GUEST_DEBS = ("libhugdebtest1", "hugify-deb-test")
 UNIT_NAME = "hugify-matrix.service"
+#: The kernel's command line besides the filesystem and THP mode (part of a boot's key).
+KERNEL_ARGS = "console=ttyS0 panic=-1 loglevel=5"
+#: Part of the root images' key: bump it when _staged_root changes what goes onto them.
+ROOT_RECIPE = "2"
 VM_TOOLS = ("qemu-system-x86", "qemu-utils", "busybox-static", "kmod", "xfsprogs", "btrfs-progs", "e2fsprogs")
 
 
@@ -204,7 +208,8 @@ def guest_inputs() -> GuestInputs:
     # The packages count by their builds' cache keys (their sources and tools), not their
     # bytes: the shared cache may rebuild them for another checkout in between, and a
     # rebuild of the same sources must not make every image and boot stale.
-    return GuestInputs(root, debs, tools, files_key(files, root.parent.name, hugify.dir.name, variant.dir.name))
+    key = files_key(files, root.parent.name, hugify.dir.name, variant.dir.name, ROOT_RECIPE)
+    return GuestInputs(root, debs, tools, key)
 
 
 @contextlib.contextmanager
@@ -238,6 +243,10 @@ def _staged_root(g: GuestInputs, dest: Path) -> None:
     (units / "multi-user.target.wants").mkdir(exist_ok=True)
     (units / "multi-user.target.wants" / UNIT_NAME).symlink_to(f"../{UNIT_NAME}")
     (dest / "etc" / "hostname").write_text("hugify-matrix\n")
+    # No login on the console: its getty waits 90 s for a dev-ttyS0.device that never
+    # appears (no udev rules tag the port here) and holds up multi-user.target, this
+    # driver's unit with it.
+    (units / "serial-getty@ttyS0.service").symlink_to("/dev/null")
 
 
 MKFS = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"], "btrfs": ["mkfs.btrfs", "-q", "-f"]}
@@ -294,7 +303,7 @@ def _results_of(port_log: str) -> dict[str, object] | None:
 def qemu_command(
     k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path, accel: str = ACCEL, extra: str = ""
 ) -> list[str]:
-    append = f"console=ttyS0 hugify.rootfs={fs} transparent_hugepage={thp} panic=-1 loglevel=5 {extra}".strip()
+    append = f"{KERNEL_ARGS} hugify.rootfs={fs} transparent_hugepage={thp} {extra}".strip()
     return [
         "qemu-system-x86_64",
         "-accel",
@@ -341,7 +350,9 @@ def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
     initrd = initramfs(k)
     image = root_image(fs, g)
     qemu = tool_versions("qemu-system-x86")
-    key = files_key([("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB))
+    key = files_key(
+        [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS
+    )
     final = cached_dir("kernel-matrix", f"boot-{k.release}-{fs}-{thp}", key)
     # Both of the suite's workers may ask for the same boot: one boots, the other waits.
     with locked(cache_root() / "kernel-matrix" / f"boot-{k.release}-{fs}-{thp}.lock"):
