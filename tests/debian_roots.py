@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from deb_support import drop_stale, tool_versions
+from deb_support import deb_field, drop_stale, tool_versions
 from fixtures import cache_root, locked
 
 SUITE = "bookworm"
@@ -53,23 +53,32 @@ def debian_root(name: str, *args: str, fmt: str = "directory") -> Path:
     return out
 
 
-def _apt_source_options(state: Path) -> list[str]:
-    """apt options that make apt-get read only bookworm's deb-src line and keep its
-    lists and cache under `state`."""
+def apt_options(state: Path, sources: list[str]) -> list[str]:
+    """apt options that make apt-get read only the given sources.list lines and keep
+    its lists and cache under `state` (the host's apt configuration is left alone)."""
     (state / "lists" / "partial").mkdir(parents=True, exist_ok=True)
     (state / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    sources = state / "sources.list"
-    sources.write_text(f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main\n")
+    sources_list = state / "sources.list"
+    sources_list.write_text("".join(f"{line}\n" for line in sources))
     return [
         "-o",
-        f"Dir::Etc::SourceList={sources}",
+        f"Dir::Etc::SourceList={sources_list}",
         "-o",
         f"Dir::Etc::SourceParts={state / 'sources.list.d'}",
+        "-o",
+        f"Dir::Etc::Preferences={state / 'preferences'}",
+        "-o",
+        f"Dir::Etc::PreferencesParts={state / 'preferences.d'}",
         "-o",
         f"Dir::State::Lists={state / 'lists'}",
         "-o",
         f"Dir::Cache={state / 'cache'}",
     ]
+
+
+def _apt_source_options(state: Path) -> list[str]:
+    """apt options for bookworm's deb-src line only (apt-get source)."""
+    return apt_options(state, [f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
 
 
 def source_package(name: str) -> Path:
@@ -97,3 +106,25 @@ def source_package(name: str) -> Path:
             )
             work.rename(dsc.parent)
     return dsc
+
+
+#: What a root booted with systemd as PID 1 needs besides hugify's own dependencies.
+SYSTEMD_BASE = ("systemd", "systemd-sysv", "dbus")
+
+
+def hugify_depends(deb: Path) -> list[str]:
+    """The package names hugify's .deb depends on (first alternative of each)."""
+    names = []
+    for dep in deb_field(deb, "Depends").split(","):
+        name = dep.split("|")[0].split("(")[0].strip().removesuffix(":any")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def systemd_root(hugify_deb: Path) -> Path:
+    """A minbase bookworm root with systemd as init and what hugify's .deb depends
+    on (tests/test_boot.py boots it in a container, tests/test_kernel_matrix.py under
+    qemu): the same cached root for both."""
+    include = ",".join([*SYSTEMD_BASE, *hugify_depends(hugify_deb)])
+    return debian_root("boot-root", "--variant=minbase", f"--include={include}")

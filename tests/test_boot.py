@@ -39,14 +39,12 @@ from deb_support import (
     build_hugify_deb,
     build_variant,
     cached_dir,
-    deb_field,
     drop_stale,
     files_key,
 )
-from debian_roots import debian_root
+from debian_roots import systemd_root
 from fixtures import cache_root, locked
 
-BASE = ("systemd", "systemd-sysv", "dbus")
 TEST_UNIT = "hugify-boot-test.service"
 BOOT_TIMEOUT = 600
 
@@ -121,16 +119,6 @@ echo "== boot"
 """
 
 
-def hugify_depends(deb: Path) -> list[str]:
-    """The package names hugify's .deb depends on (first alternative of each)."""
-    names = []
-    for dep in deb_field(deb, "Depends").split(","):
-        name = dep.split("|")[0].split("(")[0].strip().removesuffix(":any")
-        if name not in names:
-            names.append(name)
-    return names
-
-
 @dataclass
 class Boot:
     dir: Path
@@ -189,9 +177,7 @@ def run_session(work: Path, root: Path) -> None:
 def boot() -> Boot:
     hugify = build_hugify_deb().ok()
     pkgs = build_variant("with").ok()
-    root = debian_root(
-        "boot-root", "--variant=minbase", f"--include={','.join([*BASE, *hugify_depends(hugify.deb('hugify'))])}"
-    )
+    root = systemd_root(hugify.deb("hugify"))
     first = [hugify.deb("hugify"), pkgs.deb("libhugdebtest1")]
     second = [pkgs.deb("hugify-deb-test")]
     key = files_key([(p.name, p) for p in first + second], root.parent.name, UNIT, INSIDE, SESSION)

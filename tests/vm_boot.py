@@ -1,0 +1,420 @@
+"""Booting Debian's kernels under qemu on a real Debian root, one disk per filesystem
+(tests/test_kernel_matrix.py, bench/kernel_matrix.py).
+
+- The initramfs (one per kernel): busybox-static, the modules the root disk needs
+  (virtio_pci and virtio_blk where modular, ext4, XFS, btrfs, the checksum modules
+  they ask for) with their dependencies from the kernel's modules.dep, decompressed
+  (.ko.xz from 6.12 on: busybox's insmod takes plain ELF), and tests/vm/init, which
+  loads them, mounts /dev/vda with the filesystem named on the command line and
+  switch_roots to systemd.
+- The root (one per filesystem): debian_roots.systemd_root() (the Debian 12 root that
+  test_boot.py boots in a container) with hugify's .deb and the test package built
+  with dh_hugify installed by dpkg, the guest driver, its probe and the unit that
+  runs it; copied with cp -a onto a loop-mounted ext4, XFS or btrfs image. Images are
+  cached by their inputs; each boot writes to a throw-away qcow2 overlay.
+- The boot: qemu-system-x86_64, TCG unless HUGIFY_VM_ACCEL says otherwise (nested KVM
+  stops with "emulation failure" in the kernel's decompressor on these machines),
+  2 GiB of memory (a 2 MiB folio needs 512 contiguous free pages: with less, the
+  page cache's allocations fall back to small folios and the matrix would measure
+  fragmentation, not the kernel), the console on the first serial port and the
+  driver's JSON on the second, bounded by BOOT_TIMEOUT. A finished boot's results
+  are cached by everything that went into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deb_support import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
+from debian_roots import systemd_root
+from fixtures import cache_root, locked
+from vm_kernels import Kernel
+
+GUEST = Path(__file__).resolve().parent / "vm"
+FILESYSTEMS = ("ext4", "xfs", "btrfs")
+MEMORY_MIB = 2048
+IMAGE_SIZE = "3G"
+#: A TCG boot of this root takes about a minute; the driver's runs several more.
+BOOT_TIMEOUT = int(os.environ.get("HUGIFY_VM_TIMEOUT", "1800"))
+ACCEL = os.environ.get("HUGIFY_VM_ACCEL", "tcg")
+#: Modules the root disk may need; a name the kernel has built in, or does not have, is skipped.
+WANTED_MODULES = (
+    "virtio_pci",
+    "virtio_blk",
+    "crc32c_generic",
+    "crc32c_intel",
+    "libcrc32c",
+    "xxhash_generic",
+    "sha256_generic",
+    "blake2b_generic",
+    "ext4",
+    "xfs",
+    "btrfs",
+)
+#: The test package's binaries installed in the guest (its hugified program and library).
+GUEST_DEBS = ("libhugdebtest1", "hugify-deb-test")
+UNIT_NAME = "hugify-matrix.service"
+#: The kernel's command line besides the filesystem and THP mode (part of a boot's key).
+KERNEL_ARGS = "console=ttyS0 panic=-1 loglevel=5"
+#: Part of the root images' key: bump it when _staged_root changes what goes onto them.
+ROOT_RECIPE = "2"
+VM_TOOLS = ("qemu-system-x86", "qemu-utils", "busybox-static", "kmod", "xfsprogs", "btrfs-progs", "e2fsprogs")
+
+
+class VmError(Exception):
+    """A boot that could not be made or did not finish (the reason is the message)."""
+
+
+def _run(cmd: list[str], **kw: object) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload]
+    if res.returncode != 0:
+        raise VmError(f"{' '.join(cmd)} failed ({res.returncode}): {(res.stderr or res.stdout).strip()[-800:]}")
+    return str(res.stdout)
+
+
+# --- the initramfs ---------------------------------------------------------------------------
+
+
+def _module_name(path: str) -> str:
+    base = Path(path).name
+    return base[: base.index(".ko")].replace("-", "_")
+
+
+def module_load_order(modules_dir: Path, wanted: tuple[str, ...] = WANTED_MODULES) -> list[str]:
+    """The modules.dep paths of the wanted modules and their dependencies, each after
+    the modules it depends on."""
+    deps: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    for line in (modules_dir / "modules.dep").read_text().splitlines():
+        path, _, rest = line.partition(":")
+        deps[path] = rest.split()
+        by_name[_module_name(path)] = path
+    order: list[str] = []
+
+    def visit(path: str) -> None:
+        if path in order:
+            return
+        for dep in reversed(deps[path]):
+            visit(dep)
+        order.append(path)
+
+    for name in wanted:
+        if name in by_name:
+            visit(by_name[name])
+    return order
+
+
+def _decompressed(path: Path) -> bytes:
+    if path.suffix == ".xz":
+        return subprocess.run(["xz", "-dc", str(path)], capture_output=True, check=True).stdout
+    if path.suffix == ".zst":
+        return subprocess.run(["zstd", "-dcq", str(path)], capture_output=True, check=True).stdout
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes())
+    return path.read_bytes()
+
+
+def initramfs(k: Kernel) -> Path:
+    """busybox, the root disk's modules and tests/vm/init as a gzipped newc cpio."""
+    busybox = Path("/bin/busybox")
+    if not busybox.is_file():
+        raise VmError("no /bin/busybox (busybox-static): run tools/setup-dev-env")
+    init = GUEST / "init"
+    key = files_key([("init", init), ("busybox", busybox)], k.package, k.version, repr(WANTED_MODULES))
+    final = cached_dir("kernel-matrix", f"initramfs-{k.release}", key)
+    out = final / "initrd.gz"
+    if out.exists():
+        return out
+    with locked(cache_root() / "kernel-matrix" / "initramfs.lock"):
+        if out.exists():
+            return out
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        tree = work / "tree"
+        for d in ("bin", "dev", "proc", "sys", "newroot", "modules"):
+            (tree / d).mkdir(parents=True)
+        shutil.copy(busybox, tree / "bin" / "busybox")
+        shutil.copy(init, tree / "init")
+        (tree / "init").chmod(0o755)
+        names = []
+        for path in module_load_order(k.modules):
+            name = _module_name(path) + ".ko"
+            (tree / "modules" / name).write_bytes(_decompressed(k.modules / path))
+            names.append(name)
+        (tree / "modules" / "order").write_text("".join(f"{n}\n" for n in names))
+        files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
+        cpio = subprocess.run(
+            ["cpio", "-o", "-H", "newc", "--quiet", "--reproducible"],
+            input="\n".join([".", *files]).encode(),
+            cwd=tree,
+            capture_output=True,
+            check=True,
+        ).stdout
+        (work / "initrd.gz").write_bytes(gzip.compress(cpio, mtime=0))
+        shutil.rmtree(tree)
+        work.rename(final)
+        drop_stale(final)
+    return out
+
+
+# --- the root disks --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuestInputs:
+    """What goes onto every root disk, and its cache key."""
+
+    root: Path
+    debs: list[Path]
+    tools: Path  # probe.so and dlopen-lib, built on this (Debian 12) host for the Debian 12 guest
+    key: str
+
+
+def guest_tools() -> Path:
+    sources = [("probe.c", GUEST / "probe.c"), ("dlopen_lib.c", GUEST / "dlopen_lib.c")]
+    final = cached_dir("kernel-matrix", "guest-tools", files_key(sources, tool_versions("gcc-12", "libc6-dev")))
+    if (final / "probe.so").exists():
+        return final
+    work = final.with_name(final.name + ".tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    flags = ["-O2", "-Wall", "-Wextra", "-Werror"]
+    _run(["gcc", *flags, "-shared", "-fPIC", "-o", str(work / "probe.so"), str(GUEST / "probe.c")])
+    _run(["gcc", *flags, "-o", str(work / "dlopen-lib"), str(GUEST / "dlopen_lib.c"), "-ldl"])
+    work.rename(final)
+    drop_stale(final)
+    return final
+
+
+def guest_inputs() -> GuestInputs:
+    hugify = build_hugify_deb().ok()
+    variant = build_variant("with").ok()
+    debs = [hugify.deb("hugify"), *(variant.deb(p) for p in GUEST_DEBS)]
+    root = systemd_root(debs[0])
+    tools = guest_tools()
+    files = [(n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")]
+    files += [(p.name, p) for p in sorted(tools.iterdir())]
+    # The packages count by their builds' cache keys (their sources and tools), not their
+    # bytes: the shared cache may rebuild them for another checkout in between, and a
+    # rebuild of the same sources must not make every image and boot stale.
+    key = files_key(files, root.parent.name, hugify.dir.name, variant.dir.name, ROOT_RECIPE)
+    return GuestInputs(root, debs, tools, key)
+
+
+@contextlib.contextmanager
+def _loop_mounted(image: Path) -> Iterator[Path]:
+    mnt = Path(tempfile.mkdtemp(prefix="hugify-matrix-mnt-"))
+    _run(["mount", "-o", "loop", str(image), str(mnt)])
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        mnt.rmdir()
+
+
+def _staged_root(g: GuestInputs, dest: Path) -> None:
+    """The root with the packages installed by dpkg (in a chroot: no systemd runs
+    there, so the maintainer scripts only enable the units) and the driver's files."""
+    _run(["cp", "-a", f"{g.root}/.", str(dest)])
+    debs = dest / "tmp" / "hugify-matrix-debs"
+    debs.mkdir(parents=True)
+    for d in g.debs:
+        shutil.copy(d, debs)
+    _run(["chroot", str(dest), "sh", "-c", "dpkg -i /tmp/hugify-matrix-debs/*.deb"])
+    shutil.rmtree(debs)
+    work = dest / "hugify-matrix"
+    work.mkdir()
+    shutil.copy(GUEST / "guest_driver.py", work)
+    for tool in g.tools.iterdir():
+        shutil.copy(tool, work)
+    units = dest / "etc" / "systemd" / "system"
+    shutil.copy(GUEST / UNIT_NAME, units)
+    (units / "multi-user.target.wants").mkdir(exist_ok=True)
+    (units / "multi-user.target.wants" / UNIT_NAME).symlink_to(f"../{UNIT_NAME}")
+    (dest / "etc" / "hostname").write_text("hugify-matrix\n")
+    # No login on the console: its getty waits 90 s for a dev-ttyS0.device that never
+    # appears (no udev rules tag the port here) and holds up multi-user.target, this
+    # driver's unit with it.
+    (units / "serial-getty@ttyS0.service").symlink_to("/dev/null")
+
+
+MKFS = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"], "btrfs": ["mkfs.btrfs", "-q", "-f"]}
+
+
+def root_image(fs: str, g: GuestInputs) -> Path:
+    """The guest root on a `fs` filesystem image (raw), cached by its inputs."""
+    final = cached_dir("kernel-matrix", f"root-{fs}", files_key([], g.key, fs, tool_versions(*VM_TOOLS)))
+    image = final / "root.img"
+    if image.exists():
+        return image
+    with locked(cache_root() / "kernel-matrix" / "root.lock"):
+        if image.exists():
+            return image
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        _run(["truncate", "-s", IMAGE_SIZE, str(work / "root.img")])
+        _run([*MKFS[fs], str(work / "root.img")])
+        with tempfile.TemporaryDirectory(prefix="hugify-matrix-root-", dir=cache_root() / "kernel-matrix") as tmp:
+            staged = Path(tmp) / "root"
+            staged.mkdir()
+            _staged_root(g, staged)
+            with _loop_mounted(work / "root.img") as mnt:
+                _run(["cp", "-a", f"{staged}/.", str(mnt)])
+        work.rename(final)
+        drop_stale(final)
+    return image
+
+
+# --- the boot ------------------------------------------------------------------------------------
+
+
+@dataclass
+class BootResult:
+    kernel: Kernel
+    fs: str
+    dir: Path
+    results: dict[str, Any]
+    seconds: float
+
+    def console_tail(self, lines: int = 40) -> str:
+        return "\n".join((self.dir / "console.log").read_text(errors="replace").splitlines()[-lines:])
+
+
+def _results_of(port_log: str) -> dict[str, object] | None:
+    text = port_log.replace("\r", "")
+    if "HUGIFY-MATRIX-BEGIN\n" not in text or "\nHUGIFY-MATRIX-END" not in text:
+        return None
+    body = text.split("HUGIFY-MATRIX-BEGIN\n", 1)[1].split("\nHUGIFY-MATRIX-END", 1)[0]
+    return dict(json.loads(body))
+
+
+def qemu_command(
+    k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path, accel: str = ACCEL, extra: str = ""
+) -> list[str]:
+    append = f"{KERNEL_ARGS} hugify.rootfs={fs} transparent_hugepage={thp} {extra}".strip()
+    return [
+        "qemu-system-x86_64",
+        "-accel",
+        accel,
+        "-m",
+        str(MEMORY_MIB),
+        "-smp",
+        "1",
+        "-cpu",
+        "max",
+        "-display",
+        "none",
+        "-vga",
+        "none",
+        "-monitor",
+        "none",
+        "-nic",
+        "none",
+        "-no-reboot",
+        "-serial",
+        f"file:{out / 'console.log'}",
+        "-serial",
+        f"file:{out / 'results.log'}",
+        "-kernel",
+        str(k.vmlinuz),
+        "-initrd",
+        str(initrd),
+        "-append",
+        append,
+        "-drive",
+        f"file={disk},if=virtio,format=qcow2,cache=unsafe",
+    ]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.replace("\r", "").splitlines()[-lines:])
+
+
+def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
+    """Boots `k` on the `fs` root once per inputs; raises VmError with the reason (and the
+    console's last lines) when the guest cannot start, panics or does not finish in time."""
+    g = guest_inputs()
+    initrd = initramfs(k)
+    image = root_image(fs, g)
+    qemu = tool_versions("qemu-system-x86")
+    key = files_key(
+        [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS
+    )
+    final = cached_dir("kernel-matrix", f"boot-{k.release}-{fs}-{thp}", key)
+    # Both of the suite's workers may ask for the same boot: one boots, the other waits.
+    with locked(cache_root() / "kernel-matrix" / f"boot-{k.release}-{fs}-{thp}.lock"):
+        if not (final / "results.json").exists():
+            boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final)
+    meta = json.loads((final / "meta.json").read_text())
+    return BootResult(k, fs, final, json.loads((final / "results.json").read_text()), meta["seconds"])
+
+
+def boot_uncached(
+    k: Kernel,
+    fs: str,
+    thp: str,
+    *,
+    initrd: Path,
+    image: Path,
+    final: Path,
+    accel: str = ACCEL,
+    extra: str = "",
+    timeout: int = BOOT_TIMEOUT,
+) -> None:
+    """One boot into `final` (kept only when it finished); `accel`, `extra` (more of the
+    kernel's command line) and `timeout` let the tests break it on purpose."""
+    if shutil.which("qemu-system-x86_64") is None:
+        raise VmError("qemu-system-x86_64 is not installed: run tools/setup-dev-env")
+    work = final.with_name(final.name + ".tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    disk = work / "overlay.qcow2"
+    _run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image), "-F", "raw", str(disk)])
+    started = time.monotonic()
+    with (work / "qemu.log").open("w") as log:
+        proc = subprocess.Popen(
+            qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work, accel=accel, extra=extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            console = _tail(work / "console.log")
+            raise VmError(f"{k.label} on {fs}: the guest did not finish in {timeout} s; console:\n{console}") from None
+    seconds = round(time.monotonic() - started, 1)
+    disk.unlink()
+    console = (work / "console.log").read_text(errors="replace") if (work / "console.log").exists() else ""
+    if rc != 0:
+        raise VmError(f"qemu could not run {k.label} on {fs} (exit {rc}): {_tail(work / 'qemu.log', 10)}")
+    if "Kernel panic" in console:
+        raise VmError(f"{k.label} on {fs}: the guest panicked; console:\n{_tail(work / 'console.log')}")
+    results = (
+        _results_of((work / "results.log").read_text(errors="replace")) if (work / "results.log").exists() else None
+    )
+    if results is None:
+        raise VmError(
+            f"{k.label} on {fs}: the guest powered off without results; console:\n{_tail(work / 'console.log')}"
+        )
+    if "driver_error" in results:
+        raise VmError(f"{k.label} on {fs}: the guest driver failed: {results['driver_error']}")
+    (work / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    (work / "meta.json").write_text(json.dumps({"seconds": seconds, "package": k.package, "version": k.version}))
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    drop_stale(final)

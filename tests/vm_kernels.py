@@ -1,0 +1,174 @@
+"""Debian's own kernels for the kernel x filesystem matrix (tests/test_kernel_matrix.py,
+bench/kernel_matrix.py): the one list of them, and fetching them from the archive.
+
+Each kernel is a suite's `linux-image-amd64` (a metapackage), resolved to the image
+package it depends on through a private apt state (debian_roots.apt_options: its own
+sources list, lists and cache; the host's apt configuration is left alone), fetched
+with `apt-get download` and unpacked with `dpkg-deb -x` under the test cache, one
+directory per package and version.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from debian_roots import KEYRING, MIRROR, apt_options
+from fixtures import cache_root, locked
+
+#: The suites whose linux-image-amd64 the matrix boots, oldest first.
+SUITES = ("bookworm", "trixie", "trixie-backports", "sid")
+#: The package lists are fetched again when older than this (a new kernel upload is
+#: then picked up within a day; warm runs do not touch the network).
+LISTS_MAX_AGE = 24 * 3600
+
+
+class KernelUnavailable(Exception):
+    """A kernel package that cannot be resolved or fetched (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    suite: str
+    package: str  # linux-image-<release>
+    version: str  # the package's version
+    dir: Path  # the unpacked package
+
+    @property
+    def release(self) -> str:
+        """The kernel's release string (uname -r), e.g. 6.12.57+deb13-amd64."""
+        return self.package.removeprefix("linux-image-").removesuffix("-unsigned")
+
+    @property
+    def vmlinuz(self) -> Path:
+        """/boot/vmlinuz-<release>, or from 7.x on <modules>/vmlinuz."""
+        boot = self.dir / "boot" / f"vmlinuz-{self.release}"
+        return boot if boot.is_file() else self.modules / "vmlinuz"
+
+    @property
+    def modules(self) -> Path:
+        """/lib/modules/<release> (under /usr/lib on merged-/usr packages)."""
+        for base in ("lib", "usr/lib"):
+            d = self.dir / base / "modules" / self.release
+            if d.is_dir():
+                return d
+        raise KernelUnavailable(f"{self.package} {self.version} ships no modules directory")
+
+    @property
+    def short(self) -> str:
+        """major.minor, e.g. 6.12."""
+        return ".".join(self.release.split(".")[:2])
+
+    @property
+    def label(self) -> str:
+        return f"{self.short} ({self.suite})"
+
+
+def _apt_state() -> tuple[Path, list[str]]:
+    state = cache_root() / "kernels" / "apt"
+    lines = [f"deb [signed-by={KEYRING}] {MIRROR} {suite} main" for suite in SUITES]
+    return state, apt_options(state, lines)
+
+
+def _apt(opts: list[str], *args: str, cwd: Path | None = None) -> str:
+    res = subprocess.run(
+        ["apt-get", "-q", *opts, *args], capture_output=True, text=True, cwd=cwd, check=False, timeout=900
+    )
+    if res.returncode != 0:
+        raise KernelUnavailable(f"apt-get {' '.join(args)} failed: {res.stderr.strip()[-600:]}")
+    return res.stdout
+
+
+def _update_lists(state: Path, opts: list[str]) -> None:
+    stamp = state / "updated"
+    if stamp.exists() and time.time() - stamp.stat().st_mtime < LISTS_MAX_AGE:
+        return
+    _apt(opts, "update")
+    stamp.touch()
+
+
+def _show(opts: list[str], package: str, suite: str) -> str:
+    """The record apt-cache shows first for package/suite (that release's), or ""."""
+    res = subprocess.run(
+        ["apt-cache", *opts, "show", f"{package}/{suite}"], capture_output=True, text=True, check=False
+    )
+    return res.stdout.split("\n\n")[0] if res.returncode == 0 else ""
+
+
+def _field(record: str, name: str) -> str:
+    m = re.search(rf"^{name}: (.*)$", record, re.M)
+    return m[1] if m else ""
+
+
+def _image_packages(opts: list[str], suite: str) -> tuple[str, str, list[str]]:
+    """The image package linux-image-amd64 depends on in `suite`, its version, and
+    the packages to fetch for it: the image itself and, from 7.x on, the
+    linux-binary-<release> (vmlinuz) and linux-modules-<release> it depends on."""
+    meta = _show(opts, "linux-image-amd64", suite)
+    if not meta:
+        raise KernelUnavailable(f"no linux-image-amd64 in {suite} (not a suite of {', '.join(SUITES)}?)")
+    images = re.findall(r"\b(linux-image-[0-9][^ ,]*)", _field(meta, "Depends"))
+    if not images:
+        raise KernelUnavailable(f"linux-image-amd64 in {suite} depends on no image: {meta[:300]!r}")
+    name = images[0]
+    record = _show(opts, name, suite)
+    version = _field(record, "Version")
+    if not version:
+        raise KernelUnavailable(f"{name} is not in {suite}")
+    release = name.removeprefix("linux-image-")
+    parts = re.findall(rf"\b(linux-(?:binary|modules)-{re.escape(release)})\b", _field(record, "Depends"))
+    return name, version, [name, *dict.fromkeys(parts)]
+
+
+def _depmod(root: Path, release: str) -> None:
+    """modules.dep for the unpacked package (the package leaves it to depmod at
+    installation). depmod -b looks under <root>/lib/modules: merged-/usr packages get
+    a lib -> usr/lib link."""
+    if not (root / "lib").exists() and (root / "usr" / "lib" / "modules").is_dir():
+        (root / "lib").symlink_to("usr/lib")
+    res = subprocess.run(["depmod", "-b", str(root), release], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise KernelUnavailable(f"depmod for {release} failed: {res.stderr.strip()[-300:]}")
+
+
+def kernel(suite: str) -> Kernel:
+    """The newest linux-image-amd64 of `suite`, unpacked (fetched once per version)."""
+    group = cache_root() / "kernels"
+    with locked(group / "apt.lock"):
+        state, opts = _apt_state()
+        _update_lists(state, opts)
+        package, version, parts = _image_packages(opts, suite)
+        final = group / f"{package}_{version}"
+        if (final / "done").exists():
+            return Kernel(suite, package, version, final)
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        _apt(opts, "download", *(f"{p}/{suite}" for p in parts), cwd=work)
+        debs = sorted(work.glob("*.deb"))
+        if len(debs) != len(parts):
+            raise KernelUnavailable(f"apt-get download {' '.join(parts)} ({suite}) gave {[d.name for d in debs]}")
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(work)], check=True)
+            deb.unlink()
+        _depmod(work, package.removeprefix("linux-image-"))
+        (work / "done").write_text(f"{package} {version}\n")
+        shutil.rmtree(final, ignore_errors=True)
+        work.rename(final)
+    k = Kernel(suite, package, version, final)
+    if not k.vmlinuz.is_file():
+        raise KernelUnavailable(f"{package} {version} has no {k.vmlinuz.name}")
+    return k
+
+
+def newest(kernels: list[Kernel]) -> Kernel:
+    """The kernel of the highest package version (dpkg's ordering)."""
+    best = kernels[0]
+    for k in kernels[1:]:
+        if subprocess.run(["dpkg", "--compare-versions", k.version, "gt", best.version], check=False).returncode == 0:
+            best = k
+    return best

@@ -1,0 +1,89 @@
+"""The kernel x filesystem matrix: which boots the suite runs, what the kernels are known
+to give, and the reading of a boot's results (tests/test_kernel_matrix.py,
+bench/kernel_matrix.py, bench/matrix_table.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vm_boot import FILESYSTEMS, BootResult, boot
+from vm_kernels import SUITES, Kernel, kernel, newest
+
+#: The suite's subset of the matrix: trixie's kernel on ext4 and XFS, and the newest
+#: kernel (of every suite's) on ext4. bench/kernel_matrix.py runs all of SUITES x FILESYSTEMS.
+SUBSET = (("trixie", "ext4"), ("trixie", "xfs"), ("newest", "ext4"))
+
+#: The first Linux release whose page cache holds this filesystem's file data in large
+#: folios (what a 2 MiB window needs), from the kernel's history, not from hugify: XFS
+#: since 5.18, ext4 since 6.16; btrfs only under CONFIG_BTRFS_EXPERIMENTAL, which
+#: Debian's kernels do not set (None: never, for these kernels).
+LARGE_FOLIOS_SINCE: dict[str, tuple[int, int] | None] = {"xfs": (5, 18), "ext4": (6, 16), "btrfs": None}
+
+#: The ways a process can get the code huge, in the order the table names them.
+WAYS = ("kernel", "prefetch", "hugify-run", "audit", "audit-dlopen")
+CACHES = ("cold", "small")
+#: A series of starts reads "nothing more than without hugify" when it reads no more
+#: than this much above the plain series (KiB): the plain series itself reads a few
+#: hundred KiB (libc's and the loader's pages evicted by the cache drop before it).
+PGPGIN_NOISE_KIB = 1024
+
+
+def resolve(suite: str) -> Kernel:
+    """A suite's kernel; "newest" is the one of the highest version among SUITES'."""
+    if suite == "newest":
+        return newest([kernel(s) for s in SUITES])
+    return kernel(suite)
+
+
+def gives_large_folios(k: Kernel, fs: str) -> bool:
+    since = LARGE_FOLIOS_SINCE[fs]
+    major, minor = (int(x) for x in k.short.split("."))
+    return since is not None and (major, minor) >= since
+
+
+def fully_huge(step: dict[str, Any]) -> bool:
+    """Whether every executable mapping of a hugified file in the step's processes was
+    all PMD-mapped (and there was at least one)."""
+    maps = step.get("maps") or {}
+    return step.get("rc") == 0 and bool(maps) and all(m["pmd"] == m["size"] > 0 for m in maps.values())
+
+
+def case(result: dict[str, Any], mode: str, cache: str, way: str) -> dict[str, Any]:
+    name = "plain" if way == "kernel" else way
+    return dict(result["thp"][mode]["cases"][cache][name])
+
+
+def huge_by(result: dict[str, Any], mode: str, cache: str) -> dict[str, bool]:
+    """way -> whether the program's (or the library's) code was fully PMD-mapped that
+    way; "kernel" counts a plain first or second run."""
+    out = {}
+    for way in WAYS:
+        steps = case(result, mode, cache, way)["steps"]
+        out[way] = any(fully_huge(s) for s in steps) if way == "kernel" else fully_huge(steps[-1])
+    return out
+
+
+def row(b: BootResult) -> dict[str, Any]:
+    """One boot as the matrix's JSON records it."""
+    r = b.results
+    return {
+        "suite": b.kernel.suite,
+        "package": b.kernel.package,
+        "version": b.kernel.version,
+        "release": b.kernel.release,
+        "short": b.kernel.short,
+        "fs": b.fs,
+        "boot_seconds": b.seconds,
+        "large_folios_expected": gives_large_folios(b.kernel, b.fs),
+        "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
+        "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),
+    }
+
+
+def boot_matrix(pairs: list[tuple[str, str]]) -> list[BootResult]:
+    return [boot(resolve(suite), fs) for suite, fs in pairs]
+
+
+def full_matrix() -> list[tuple[str, str]]:
+    return [(suite, fs) for suite in SUITES for fs in FILESYSTEMS]
