@@ -288,7 +288,7 @@ SIGNING: dict[str, Field] = {
 RUNTIME: dict[str, Field] = {
     "boot_budget": Field(
         _check_size,
-        1 << 30,
+        512 << 20,
         "bytes of code the first prefetch of a boot reads into the page cache at most",
         is_size=True,
     ),
