@@ -15,6 +15,9 @@ preloaded probe, tests/vm/probe.c):
     hugify-run     through hugify-run with HUGIFY_DEBUG=1,
     audit          through the audit library (LD_AUDIT), and the library loaded with
                    dlopen() by a small program, also under the audit library,
+    anonymous      through the audit library in the opt-in anonymous-copy mode
+                   (HUGIFY_ANONYMOUS=1: windows the filesystem cannot give huge are
+                   copied into anonymous huge pages),
   each followed by `hugify status --json`;
 - pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
   the audit library, each series starting from the files cached in
@@ -98,13 +101,19 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     res = run(*argv, env={"LD_PRELOAD": str(PROBE), "HUGIFY_PROBE_OUT": str(PROBE_OUT), **(env or {})})
     reports = [json.loads(line) for line in PROBE_OUT.read_text().splitlines()] if PROBE_OUT.exists() else []
     maps: dict[str, dict[str, int]] = {}
+    anon = {"vmas": 0, "size": 0, "pmd": 0}
     for report in reports:
         for m in report["maps"]:
-            if m["path"] in (PROG, LIB):
+            if "anon" in m:
+                anon["vmas"] += 1
+                anon["size"] += m["size"]
+                anon["pmd"] += m["pmd"]
+            elif m["path"] in (PROG, LIB):
                 cur = maps.setdefault(m["path"], {"size": 0, "pmd": 0})
                 cur["size"] += m["size"]
                 cur["pmd"] += m["pmd"]
     res["maps"] = maps
+    res["anon_exec"] = anon
     res["debug"] = [line for line in str(res["stderr"]).splitlines() if "hugify" in line]
     return res
 
@@ -119,6 +128,7 @@ def ways() -> dict[str, list[dict[str, Any]]]:
         "hugify-run": [{"run": ["hugify-run", PROG], "env": {"HUGIFY_DEBUG": "1"}}],
         "audit": [{"run": [PROG], "env": audit}],
         "audit-dlopen": [{"run": [str(DLOPEN), LIB], "env": audit}],
+        "anonymous": [{"run": [PROG], "env": {**audit, "HUGIFY_ANONYMOUS": "1", "HUGIFY_PERF_MAP": "0"}}],
     }
 
 

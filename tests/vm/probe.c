@@ -2,7 +2,9 @@
  * when the process exits, it touches one byte of every 2 MiB of each executable file
  * mapping (so each window is faulted once and smaps shows how the page cache holds
  * it), then appends one JSON line to $HUGIFY_PROBE_OUT with the size and FilePmdMapped
- * of each executable file mapping, read from the process's own /proc/self/smaps. */
+ * of each executable file mapping, and the size and AnonHugePages of each executable
+ * anonymous one (the runtime's anonymous copies; path "" or "[anon:...]"), read from
+ * the process's own /proc/self/smaps. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +38,7 @@ __attribute__((destructor)) static void report(void) {
         return;
     char line[4096], path[4096] = "";
     unsigned long size = 0;
-    int exec = 0, first = 1;
+    int exec = 0, anon = 0, first = 1;
     fprintf(o, "{\"pid\": %d, \"maps\": [", (int)getpid());
     while (fgets(line, sizeof line, s)) {
         unsigned long lo, hi, kb;
@@ -46,10 +48,14 @@ __attribute__((destructor)) static void report(void) {
             char *p = line + off;
             p[strcspn(p, "\n")] = 0;
             exec = perms[2] == 'x' && p[0] == '/';
+            anon = perms[2] == 'x' && (p[0] == 0 || strncmp(p, "[anon:", 6) == 0);
             snprintf(path, sizeof path, "%s", p);
             size = hi - lo;
         } else if (exec && sscanf(line, "FilePmdMapped: %lu kB", &kb) == 1) {
             fprintf(o, "%s{\"path\": \"%s\", \"size\": %lu, \"pmd\": %lu}", first ? "" : ", ", path, size, kb * 1024);
+            first = 0;
+        } else if (anon && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
+            fprintf(o, "%s{\"anon\": \"%s\", \"size\": %lu, \"pmd\": %lu}", first ? "" : ", ", path, size, kb * 1024);
             first = 0;
         }
     }
