@@ -64,6 +64,18 @@ def io_cell(r: dict[str, Any]) -> str:
     return f"{kib['audit'] / 1024:.1f} / {kib['plain'] / 1024:.1f}"
 
 
+def anon_cell(r: dict[str, Any]) -> str:
+    """The anonymous-copy mode with THP `always`, cold: what it copied."""
+    a = r.get("anonymous", {}).get("always", {}).get("cold")
+    if a is None:
+        return "not measured"
+    copied = sum(c for c, _, _ in a["objects"].values())
+    windows = sum(w for _, w, _ in a["objects"].values())
+    if not copied:
+        return f"not used: 0 of {windows} windows copied"
+    return f"{copied} of {windows} windows copied, {a['anon_pmd'] >> 20} MiB anonymous PMD-mapped"
+
+
 def table(doc: dict[str, Any]) -> str:
     rows = sorted(doc["rows"], key=lambda r: SUITES.index(r["suite"]) if r["suite"] in SUITES else len(SUITES))
     kernels: dict[str, dict[str, Any]] = {}
@@ -97,6 +109,12 @@ def table(doc: dict[str, Any]) -> str:
         "audit library / 20 plain starts, from the files cached in small folios.",
         "",
         *grid("kernel", io_cell),
+        "",
+        "The opt-in anonymous-copy mode (`HUGIFY_ANONYMOUS=1` for the audit library, "
+        'docs/runtime.md "Anonymous copies"), THP `always`, cold: windows of the program and its '
+        "library copied into anonymous huge pages (only where the files get none).",
+        "",
+        *grid("kernel", anon_cell),
     ]
     for e in doc.get("errors", []):
         lines.append(f"\n{e['suite']} on {e['fs']}: not measured ({e['error'].splitlines()[0]})")

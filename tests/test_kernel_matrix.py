@@ -29,7 +29,16 @@ from typing import Any
 import pytest
 from vm_boot import BootResult, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
 from vm_kernels import KernelUnavailable, kernel
-from vm_matrix import CACHES, PGPGIN_NOISE_KIB, SUBSET, case, fully_huge, gives_large_folios, resolve
+from vm_matrix import (
+    CACHES,
+    PGPGIN_NOISE_KIB,
+    SUBSET,
+    anonymous_copies,
+    case,
+    fully_huge,
+    gives_large_folios,
+    resolve,
+)
 
 MODES = ("always", "madvise")
 CODE_WAYS = ("prefetch", "hugify-run", "audit", "audit-dlopen")
@@ -153,9 +162,6 @@ def test_audit_library_reads_nothing_more_where_it_cannot_work(booted: BootResul
     assert pgpgin["audit"] <= pgpgin["plain"] + PGPGIN_NOISE_KIB, pgpgin
 
 
-ANON_LINE = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_anonymous_copies_only_where_files_get_no_huge_pages(booted: BootResult, mode: str) -> None:
     """Issue 21 in the matrix: with the opt-in mode on (HUGIFY_ANONYMOUS=1 for the audit
@@ -170,20 +176,20 @@ def test_anonymous_copies_only_where_files_get_no_huge_pages(booted: BootResult,
         if step["rc"] != 0 or step["stdout"] != plain["stdout"]:
             wrong.append(f"{at}: rc {step['rc']}, output differs: {step['stderr'][-500:]}")
             continue
-        lines = {m[1]: (int(m[2]), int(m[3]), m[4]) for m in ANON_LINE.finditer("\n".join(step["debug"]))}
-        if set(lines) != {PROG, LIB}:
+        got = anonymous_copies(step)
+        lines = got["objects"]
+        if set(lines) != {Path(PROG).name, Path(LIB).name}:
             wrong.append(f"{at}: debug lines for {sorted(lines)}: {step['debug']}")
             continue
         windows = sum(total for _, total, _ in lines.values())
-        anon = step["anon_exec"]
         if not supported(booted):
             if any(copied != total for copied, total, _ in lines.values()):
                 wrong.append(f"{at}: not every window copied: {lines}")
-            if anon["pmd"] != windows * (2 << 20):
-                wrong.append(f"{at}: {anon['pmd'] >> 10} KiB of anonymous code PMD-mapped, not {windows} windows")
+            if got["anon_pmd"] != windows * (2 << 20):
+                wrong.append(f"{at}: {got['anon_pmd'] >> 10} KiB of anonymous code PMD-mapped, not {windows} windows")
         else:
-            if any(copied for copied, _, _ in lines.values()) or anon["vmas"]:
-                wrong.append(f"{at}: copies made where the files give huge pages: {lines}, {anon}")
+            if any(copied for copied, _, _ in lines.values()) or got["anon_vmas"]:
+                wrong.append(f"{at}: copies made where the files give huge pages: {got}")
             if not fully_huge(step):
                 wrong.append(f"{at}: the file-backed code is not all huge: {maps_text(step)}")
     assert not wrong, "\n".join(wrong)

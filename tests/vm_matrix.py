@@ -5,6 +5,8 @@ bench/kernel_matrix.py, bench/matrix_table.py).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from vm_boot import FILESYSTEMS, BootResult, boot
@@ -78,7 +80,23 @@ def row(b: BootResult) -> dict[str, Any]:
         "large_folios_expected": gives_large_folios(b.kernel, b.fs),
         "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),
+        "anonymous": {
+            mode: {cache: anonymous_copies(case(r, mode, cache, "anonymous")["steps"][-1]) for cache in CACHES}
+            for mode in r["thp"]
+        },
     }
+
+
+#: The audit library's line for one object in the anonymous-copy mode (runtime/hp_anon.c).
+ANON_LINE = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
+
+
+def anonymous_copies(step: dict[str, Any]) -> dict[str, Any]:
+    """What the anonymous-copy mode did in one run: per object (by file name: ld.so names
+    a library by the path it found, /lib/… on a merged-/usr root) (copied, windows, the
+    rest of its line), and the executable anonymous memory PMD-mapped in the process."""
+    objects = {Path(m[1]).name: (int(m[2]), int(m[3]), m[4]) for m in ANON_LINE.finditer("\n".join(step["debug"]))}
+    return {"objects": objects, "anon_pmd": step["anon_exec"]["pmd"], "anon_vmas": step["anon_exec"]["vmas"]}
 
 
 def boot_matrix(pairs: list[tuple[str, str]]) -> list[BootResult]:
