@@ -144,7 +144,8 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
         check=False,
         env=clean_env(run, HUGIFY_DEBUG="1"),
     )
-    assert f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 0 failed, 3 unsupported, 0 skipped" in debug.stderr
+    line = f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 0 failed, 3 unsupported, 0 skipped"
+    assert line in debug.stderr
 
     # hugify status says it once, naming the filesystem and what would do it.
     status = hugify("status", "--runtime-dir", run, progs.prog)
