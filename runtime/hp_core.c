@@ -784,8 +784,9 @@ static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
 {
     /* On a filesystem known to give no large folios nothing is read, evicted or
-     * advised: the windows are what the kernel makes of them, small. */
-    if (!c->measure && prepared(c) && fs_without_large_folios(c, t)) {
+     * advised: the windows are what the kernel makes of them, small; and that is what
+     * a measurement (hugify status) says of them too. */
+    if ((c->measure || prepared(c)) && fs_without_large_folios(c, t)) {
         st->windows += (uint32_t)t->nwin;
         for (uint64_t i = 0; i < t->nwin; i++)
             set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);

@@ -442,10 +442,12 @@ static void process(int i, int fd, const struct stat *st_)
     for (; hp_exec_range(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, &next, &range); nr++)
         prefetch(fd, o->path, &range, (uint64_t)st->st_size, &stats);
     if (debug && nr)
-        /* The states of docs/runtime.md, summed: "skipped" are the windows not read in. */
-        say("%s: %u windows: %u huge (%u loaded, %u repaired), %u busy, %u failed, %u skipped, %u unverified",
+        /* The states of docs/runtime.md, summed: "skipped" are the windows not read in;
+         * "unsupported" ones cannot be huge on this filesystem, "failed" ones could. */
+        say("%s: %u windows: %u huge (%u loaded, %u repaired), %u busy, %u failed, %u unsupported, %u skipped, "
+            "%u unverified",
             o->path, stats.windows, stats.n[HP_HUGE] + stats.n[HP_LOADED] + stats.n[HP_REPAIRED],
-            stats.n[HP_LOADED], stats.n[HP_REPAIRED], stats.n[HP_BUSY], stats.n[HP_FAILED] + stats.n[HP_UNSUPPORTED],
+            stats.n[HP_LOADED], stats.n[HP_REPAIRED], stats.n[HP_BUSY], stats.n[HP_FAILED], stats.n[HP_UNSUPPORTED],
             stats.n[HP_KERNEL] + stats.n[HP_COLD] + stats.n[HP_SMALL], stats.n[HP_UNVERIFIED]);
 
     /* Dependencies. */

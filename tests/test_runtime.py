@@ -377,7 +377,8 @@ def test_recorded_kernel_awareness_skips_cold_windows(progs: Programs, tmp_path:
     assert code == 0 and set(states(report, progs.lib)) == {"kernel"}
     assert report["system"]["exec_pmd_readahead"] is True
     assert run.returncode == 0
-    assert f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 0 failed, 3 skipped" in run2.stderr
+    line = f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 0 failed, 0 unsupported, 3 skipped"
+    assert line in run2.stderr
     assert code3 == 0 and set(states(report3, progs.plug)) == {"loaded"}  # stale verdict: probed again
 
 

@@ -144,7 +144,8 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
         check=False,
         env=clean_env(run, HUGIFY_DEBUG="1"),
     )
-    assert f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 3 failed" in debug.stderr
+    line = f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 0 failed, 3 unsupported, 0 skipped"
+    assert line in debug.stderr
 
     # hugify status says it once, naming the filesystem and what would do it.
     status = hugify("status", "--runtime-dir", run, progs.prog)
@@ -154,6 +155,9 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
     js = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog).stdout)
     (fs,) = [x for x in js["system"]["filesystems_without_large_folios"] if x["device"] == record.name[16:]]
     assert fs["type"] == "btrfs" and "btrfs" in fs["remedy"]
+    # And each window is what every process gets there: unsupported, not cold or small.
+    (f,) = js["files"]
+    assert {(w["state"], w["reason"]) for w in f["windows"]} == {("unsupported", "no-large-folios")}, f
 
 
 def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_btrfs: tuple[Programs, Path]):
