@@ -376,6 +376,8 @@ class Engine:
             f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_uint]
         lib.hp_engine_set_runtime_dir.restype = ctypes.c_int
         lib.hp_engine_set_runtime_dir.argtypes = [ctypes.c_char_p]
+        lib.hp_engine_set_budget.restype = None
+        lib.hp_engine_set_budget.argtypes = [ctypes.c_int64]
         # Where the engine reads and writes the per-boot filesystem records.
         lib.hp_engine_set_runtime_dir(os.fsencode(rdir) if rdir else b"")
         self.lib = lib
@@ -391,7 +393,6 @@ class Engine:
     def set_budget(self, size: int) -> None:
         """Bounds the bytes the following runs read in, together (windows past it stay
         cold or small, reason "budget")."""
-        self.lib.hp_engine_set_budget.argtypes = [self.ct.c_int64]
         self.lib.hp_engine_set_budget(size)
 
     def _name(self, state: int, why: int) -> tuple[str, str]:
