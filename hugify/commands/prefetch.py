@@ -78,19 +78,20 @@ def run(args: argparse.Namespace) -> Exit:
         reasons.printed(["no-engine"])
         pf.say(missing)
         return Exit.REFUSED
-    budget = None
-    if args.boot:
-        from hugify.commands.common import usable_policy
+    from hugify.commands.common import usable_policy
 
-        pol = usable_policy(args.policy, for_build=False)
-        if pol is None:
-            return Exit.USAGE
-        budget = pol.boot_budget
+    # Read once: the boot's budget and the anonymous programs both come from it. Without
+    # a usable policy the boot's run cannot know its bound; other runs go on and leave
+    # the anonymous record as it was (usable_policy said why).
+    pol = usable_policy(args.policy, for_build=False)
+    if pol is None and args.boot:
+        return Exit.USAGE
     with pf.session(args.runtime_dir) as r:
-        if budget is not None and pf.first_run_this_boot(r.rdir):
-            r.engine.set_budget(budget)  # the boot's run: bounded (policy runtime.boot_budget)
+        if pol is not None and args.boot and pf.first_run_this_boot(r.rdir):
+            r.engine.set_budget(pol.boot_budget)  # the boot's run: bounded (policy runtime.boot_budget)
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
-        _record_anonymous(r.rdir)
+        if pol is not None:
+            _record_anonymous(r.rdir, pol.anonymous_programs)
         problem = r.system.problem()
         if problem:
             pf.say(problem)
@@ -136,16 +137,10 @@ def run(args: argparse.Namespace) -> Exit:
     return worst(codes)
 
 
-def _record_anonymous(rdir: Path) -> None:
+def _record_anonymous(rdir: Path, programs: tuple[str, ...]) -> None:
     """Passes the policy's [runtime] anonymous programs to the audit library."""
-    from hugify import policy
     from hugify import prefetch as pf
 
-    try:
-        programs = policy.resolve(policy.load(), for_build=False).anonymous_programs
-    except policy.PolicyError as e:
-        pf.say(f"policy not usable, [runtime] anonymous left as it was: {e.problems[0]}")
-        return
     if not pf.write_anonymous_record(rdir, programs):
         pf.say(f"cannot write {rdir / pf.ANONYMOUS_FILE}")
 
@@ -194,7 +189,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the boot service's run: if no prefetch ran yet this boot, read at most the policy's "
         "runtime.boot_budget bytes of code (the rest stays cold: state cold, reason budget)",
     )
-    p.add_argument("--policy", metavar="FILE", type=Path, help="an extra policy layer (for --boot)")
+    p.add_argument(
+        "--policy", metavar="FILE", type=Path, help="an extra policy layer ([runtime] boot_budget and anonymous)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="report only files with a problem")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
