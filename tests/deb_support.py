@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from fixtures import cache_root, ccache_env, locked
+from fixtures import cache_root, ccache_env, drop_stale, locked
 from helpers import REPO, readelf_build_id
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
@@ -103,13 +103,6 @@ def cached_dir(group: str, name: str, key: str) -> Path:
     root = cache_root() / group
     root.mkdir(parents=True, exist_ok=True)
     return root / f"{name}-{key}"
-
-
-def drop_stale(final: Path) -> None:
-    name = final.name.rsplit("-", 1)[0]
-    for stale in final.parent.glob(f"{name}-*"):
-        if stale != final and re.fullmatch(r"[0-9a-f]{16}", stale.name[len(name) + 1 :]):
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 # --- the test source package ------------------------------------------------------------

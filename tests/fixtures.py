@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,25 @@ def cache_root() -> Path:
     if os.geteuid() == 0:
         return Path("/var/cache/hugify-tests")
     return Path.home() / ".cache" / "hugify-tests"
+
+
+#: Builds of the same name younger than this are kept: another checkout sharing the
+#: cache (a second worktree, a CI run beside a developer's) may be using them. A single
+#: checkout, as in CI, never has two keys of one name at once.
+KEEP_RECENT_SECONDS = float(os.environ.get("HUGIFY_TEST_CACHE_KEEP_HOURS", "6")) * 3600
+
+
+def drop_stale(final: Path, name: str | None = None) -> None:
+    """Removes the other cached builds of final's name (NAME-KEY) but recent ones."""
+    name = name or final.name.rsplit("-", 1)[0]
+    now = time.time()
+    for stale in final.parent.glob(f"{name}-*"):
+        if stale == final or not re.fullmatch(r"[0-9a-f]{16}", stale.name[len(name) + 1 :]):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if now - stale.stat().st_mtime < KEEP_RECENT_SECONDS:
+                continue
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,9 +453,7 @@ def build(r: Recipe) -> Path:
             work.rename(final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        for stale in root.glob(f"{r.name}-*"):
-            if stale != final and re.fullmatch(r"[0-9a-f]{16}", stale.name[len(r.name) + 1 :]):
-                shutil.rmtree(stale, ignore_errors=True)
+        drop_stale(final, r.name)
     return final
 
 
