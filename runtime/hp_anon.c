@@ -190,7 +190,8 @@ enum anon_why {
     WHY_SELF,       /* the window holds this very code */
     WHY_MMAP,       /* no anonymous memory */
     WHY_MADVISE,    /* MADV_HUGEPAGE refused */
-    WHY_NOT_HUGE,   /* the copy is not one PMD (no free 2 MiB block, THP disabled...) */
+    WHY_FRAGMENTED, /* the copy is not one PMD and no 2 MiB block of memory is free */
+    WHY_NOT_HUGE,   /* the copy is not one PMD, with free 2 MiB blocks (a memory cgroup's limit...) */
     WHY_UNVERIFIED, /* the kernel gives no way to tell */
     WHY_MPROTECT,
     WHY_MREMAP,
@@ -204,6 +205,8 @@ static const char *const why_text[] = {
     [WHY_SELF] = "self",
     [WHY_MMAP] = "mmap",
     [WHY_MADVISE] = "madvise",
+    /* the core's reason id (core/src/error.rs), which `hugify explain` knows */
+    [WHY_FRAGMENTED] = "fragmented",
     [WHY_NOT_HUGE] = "not-huge",
     [WHY_UNVERIFIED] = "unverified",
     [WHY_MPROTECT] = "mprotect",
@@ -258,7 +261,9 @@ static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char
         if (pmd < 0)
             why = WHY_UNVERIFIED;
         else if (!pmd)
-            why = WHY_NOT_HUGE;
+            /* Said apart for the administrator: fragmented memory passes (a later start
+             * may get its copies), a limit does not. */
+            why = hp_free_huge_blocks(c) ? WHY_NOT_HUGE : WHY_FRAGMENTED;
         else if (copy_bytes(a, w, hp), (pmd = hp_anon_window_is_pmd(c, a)) != 1)
             why = pmd < 0 ? WHY_UNVERIFIED : WHY_NOT_HUGE; /* split meanwhile (khugepaged, reclaim) */
         else if ((rc = HP_SYS(__NR_mprotect, a, hp, prot, 0, 0, 0)) != 0)

@@ -550,7 +550,9 @@ static void fs_mark_without_large_folios(struct hp_ctx *c, struct hp_target *t)
         hp_unlink(tmp);
 }
 
-/* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). */
+/* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). ZONE_DMA
+ * (the first 16 MiB) does not count: what its reserve for the zones above leaves of it is
+ * no use to huge pages, and blocks stay listed free there when every other zone has none. */
 static int buddy_line(const char *line, void *arg)
 {
     unsigned order = *(unsigned *)arg, field = 0;
@@ -560,6 +562,8 @@ static int buddy_line(const char *line, void *arg)
             p++;
         if (!*p)
             break;
+        if (field == 3 && p[0] == 'D' && p[1] == 'M' && p[2] == 'A' && (p[3] == ' ' || p[3] == '\t'))
+            return 0;
         int nonzero = 0;
         for (; *p && *p != ' ' && *p != '\t'; p++)
             nonzero |= *p >= '1' && *p <= '9';
@@ -579,6 +583,8 @@ static int free_huge_blocks(struct hp_ctx *c)
         order++;
     return hp_each_line("/proc/buddyinfo", buddy_line, &order) == 1;
 }
+
+int hp_free_huge_blocks(struct hp_ctx *c) { return free_huge_blocks(c); }
 
 /* Maps the uncached window at `woff` the way the ELF loader maps code (PROT_EXEC, no
  * madvise), faults it, and checks whether the kernel made it one PMD by itself: 1 yes,

@@ -162,6 +162,10 @@ int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
  * administrator set them to never. */
 int hp_thp_allowed(struct hp_ctx *c);
 
+/* Whether some zone has a free block of memory of a huge page or more (/proc/buddyinfo):
+ * where it has none, a huge page asked for comes as small pages (fragmented memory). */
+int hp_free_huge_blocks(struct hp_ctx *c);
+
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);
 

@@ -8,8 +8,9 @@ HUGIFY_DEBUG line.
 This host (Linux 6.18, ext4) gives file-backed 2 MiB folios, so the copies are forced
 here with `always`, and the default mode must do nothing on ext4; it is seen copying on
 tmpfs, where hp_settle finds file-backed huge pages unsupported.
-Not provoked: "no free 2 MiB block" proper (memory fragmentation); the same check (the
-copy is not one PMD) is what PR_SET_THP_DISABLE exercises below."""
+"No free 2 MiB block" proper (memory fragmentation) is provoked in the kernel matrix's
+guests (tests/test_kernel_matrix.py); here a memory cgroup's limit refuses the huge page
+and a replaced /proc/buddyinfo says whether blocks are free."""
 
 from __future__ import annotations
 
@@ -466,6 +467,55 @@ def test_seccomp_forbidding_mremap_keeps_the_file_mapping(progs: Programs):
     plain = result(run([progs.prog, progs.plug]))
     res = run([sys.executable, "-c", SECCOMP, HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
     assert_kept(res, progs, plain, r"mremap \(errno 1\)")
+
+
+#: /proc/buddyinfo as it reads with free 2 MiB blocks (orders 9 and 10 in DMA32) or with
+#: none outside ZONE_DMA (whose reserve keeps huge pages out: its blocks do not count).
+BUDDYINFO = {
+    "free": "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3\n"
+    "Node 0, zone    DMA32    120     80     40     20     10      5      3      2      1      4    700\n",
+    "fragmented": "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3\n"
+    "Node 0, zone    DMA32  90000  40000   9000   2000    500    100     30     10      2      0      0\n",
+}
+
+
+def memory_cgroup(tmp_name: str) -> Path:
+    """A child of this process's cgroup v1 memory controller (or of cgroup v2's)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/") / tmp_name
+    own = Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
+    return Path("/sys/fs/cgroup") / own.lstrip("/") / tmp_name
+
+
+@pytest.mark.parametrize("buddyinfo,why", [("fragmented", "fragmented"), ("free", "not-huge")])
+def test_a_copy_without_a_huge_page_says_whether_memory_is_fragmented(
+    progs: Programs, tmp_path: Path, buddyinfo: str, why: str
+):
+    """The kernel gives the copy small pages: the line names fragmentation (the core's
+    reason id `fragmented`, which `hugify explain` knows) when /proc/buddyinfo lists no
+    free 2 MiB block, `not-huge` when it does. Here the kernel refuses the huge page by a
+    memory cgroup limit below 2 MiB, and /proc/buddyinfo is replaced in a private mount
+    namespace; real fragmentation is provoked in the kernel matrix's guests
+    (tests/test_kernel_matrix.py)."""
+    plain = result(run([progs.prog, progs.plug]))
+    # The windows made huge in the page cache first, charged outside the small cgroup:
+    # in it, hugify-run finds them in place and reads nothing.
+    run([HUGIFY_RUN, progs.prog, progs.plug])
+    fake = tmp_path / "buddyinfo"
+    fake.write_text(BUDDYINFO[buddyinfo])
+    cg = memory_cgroup(f"hugify-anon-test-{os.getpid()}")
+    cg.mkdir()
+    try:
+        limit = "memory.limit_in_bytes" if (cg / "memory.limit_in_bytes").exists() else "memory.max"
+        (cg / limit).write_text(f"{HP - 4096}\n")  # a 2 MiB page can never be charged
+        script = 'mount --bind "$1" /proc/buddyinfo && echo $$ > "$2" && shift 2 && exec "$@"'
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", fake, cg / "cgroup.procs"]
+        res = run([*argv, HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
+    finally:
+        cg.rmdir()
+    assert_kept(res, progs, plain, why)
 
 
 def test_hugify_run_usage_names_the_option():
