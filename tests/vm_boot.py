@@ -27,6 +27,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from deb_support import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
-from debian_roots import systemd_root
+from debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
 from fixtures import cache_root, locked
 from vm_kernels import Kernel
 
@@ -68,7 +69,16 @@ UNIT_NAME = "hugify-matrix.service"
 #: The kernel's command line besides the filesystem and THP mode (part of a boot's key).
 KERNEL_ARGS = "console=ttyS0 panic=-1 loglevel=5"
 #: Part of the root images' key: bump it when _staged_root changes what goes onto them.
-ROOT_RECIPE = "2"
+ROOT_RECIPE = "3"
+#: The debuggers the driver runs the anonymous-copy mode under (issue 21): Debian 12's gdb
+#: and perf, installed by dpkg in the staged root with what they need that the root lacks
+#: (the root itself is shared with tests/test_boot.py and stays as it is).
+DEBUG_TOOLS = ("gdb", "linux-perf")
+#: The test package's debug symbols (its files are stripped): perf and gdb name the
+#: program's own functions from them, as on any Debian system with -dbgsym installed.
+GUEST_DEBUG_DEBS = ("libhugdebtest1-dbgsym", "hugify-deb-test-dbgsym")
+#: The package lists for DEBUG_TOOLS are fetched again when older than this.
+DEBUG_LISTS_MAX_AGE = 24 * 3600
 VM_TOOLS = ("qemu-system-x86", "qemu-utils", "busybox-static", "kmod", "xfsprogs", "btrfs-progs", "e2fsprogs")
 
 
@@ -179,6 +189,7 @@ class GuestInputs:
     debs: list[Path]
     tools: Path  # probe.so and dlopen-lib, built on this (Debian 12) host for the Debian 12 guest
     key: str
+    debug_debs: tuple[Path, ...] = ()  # DEBUG_TOOLS and what they need, GUEST_DEBUG_DEBS
 
 
 def guest_tools() -> Path:
@@ -197,19 +208,55 @@ def guest_tools() -> Path:
     return final
 
 
+def debug_tool_debs(root: Path) -> list[Path]:
+    """DEBUG_TOOLS from bookworm with the packages they depend on that `root` lacks
+    (apt resolves them against the root's dpkg status, through a private apt state:
+    debian_roots.apt_options), fetched with `apt-get download` once per set of versions."""
+    group = cache_root() / "kernel-matrix"
+    with locked(group / "debug-tools.lock"):
+        state = group / "debug-tools-apt"
+        opts = apt_options(state, [f"deb [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
+        opts += ["-o", f"Dir::State::status={root / 'var/lib/dpkg/status'}"]
+        stamp = state / "updated"
+        if not stamp.exists() or time.time() - stamp.stat().st_mtime > DEBUG_LISTS_MAX_AGE:
+            _run(["apt-get", "-q", *opts, "update"])
+            stamp.touch()
+        plan = _run(["apt-get", *opts, "-s", "install", "--no-install-recommends", *DEBUG_TOOLS])
+        wanted = sorted(f"{name}={version}" for name, version in re.findall(r"^Inst (\S+) \((\S+) ", plan, re.M))
+        if not wanted:
+            raise VmError(f"apt-get found nothing to install for {' '.join(DEBUG_TOOLS)}: {plan[-600:]}")
+        final = cached_dir("kernel-matrix", "debug-tools", files_key([], root.parent.name, *wanted))
+        if not (final / "done").exists():
+            work = final.with_name(final.name + ".tmp")
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            _run(["apt-get", "-q", *opts, "download", *wanted], cwd=work)
+            if len(list(work.glob("*.deb"))) != len(wanted):
+                raise VmError(f"apt-get download {' '.join(wanted)} gave {sorted(p.name for p in work.iterdir())}")
+            (work / "done").write_text("".join(f"{w}\n" for w in wanted))
+            shutil.rmtree(final, ignore_errors=True)
+            work.rename(final)
+            drop_stale(final)
+    return sorted(final.glob("*.deb"))
+
+
 def guest_inputs() -> GuestInputs:
     hugify = build_hugify_deb().ok()
     variant = build_variant("with").ok()
     debs = [hugify.deb("hugify"), *(variant.deb(p) for p in GUEST_DEBS)]
     root = systemd_root(debs[0])
     tools = guest_tools()
+    debug_debs = (*debug_tool_debs(root), *(variant.deb(p) for p in GUEST_DEBUG_DEBS))
     files = [(n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")]
     files += [(p.name, p) for p in sorted(tools.iterdir())]
     # The packages count by their builds' cache keys (their sources and tools), not their
     # bytes: the shared cache may rebuild them for another checkout in between, and a
-    # rebuild of the same sources must not make every image and boot stale.
-    key = files_key(files, root.parent.name, hugify.dir.name, variant.dir.name, ROOT_RECIPE)
-    return GuestInputs(root, debs, tools, key)
+    # rebuild of the same sources must not make every image and boot stale. The archive's
+    # debs count by their names (package, version).
+    key = files_key(
+        files, root.parent.name, hugify.dir.name, variant.dir.name, ROOT_RECIPE, *(d.name for d in debug_debs)
+    )
+    return GuestInputs(root, debs, tools, key, debug_debs)
 
 
 @contextlib.contextmanager
@@ -229,7 +276,7 @@ def _staged_root(g: GuestInputs, dest: Path) -> None:
     _run(["cp", "-a", f"{g.root}/.", str(dest)])
     debs = dest / "tmp" / "hugify-matrix-debs"
     debs.mkdir(parents=True)
-    for d in g.debs:
+    for d in (*g.debs, *g.debug_debs):
         shutil.copy(d, debs)
     _run(["chroot", str(dest), "sh", "-c", "dpkg -i /tmp/hugify-matrix-debs/*.deb"])
     shutil.rmtree(debs)

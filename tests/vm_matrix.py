@@ -91,11 +91,16 @@ def row(b: BootResult) -> dict[str, Any]:
 ANON_LINE = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
 
 
+def copy_lines(debug: list[str]) -> list[tuple[str, int, int, str]]:
+    """The mode's debug lines in order: (file name, copied, windows, the rest of the line)."""
+    return [(Path(m[1]).name, int(m[2]), int(m[3]), m[4]) for m in ANON_LINE.finditer("\n".join(debug))]
+
+
 def anonymous_copies(step: dict[str, Any]) -> dict[str, Any]:
     """What the anonymous-copy mode did in one run: per object (by file name: ld.so names
     a library by the path it found, /lib/… on a merged-/usr root) (copied, windows, the
     rest of its line), and the executable anonymous memory PMD-mapped in the process."""
-    objects = {Path(m[1]).name: (int(m[2]), int(m[3]), m[4]) for m in ANON_LINE.finditer("\n".join(step["debug"]))}
+    objects = {name: (copied, windows, rest) for name, copied, windows, rest in copy_lines(step["debug"])}
     return {"objects": objects, "anon_pmd": step["anon_exec"]["pmd"], "anon_vmas": step["anon_exec"]["vmas"]}
 
 

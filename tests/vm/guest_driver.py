@@ -21,12 +21,22 @@ preloaded probe, tests/vm/probe.c):
   each followed by `hugify status --json`;
 - pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
   the audit library, each series starting from the files cached in
-  small folios (in the THP mode the guest booted with only).
+  small folios (in the THP mode the guest booted with only);
+- the anonymous-copy mode under the debuggers (issue 21; in the THP mode booted, mode on
+  and off): PERF_RUNS runs of the program under Debian 12's `perf record -e cpu-clock`
+  with `perf report`'s samples by object and symbol, and gdb stopped at a function of
+  the program and one of its library, with backtraces, $pc and the mappings;
+- the anonymous-copy mode with no free 2 MiB block (fragmented memory, provoked: every
+  free block taken as a hugetlb page, compaction off) and the settings restored after.
+
+`hugify.only=anonymous` on the kernel command line runs only the last two (for trying
+them quickly by hand; the suite runs everything).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -44,6 +54,27 @@ LIB = "/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"
 AUDIT_LIB = "/usr/lib/hugify/libhugify-audit.so"
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 STARTS = 20
+#: Runs of the program under one `perf record`: it computes for milliseconds only (under
+#: TCG about 2000 samples of its code per run at PERF_PERIOD_NS), and the samples in its
+#: code have to be enough to tell named from unnamed.
+PERF_RUNS = 8
+#: perf's cpu-clock sampling period (ns): 20 kHz, 5x perf's default rate.
+PERF_PERIOD_NS = 50000
+#: Functions of the copied code gdb stops in: the program's and its library's generated
+#: dispatchers (tests/programs/gen_code.py), which run once per start.
+GDB_BREAKS = ("exe_dispatch", "lib_dispatch")
+HUGE_ORDER = 9  # a 2 MiB block is 2^9 pages of 4 KiB
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+FRAGMENT_SETTINGS = {
+    # No compaction in a THP fault, none in the background, none for the hugetlb pages
+    # (a fragmentation index never above the threshold): what is fragmented stays so.
+    "defrag": (Path("/sys/kernel/mm/transparent_hugepage/defrag"), "never"),
+    "compaction_proactiveness": (Path("/proc/sys/vm/compaction_proactiveness"), "0"),
+    "extfrag_threshold": (Path("/proc/sys/vm/extfrag_threshold"), "1000"),
+}
+#: Free memory left out of the fragmenting allocation (its free 2 MiB blocks become
+#: hugetlb pages), so that the system never runs short while the blocks are held.
+FRAGMENT_MARGIN = 128 << 20
 
 
 def run(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> dict[str, Any]:
@@ -61,9 +92,14 @@ def json_of(*argv: str) -> Any:
         return {"error": res}
 
 
+def chosen(path: Path) -> str:
+    """A setting's value; of sysfs's "always defer [madvise] never", the one chosen."""
+    text = path.read_text().strip()
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else text
+
+
 def thp_mode() -> str:
-    text = THP.read_text()
-    return text[text.index("[") + 1 : text.index("]")]
+    return chosen(THP)
 
 
 def drop_caches() -> None:
@@ -87,11 +123,15 @@ def set_cache(state: str) -> None:
         read_plainly()
 
 
-def pgpgin() -> int:
+def vmstat(name: str) -> int:
     for line in Path("/proc/vmstat").read_text().splitlines():
-        if line.startswith("pgpgin "):
+        if line.startswith(name + " "):
             return int(line.split()[1])
-    raise RuntimeError("no pgpgin in /proc/vmstat")
+    raise RuntimeError(f"no {name} in /proc/vmstat")
+
+
+def pgpgin() -> int:
+    return vmstat("pgpgin")
 
 
 def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -176,6 +216,161 @@ def io_check() -> dict[str, int]:
     return out
 
 
+# --- the anonymous-copy mode under perf and gdb, and with fragmented memory --------------
+
+
+def anonymous_env(mode: str) -> dict[str, str]:
+    """The audit library's environment with the anonymous-copy mode `mode` ("" off)."""
+    env = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1", "HUGIFY_PERF_MAP": "0"}
+    return {**env, "HUGIFY_ANONYMOUS": mode} if mode else env
+
+
+def perf_binary() -> str:
+    """Debian 12's perf: /usr/bin/perf in today's linux-perf; where the package has
+    versioned ones (perf_6.1), /usr/bin/perf is a wrapper that wants the one of the
+    running kernel's major.minor, which bookworm has only for its own 6.1."""
+    versioned = sorted(Path("/usr/bin").glob("perf_[0-9]*"))
+    return str(versioned[-1]) if versioned else "/usr/bin/perf"
+
+
+def perf_case(mode: str) -> dict[str, Any]:
+    """PERF_RUNS runs of the program under `perf record -e cpu-clock` (launched by it):
+    the runs' output and debug lines, and perf report's rows (samples, object, symbol)."""
+    perf = perf_binary()
+    data = "/run/hugify-matrix-perf.data"
+    env = " ".join(f"{k}={v}" for k, v in anonymous_env(mode).items())
+    loop = f"for i in $(seq {PERF_RUNS}); do env {env} {PROG}; done"
+    rec = run(perf, "record", "-q", "-e", "cpu-clock", "-c", str(PERF_PERIOD_NS), "-o", data, "--", "sh", "-c", loop)
+    rep = run(perf, "report", "-i", data, "--stdio", "-q", "-n", "--sort", "dso,sym")
+    Path(data).unlink(missing_ok=True)
+    rows = []
+    for line in str(rep["stdout"]).splitlines():
+        f = line.split()
+        if len(f) >= 5 and f[0].endswith("%") and f[1].isdigit():
+            rows.append({"samples": int(f[1]), "dso": f[2], "sym": " ".join(f[4:])})
+    return {
+        "perf": perf,
+        "rc": rec["rc"],
+        "planned": PERF_RUNS,
+        "outputs": sorted(set(str(rec["stdout"]).splitlines())),
+        "runs": len(str(rec["stdout"]).splitlines()),
+        "debug": [line for line in str(rec["stderr"]).splitlines() if "hugify" in line],
+        "report_rc": rep["rc"],
+        "report_stderr": str(rep["stderr"])[-2000:],
+        "rows": rows,
+    }
+
+
+def gdb_case(mode: str) -> dict[str, Any]:
+    """The program under gdb -batch with the audit library (and the mode): stops at
+    GDB_BREAKS in turn with a backtrace and $pc each; the mappings at the first stop,
+    the shared libraries at the second."""
+    cmds = ["set breakpoint pending on", *(f"set environment {k}={v}" for k, v in anonymous_env(mode).items())]
+    cmds += [f"break {f}" for f in GDB_BREAKS]
+    cmds += ["run", "bt", "p/x $pc", "info proc mappings", "continue", "bt", "p/x $pc", "info sharedlibrary", "kill"]
+    res = run("gdb", "-nx", "-batch", *(x for c in cmds for x in ("-ex", c)), PROG)
+    return {"rc": res["rc"], "output": str(res["stdout"]) + str(res["stderr"])}
+
+
+def free_huge_blocks() -> dict[str, int]:
+    """Free blocks of 2 MiB or more per zone (/proc/buddyinfo), counted in 2 MiB blocks."""
+    out = {}
+    for line in Path("/proc/buddyinfo").read_text().splitlines():
+        f = line.split()
+        zone, counts = f[3], [int(n) for n in f[4:]]
+        out[zone] = out.get(zone, 0) + sum(n << (o - HUGE_ORDER) for o, n in enumerate(counts) if o >= HUGE_ORDER)
+    return out
+
+
+def meminfo(name: str) -> int:
+    """A /proc/meminfo value in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) << 10
+    raise RuntimeError(f"no {name} in /proc/meminfo")
+
+
+def fragment_memory() -> mmap.mmap:
+    """Most of the free memory in small pages (MADV_NOHUGEPAGE), every other page of it
+    given back: half of it stays free, in blocks of one page that cannot merge. Held
+    until the mapping is closed."""
+    page = mmap.PAGESIZE
+    size = max(meminfo("MemFree") - FRAGMENT_MARGIN, 0) // page * page
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    for off in range(0, size, page):
+        m[off] = 1
+    for off in range(0, size, 2 * page):
+        m.madvise(mmap.MADV_DONTNEED, off, page)
+    return m
+
+
+def take_free_huge_blocks() -> list[dict[str, int]]:
+    """Takes the free 2 MiB blocks as hugetlb pages: asks for as many more as buddyinfo
+    shows (no more: the kernel would reclaim to make them), again while blocks come back
+    (freed pages merging) and the kernel gives them. Blocks left in ZONE_DMA are what its
+    reserve for the zones above keeps from any huge page (runtime/hp_core.c buddy_line
+    does not count them either). What buddyinfo said at each round."""
+    rounds = []
+    for _ in range(20):
+        free = free_huge_blocks()
+        rounds.append(free)
+        before = int(NR_HUGEPAGES.read_text())
+        if not sum(free.values()):
+            break
+        NR_HUGEPAGES.write_text(f"{before + sum(free.values())}\n")
+        if int(NR_HUGEPAGES.read_text()) == before:
+            break
+    return rounds
+
+
+def fragment_settings() -> dict[str, str]:
+    return {name: chosen(path) for name, (path, _) in FRAGMENT_SETTINGS.items()}
+
+
+def fragmented_case() -> dict[str, Any]:
+    """The program in the anonymous-copy mode (always: every window tried, on any
+    filesystem) with no free 2 MiB block; then everything as it was."""
+    saved = fragment_settings()
+    out: dict[str, Any] = {"saved": saved, "free_before": free_huge_blocks()}
+    held = None
+    try:
+        for path, value in FRAGMENT_SETTINGS.values():
+            path.write_text(value + "\n")
+        drop_caches()
+        held = fragment_memory()
+        out["fragmenter_bytes"] = len(held)
+        out["rounds"] = take_free_huge_blocks()
+        out["hugetlb_pages"] = int(NR_HUGEPAGES.read_text())
+        out["mem_free"] = meminfo("MemFree")
+        fallback = vmstat("thp_fault_fallback")
+        out["run"] = probed(PROG, env=anonymous_env("always"))
+        out["thp_fault_fallback"] = vmstat("thp_fault_fallback") - fallback
+        out["free_during"] = free_huge_blocks()
+    finally:
+        NR_HUGEPAGES.write_text("0\n")
+        if held is not None:
+            held.close()
+        for name, (path, _) in FRAGMENT_SETTINGS.items():
+            path.write_text(saved[name] + "\n")
+    out["free_after"] = free_huge_blocks()
+    out["restored"] = fragment_settings()
+    out["hugetlb_pages_after"] = int(NR_HUGEPAGES.read_text())
+    return out
+
+
+def anonymous_checks() -> dict[str, Any]:
+    started = time.monotonic()
+    out: dict[str, Any] = {
+        "plain": probed(PROG),
+        "perf": {"on": perf_case("1"), "off": perf_case("")},
+        "gdb": {"on": gdb_case("always"), "off": gdb_case("")},
+        "fragmented": fragmented_case(),
+    }
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
 def main() -> None:
     started = time.monotonic()
     results: dict[str, Any] = {
@@ -189,7 +384,11 @@ def main() -> None:
         "thp": {},
     }
     boot_mode = thp_mode()
-    for mode in (boot_mode, "madvise" if boot_mode != "madvise" else "always"):
+    modes: tuple[str, ...] = (boot_mode, "madvise" if boot_mode != "madvise" else "always")
+    if "hugify.only=anonymous" in Path("/proc/cmdline").read_text().split():
+        modes = ()
+        results["anonymous_checks"] = anonymous_checks()
+    for mode in modes:
         entry: dict[str, Any] = {}
         if mode != thp_mode():
             THP.write_text(mode + "\n")
@@ -199,6 +398,7 @@ def main() -> None:
         }
         if mode == boot_mode:  # the I/O check does not depend on the THP mode: measured once per boot
             entry["pgpgin_kib"] = io_check()
+            results["anonymous_checks"] = anonymous_checks()
         results["thp"][mode] = entry
     results["driver_seconds"] = round(time.monotonic() - started, 1)
     with open(RESULTS_PORT, "w") as port:
