@@ -9,8 +9,9 @@
   switch_roots to systemd.
 - The root (one per filesystem): debian_roots.systemd_root() (the Debian 12 root that
   test_boot.py boots in a container) with hugify's .deb and the test package built
-  with dh_hugify installed by dpkg, the guest driver, its probe and the unit that
-  runs it; copied with cp -a onto a loop-mounted ext4, XFS or btrfs image. Images are
+  with dh_hugify installed by dpkg, Debian 12's gdb and perf (with what they need that
+  the root lacks) and the test package's debug symbols, the guest driver, its probe and
+  the unit that runs it; copied with cp -a onto a loop-mounted ext4, XFS or btrfs image. Images are
   cached by their inputs; each boot writes to a throw-away qcow2 overlay.
 - The boot: qemu-system-x86_64, TCG unless HUGIFY_VM_ACCEL says otherwise (nested KVM
   stops with "emulation failure" in the kernel's decompressor on these machines),
@@ -40,7 +41,7 @@ from typing import Any
 from deb_support import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
 from debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
 from fixtures import cache_root, locked
-from vm_kernels import Kernel
+from vm_kernels import Kernel, _update_lists
 
 GUEST = Path(__file__).resolve().parent / "vm"
 FILESYSTEMS = ("ext4", "xfs", "btrfs")
@@ -77,8 +78,6 @@ DEBUG_TOOLS = ("gdb", "linux-perf")
 #: The test package's debug symbols (its files are stripped): perf and gdb name the
 #: program's own functions from them, as on any Debian system with -dbgsym installed.
 GUEST_DEBUG_DEBS = ("libhugdebtest1-dbgsym", "hugify-deb-test-dbgsym")
-#: The package lists for DEBUG_TOOLS are fetched again when older than this.
-DEBUG_LISTS_MAX_AGE = 24 * 3600
 VM_TOOLS = ("qemu-system-x86", "qemu-utils", "busybox-static", "kmod", "xfsprogs", "btrfs-progs", "e2fsprogs")
 
 
@@ -217,10 +216,7 @@ def debug_tool_debs(root: Path) -> list[Path]:
         state = group / "debug-tools-apt"
         opts = apt_options(state, [f"deb [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
         opts += ["-o", f"Dir::State::status={root / 'var/lib/dpkg/status'}"]
-        stamp = state / "updated"
-        if not stamp.exists() or time.time() - stamp.stat().st_mtime > DEBUG_LISTS_MAX_AGE:
-            _run(["apt-get", "-q", *opts, "update"])
-            stamp.touch()
+        _update_lists(state, opts)  # as for the kernels: again when a day old
         plan = _run(["apt-get", *opts, "-s", "install", "--no-install-recommends", *DEBUG_TOOLS])
         wanted = sorted(f"{name}={version}" for name, version in re.findall(r"^Inst (\S+) \((\S+) ", plan, re.M))
         if not wanted:
