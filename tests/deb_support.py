@@ -34,6 +34,9 @@ LIB = f"usr/lib/{MULTIARCH}/libhugdebtest.so.1"
 DATA_MODULE = "usr/share/hugify-deb-test/hugtest-module"  # in the Architecture: all package
 UDEB_MODULE = "usr/lib/hugify-deb-test-udeb/hugtest-module"
 MANIFEST_DIR = "usr/lib/hugify/manifest.d"
+#: The non-PIE program (ET_EXEC) of package hugify-deb-test-exec, linked with its code
+#: on a whole 2 MiB window: dh_hugify lists it as-is and leaves it unchanged.
+EXEC = "usr/libexec/hugify-deb-exec"
 
 #: What the build environment must not inherit from whoever runs the tests.
 _SCRUBBED = (

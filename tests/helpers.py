@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,12 @@ def readelf_windows(path: Path, fixed: bool) -> list[tuple[int, int]]:
         if end > start:
             out.append((ld.offset + start - ld.vaddr, end - start))
     return out
+
+
+def window_offsets(runs: Iterable[tuple[int, int]]) -> list[int]:
+    """The file offset of each whole huge-page window of (file offset, size) runs: those
+    of readelf_windows, of a manifest entry, of `hugify inspect --json`."""
+    return [offset + i for offset, size in runs for i in range(0, size, HP)]
 
 
 def exec_load(path: Path) -> Load:

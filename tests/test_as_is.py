@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_windows
+from helpers import HP, hugify, readelf_windows, window_offsets
 from runtime_support import (
     AUDIT_LIB,
     HUGIFY_RUN,
@@ -56,7 +56,7 @@ def as_is(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _expected_windows(path: Path, fixed: bool) -> list[int]:
     """The file offset of each whole window, from readelf's program headers."""
-    return [offset + i for offset, size in readelf_windows(path, fixed) for i in range(0, size, HP)]
+    return window_offsets(readelf_windows(path, fixed))
 
 
 def test_tree_lists_files_that_need_no_rewrite_as_is(as_is: Path, tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ installed with dpkg inside it. Then `systemd-nspawn --register=no --keep-unit
 --boot` starts it: this host has no systemd, so nothing registers with machined
 and nothing is driven with machinectl. A oneshot unit in the container
 (hugify-boot-test.service, after multi-user.target) records what systemd says of
-hugify-prefetch.service and its timer, installs the test package's program (whose
-manifest fires hugify's dpkg trigger, which starts the service through systemctl),
+hugify-prefetch.service and its timer, installs the test package's program and its
+non-PIE program listed as-is (whose manifests fire hugify's dpkg trigger, which starts
+the service through systemctl),
 records `hugify status`, writes everything to a bind-mounted directory and powers
 the container off. The whole session runs in its own mount and PID namespaces
 with a bounded timeout: when it ends or is killed, the container dies with it.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import pytest
 from deb_support import (
+    EXEC,
     LIB,
     PROG,
     build_hugify_deb,
@@ -44,6 +46,7 @@ from deb_support import (
 )
 from debian_roots import systemd_root
 from fixtures import cache_root, locked
+from helpers import HP, readelf_windows, window_offsets
 
 TEST_UNIT = "hugify-boot-test.service"
 BOOT_TIMEOUT = 600
@@ -179,7 +182,7 @@ def boot() -> Boot:
     pkgs = build_variant("with").ok()
     root = systemd_root(hugify.deb("hugify"))
     first = [hugify.deb("hugify"), pkgs.deb("libhugdebtest1")]
-    second = [pkgs.deb("hugify-deb-test")]
+    second = [pkgs.deb("hugify-deb-test"), pkgs.deb("hugify-deb-test-exec")]
     key = files_key([(p.name, p) for p in first + second], root.parent.name, UNIT, INSIDE, SESSION)
     final = cached_dir("boot", "session", key)
     if (final / "share" / "out" / "done").exists():
@@ -253,3 +256,9 @@ def test_status_shows_the_installed_files_windows_huge(boot: Boot) -> None:
         assert f["windows"] and all(w["state"] == "huge" for w in f["windows"]), b.text("status.txt")
         assert f["huge_bytes"] == f["code_size"] > 0, b.text("status.txt")
         assert re.search(rf"^{re.escape(path)} .* 100\.0 %", b.text("status.txt"), re.M), b.text("status.txt")
+    # The program listed as-is: its whole windows alone (not all of its code) are huge.
+    windows = window_offsets(readelf_windows(build_variant("with").ok().root / EXEC, fixed=True))
+    f = files[f"/{EXEC}"]
+    assert [w["offset"] for w in f["windows"]] == windows != [], b.text("status.txt")
+    assert all(w["state"] == "huge" for w in f["windows"]), b.text("status.txt")
+    assert f["huge_bytes"] == len(windows) * HP < f["code_size"], b.text("status.txt")

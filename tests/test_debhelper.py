@@ -2,11 +2,13 @@
 
 Slow tests build the test source package tests/deb/hugify-deb-test (debhelper-compat
 13: a program with more than 1 MiB of code linked to its own shared library
-package, a hardlinked second name, a small program, an Architecture: all package
-and a udeb that both hold a large ELF module) with `dpkg-buildpackage -us -uc -b`,
-in several variants, and check the .debs: dh_strip's -dbgsym packages must describe
-the hugified files, whose build-id differs from the plain build's in exactly one
-bit (Debian never recomputes build-ids). The add-on and hugify come from this
+package, a hardlinked second name, a small program, a package with a non-PIE
+program whose code already sits on a whole 2 MiB window, an Architecture: all
+package and a udeb that both hold a large ELF module) with `dpkg-buildpackage -us
+-uc -b`, in several variants, and check the .debs: dh_strip's -dbgsym packages must
+describe the hugified files, whose build-id differs from the plain build's in
+exactly one bit (Debian never recomputes build-ids); the non-PIE program is listed
+as-is and ships byte-identical to the plain build's. The add-on and hugify come from this
 checkout (PERL5LIB, PATH); test_packages.py does the same with hugify's own
 installed .deb.
 
@@ -20,6 +22,7 @@ xdist workers), and cached by its inputs under the test cache.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -30,6 +33,7 @@ from pathlib import Path
 import pytest
 from deb_support import (
     DATA_MODULE,
+    EXEC,
     LIB,
     LINK,
     MANIFEST_DIR,
@@ -48,7 +52,7 @@ from deb_support import (
 )
 from fixtures import BY_NAME
 from fixtures import build as build_fixture
-from helpers import bits_differing, exec_load, hugified
+from helpers import HP, bits_differing, exec_load, hugified, hugify, readelf_windows, window_offsets
 
 from hugify import manifest
 
@@ -75,6 +79,42 @@ def test_program_and_library_are_hugified_small_program_is_not(deb_build) -> Non
     assert re.search(rf"hugify: /{re.escape(LIB)}: transformed \(shift\)", b.log)
     assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in b.log
     assert "hugify: libhugdebtest1: 1 transformed, 0 as-is, 0 skipped, 0 failed" in b.log
+    assert "hugify: hugify-deb-test-exec: 0 transformed, 1 as-is, 0 skipped, 0 failed" in b.log
+
+
+@slow
+def test_non_pie_program_is_listed_as_is_and_ships_unchanged(deb_build) -> None:
+    """The ET_EXEC linked with its code on a whole 2 MiB window: dh_hugify lists it as-is
+    and changes no byte of it. dh_strip runs after dh_hugify and rewrites the file, but
+    keeps its program headers and its build-id note: the manifest, written before it,
+    names the windows and the build-id of the file that ships."""
+    b, plain = deb_build("with").ok(), deb_build("plain").ok()
+    shipped = b.root / EXEC
+    assert shipped.read_bytes() == (plain.root / EXEC).read_bytes()
+    sections = subprocess.run(["readelf", "-SW", str(shipped)], capture_output=True, text=True, check=True).stdout
+    assert " .text " in sections and " .symtab " not in sections, "the shipped file is dh_strip's output"
+    assert re.search(
+        rf"^hugify: /{re.escape(EXEC)}: as-is \(already-aligned\): \S+ MiB of its code on whole huge-page windows",
+        b.log,
+        re.M,
+    ), b.log[-6000:]
+    header = subprocess.run(["readelf", "-hW", str(shipped)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^\s*Type:\s+EXEC ", header, re.M), header
+    windows = window_offsets(readelf_windows(shipped, fixed=True))
+    assert windows, "the test program has no whole window"
+    (entry,) = manifest.parse((b.pkg("hugify-deb-test-exec") / MANIFEST_DIR / "hugify-deb-test-exec.list").read_text())
+    assert (entry.path, entry.build_id) == ("/" + EXEC, build_id(shipped))
+    assert window_offsets([(entry.offset, entry.size)]) == windows and entry.huge_page == HP
+    (info,) = json.loads(hugify("inspect", "--json", shipped, check=False).stdout)
+    assert info["kind"] == "executable" and info["refusal"]["reason"] == "already-aligned", info["refusal"]
+    assert window_offsets([(w["offset"], w["len"]) for w in info["windows_before"]]) == windows
+    # The package is the plain build's plus its manifest; its dbgsym is the plain build's.
+    got, want = files_of(b.pkg("hugify-deb-test-exec")), files_of(plain.pkg("hugify-deb-test-exec"))
+    assert sorted(set(got) - set(want)) == [f"{MANIFEST_DIR}/hugify-deb-test-exec.list"]
+    assert {k: v for k, v in got.items() if k in want} == want
+    dbgsym = "hugify-deb-test-exec-dbgsym"
+    assert files_of(b.pkg(dbgsym)) == files_of(plain.pkg(dbgsym))
+    assert not (b.pkg("hugify-deb-test-exec") / "usr/share/hugify/attestations").exists(), "nothing was transformed"
 
 
 @slow
@@ -123,6 +163,11 @@ def test_dbgsym_has_the_debug_file_of_the_shipped_build_id_one_bit_from_plain(de
     assert b.field("libhugdebtest1-dbgsym", "Build-Ids").split() == [build_id(b.root / LIB)]
     # The small program was not transformed: its id is the plain build's.
     assert build_id(b.root / SMALL) == build_id(plain.root / SMALL)
+    # Nor was the non-PIE program, listed as-is: its id, and its debug file's, are the plain build's.
+    shipped = build_id(b.root / EXEC)
+    assert shipped == build_id(plain.root / EXEC)
+    assert build_id(debug_file(b.pkg("hugify-deb-test-exec-dbgsym"), shipped)) == shipped
+    assert b.field("hugify-deb-test-exec-dbgsym", "Build-Ids").split() == [shipped]
 
 
 @slow
@@ -138,6 +183,11 @@ def test_gdb_breaks_at_source_lines_and_backtraces_with_the_dbgsym_files(deb_bui
     assert re.search(r"#0\s+exe_f700 \(x=\S+\) at (\./)?exe_gen\d\.c:\d+", out), out
     assert re.search(r"#1\s+0x[0-9a-f]+ in exe_dispatch \(.*\) at (\./)?exe_table\.c:\d+", out), out
     assert re.search(r"in main \(.*\) at (\./)?src/main\.c:\d+", out), out
+    # The non-PIE program listed as-is, with its own dbgsym file.
+    out = gdb_backtrace(b.root, EXEC, "fix_f700")
+    assert re.search(r"#0\s+fix_f700 \(x=\S+\) at (\./)?fix_gen\d\.c:\d+", out), out
+    exec_line = source_line("exec.c", "exec-calls-generated")
+    assert re.search(rf"in main \(.*\) at (\./)?src/exec\.c:{exec_line}", out), out
 
 
 @slow
@@ -149,12 +199,16 @@ def test_programs_run_correctly(deb_build) -> None:
         got = run_program(b.root, prog)
         assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
     assert run_program(b.root, SMALL).stdout == "hugify-deb-small\n"
+    expected = run_program(plain.root, EXEC)
+    assert expected.returncode == 0 and expected.stdout.startswith("hugify-deb-exec: "), expected
+    got = run_program(b.root, EXEC)
+    assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
 
 
 @slow
 def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -> None:
     b = deb_build("with").ok()
-    expect = {"hugify-deb-test": [PROG, LINK], "libhugdebtest1": [LIB]}
+    expect = {"hugify-deb-test": [PROG, LINK], "libhugdebtest1": [LIB], "hugify-deb-test-exec": [EXEC]}
     for pkg, paths in expect.items():
         m = b.pkg(pkg) / MANIFEST_DIR / f"{pkg}.list"
         assert m.is_file(), f"{pkg} ships no manifest"
@@ -165,7 +219,11 @@ def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -
             e = entries["/" + p]
             assert e.build_id == build_id(b.root / p), "the manifest must name the shipped build-id"
             assert e.offset % e.huge_page == 0 and e.huge_page == 2 << 20
-    assert sorted(p.name for p in (b.root / MANIFEST_DIR).iterdir()) == ["hugify-deb-test.list", "libhugdebtest1.list"]
+    assert sorted(p.name for p in (b.root / MANIFEST_DIR).iterdir()) == [
+        "hugify-deb-test-exec.list",
+        "hugify-deb-test.list",
+        "libhugdebtest1.list",
+    ]
     assert (b.dir / "reports" / "hugify-deb-test.json").is_file()
 
 

@@ -21,6 +21,12 @@ sysfs), cold and with the files cached in small folios:
   named by their functions, and gdb stopping and backtracing in the copies, both as
   with the mode off; with no free 2 MiB block (fragmented memory, provoked in the guest)
   the program keeps its file mappings and says `fragmented` once per object.
+The non-PIE program the test package ships as-is (not rewritten: only its whole
+windows can be PMD-mapped, not its whole executable mapping), run the same ways: where
+the filesystem gives large folios, exactly its whole windows (those of its manifest
+entry) are PMD-mapped after prefetch, through hugify-run and through the audit library,
+and `hugify status` says they are huge; where it does not, `unsupported`, naming the
+filesystem.
 A kernel that cannot be fetched, a qemu that cannot start, a guest that panics or does
 not finish in time fail the test with the reason (and the console's last lines).
 """
@@ -33,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deb_support import EXEC, MANIFEST_DIR, build_variant
+from helpers import HP, readelf_windows, window_offsets
 from vm_boot import BootResult, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
 from vm_kernels import KernelUnavailable, kernel
 from vm_matrix import (
@@ -47,8 +55,12 @@ from vm_matrix import (
     resolve,
 )
 
+from hugify import manifest
+
 MODES = ("always", "madvise")
 CODE_WAYS = ("prefetch", "hugify-run", "audit", "audit-dlopen")
+#: The ways the guest runs the program listed as-is (guest_driver.as_is_ways).
+AS_IS_WAYS = ("as-is-prefetch", "as-is-hugify-run", "as-is-audit")
 PROG = "/usr/bin/hugify-deb-test"
 LIB = "/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"
 
@@ -113,6 +125,60 @@ def test_code_is_huge_where_the_kernel_gives_large_folios(booted: BootResult, mo
             if not fully_huge(step):
                 missing.append(f"{where(booted, mode, cache, way)}: {maps_text(step)}")
     assert not missing, "\n".join(missing)
+
+
+@pytest.fixture(scope="module")
+def as_is_windows() -> list[int]:
+    """The file offsets of the whole windows of the program listed as-is: its package's
+    manifest entry, checked against readelf's program headers of the file installed."""
+    root = build_variant("with").ok().root
+    (entry,) = manifest.parse((root / MANIFEST_DIR / "hugify-deb-test-exec.list").read_text())
+    windows = window_offsets(readelf_windows(root / EXEC, fixed=True))
+    assert windows and window_offsets([(entry.offset, entry.size)]) == windows, (windows, entry)
+    return windows
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_as_is_program_gets_its_windows_huge_where_the_kernel_gives_large_folios(
+    booted: BootResult, mode: str, as_is_windows: list[int]
+) -> None:
+    """Only its whole windows can be PMD-mapped (it is not rewritten): where the kernel
+    gives large folios, every one of them is, after prefetch, through hugify-run and
+    through the audit library, and status and hugify-run's verdict say "huge"; where it
+    does not, they say "unsupported", naming the filesystem."""
+    prog = "/" + EXEC
+    wrong = []
+    for cache in CACHES:
+        plain = case(booted.results, mode, cache, "as-is-plain")["steps"]
+        want = plain[0]["stdout"]
+        if not want.startswith("hugify-deb-exec: ") or any(s["rc"] != 0 or s["stdout"] != want for s in plain):
+            wrong.append(
+                f"{where(booted, mode, cache, 'as-is-plain')}: {[(s['rc'], s['stderr'][-500:]) for s in plain]}"
+            )
+        for way in AS_IS_WAYS:
+            at = where(booted, mode, cache, way)
+            c = case(booted.results, mode, cache, way)
+            step = c["steps"][-1]
+            if step["rc"] != 0 or step["stdout"] != want or set(step["maps"]) != {prog}:
+                wrong.append(f"{at}: rc {step['rc']}, maps {step['maps']}: {step['stderr'][-500:]}")
+                continue
+            pmd = step["maps"][prog]["pmd"]
+            status = next((f for f in c["status"].get("files", []) if f["path"] == prog), {})
+            states = [w["state"] for w in status.get("windows", [])]
+            if [w["offset"] for w in status.get("windows", [])] != as_is_windows:
+                wrong.append(f"{at}: status windows {status}, the manifest's at {as_is_windows}")
+            whole = len(as_is_windows) * HP
+            if supported(booted):
+                if pmd != whole or set(states) != {"huge"}:
+                    wrong.append(f"{at}: {pmd >> 10} KiB PMD-mapped of {whole >> 10} KiB of windows, status {states}")
+            elif pmd == whole or set(states) != {"unsupported"} or booted.fs not in json.dumps(status):
+                wrong.append(f"{at}: {pmd >> 10} KiB PMD-mapped, status {states}, not unsupported: {status}")
+            if way == "as-is-hugify-run":
+                counts = _debug_counts(step["debug"], prog)
+                verdict = "huge" if supported(booted) else "unsupported"
+                if counts.get(verdict) != len(as_is_windows) or counts.get("failed", 0):
+                    wrong.append(f"{at}: hugify-run's verdict {counts}, not all {verdict}: {step['debug']}")
+    assert not wrong, "\n".join(wrong)
 
 
 def _debug_counts(lines: list[str], path: str) -> dict[str, int]:

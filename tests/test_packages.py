@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 from deb_support import (
+    EXEC,
     LIB,
     LINK,
     MANIFEST_DIR,
@@ -66,7 +67,7 @@ from deb_support import (
     toolchain_key,
 )
 from fixtures import cache_root
-from helpers import REPO, bits_differing, hugified, readelf_build_id
+from helpers import REPO, bits_differing, hugified, readelf_build_id, readelf_windows
 
 from hugify import manifest
 
@@ -320,10 +321,12 @@ cd "$W"
 if [ "$rc" = 0 ]; then
     echo "== apt-get install the built packages"
     "${clean[@]}" HUGIFY="$W/record-hugify" apt-get install -y --no-install-recommends \
-        "$W"/src/hugify-deb-test_*.deb "$W"/src/libhugdebtest1_*.deb > "$W/install-built.log" 2>&1
+        "$W"/src/hugify-deb-test_*.deb "$W"/src/libhugdebtest1_*.deb "$W"/src/hugify-deb-test-exec_*.deb \
+        > "$W/install-built.log" 2>&1
     "${clean[@]}" /usr/bin/hugify-deb-test > "$W/run.out" 2>&1 || true
+    "${clean[@]}" /usr/libexec/hugify-deb-exec > "$W/run-exec.out" 2>&1 || true
     "${clean[@]}" hugify status > "$W/hugify-status" 2>&1 || true
-    "${clean[@]}" apt-get purge -y hugify-deb-test libhugdebtest1 > "$W/purge-built.log" 2>&1
+    "${clean[@]}" apt-get purge -y hugify-deb-test libhugdebtest1 hugify-deb-test-exec > "$W/purge-built.log" 2>&1
 fi
 echo "== apt-get purge hugify"
 "${clean[@]}" apt-get purge -y hugify > "$W/purge.log" 2>&1
@@ -535,6 +538,7 @@ def test_installed_deb_provides_the_add_on_without_any_path_tricks(deb_session: 
     steps = [line.split()[0] for line in log.splitlines() if line.startswith("   dh_")]
     assert steps.index("dh_hugify") < steps.index("dh_dwz") < steps.index("dh_strip") < steps.index("dh_hugify_sign")
     assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in log
+    assert "hugify: hugify-deb-test-exec: 0 transformed, 1 as-is, 0 skipped, 0 failed" in log
 
 
 @slow
@@ -552,6 +556,12 @@ def test_package_built_with_the_installed_add_on_is_hugified(deb_session: Sessio
         assert entries["/" + f] == shipped
     assert not hugified(b.root / SMALL)
     assert os.stat(b.root / PROG).st_ino == os.stat(b.root / LINK).st_ino
+    # The non-PIE program is listed as-is and ships as the build without the add-on made it.
+    assert (b.root / EXEC).read_bytes() == (plain.root / EXEC).read_bytes()
+    exec_list = b.pkg("hugify-deb-test-exec") / MANIFEST_DIR / "hugify-deb-test-exec.list"
+    (entry,) = manifest.parse(exec_list.read_text())
+    assert (entry.path, entry.build_id) == ("/" + EXEC, build_id(b.root / EXEC))
+    assert [(entry.offset, entry.size)] == readelf_windows(b.root / EXEC, fixed=True)
 
 
 @slow
@@ -561,6 +571,8 @@ def test_dpkg_trigger_prefetches_the_installed_packages(deb_session: Session) ->
     assert "prefetch --quiet --all" in s.text("trigger-calls").splitlines()
     assert s.text("run.out").startswith("hugify-deb-test: "), s.text("run.out")
     assert "/usr/bin/hugify-deb-test" in s.text("hugify-status"), s.text("hugify-status")
+    assert s.text("run-exec.out").startswith("hugify-deb-exec: "), s.text("run-exec.out")
+    assert f"/{EXEC}" in s.text("hugify-status"), s.text("hugify-status")
 
 
 @slow

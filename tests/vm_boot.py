@@ -64,8 +64,9 @@ WANTED_MODULES = (
     "xfs",
     "btrfs",
 )
-#: The test package's binaries installed in the guest (its hugified program and library).
-GUEST_DEBS = ("libhugdebtest1", "hugify-deb-test")
+#: The test package's binaries installed in the guest (its hugified program and library,
+#: and its non-PIE program listed as-is).
+GUEST_DEBS = ("libhugdebtest1", "hugify-deb-test", "hugify-deb-test-exec")
 UNIT_NAME = "hugify-matrix.service"
 #: The kernel's command line besides the filesystem and THP mode (part of a boot's key).
 KERNEL_ARGS = "console=ttyS0 panic=-1 loglevel=5"

@@ -19,6 +19,8 @@ preloaded probe, tests/vm/probe.c):
                    (HUGIFY_ANONYMOUS=1: windows the filesystem cannot give huge are
                    copied into anonymous huge pages),
   each followed by `hugify status --json`;
+- the same for the non-PIE program listed as-is (as_is_ways: plain, prefetch,
+  hugify-run, audit), whose whole windows alone can be PMD-mapped;
 - pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
   the audit library, each series starting from the files cached in
   small folios (in the THP mode the guest booted with only);
@@ -51,6 +53,8 @@ PROBE_OUT = Path("/run/hugify-matrix-probe.jsonl")
 RESULTS_PORT = "/dev/ttyS1"
 PROG = "/usr/bin/hugify-deb-test"
 LIB = "/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"
+#: The non-PIE program (ET_EXEC) that dh_hugify listed as-is, without a rewrite.
+EXEC = "/usr/libexec/hugify-deb-exec"
 AUDIT_LIB = "/usr/lib/hugify/libhugify-audit.so"
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 STARTS = 20
@@ -110,7 +114,7 @@ def drop_caches() -> None:
 def read_plainly() -> None:
     """The files in small folios: read() in 64 KiB pieces after a drop."""
     drop_caches()
-    for path in (PROG, LIB):
+    for path in (PROG, LIB, EXEC):
         with open(path, "rb", buffering=0) as f:
             while f.read(65536):
                 pass
@@ -148,7 +152,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
                 anon["vmas"] += 1
                 anon["size"] += m["size"]
                 anon["pmd"] += m["pmd"]
-            elif m["path"] in (PROG, LIB):
+            elif m["path"] in (PROG, LIB, EXEC):
                 cur = maps.setdefault(m["path"], {"size": 0, "pmd": 0})
                 cur["size"] += m["size"]
                 cur["pmd"] += m["pmd"]
@@ -169,6 +173,23 @@ def ways() -> dict[str, list[dict[str, Any]]]:
         "audit": [{"run": [PROG], "env": audit}],
         "audit-dlopen": [{"run": [str(DLOPEN), LIB], "env": audit}],
         "anonymous": [{"run": [PROG], "env": {**audit, "HUGIFY_ANONYMOUS": "1", "HUGIFY_PERF_MAP": "0"}}],
+    }
+
+
+#: The ways of ways() that run the program, run again for the program listed as-is.
+AS_IS_WAYS = ("plain", "prefetch", "hugify-run", "audit")
+
+
+def as_is_ways() -> dict[str, list[dict[str, Any]]]:
+    """The ways named "as-is-" + each of AS_IS_WAYS: the same steps with the program
+    listed as-is in the place of the hugified one (it links no hugified library)."""
+    return {
+        f"as-is-{name}": [
+            {**step, "run": [EXEC if arg == PROG else arg for arg in step["run"]]} if "run" in step else step
+            for step in steps
+        ]
+        for name, steps in ways().items()
+        if name in AS_IS_WAYS
     }
 
 
@@ -394,7 +415,8 @@ def main() -> None:
             THP.write_text(mode + "\n")
             entry["service"] = rerun_prefetch_service()
         entry["cases"] = {
-            cache: {name: one_case(cache, steps) for name, steps in ways().items()} for cache in ("cold", "small")
+            cache: {name: one_case(cache, steps) for name, steps in {**ways(), **as_is_ways()}.items()}
+            for cache in ("cold", "small")
         }
         if mode == boot_mode:  # the I/O check does not depend on the THP mode: measured once per boot
             entry["pgpgin_kib"] = io_check()
