@@ -588,7 +588,11 @@ int hp_free_huge_blocks(struct hp_ctx *c) { return free_huge_blocks(c); }
 
 /* Maps the uncached window at `woff` the way the ELF loader maps code (PROT_EXEC, no
  * madvise), faults it, and checks whether the kernel made it one PMD by itself: 1 yes,
- * 0 no, -1 no answer (e.g. a noexec mount). */
+ * 0 no, -1 no answer (e.g. a noexec mount). It asks about the fault alone (PMD exec
+ * readahead), checked right after it: khugepaged's collapse of file-backed code (Linux
+ * 7.2 on, THP `always`) comes seconds later, only to processes that keep the window
+ * mapped, and is no reason to leave a cold window unread (docs/runtime.md, "What the
+ * kernel does by itself"). */
 static int probe_exec(struct hp_ctx *c, int fd, uint64_t woff)
 {
     uint64_t hp = c->hp;

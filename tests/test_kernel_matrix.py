@@ -20,7 +20,11 @@ sysfs), cold and with the files cached in small folios:
   under Debian 12's `perf record -e cpu-clock` the program's and the library's samples
   named by their functions, and gdb stopping and backtracing in the copies, both as
   with the mode off; with no free 2 MiB block (fragmented memory, provoked in the guest)
-  the program keeps its file mappings and says `fragmented` once per object.
+  the program keeps its file mappings and says `fragmented` once per object;
+- the kernel's own part (issue 20 item 5): the engine's verdict on PMD exec readahead
+  (windows left to the kernel, state `kernel`) is what a plain cold run gets, and
+  khugepaged makes a held program's code huge exactly where and when it collapses
+  file-backed code.
 The non-PIE program the test package ships as-is (not rewritten: only its whole
 windows can be PMD-mapped, not its whole executable mapping), run the same ways: where
 the filesystem gives large folios, exactly its whole windows (those of its manifest
@@ -52,6 +56,7 @@ from vm_matrix import (
     copy_lines,
     fully_huge,
     gives_large_folios,
+    khugepaged_collapses_code,
     resolve,
 )
 
@@ -382,6 +387,42 @@ def test_fragmented_memory_leaves_the_file_mapping_with_one_line(booted: BootRes
     assert f["thp_fault_fallback"] >= 1, f["thp_fault_fallback"]  # the kernel was asked, and had none
     assert f["restored"] == f["saved"] and f["hugetlb_pages_after"] == 0, f
     assert sum(n for zone, n in f["free_after"].items() if zone != "DMA") > 0, f["free_after"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_kernel_verdict_is_what_a_plain_cold_run_gets(booted: BootResult, mode: str) -> None:
+    """Issue 20 item 5. The engine leaves cold windows to the kernel (state `kernel`)
+    where its probe (recorded at boot) saw the kernel read a cold executable mapping as
+    one PMD at the first fault. That verdict must say what a plain first run from a cold
+    cache gets: all PMD-mapped with khugepaged collapsing nothing meanwhile (the fault's
+    own doing) if and only if "yes". A run made huge by a collapse is khugepaged's, which
+    works only on what stays mapped (test below): on 7.2 XFS the matrix once saw a plain
+    cold run huge that way, and "no" was right. Prefetch then follows the verdict."""
+    plain = case(booted.results, mode, "cold", "kernel")
+    first = plain["steps"][0]
+    verdict = plain["status"]["system"]["exec_pmd_readahead"]
+    by_the_fault = fully_huge(first) and first["collapsed"] == 0
+    assert verdict is by_the_fault, (where(booted, mode, "cold", "kernel"), verdict, maps_text(first), first)
+    if supported(booted):
+        report = case(booted.results, mode, "cold", "prefetch")["steps"][0]["prefetch"]
+        states = {w["state"] for f in report["files"] if f["path"] in (PROG, LIB) for w in f["windows"]}
+        assert states == ({"kernel"} if verdict else {"loaded"}), (where(booted, mode, "cold", "prefetch"), report)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_khugepaged_makes_held_code_huge_only_where_it_collapses_files(booted: BootResult, mode: str) -> None:
+    """What the kernel does by itself, later: a plain run that keeps its code mapped for
+    a few khugepaged passes gets it all PMD-mapped with THP `always` on the kernels whose
+    khugepaged collapses file-backed code (vm_matrix.KHUGEPAGED_TEXT_SINCE, on a
+    filesystem with large folios), and never with `madvise` or elsewhere."""
+    step = case(booted.results, mode, "cold", "held")["steps"][0]
+    expected = mode == "always" and khugepaged_collapses_code(booted.kernel, booted.fs)
+    assert step["rc"] == 0, step["stderr"][-2000:]
+    assert set(step["maps"]) == {PROG, LIB}, step["maps"]
+    at = where(booted, mode, "cold", "held")
+    assert fully_huge(step) is expected, (at, maps_text(step), step["collapsed"])
+    if expected:
+        assert step["collapsed"] >= 2, (at, step["collapsed"])  # the program's window and the library's
 
 
 # --- bad input: each fails with its reason -------------------------------------------------------

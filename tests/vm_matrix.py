@@ -22,6 +22,13 @@ SUBSET = (("trixie", "ext4"), ("trixie", "xfs"), ("newest", "ext4"))
 #: Debian's kernels do not set (None: never, for these kernels).
 LARGE_FOLIOS_SINCE: dict[str, tuple[int, int] | None] = {"xfs": (5, 18), "ext4": (6, 16), "btrfs": None}
 
+#: The first of the matrix's kernels whose khugepaged collapses the code of a running
+#: program on such a filesystem into 2 MiB folios (THP `always`, or a MADV_HUGEPAGE
+#: mapping): seen on 7.2 and 7.3, which no longer have CONFIG_READ_ONLY_THP_FOR_FS, the
+#: option that gated it (off in Debian's 6.1 and 6.12: no collapse there). Releases
+#: between 6.12 and 7.2 were not booted.
+KHUGEPAGED_TEXT_SINCE = (7, 2)
+
 #: The ways a process can get the code huge, in the order the table names them.
 WAYS = ("kernel", "prefetch", "hugify-run", "audit", "audit-dlopen")
 CACHES = ("cold", "small")
@@ -38,10 +45,20 @@ def resolve(suite: str) -> Kernel:
     return kernel(suite)
 
 
+def _version(k: Kernel) -> tuple[int, int]:
+    major, minor = (int(x) for x in k.short.split("."))
+    return major, minor
+
+
 def gives_large_folios(k: Kernel, fs: str) -> bool:
     since = LARGE_FOLIOS_SINCE[fs]
-    major, minor = (int(x) for x in k.short.split("."))
-    return since is not None and (major, minor) >= since
+    return since is not None and _version(k) >= since
+
+
+def khugepaged_collapses_code(k: Kernel, fs: str) -> bool:
+    """Whether khugepaged makes the code of a program that stays mapped long enough 2 MiB
+    folios by itself on `fs` (in THP `always`)."""
+    return gives_large_folios(k, fs) and _version(k) >= KHUGEPAGED_TEXT_SINCE
 
 
 def fully_huge(step: dict[str, Any]) -> bool:

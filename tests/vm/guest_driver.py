@@ -18,7 +18,10 @@ preloaded probe, tests/vm/probe.c):
     anonymous      through the audit library in the opt-in anonymous-copy mode
                    (HUGIFY_ANONYMOUS=1: windows the filesystem cannot give huge are
                    copied into anonymous huge pages),
-  each followed by `hugify status --json`;
+    held           (cold only) the program run plainly, its code held mapped for HOLD
+                   seconds before the probe reads smaps: what khugepaged makes of it;
+  each followed by `hugify status --json`; each run records how many pages khugepaged
+  collapsed meanwhile (its pages_collapsed counter, any process's);
 - the same for the non-PIE program listed as-is (as_is_ways: plain, prefetch,
   hugify-run, audit), whose whole windows alone can be PMD-mapped;
 - pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
@@ -79,6 +82,11 @@ FRAGMENT_SETTINGS = {
 #: Free memory left out of the fragmenting allocation (its free 2 MiB blocks become
 #: hugetlb pages), so that the system never runs short while the blocks are held.
 FRAGMENT_MARGIN = 128 << 20
+#: khugepaged's counter of collapsed huge pages (file and anonymous, every process's).
+COLLAPSED = Path("/sys/kernel/mm/transparent_hugepage/khugepaged/pages_collapsed")
+#: Seconds the "held" run keeps its code mapped: khugepaged wakes every 10 s
+#: (scan_sleep_millisecs) and collapsed a held window within 25 s on 7.2 and 7.3.
+HOLD = 30
 
 
 def run(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> dict[str, Any]:
@@ -142,6 +150,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Runs argv with the probe preloaded: its result and the smaps report of every
     process that exited (path -> size, FilePmdMapped of its executable mappings)."""
     PROBE_OUT.unlink(missing_ok=True)
+    collapsed = int(COLLAPSED.read_text())
     res = run(*argv, env={"LD_PRELOAD": str(PROBE), "HUGIFY_PROBE_OUT": str(PROBE_OUT), **(env or {})})
     reports = [json.loads(line) for line in PROBE_OUT.read_text().splitlines()] if PROBE_OUT.exists() else []
     maps: dict[str, dict[str, int]] = {}
@@ -157,6 +166,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
                 cur["size"] += m["size"]
                 cur["pmd"] += m["pmd"]
     res["maps"] = maps
+    res["collapsed"] = int(COLLAPSED.read_text()) - collapsed
     res["anon_exec"] = anon
     res["debug"] = [line for line in str(res["stderr"]).splitlines() if "hugify" in line]
     return res
@@ -418,6 +428,7 @@ def main() -> None:
             cache: {name: one_case(cache, steps) for name, steps in {**ways(), **as_is_ways()}.items()}
             for cache in ("cold", "small")
         }
+        entry["cases"]["cold"]["held"] = one_case("cold", [{"run": [PROG], "env": {"HUGIFY_PROBE_HOLD": str(HOLD)}}])
         if mode == boot_mode:  # the I/O check does not depend on the THP mode: measured once per boot
             entry["pgpgin_kib"] = io_check()
             results["anonymous_checks"] = anonymous_checks()

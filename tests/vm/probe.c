@@ -4,7 +4,9 @@
  * it), then appends one JSON line to $HUGIFY_PROBE_OUT with the size and FilePmdMapped
  * of each executable file mapping, and the size and AnonHugePages of each executable
  * anonymous one (the runtime's anonymous copies; path "" or "[anon:...]"), read from
- * the process's own /proc/self/smaps. */
+ * the process's own /proc/self/smaps. With HUGIFY_PROBE_HOLD=N it first sleeps N seconds
+ * with the mappings in place, as a long-running program would hold them: long enough for
+ * khugepaged's passes (every scan_sleep_millisecs, 10 s by default) to reach it. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +31,11 @@ static void touch_code(void) {
 
 __attribute__((destructor)) static void report(void) {
     const char *out = getenv("HUGIFY_PROBE_OUT");
+    const char *hold = getenv("HUGIFY_PROBE_HOLD");
     if (!out)
         return;
+    if (hold)
+        sleep((unsigned)atoi(hold));
     touch_code();
     FILE *s = fopen("/proc/self/smaps", "r");
     FILE *o = fopen(out, "a");
