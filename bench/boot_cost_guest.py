@@ -7,15 +7,15 @@ document to the second serial port between the kernel matrix's markers
 What it records:
 - the boot: systemd-analyze's total, the manager's timestamps, hugify-prefetch.service's
   start and exit (monotonic), result, and the bytes its cgroup read (systemd's
-  IO_METRIC_READ_BYTES of the unit's "Consumed" journal entry: IOAccounting is on for
-  every unit in this image), when basic.target (which waits for it) was reached, the
+  io.stat of the unit's cgroup, printed by ExecStopPost: IOAccounting is on for
+  the service in this image), when basic.target (which waits for it) was reached, the
   page cache the hugified files hold (mincore) and `hugify status --json`;
 - then ROUNDS rounds, each case once per round in a shuffled order, each from dropped
   caches and an empty /run/hugify (so that the run is the boot's first, as at boot):
   `cat` of the hugified files (the peer), and the service started again by systemctl
   with /etc/hugify/policy.toml's [runtime] boot_budget set to each of BUDGETS; per run
   its time (the unit's ExecMain timestamps; cat's wall time), bytes read (the unit's
-  IO_METRIC_READ_BYTES; for both, the disk's sectors read in /sys/block/vda/stat), the
+  cgroup; for both, the disk's sectors read in /sys/block/vda/stat), the
   page cache the files hold afterwards (mincore) and the windows `hugify status` finds
   huge.
 
@@ -119,19 +119,33 @@ def show(unit: str, props: str) -> dict[str, str]:
 
 
 def manager_times() -> dict[str, str]:
-    return show("", "KernelTimestampMonotonic,UserspaceTimestampMonotonic,FinishTimestampMonotonic")
+    props = "KernelTimestampMonotonic,UserspaceTimestampMonotonic,FinishTimestampMonotonic"
+    out = run("systemctl", "show", "-p", props)
+    return dict(line.split("=", 1) for line in str(out["stdout"]).splitlines() if "=" in line)
+
+
+def io_accounting() -> dict[str, str]:
+    """Why a unit's read bytes are (not) known: the controllers and systemd's settings."""
+    cg = Path("/sys/fs/cgroup")
+    out = {
+        name: (cg / name).read_text().strip() if (cg / name).exists() else "-"
+        for name in ("cgroup.controllers", "cgroup.subtree_control", "system.slice/cgroup.subtree_control")
+    }
+    out["unit"] = str(run("systemctl", "show", "-p", "IOAccounting,IOReadBytes", SERVICE)["stdout"]).strip()
+    out["manager"] = str(run("systemctl", "show", "-p", "DefaultIOAccounting")["stdout"]).strip()
+    return out
 
 
 def unit_read_bytes(invocation: str) -> int | None:
-    """IO_METRIC_READ_BYTES of the manager's "Consumed …" entry for this run of the
-    service (logged when the run ended), or None if there is none."""
-    for _ in range(10):  # journald may not have stored it yet when systemctl returns
-        out = run("journalctl", "-b", "--no-pager", "-o", "json", f"UNIT={SERVICE}")
-        for line in str(out["stdout"]).splitlines():
-            entry = json.loads(line)
-            if entry.get("INVOCATION_ID") == invocation and "IO_METRIC_READ_BYTES" in entry:
-                return int(entry["IO_METRIC_READ_BYTES"])
-        time.sleep(1)
+    """rbytes of the service's cgroup for this run: its io.stat, which the image's
+    drop-in prints to the journal from ExecStopPost (systemd 252 removes the cgroup
+    before it logs the run's resources, so its "Consumed" entry has no bytes)."""
+    for _ in range(25 if invocation else 0):  # journald may not have stored it yet
+        out = run("journalctl", "-b", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}")
+        lines = [line for line in str(out["stdout"]).splitlines() if "rbytes=" in line]
+        if lines:
+            return sum(int(f.split("=")[1]) for line in lines for f in line.split() if f.startswith("rbytes="))
+        time.sleep(0.2)
     return None
 
 
@@ -221,6 +235,7 @@ def main() -> None:
             "disk_read_bytes": disk_read_bytes(),
             "windows": windows(boot_status),
             "system": boot_status.get("system") if isinstance(boot_status, dict) else None,
+            "io_accounting": io_accounting(),
         },
         "system_state": run("systemctl", "is-system-running")["stdout"].strip(),
         "failed_units": run("systemctl", "list-units", "--failed", "--plain", "--no-legend")["stdout"],

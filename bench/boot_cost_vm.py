@@ -24,6 +24,7 @@ usage: bench/boot_cost_vm.py [--only SUITE:FS ...] [--rounds N]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -32,16 +33,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from benchlib import REPO  # first: runs this benchmark with the project's .venv
 
 sys.path.insert(0, str(REPO / "tests"))
+from boot_cost_guest import UNBOUNDED, UNBOUNDED_BYTES
 from boot_prefetch import CORPUS, hugified_tree, parse_size
 from deb_support import cached_dir, files_key, hugify_inputs
 from fixtures import cache_root, drop_stale, locked
-from vm_boot import ACCEL, MEMORY_MIB, UNIT_NAME, RootExtra, VmError, boot
+from vm_boot import ACCEL, MEMORY_MIB, UNIT_NAME, RootExtra, VmError, boot, guest_inputs, root_image
 from vm_kernels import KernelUnavailable
 from vm_matrix import resolve
 
@@ -66,10 +69,43 @@ FailureAction=poweroff
 [Install]
 WantedBy=multi-user.target
 """
+#: Writes the boot budget named on the kernel command line (hugify.boot_budget=BYTES,
+#: -1: no bound) into /etc/hugify/policy.toml before the service's run at boot, so that
+#: boots of one image can differ in it; without the argument its unit does not run.
+BOOT_POLICY_SH = r"""for a in $(cat /proc/cmdline); do
+    case $a in hugify.boot_budget=*)
+        b=${a#*=}
+        [ "$b" = -1 ] && b=NO_BOUND
+        mkdir -p /etc/hugify
+        printf '[runtime]\nboot_budget = %%s\n' "$b" > /etc/hugify/policy.toml ;;
+    esac
+done
+""".replace("NO_BOUND", str(UNBOUNDED_BYTES))
+BOOT_POLICY_UNIT = """[Unit]
+Description=hugify boot cost: the boot budget of the kernel command line
+DefaultDependencies=no
+After=local-fs.target
+Before=hugify-prefetch.service
+ConditionKernelCommandLine=hugify.boot_budget
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh /hugify-boot-cost/boot-policy.sh
+
+[Install]
+WantedBy=sysinit.target
+"""
+#: The bytes the service's cgroup read, printed to the journal after its run (while the
+#: cgroup exists: systemd 252 logs a run's resources after removing it, without them).
+#: Adds a `cat` after the run, before the unit's job ends (its own reads, about 40 KiB,
+#: count too).
+IO_DROPIN = """[Service]
+IOAccounting=yes
+ExecStopPost=-/bin/cat /sys/fs/cgroup/system.slice/hugify-prefetch.service/io.stat
+"""
 #: The corpus's whole files (410 MiB) and the matrix's root do not fit the matrix's 3 GiB.
 IMAGE_SIZE = "5G"
 DEFAULT_PAIRS = ("trixie:xfs", "newest:ext4", "trixie:ext4")
-UNBOUNDED = -1
 #: Part of the payload's key: bump it when payload() changes what it makes.
 PAYLOAD_RECIPE = "2"
 
@@ -147,15 +183,20 @@ def root_extra(rounds: int, budgets: list[int]) -> RootExtra:
         (units / "multi-user.target.wants" / UNIT_NAME).unlink()  # not the matrix's driver
         (units / UNIT).write_text(UNIT_TEXT)
         (units / "multi-user.target.wants" / UNIT).symlink_to(f"../{UNIT}")
+        (root / "hugify-boot-cost" / "boot-policy.sh").write_text(BOOT_POLICY_SH)
+        (units / "hugify-boot-cost-policy.service").write_text(BOOT_POLICY_UNIT)
+        (units / "sysinit.target.wants").mkdir(exist_ok=True)
+        (units / "sysinit.target.wants" / "hugify-boot-cost-policy.service").symlink_to(
+            "../hugify-boot-cost-policy.service"
+        )
+        dropin = units / "hugify-prefetch.service.d"
+        dropin.mkdir()
+        (dropin / "io.conf").write_text(IO_DROPIN)
         # The timer's first run (15 minutes after boot) would land in the driver's rounds.
         (units / "hugify-prefetch.timer").symlink_to("/dev/null")
-        conf = root / "etc" / "systemd" / "system.conf.d"
-        conf.mkdir(parents=True, exist_ok=True)
-        # The bytes each unit's cgroup reads, logged when it stops (IO_METRIC_READ_BYTES).
-        (conf / "hugify-boot-cost.conf").write_text("[Manager]\nDefaultIOAccounting=yes\n")
         (root / "etc" / "hostname").write_text("hugify-boot-cost\n")
 
-    key = files_key([("driver", GUEST_DRIVER)], files.name, UNIT_TEXT)
+    key = files_key([("driver", GUEST_DRIVER)], files.name, UNIT_TEXT, BOOT_POLICY_SH, BOOT_POLICY_UNIT, IO_DROPIN)
     args = f"hugify.rounds={rounds} hugify.budgets={','.join(map(str, budgets))}"
     return RootExtra("bootcost", key, stage, IMAGE_SIZE, args)
 
@@ -172,36 +213,37 @@ def mib(n: float | None) -> float | None:
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
-    """Medians over the rounds per case, and the service's time over cat's per round."""
+    """The boot's figures; per case, medians over the rounds and the service's time over
+    cat's of the same round (median and range)."""
     boot_run = results["boot"]
     manager = boot_run["manager"]
-    userspace = int(manager["UserspaceTimestampMonotonic"])
+    userspace = int(manager["UserspaceTimestampMonotonic"]) / 1e6
+    service = boot_run["service"]
     out: dict[str, Any] = {
         "uname": results["uname"],
         "root_fs": results["root_fs"],
         "files": results["files"],
         "file_mib": mib(results["file_bytes"]),
         "boot": {
-            "service_s": boot_run["service"]["seconds"],
-            "service_start_after_userspace_s": round(boot_run["service"]["start_s"] - userspace / 1e6, 2),
-            "service_read_mib": mib(boot_run["service"]["read_bytes"]),
+            "service_s": service["seconds"],
+            "service_start_after_userspace_s": round(service["start_s"] - userspace, 2) if service["seconds"] else None,
+            "service_read_mib": mib(service["read_bytes"]),
             "cache_mib": mib(boot_run["cached_bytes"]),
             "windows": boot_run["windows"],
-            "basic_target_after_userspace_s": round(boot_run["basic_target_s"] - userspace / 1e6, 2),
-            "userspace_s": round((int(manager["FinishTimestampMonotonic"]) - userspace) / 1e6, 2),
+            "basic_target_after_userspace_s": round(boot_run["basic_target_s"] - userspace, 2),
+            "userspace_s": round(int(manager["FinishTimestampMonotonic"]) / 1e6 - userspace, 2),
             "analyze": boot_run["analyze"],
-            "result": boot_run["service"]["props"].get("Result"),
+            "result": service["props"].get("Result"),
         },
         "cases": {},
     }
     rounds = results["rounds"]
-    for name in rounds[0]:
+    for name in rounds[0] if rounds else []:
         runs = [r[name] for r in rounds]
-        secs = [r["seconds"] for r in runs]
         ratios = sorted(r[name]["seconds"] / r["cat"]["seconds"] for r in rounds)
         unit_read = [r["read_bytes"] for r in runs if r.get("read_bytes") is not None]
         out["cases"][case_name(name)] = {
-            "seconds": round(statistics.median(secs), 2),
+            "seconds": round(statistics.median(r["seconds"] for r in runs), 2),
             "over_cat": round(statistics.median(ratios), 2),
             "over_cat_range": [round(ratios[0], 2), round(ratios[-1], 2)],
             "unit_read_mib": mib(statistics.median(unit_read)) if unit_read else None,
@@ -217,14 +259,17 @@ def huge_of(windows: dict[str, int]) -> str:
     return f"{windows.get('huge', 0)}/{total}" if total else "-"
 
 
-def print_row(label: str, s: dict[str, Any]) -> None:
-    b = s["boot"]
-    print(
-        f"\n{label}: {s['files']} files ({s['file_mib']} MiB); at boot the service took {b['service_s']} s "
-        f"({b['result']}), read {b['service_read_mib']} MiB, left {b['cache_mib']} MiB of the files cached, "
+def boot_line(b: dict[str, Any]) -> str:
+    service = "masked" if b["service_s"] is None else f"{b['service_s']:.2f} s ({b['result']})"
+    return (
+        f"service {service}, read {b['service_read_mib']} MiB, left {b['cache_mib']} MiB of the files cached, "
         f"{huge_of(b['windows'])} windows huge; basic.target {b['basic_target_after_userspace_s']} s and "
         f"the boot {b['userspace_s']} s after userspace started"
     )
+
+
+def print_row(label: str, s: dict[str, Any]) -> None:
+    print(f"\n{label}: {s['files']} files ({s['file_mib']} MiB); at boot: {boot_line(s['boot'])}")
     print(f"  {'case':<16} {'s':>7} {'/cat':>6} {'range':>13} {'unit MiB':>9} {'disk MiB':>9} {'cache MiB':>10} huge")
     for name, c in s["cases"].items():
         lo, hi = c["over_cat_range"]
@@ -235,11 +280,29 @@ def print_row(label: str, s: dict[str, Any]) -> None:
         )
 
 
+def variant_args(variant: str) -> str:
+    """The kernel's command line for a boot-only variant: the shipped policy (default),
+    the service masked, or another boot budget (a size, or none)."""
+    if variant == "default":
+        return ""
+    if variant == "masked":
+        return "systemd.mask=hugify-prefetch.service"
+    return f"hugify.boot_budget={UNBOUNDED if variant == 'none' else parse_size(variant)}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=list(DEFAULT_PAIRS), help="SUITE:FS pairs (suite or newest)")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--budgets", default="0,64M,256M,512M,none")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budgets", default="0,64M,128M,512M,none")
+    ap.add_argument(
+        "--boot-variants",
+        default="",
+        help="boots without rounds on the first pair, e.g. default,masked,0,none: the boot's own time "
+        "with the shipped policy, without the service, with another boot budget",
+    )
+    ap.add_argument("--repeats", type=int, default=2, help="boots per variant")
+    ap.add_argument("--parallel", type=int, default=1, help="guests at once")
     ap.add_argument("--thp", default="madvise", help="the THP mode booted (Debian's kernels default to madvise)")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "boot_cost_vm.json")
     args = ap.parse_args()
@@ -247,20 +310,46 @@ def main() -> int:
         raise SystemExit("root needed: loop devices and chroot make the images")
     budgets = [UNBOUNDED if b == "none" else parse_size(b) for b in args.budgets.split(",")]
     extra = root_extra(args.rounds, budgets)
-    rows, errors = [], []
+    jobs: list[tuple[str, str, str, RootExtra]] = []
     for pair in args.only:
         suite, fs = pair.split(":", 1)
+        jobs.append((suite, fs, "", extra))
+    for variant in filter(None, args.boot_variants.split(",")):
+        suite, fs = args.only[0].split(":", 1)
+        for i in range(args.repeats):
+            more = f"hugify.rounds=0 {variant_args(variant)} hugify.repeat={i}"
+            jobs.append((suite, fs, variant, dataclasses.replace(extra, kernel_args=more)))
+    # Every image first (one at a time: they share a lock), then the guests.
+    for fs in dict.fromkeys(j[1] for j in jobs):
+        root_image(fs, guest_inputs(), extra)
+
+    def one(job: tuple[str, str, str, RootExtra]) -> dict[str, Any]:
+        suite, fs, variant, x = job
         try:
-            b = boot(resolve(suite), fs, args.thp, extra)
+            b = boot(resolve(suite), fs, args.thp, x)
         except (KernelUnavailable, VmError) as e:
-            errors.append({"suite": suite, "fs": fs, "error": str(e)})
-            print(f"{suite} on {fs}: {e}", file=sys.stderr)
-            continue
-        s = summary(b.results)
-        row = {"kernel": b.kernel.label, "package": f"{b.kernel.package} {b.kernel.version}", "fs": fs} | s
-        row |= {"qemu_seconds": b.seconds, "guest_results": str(b.dir / "results.json")}
-        rows.append(row)
-        print_row(f"{b.kernel.label} on {fs}", s)
+            print(f"{suite} on {fs} {variant}: {e}", file=sys.stderr)
+            return {"suite": suite, "fs": fs, "variant": variant, "error": str(e)}
+        row = {"kernel": b.kernel.label, "package": f"{b.kernel.package} {b.kernel.version}", "fs": fs}
+        return (
+            row
+            | {"variant": variant or "rounds", "kernel_args": x.kernel_args, "qemu_seconds": b.seconds}
+            | {"guest_results": str(b.dir / "results.json")}
+            | summary(b.results)
+        )
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        done = list(pool.map(one, jobs))
+    rows = [r for r in done if "error" not in r]
+    errors = [r for r in done if "error" in r]
+    for r in rows:
+        if r["variant"] == "rounds":
+            print_row(f"{r['kernel']} on {r['fs']}", r)
+    variants = [r for r in rows if r["variant"] != "rounds"]
+    if variants:
+        print("\nboots without rounds:")
+    for r in variants:
+        print(f"  {r['kernel']} on {r['fs']}, {r['variant']:<8} {r['kernel_args'].split()[-1]}: {boot_line(r['boot'])}")
     doc = {
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["bench/boot_cost_vm.py", *sys.argv[1:]]),
