@@ -77,7 +77,7 @@ BOOT_POLICY_SH = r"""for a in $(cat /proc/cmdline); do
         b=${a#*=}
         [ "$b" = -1 ] && b=NO_BOUND
         mkdir -p /etc/hugify
-        printf '[runtime]\nboot_budget = %%s\n' "$b" > /etc/hugify/policy.toml ;;
+        printf '[runtime]\nboot_budget = %s\n' "$b" > /etc/hugify/policy.toml ;;
     esac
 done
 """.replace("NO_BOUND", str(UNBOUNDED_BYTES))
@@ -197,7 +197,9 @@ def root_extra(rounds: int, budgets: list[int]) -> RootExtra:
         (root / "etc" / "hostname").write_text("hugify-boot-cost\n")
 
     key = files_key([("driver", GUEST_DRIVER)], files.name, UNIT_TEXT, BOOT_POLICY_SH, BOOT_POLICY_UNIT, IO_DROPIN)
-    args = f"hugify.rounds={rounds} hugify.budgets={','.join(map(str, budgets))}"
+    # no_timer_check: under TCG on a busy host the kernel's IO-APIC timer check can fail
+    # and panic ("IO-APIC + timer doesn't work!"); the check proves nothing here.
+    args = f"no_timer_check hugify.rounds={rounds} hugify.budgets={','.join(map(str, budgets))}"
     return RootExtra("bootcost", key, stage, IMAGE_SIZE, args)
 
 
@@ -238,7 +240,10 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         "cases": {},
     }
     rounds = results["rounds"]
-    for name in rounds[0] if rounds else []:
+    # cat, then the budgets from the smallest, no bound last
+    for name in sorted(
+        rounds[0] if rounds else [], key=lambda n: -2 if n == "cat" else 1 << 60 if n == "-1" else int(n)
+    ):
         runs = [r[name] for r in rounds]
         ratios = sorted(r[name]["seconds"] / r["cat"]["seconds"] for r in rounds)
         unit_read = [r["read_bytes"] for r in runs if r.get("read_bytes") is not None]
@@ -317,17 +322,23 @@ def main() -> int:
     for variant in filter(None, args.boot_variants.split(",")):
         suite, fs = args.only[0].split(":", 1)
         for i in range(args.repeats):
-            more = f"hugify.rounds=0 {variant_args(variant)} hugify.repeat={i}"
+            more = f"no_timer_check hugify.rounds=0 {variant_args(variant)} hugify.repeat={i}"
             jobs.append((suite, fs, variant, dataclasses.replace(extra, kernel_args=more)))
-    # Every image first (one at a time: they share a lock), then the guests.
-    for fs in dict.fromkeys(j[1] for j in jobs):
+    # Every kernel and image first, once (kernels and images each share a lock), then the guests.
+    kernels = {}
+    for suite, fs, _, _ in jobs:
+        if suite not in kernels:
+            try:
+                kernels[suite] = resolve(suite)
+            except KernelUnavailable as e:
+                raise SystemExit(f"{suite}: {e}") from None
         root_image(fs, guest_inputs(), extra)
 
     def one(job: tuple[str, str, str, RootExtra]) -> dict[str, Any]:
         suite, fs, variant, x = job
         try:
-            b = boot(resolve(suite), fs, args.thp, x)
-        except (KernelUnavailable, VmError) as e:
+            b = boot(kernels[suite], fs, args.thp, x)
+        except VmError as e:
             print(f"{suite} on {fs} {variant}: {e}", file=sys.stderr)
             return {"suite": suite, "fs": fs, "variant": variant, "error": str(e)}
         row = {"kernel": b.kernel.label, "package": f"{b.kernel.package} {b.kernel.version}", "fs": fs}
