@@ -50,8 +50,9 @@ def hugify(*args: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def hugified_tree(work: Path) -> list[Path]:
-    """A copy of the test corpus's unpacked packages, transformed by `hugify tree`."""
+def hugified_tree(work: Path, manifest: Path | None = None) -> list[Path]:
+    """A copy of the test corpus's unpacked packages (work/root), transformed by `hugify
+    tree` (and its manifest written to `manifest`); the transformed files."""
     roots = sorted((cache_root() / CORPUS).glob("root-*"))
     if not roots:
         raise SystemExit(f"no corpus under {cache_root() / CORPUS}: run tests/test_debian_corpus.py once")
@@ -60,7 +61,8 @@ def hugified_tree(work: Path) -> list[Path]:
     policy = work / "policy.toml"
     policy.write_text("refuse_stripped = false\n")
     report = work / "report.json"
-    res = hugify("tree", "--policy", policy, "--report", report, root)
+    more = ["--manifest", manifest] if manifest else []
+    res = hugify("tree", "--policy", policy, "--report", report, *more, root)
     if res.returncode not in (0, 1):
         raise SystemExit(f"hugify tree failed:\n{res.stdout}{res.stderr}")
     files = json.loads(report.read_text())["files"]

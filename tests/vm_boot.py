@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,9 +296,25 @@ def _staged_root(g: GuestInputs, dest: Path) -> None:
 MKFS = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"], "btrfs": ["mkfs.btrfs", "-q", "-f"]}
 
 
-def root_image(fs: str, g: GuestInputs) -> Path:
+@dataclass(frozen=True)
+class RootExtra:
+    """What a root image holds beyond the matrix's (bench/boot_cost_vm.py): the name of
+    its cache entries, the key of what it adds, the function that adds it to the staged
+    root (after the matrix's files, so it may replace the driver's unit), the image size
+    and more of the kernel's command line for its boots."""
+
+    name: str
+    key: str
+    stage: Callable[[Path], None]
+    size: str = IMAGE_SIZE
+    kernel_args: str = ""
+
+
+def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
     """The guest root on a `fs` filesystem image (raw), cached by its inputs."""
-    final = cached_dir("kernel-matrix", f"root-{fs}", files_key([], g.key, fs, tool_versions(*VM_TOOLS)))
+    more = (extra.name, extra.key, extra.size) if extra else ()  # the matrix's key stays as it was
+    name = f"root-{extra.name}-{fs}" if extra else f"root-{fs}"
+    final = cached_dir("kernel-matrix", name, files_key([], g.key, fs, tool_versions(*VM_TOOLS), *more))
     image = final / "root.img"
     if image.exists():
         return image
@@ -308,12 +324,14 @@ def root_image(fs: str, g: GuestInputs) -> Path:
         work = final.with_name(final.name + ".tmp")
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        _run(["truncate", "-s", IMAGE_SIZE, str(work / "root.img")])
+        _run(["truncate", "-s", extra.size if extra else IMAGE_SIZE, str(work / "root.img")])
         _run([*MKFS[fs], str(work / "root.img")])
         with tempfile.TemporaryDirectory(prefix="hugify-matrix-root-", dir=cache_root() / "kernel-matrix") as tmp:
             staged = Path(tmp) / "root"
             staged.mkdir()
             _staged_root(g, staged)
+            if extra:
+                extra.stage(staged)
             with _loop_mounted(work / "root.img") as mnt:
                 _run(["cp", "-a", f"{staged}/.", str(mnt)])
         work.rename(final)
@@ -387,21 +405,25 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.replace("\r", "").splitlines()[-lines:])
 
 
-def boot(k: Kernel, fs: str, thp: str = "always") -> BootResult:
-    """Boots `k` on the `fs` root once per inputs; raises VmError with the reason (and the
-    console's last lines) when the guest cannot start, panics or does not finish in time."""
+def boot(k: Kernel, fs: str, thp: str = "always", extra: RootExtra | None = None) -> BootResult:
+    """Boots `k` on the `fs` root (the matrix's, or one with `extra` on it) once per
+    inputs; raises VmError with the reason (and the console's last lines) when the
+    guest cannot start, panics or does not finish in time."""
     g = guest_inputs()
     initrd = initramfs(k)
-    image = root_image(fs, g)
+    image = root_image(fs, g, extra)
     qemu = tool_versions("qemu-system-x86")
+    more = (extra.name, extra.key, extra.size, extra.kernel_args) if extra else ()
     key = files_key(
-        [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS
+        [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS, *more
     )
-    final = cached_dir("kernel-matrix", f"boot-{k.release}-{fs}-{thp}", key)
+    name = f"boot-{extra.name}-{k.release}-{fs}-{thp}" if extra else f"boot-{k.release}-{fs}-{thp}"
+    final = cached_dir("kernel-matrix", name, key)
     # Both of the suite's workers may ask for the same boot: one boots, the other waits.
-    with locked(cache_root() / "kernel-matrix" / f"boot-{k.release}-{fs}-{thp}.lock"):
+    with locked(cache_root() / "kernel-matrix" / f"{name}.lock"):
         if not (final / "results.json").exists():
-            boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final)
+            args = extra.kernel_args if extra else ""
+            boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final, extra=args)
     meta = json.loads((final / "meta.json").read_text())
     return BootResult(k, fs, final, json.loads((final / "results.json").read_text()), meta["seconds"])
 
