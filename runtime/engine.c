@@ -119,9 +119,13 @@ EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, 
         char *w = base + 2 * (uint64_t)i * hp;
         if (mmap(w, hp, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, (off_t)offs[i]) == MAP_FAILED)
             rc = -errno;
-        else if (!measure) {
-            /* MADV_HUGEPAGE: a fault reads a whole PMD folio; MADV_RANDOM: just that one. */
-            madvise(w, hp, MADV_HUGEPAGE);
+        else {
+            /* MADV_HUGEPAGE: a fault reads a whole PMD folio; MADV_RANDOM: just that one.
+             * Measuring faults only wholly cached windows, yet without MADV_RANDOM a fault
+             * on a page marked for readahead would start the kernel's async readahead
+             * past the window: `hugify status` would read code in. */
+            if (!measure)
+                madvise(w, hp, MADV_HUGEPAGE);
             madvise(w, hp, MADV_RANDOM);
         }
     }
