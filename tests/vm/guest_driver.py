@@ -10,7 +10,7 @@ preloaded probe, tests/vm/probe.c):
   and for two page-cache states — "cold" (caches dropped) and "small" (the files read
   plainly with read(), so the cache holds them in small folios) — the hugified program
   (which links the hugified library) run:
-    plain          the kernel alone (and a second plain run: the kernel's own readahead),
+    plain          the kernel alone, twice (the second finds the first one's page cache),
     prefetch       after `hugify prefetch --all --json`, then plainly,
     hugify-run     through hugify-run with HUGIFY_DEBUG=1,
     audit          through the audit library (LD_AUDIT), and the library loaded with
@@ -19,7 +19,8 @@ preloaded probe, tests/vm/probe.c):
                    (HUGIFY_ANONYMOUS=1: windows the filesystem cannot give huge are
                    copied into anonymous huge pages),
     held           (cold only) the program run plainly, its code held mapped for HOLD
-                   seconds before the probe reads smaps: what khugepaged makes of it;
+                   seconds before the probe reads smaps, khugepaged scanning every
+                   100 ms meanwhile: what khugepaged makes of it;
   each followed by `hugify status --json`; each run records how many pages khugepaged
   collapsed meanwhile (its pages_collapsed counter, any process's);
 - the same for the non-PIE program listed as-is (as_is_ways: plain, prefetch,
@@ -40,12 +41,14 @@ them quickly by hand; the suite runs everything).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +87,16 @@ FRAGMENT_SETTINGS = {
 FRAGMENT_MARGIN = 128 << 20
 #: khugepaged's counter of collapsed huge pages (file and anonymous, every process's).
 COLLAPSED = Path("/sys/kernel/mm/transparent_hugepage/khugepaged/pages_collapsed")
-#: Seconds the "held" run keeps its code mapped: khugepaged wakes every 10 s
-#: (scan_sleep_millisecs) and collapsed a held window within 25 s on 7.2 and 7.3.
+#: Seconds the "held" run keeps its code mapped: khugepaged wakes every 10 s by default
+#: (scan_sleep_millisecs) and collapsed a held window within 25 s on 7.2 and 7.3; during
+#: the run it wakes every 100 ms (KHUGEPAGED_FAST), so that whether it collapses the
+#: code does not hang on when its pass reaches the process on a slow guest.
 HOLD = 30
+KHUGEPAGED = Path("/sys/kernel/mm/transparent_hugepage/khugepaged")
+KHUGEPAGED_FAST = {
+    "scan_sleep_millisecs": (KHUGEPAGED / "scan_sleep_millisecs", "100"),
+    "alloc_sleep_millisecs": (KHUGEPAGED / "alloc_sleep_millisecs", "100"),
+}
 
 
 def run(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> dict[str, Any]:
@@ -359,15 +369,42 @@ def fragment_settings() -> dict[str, str]:
     return {name: chosen(path) for name, (path, _) in FRAGMENT_SETTINGS.items()}
 
 
+@contextlib.contextmanager
+def settings(values: dict[str, tuple[Path, str]]) -> Iterator[dict[str, str]]:
+    """The kernel settings (name -> (sysfs/procfs file, value)) for the block, and what
+    they were afterwards; yields what they were."""
+    saved = {name: chosen(path) for name, (path, _) in values.items()}
+    try:
+        for path, value in values.values():
+            path.write_text(value + "\n")
+        yield saved
+    finally:
+        for name, (path, _) in values.items():
+            path.write_text(saved[name] + "\n")
+
+
+def held_case() -> dict[str, Any]:
+    """The program run plainly from a cold cache, its code held mapped for HOLD seconds
+    while khugepaged scans often: what the kernel makes of code that stays mapped."""
+    with settings(KHUGEPAGED_FAST):
+        return one_case("cold", [{"run": [PROG], "env": {"HUGIFY_PROBE_HOLD": str(HOLD)}}])
+
+
 def fragmented_case() -> dict[str, Any]:
     """The program in the anonymous-copy mode (always: every window tried, on any
     filesystem) with no free 2 MiB block; then everything as it was."""
-    saved = fragment_settings()
-    out: dict[str, Any] = {"saved": saved, "free_before": free_huge_blocks()}
+    with settings(FRAGMENT_SETTINGS) as saved:
+        out = {"saved": saved, **fragmented_run()}
+    out["free_after"] = free_huge_blocks()
+    out["restored"] = fragment_settings()
+    out["hugetlb_pages_after"] = int(NR_HUGEPAGES.read_text())
+    return out
+
+
+def fragmented_run() -> dict[str, Any]:
+    out: dict[str, Any] = {"free_before": free_huge_blocks()}
     held = None
     try:
-        for path, value in FRAGMENT_SETTINGS.values():
-            path.write_text(value + "\n")
         drop_caches()
         held = fragment_memory()
         out["fragmenter_bytes"] = len(held)
@@ -382,11 +419,6 @@ def fragmented_case() -> dict[str, Any]:
         NR_HUGEPAGES.write_text("0\n")
         if held is not None:
             held.close()
-        for name, (path, _) in FRAGMENT_SETTINGS.items():
-            path.write_text(saved[name] + "\n")
-    out["free_after"] = free_huge_blocks()
-    out["restored"] = fragment_settings()
-    out["hugetlb_pages_after"] = int(NR_HUGEPAGES.read_text())
     return out
 
 
@@ -428,7 +460,7 @@ def main() -> None:
             cache: {name: one_case(cache, steps) for name, steps in {**ways(), **as_is_ways()}.items()}
             for cache in ("cold", "small")
         }
-        entry["cases"]["cold"]["held"] = one_case("cold", [{"run": [PROG], "env": {"HUGIFY_PROBE_HOLD": str(HOLD)}}])
+        entry["cases"]["cold"]["held"] = held_case()
         if mode == boot_mode:  # the I/O check does not depend on the THP mode: measured once per boot
             entry["pgpgin_kib"] = io_check()
             results["anonymous_checks"] = anonymous_checks()
