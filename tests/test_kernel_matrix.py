@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 from deb_support import EXEC, MANIFEST_DIR, build_variant
 from helpers import HP, readelf_windows, window_offsets
-from vm_boot import BootResult, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
+from vm_boot import BootResult, GuestPanic, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
 from vm_kernels import KernelUnavailable, kernel
 from vm_matrix import (
     CACHES,
@@ -454,7 +454,8 @@ def test_a_guest_that_does_not_finish_in_time_fails_with_its_console(
 
 
 def test_a_panicking_guest_shows_its_console_last_lines(trixie_ext4: dict[str, Any], tmp_path: Path) -> None:
-    # No init in the initramfs: the kernel looks for a root device of its own, finds none and panics.
-    with pytest.raises(VmError, match=r"the guest panicked; console:\n") as e:
+    # No init in the initramfs: the kernel looks for a root device of its own, finds none and
+    # panics (GuestPanic: the kind of failure boot() tries once more).
+    with pytest.raises(GuestPanic, match=r"the guest panicked; console:\n") as e:
         boot_uncached(**trixie_ext4, final=tmp_path / "boot", extra="rdinit=/no-such-init", timeout=300)
     assert "Kernel panic" in str(e.value) and "VFS" in str(e.value), e.value
