@@ -41,7 +41,7 @@ from typing import Any
 from deb_support import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
 from debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
 from fixtures import cache_root, locked
-from vm_kernels import Kernel, _update_lists
+from vm_kernels import Kernel, update_lists
 
 GUEST = Path(__file__).resolve().parent / "vm"
 FILESYSTEMS = ("ext4", "xfs", "btrfs")
@@ -221,7 +221,7 @@ def debug_tool_debs(root: Path) -> list[Path]:
         state = group / "debug-tools-apt"
         opts = apt_options(state, [f"deb [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
         opts += ["-o", f"Dir::State::status={root / 'var/lib/dpkg/status'}"]
-        _update_lists(state, opts)  # as for the kernels: again when a day old
+        update_lists(state, opts)  # as for the kernels: again when a day old
         plan = _run(["apt-get", *opts, "-s", "install", "--no-install-recommends", *DEBUG_TOOLS])
         wanted = sorted(f"{name}={version}" for name, version in re.findall(r"^Inst (\S+) \((\S+) ", plan, re.M))
         if not wanted:

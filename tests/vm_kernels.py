@@ -83,7 +83,7 @@ def _apt(opts: list[str], *args: str, cwd: Path | None = None) -> str:
     return res.stdout
 
 
-def _update_lists(state: Path, opts: list[str]) -> None:
+def update_lists(state: Path, opts: list[str]) -> None:
     stamp = state / "updated"
     if stamp.exists() and time.time() - stamp.stat().st_mtime < LISTS_MAX_AGE:
         return
@@ -140,7 +140,7 @@ def kernel(suite: str) -> Kernel:
     group = cache_root() / "kernels"
     with locked(group / "apt.lock"):
         state, opts = _apt_state()
-        _update_lists(state, opts)
+        update_lists(state, opts)
         package, version, parts = _image_packages(opts, suite)
         final = group / f"{package}_{version}"
         if (final / "done").exists():
