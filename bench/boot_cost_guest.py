@@ -2,7 +2,7 @@
 (Type=exec after multi-user.target, so that the boot counts as finished for
 systemd-analyze), with the guest's own python3 (standard library only). Writes one JSON
 document to the second serial port between the kernel matrix's markers
-(tests/vm_boot.py reads it) and powers off.
+(tests/vm_boot.py reads it) and powers off, as the matrix's guest driver does.
 
 What it records:
 - the boot: systemd-analyze's total, the manager's timestamps, hugify-prefetch.service's
@@ -38,7 +38,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS_PORT = "/dev/ttyS1"
+# The matrix's guest driver (tests/vm/guest_driver.py) reports the results and powers
+# off: it is in every image made from the matrix's root, at /hugify-matrix; on the host
+# (tests/test_boot_cost_bench.py imports this file) it is beside the tests.
+sys.path[:0] = ["/hugify-matrix", str(Path(__file__).resolve().parent.parent / "tests" / "vm")]
+from guest_driver import drive  # noqa: E402
+
 SERVICE = "hugify-prefetch.service"
 MANIFESTS = Path("/usr/lib/hugify/manifest.d")
 RUNTIME_DIR = Path("/run/hugify")
@@ -211,7 +216,7 @@ def one_case(budget: int | None, files: list[str]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main() -> dict[str, Any]:
     run("systemctl", "is-system-running", "--wait", timeout=1800)  # until the boot is finished
     files = hugified_files()
     boot_cached = cached_bytes(files)  # before anything else reads: what the boot left in the page cache
@@ -251,17 +256,8 @@ def main() -> None:
         results["rounds"].append(
             {("cat" if cases[i] is None else str(cases[i])): one_case(cases[i], files) for i in order}
         )
-    with open(RESULTS_PORT, "w") as port:
-        port.write("HUGIFY-MATRIX-BEGIN\n" + json.dumps(results, sort_keys=True) + "\nHUGIFY-MATRIX-END\n")
-        port.flush()
+    return results
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # the host must see why, not only that nothing came
-        with open(RESULTS_PORT, "w") as port:
-            port.write("HUGIFY-MATRIX-BEGIN\n" + json.dumps({"driver_error": repr(e)}) + "\nHUGIFY-MATRIX-END\n")
-        sys.exit(1)
-    finally:
-        subprocess.run(["systemctl", "--no-block", "poweroff"], check=False)
+    drive(main)

@@ -574,17 +574,15 @@ static int buddy_line(const char *line, void *arg)
     return 0;
 }
 
-/* Whether some zone has a free block of a huge page or more: a window read in again as
- * small folios then says the filesystem gives none, not that memory is fragmented. */
-static int free_huge_blocks(struct hp_ctx *c)
+/* A window read in again as small folios while some zone has a free block of a huge page
+ * or more says the filesystem gives none, not that memory is fragmented. */
+int hp_free_huge_blocks(struct hp_ctx *c)
 {
     unsigned order = 0;
     while ((HP_PAGE << order) < c->hp)
         order++;
     return hp_each_line("/proc/buddyinfo", buddy_line, &order) == 1;
 }
-
-int hp_free_huge_blocks(struct hp_ctx *c) { return free_huge_blocks(c); }
 
 /* Maps the uncached window at `woff` the way the ELF loader maps code (PROT_EXEC, no
  * madvise), faults it, and checks whether the kernel made it one PMD by itself: 1 yes,
@@ -736,7 +734,7 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
         set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
     else if (again)
         set_state(t, st, i, cold ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
-    else if (free_huge_blocks(c)) {
+    else if (hp_free_huge_blocks(c)) {
         /* Nothing of it was cached, nothing maps it, 2 MiB blocks are free, the mapping
          * asked for a PMD folio: the filesystem gave small ones. */
         set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);

@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deb_support import EXEC, MANIFEST_DIR, build_variant
-from helpers import HP, readelf_windows, window_offsets
+from helpers import HP, REPO, readelf_windows, window_offsets
 from vm_boot import BootResult, GuestPanic, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
 from vm_kernels import KernelUnavailable, kernel
 from vm_matrix import (
@@ -58,9 +59,13 @@ from vm_matrix import (
     gives_large_folios,
     khugepaged_collapses_code,
     resolve,
+    row,
 )
 
 from hugify import manifest
+
+sys.path.insert(0, str(REPO / "bench"))
+import matrix_table
 
 MODES = ("always", "madvise")
 CODE_WAYS = ("prefetch", "hugify-run", "audit", "audit-dlopen")
@@ -431,6 +436,22 @@ def test_khugepaged_makes_held_code_huge_only_where_it_collapses_files(booted: B
 def test_a_kernel_that_cannot_be_fetched_fails_with_the_reason() -> None:
     with pytest.raises(KernelUnavailable, match="no linux-image-amd64 in no-such-suite"):
         kernel("no-such-suite")
+
+
+def test_the_support_table_says_what_the_boot_asserts(booted: BootResult, as_is_windows: list[int]) -> None:
+    """docs/runtime.md's "Where it works" cells for this boot, as bench/matrix_table.py
+    writes them from its row (vm_matrix.row), say what the tests above assert of it:
+    every way huge, khugepaged's too where it collapses file-backed code, and the as-is
+    program's whole window, where the kernel gives large folios; "no" where it does not."""
+    r = row(booted)
+    code, as_is = matrix_table.cell(r), matrix_table.as_is_cell(r)
+    if not supported(booted):
+        assert (code, as_is) == ("no", "no"), (code, as_is)
+        return
+    assert code.startswith("yes: prefetch, hugify-run, audit library, audit library (dlopen)"), code
+    assert ("also khugepaged" in code) == khugepaged_collapses_code(booted.kernel, booted.fs), code
+    whole = len(as_is_windows) * HP / 2**20
+    assert re.fullmatch(rf"{whole:.1f} of [\d.]+ MiB: prefetch, hugify-run, audit library", as_is), as_is
 
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,16 @@ def fully_huge(step: dict[str, Any]) -> bool:
     return step.get("rc") == 0 and bool(maps) and all(m["pmd"] == m["size"] > 0 for m in maps.values())
 
 
+#: The program the test package ships as-is (non-PIE, not rewritten): the guest driver's
+#: cases for it, by the way they correspond to (its plain runs are the kernel's).
+AS_IS_CASES = {
+    "kernel": "as-is-plain",
+    "prefetch": "as-is-prefetch",
+    "hugify-run": "as-is-hugify-run",
+    "audit": "as-is-audit",
+}
+
+
 def case(result: dict[str, Any], mode: str, cache: str, way: str) -> dict[str, Any]:
     name = {"kernel": "plain", "khugepaged": "held"}.get(way, way)
     return dict(result["thp"][mode]["cases"][cache][name])
@@ -93,6 +103,22 @@ def huge_by(result: dict[str, Any], mode: str, cache: str) -> dict[str, bool]:
     return out
 
 
+def as_is_pmd(result: dict[str, Any], mode: str, cache: str) -> dict[str, dict[str, int]]:
+    """way -> the as-is program's executable mapping: its bytes and how many of them were
+    PMD-mapped (for "kernel", the most any plain run got without a khugepaged collapse);
+    empty for boots made before the driver ran it."""
+    cases = result["thp"][mode]["cases"][cache]
+    out = {}
+    for way, name in AS_IS_CASES.items():
+        if name not in cases:
+            continue
+        steps = cases[name]["steps"] if way == "kernel" else cases[name]["steps"][-1:]
+        maps = [m for s in steps if s.get("rc") == 0 and not s.get("collapsed") for m in s.get("maps", {}).values()]
+        if maps:
+            out[way] = max(maps, key=lambda m: m["pmd"])
+    return out
+
+
 def row(b: BootResult) -> dict[str, Any]:
     """One boot as the matrix's JSON records it."""
     r = b.results
@@ -106,6 +132,7 @@ def row(b: BootResult) -> dict[str, Any]:
         "boot_seconds": b.seconds,
         "large_folios_expected": gives_large_folios(b.kernel, b.fs),
         "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
+        "as_is": {mode: {cache: as_is_pmd(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),
         "anonymous": {
             mode: {cache: anonymous_copies(case(r, mode, cache, "anonymous")["steps"][-1]) for cache in CACHES}

@@ -48,7 +48,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -434,7 +434,7 @@ def anonymous_checks() -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main() -> dict[str, Any]:
     started = time.monotonic()
     results: dict[str, Any] = {
         "uname": os.uname().release,
@@ -466,17 +466,28 @@ def main() -> None:
             results["anonymous_checks"] = anonymous_checks()
         results["thp"][mode] = entry
     results["driver_seconds"] = round(time.monotonic() - started, 1)
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    """The results to the host, which reads them from the second serial port."""
     with open(RESULTS_PORT, "w") as port:
         port.write("HUGIFY-MATRIX-BEGIN\n" + json.dumps(results, sort_keys=True) + "\nHUGIFY-MATRIX-END\n")
         port.flush()
 
 
-if __name__ == "__main__":
+def drive(measure: Callable[[], dict[str, Any]]) -> None:
+    """Runs a guest's measurement, reports its results (or its error: the host must see
+    why, not only that nothing came) and powers the guest off; bench/boot_cost_guest.py
+    drives its guest with it too."""
     try:
-        main()
-    except Exception as e:  # the host must see why, not only that nothing came
-        with open(RESULTS_PORT, "w") as port:
-            port.write("HUGIFY-MATRIX-BEGIN\n" + json.dumps({"driver_error": repr(e)}) + "\nHUGIFY-MATRIX-END\n")
+        report(measure())
+    except Exception as e:
+        report({"driver_error": repr(e)})
         sys.exit(1)
     finally:
         subprocess.run(["systemctl", "--no-block", "poweroff"], check=False)
+
+
+if __name__ == "__main__":
+    drive(main)
