@@ -165,10 +165,16 @@ def kernel(suite: str) -> Kernel:
     return k
 
 
-def newest(kernels: list[Kernel]) -> Kernel:
-    """The kernel of the highest package version (dpkg's ordering)."""
-    best = kernels[0]
-    for k in kernels[1:]:
-        if subprocess.run(["dpkg", "--compare-versions", k.version, "gt", best.version], check=False).returncode == 0:
-            best = k
+def newest_suite() -> str:
+    """The suite of SUITES whose linux-image-amd64 is of the highest version (dpkg's
+    ordering), read from the package lists: only that kernel is fetched."""
+    with locked(cache_root() / "kernels" / "apt.lock"):
+        state, opts = _apt_state()
+        update_lists(state, opts)
+        versions = {suite: _image_packages(opts, suite)[1] for suite in SUITES}
+    best = SUITES[0]
+    for suite in SUITES[1:]:
+        gt = subprocess.run(["dpkg", "--compare-versions", versions[suite], "gt", versions[best]], check=False)
+        if gt.returncode == 0:
+            best = suite
     return best

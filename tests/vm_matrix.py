@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vm_boot import FILESYSTEMS, BootResult, boot
-from vm_kernels import SUITES, Kernel, kernel, newest
+from vm_kernels import SUITES, Kernel, kernel, newest_suite
 
 #: The suite's subset of the matrix: trixie's kernel on ext4 and XFS, and the newest
 #: kernel (of every suite's) on ext4. bench/kernel_matrix.py runs all of SUITES x FILESYSTEMS.
@@ -43,7 +43,7 @@ PGPGIN_NOISE_KIB = 1024
 def resolve(suite: str) -> Kernel:
     """A suite's kernel; "newest" is the one of the highest version among SUITES'."""
     if suite == "newest":
-        return newest([kernel(s) for s in SUITES])
+        return kernel(newest_suite())
     return kernel(suite)
 
 
