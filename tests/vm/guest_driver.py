@@ -365,15 +365,16 @@ def take_free_huge_blocks() -> list[dict[str, int]]:
     return rounds
 
 
-def fragment_settings() -> dict[str, str]:
-    return {name: chosen(path) for name, (path, _) in FRAGMENT_SETTINGS.items()}
+def current(values: dict[str, tuple[Path, str]]) -> dict[str, str]:
+    """What the kernel settings (name -> (sysfs/procfs file, value)) are now."""
+    return {name: chosen(path) for name, (path, _) in values.items()}
 
 
 @contextlib.contextmanager
 def settings(values: dict[str, tuple[Path, str]]) -> Iterator[dict[str, str]]:
     """The kernel settings (name -> (sysfs/procfs file, value)) for the block, and what
     they were afterwards; yields what they were."""
-    saved = {name: chosen(path) for name, (path, _) in values.items()}
+    saved = current(values)
     try:
         for path, value in values.values():
             path.write_text(value + "\n")
@@ -396,7 +397,7 @@ def fragmented_case() -> dict[str, Any]:
     with settings(FRAGMENT_SETTINGS) as saved:
         out = {"saved": saved, **fragmented_run()}
     out["free_after"] = free_huge_blocks()
-    out["restored"] = fragment_settings()
+    out["restored"] = current(FRAGMENT_SETTINGS)
     out["hugetlb_pages_after"] = int(NR_HUGEPAGES.read_text())
     return out
 
