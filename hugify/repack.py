@@ -25,6 +25,7 @@ with this module is in hugify.repack_package.
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import os
 import sys
@@ -285,10 +286,11 @@ def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:
         install=True,
         output=None,
         file_list=None,
+        stem=pkg.stem,
     )
     if not signing.sign(req, pkg.log.append):
         raise RepackError("tool-failed", f"signing the statement of {pkg.name} failed (signing.mode = required)")
-    for f in (pkg.root / "usr/share/hugify/attestations").glob(f"{pkg.name}.*"):
+    for f in (pkg.root / "usr/share/hugify/attestations").glob(f"{glob.escape(pkg.stem)}.*"):
         os.utime(f, (epoch, epoch))
 
 

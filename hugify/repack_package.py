@@ -73,9 +73,15 @@ class Package:
     coinstallable: bool = False
 
     @property
+    def stem(self) -> str:
+        """The file name (without suffix) of what hugify adds: the runtime manifest
+        and the statement, NAME:ARCH for a co-installable package."""
+        return f"{self.name}:{self.arch}" if self.coinstallable else self.name
+
+    @property
     def manifest_name(self) -> str:
         """The name of the runtime manifest hugify adds (in manifest.MANIFEST_DIR)."""
-        return f"{self.name}:{self.arch}.list" if self.coinstallable else f"{self.name}.list"
+        return f"{self.stem}.list"
 
 
 @dataclass

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hugify.files import source_date_epoch, write_text_atomic
+from hugify.policy import is_package_name
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 #: hugify's predicate, version 1 (signing/predicate-v1.md). Verifiers pin it.
@@ -180,6 +181,12 @@ def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Stat
     return Statement(text, len(entries), len(subjects), missing)
 
 
+def is_statement_stem(stem: str) -> bool:
+    """A statement's file stem: a package name, or NAME:ARCH (Multi-Arch: same)."""
+    name, _, arch = stem.partition(":")
+    return is_package_name(name) and (not arch or re.fullmatch(r"[a-z0-9][a-z0-9-]*", arch) is not None)
+
+
 def read_report(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -302,6 +309,9 @@ class SignRequest(NamedTuple):
     install: bool  # into root/ATTESTATION_DIR
     output: Path | None  # also write OUTPUT.intoto.json and OUTPUT.bundle
     file_list: Path | None  # installed paths written, one a line (rpm %files -f)
+    #: STEM of the installed STEM.intoto.json, when not the name: a Multi-Arch: same
+    #: package's is NAME:ARCH, so that its builds for two architectures install together.
+    stem: str | None = None
 
 
 def _write(path: Path, text: str) -> None:
@@ -354,7 +364,7 @@ def sign(req: SignRequest, say: Callable[[str], None]) -> bool:
                 tlog = "uploaded to the transparency log" if req.tlog_upload else "no transparency log"
                 say(f"{who} {what}, signed with {redact(req.key)} ({req.key_where}; {tlog})")
         if req.install:
-            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / req.name, stmt.text, bundle):
+            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / (req.stem or req.name), stmt.text, bundle):
                 installed.append("/" + f.relative_to(req.root).as_posix())
                 say(f"{who} wrote {installed[-1]}")
         if req.output is not None:
