@@ -145,14 +145,8 @@ def run(opts: Options) -> Exit:
             for f in built:
                 os.replace(f, opts.outdir / f.name)
                 print(f"hugify: wrote {opts.outdir / f.name}", file=out)
-    except RepackError as e:
-        reasons.printed([e.reason])
-        print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
-        return e.exit
-    except OSError as e:
-        reasons.printed(["io-error"])
-        print(f"hugify: {reasons.io_detail(e)} (io-error)", file=sys.stderr)
-        return Exit.IO
+    except (RepackError, OSError) as e:
+        return reasons.report(e)
     return Exit.OK
 
 

@@ -15,20 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from hugify import _core, reasons, tree
-from hugify.exitcodes import Exit
 from hugify.rewrite import copy_metadata
 
 
-class RepackError(Exception):
+class RepackError(reasons.ReasonError):
     """A package cannot be repacked: a reason id and a one-line detail."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
-    @property
-    def exit(self) -> Exit:
-        return Exit.for_kind(reasons.table()[self.reason][0])
 
 
 def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
