@@ -7,13 +7,8 @@
 
 #include "hp_sys.h"
 
-#ifndef PR_SET_VMA
-#define PR_SET_VMA 0x53564d41
-#define PR_SET_VMA_ANON_NAME 0
-#endif
 #define HP_MREMAP_MAYMOVE 1
 #define HP_MREMAP_FIXED 2
-#define HP_ANON_NAME_MAX 79 /* the kernel's limit is 80 bytes with the NUL */
 
 /* --- small output helpers (no libc) --- */
 
@@ -238,7 +233,7 @@ static char *fresh_huge_area(uint64_t hp)
 /* Copies window `w` into anonymous memory and moves the copy over it. The copy is
  * checked to be one PMD before anything is replaced; on any failure the copy is
  * unmapped and the file mapping stays. *err gets the failing call's errno. */
-static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char *vma_name, long *err)
+static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, long *err)
 {
     uint64_t hp = c->hp;
     char *a = fresh_huge_area(hp);
@@ -249,10 +244,13 @@ static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char
     if (rc != 0) {
         why = WHY_MADVISE;
     } else {
-        /* Named where the kernel allows it (CONFIG_ANON_VMA_NAME): smaps, `hugify status`
-         * and the tests find the copies by it. */
-        HP_SYS(__NR_prctl, PR_SET_VMA, PR_SET_VMA_ANON_NAME, a, hp, vma_name, 0);
-        /* The first write faults in a whole huge page (MADV_HUGEPAGE), or one small page
+        /* Never named (prctl PR_SET_VMA_ANON_NAME, where the kernel has
+         * CONFIG_ANON_VMA_NAME): perf takes only a nameless anonymous mapping for a JIT's
+         * code, which it names from /tmp/perf-PID.map; "[anon:NAME]" in /proc/PID/maps it
+         * takes for a file of that name and names nothing in it (tools/perf/util/map.c
+         * is_anon_memory, perf 6.1 to 6.12). `hugify status` finds the copies by place.
+         *
+         * The first write faults in a whole huge page (MADV_HUGEPAGE), or one small page
          * when the kernel has none to give: checked at once, so that a failure costs 4 KiB,
          * not 2 MiB of small pages. The source is the program's own mapping, so what is
          * copied is exactly what it would run (a debugger's breakpoints included). */
@@ -276,23 +274,6 @@ static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char
         hp_munmap(a, hp);
     }
     return why;
-}
-
-/* "hugify:PATH", cut to the kernel's limit from the left (the file name matters most),
- * with the characters the kernel refuses in VMA names replaced by '?'. */
-static void vma_name_of(const char *path, char *out)
-{
-    static const char prefix[] = "hugify:";
-    size_t n = 0, pl = hp_strlen(path);
-    for (const char *p = prefix; *p; p++)
-        out[n++] = *p;
-    size_t room = HP_ANON_NAME_MAX - n;
-    const char *from = pl > room ? path + pl - room : path;
-    for (; *from; from++) {
-        char ch = *from;
-        out[n++] = ch < 0x20 || ch > 0x7e || ch == '\\' || ch == '`' || ch == '$' || ch == '[' || ch == ']' ? '?' : ch;
-    }
-    out[n] = 0;
 }
 
 /* --- perf's map of the copies --- */
@@ -510,12 +491,10 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     long first_err = 0;
     static unsigned char done[4096];
     static char real[4096];
-    char vma_name[HP_ANON_NAME_MAX + 1];
     if (s->mode == HP_ANON_OFF || r->nwin == 0)
         return 0;
     if (str_eq(path, "/proc/self/exe") && self_exe(real, sizeof real) > 0)
         path = real;
-    vma_name_of(path, vma_name);
     uintptr_t self = (uintptr_t)&hp_anon_copy;
     for (uint64_t i = 0; i < r->nwin; i++) {
         char *w = r->at + i * hp;
@@ -530,7 +509,7 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
         else if (self >= (uintptr_t)w && self < (uintptr_t)w + hp)
             why = WHY_SELF;
         else
-            why = copy_window(c, w, r->prot, vma_name, &err);
+            why = copy_window(c, w, r->prot, &err);
         if (i < sizeof done)
             done[i] = why == WHY_COPIED;
         if (why == WHY_COPIED)

@@ -55,8 +55,9 @@ struct hp_anon_range {
 
 /* Copies the windows of `r` that the mode selects into anonymous 2 MiB pages and puts
  * them in place; writes their symbols to /tmp/perf-PID.map. `fd` is the object's file
- * (-1: opened from `path`; it is closed again); `path` names it (in the debug line, the
- * VMA name "hugify:PATH" and perf's map; "/proc/self/exe" is resolved). Returns the
+ * (-1: opened from `path`; it is closed again); `path` names it (in the debug line and
+ * perf's map; "/proc/self/exe" is resolved). The copies carry no VMA name (perf would
+ * take a named one for a file). Returns the
  * number of windows copied. Never fails the caller: whatever goes wrong leaves that window
  * on its file mapping, and HUGIFY_DEBUG gets one line per range saying what happened. */
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r,

@@ -27,6 +27,7 @@ import pytest
 from helpers import exec_load, readelf_windows
 from runtime_support import (
     AUDIT_LIB,
+    HOT_SPIN,
     HP,
     HUGIFY_RUN,
     REPO,
@@ -41,14 +42,8 @@ THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
 
 SPIN = (
-    r"""
-#include <stdio.h>
-#include <unistd.h>
-__attribute__((noinline)) long hugify_hot_spin(long x) {
-    for (long i = 0; i < 300000000; i++) x = x * 6364136223846793005L + 1442695040888963407L;
-    return x;
-}
-"""
+    "#include <stdio.h>\n#include <unistd.h>\n"
+    + HOT_SPIN
     + _functions("spin", 200, 16384)
     + r"""
 int main(int argc, char **argv) {
