@@ -4,6 +4,7 @@
 #include <elf.h>
 #include <errno.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "hp_sys.h"
 
@@ -16,12 +17,18 @@ struct out {
     char buf[8192];
     size_t n;
     int fd;
+    long err; /* the errno of the first write that failed (ENOSPC for a short one) */
 };
 
 static void out_flush(struct out *o)
 {
-    if (o->n && o->fd >= 0)
-        hp_write(o->fd, o->buf, o->n);
+    for (size_t done = 0; done < o->n && o->fd >= 0 && !o->err;) {
+        long w = hp_write(o->fd, o->buf + done, o->n - done);
+        if (w <= 0)
+            o->err = w < 0 ? -w : ENOSPC;
+        else
+            done += (size_t)w;
+    }
     o->n = 0;
 }
 
@@ -71,6 +78,16 @@ static void copy_str(char *dst, size_t cap, const char *src)
     for (; src[k] && k + 1 < cap; k++)
         dst[k] = src[k];
     dst[k] = 0;
+}
+
+/* The buffer of a debug line on stderr, empty. */
+static struct out *stderr_out(void)
+{
+    static struct out o;
+    o.n = 0;
+    o.fd = 2;
+    o.err = 0;
+    return &o;
 }
 
 /* --- settings --- */
@@ -145,7 +162,7 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     hp_memzero(&v, sizeof v);
     read_environ(&v);
     s->debug = v.debug[0] && !str_eq(v.debug, "0");
-    s->no_perf_map = str_eq(v.perf_map, "0");
+    s->perf_map = v.perf_map[0] && !str_eq(v.perf_map, "0") && !str_eq(v.perf_map, "off");
     s->force_smaps = v.force_smaps[0] && !str_eq(v.force_smaps, "0");
     copy_str(s->runtime_dir, sizeof s->runtime_dir, v.runtime_dir[0] ? v.runtime_dir : "/run/hugify");
     s->mode = HP_ANON_OFF;
@@ -394,7 +411,197 @@ static void perf_symbols(struct out *o, const struct elf_file *f, const Elf64_Sh
     }
 }
 
-/* perf resolves samples in anonymous executable memory through /tmp/perf-PID.map. The
+/* The map perf reads for anonymous executable memory: /tmp/perf-PID.map of the pid
+ * whose /proc/PID/maps shows that memory (tools/perf/util/map.c, map__new). Written
+ * only when asked (HUGIFY_PERF_MAP=1): perf launched with the program, or recording
+ * the whole system when it starts, names the copies through the files without it (the
+ * copy was moved over the window by mremap, of which the kernel tells perf nothing);
+ * only perf attached later needs it, and nothing may remove it at exit, since perf
+ * report reads it after the process ended. The file is the process's user's own
+ * (0600: it gives away the exact addresses of the code, which /proc/PID/maps keeps
+ * from other users), created exclusively, never through a name someone else planted,
+ * and each addition is written whole or not at all. */
+struct perf_map_state {
+    long pid; /* the pid whose map this process wrote; 0: none (a forked child: its parent's) */
+    uint64_t dev, ino; /* that file */
+    int debug;
+};
+static struct perf_map_state pm;
+
+/* The kernel's struct stat is the C library's on x86_64 and aarch64. */
+#if defined(__x86_64__)
+_Static_assert(sizeof(struct stat) == 144, "the kernel's struct stat");
+#elif defined(__aarch64__)
+_Static_assert(sizeof(struct stat) == 128, "the kernel's struct stat");
+#endif
+static long lstat_at(const char *path, struct stat *st)
+{
+    return HP_SYS(__NR_newfstatat, AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW, 0, 0);
+}
+
+static long fstat_fd(int fd, struct stat *st) { return HP_SYS(__NR_fstat, fd, st, 0, 0, 0, 0); }
+
+static unsigned euid(void) { return (unsigned)HP_SYS(__NR_geteuid, 0, 0, 0, 0, 0, 0); }
+
+static void map_name(char *out, long pid)
+{
+    static const char pre[] = "/tmp/perf-";
+    size_t n = 0;
+    char d[24];
+    int k = 0;
+    for (const char *p = pre; *p; p++)
+        out[n++] = *p;
+    do {
+        d[k++] = (char)('0' + pid % 10);
+        pid /= 10;
+    } while (pid);
+    while (k)
+        out[n++] = d[--k];
+    copy_str(out + n, 8, ".map");
+}
+
+/* "hugify-audit: perf map NAME: WHAT[ (DETAIL[ NUM])]" with HUGIFY_DEBUG. */
+static void map_debug(const char *name, const char *what, const char *detail, long num)
+{
+    if (!pm.debug)
+        return;
+    struct out *o = stderr_out();
+    out_str(o, "hugify-audit: perf map ");
+    out_str(o, name);
+    out_str(o, ": ");
+    out_str(o, what);
+    if (detail) {
+        out_str(o, " (");
+        out_str(o, detail);
+        if (num >= 0) {
+            out_str(o, " ");
+            out_num(o, (uint64_t)num, 10);
+        }
+        out_str(o, ")");
+    }
+    out_str(o, "\n");
+    out_flush(o);
+}
+
+/* Whether what is at `name` is a map of this process's user that may go: a regular
+ * file of its own is one left by an earlier process with the same pid (pids are
+ * reused), naming other code. Anything else (a symlink, a FIFO, another user's file)
+ * is left as it is, and no map is made. 0: nothing there (any more). */
+static int clear_stale(const char *name)
+{
+    struct stat st;
+    if (lstat_at(name, &st) != 0)
+        return 0;
+    if (!S_ISREG(st.st_mode) || st.st_uid != euid()) {
+        static const char left[] = "left alone, not this user's regular file";
+        const char *kind = S_ISLNK(st.st_mode)    ? "symlink"
+                           : S_ISFIFO(st.st_mode) ? "fifo"
+                           : S_ISDIR(st.st_mode)  ? "directory"
+                           : S_ISSOCK(st.st_mode) ? "socket"
+                           : !S_ISREG(st.st_mode) ? "device"
+                                                  : 0;
+        map_debug(name, left, kind ? kind : "owner", kind ? -1 : (long)st.st_uid);
+        return -1;
+    }
+    long rc = hp_unlink(name);
+    return rc == 0 || rc == -ENOENT ? 0 : -1;
+}
+
+/* A new map at `name`, 0600 whatever the umask, or -1. */
+static int create_exclusive(const char *name)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        long fd = HP_SYS(__NR_openat, AT_FDCWD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600, 0, 0);
+        if (fd >= 0) {
+            HP_SYS(__NR_fchmod, fd, 0600, 0, 0, 0, 0);
+            return (int)fd;
+        }
+        if (fd != -EEXIST) {
+            map_debug(name, "not created", "errno", -fd);
+            return -1;
+        }
+        if (clear_stale(name) != 0)
+            return -1;
+    }
+    map_debug(name, "not created", "errno", EEXIST);
+    return -1;
+}
+
+/* Whether the open `fd` is the map this process made. */
+static int is_our_map(int fd, struct stat *st)
+{
+    return fstat_fd(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == euid() && (uint64_t)st->st_dev == pm.dev &&
+           (uint64_t)st->st_ino == pm.ino;
+}
+
+struct map_file {
+    char name[40];
+    int created; /* by this call: removed again if the addition fails */
+    long size;   /* before this addition: cut back to it if the addition fails */
+};
+
+/* Opens this process's map for an addition: o->fd, or -1 (said with HUGIFY_DEBUG). */
+static void map_open(struct map_file *m, struct out *o)
+{
+    long pid = hp_getpid();
+    struct stat st;
+    map_name(m->name, pid);
+    m->created = 0;
+    m->size = 0;
+    o->fd = -1;
+    o->err = 0;
+    o->n = 0;
+    if (pm.pid == pid) {
+        int fd = (int)HP_SYS(__NR_openat, AT_FDCWD, m->name, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                             0, 0, 0);
+        if (fd >= 0 && !is_our_map(fd, &st)) {
+            hp_close(fd);
+            fd = -1;
+        }
+        if (fd < 0) {
+            map_debug(m->name, "not written", "no longer the file it made", -1);
+            pm.pid = 0;
+            return;
+        }
+        o->fd = fd;
+        m->size = st.st_size;
+        return;
+    }
+    int fd = create_exclusive(m->name);
+    if (fd >= 0) {
+        m->created = 1;
+        o->fd = fd;
+        if (fstat_fd(fd, &st) == 0) {
+            pm.pid = pid;
+            pm.dev = (uint64_t)st.st_dev;
+            pm.ino = (uint64_t)st.st_ino;
+        }
+    } else {
+        pm.pid = 0;
+    }
+}
+
+/* Ends an addition: on a failed write the file is removed if this addition made it,
+ * else cut back to where it was, so that no line of it is left cut. */
+static void map_close(struct map_file *m, struct out *o)
+{
+    out_flush(o);
+    if (o->fd < 0)
+        return;
+    if (o->err) {
+        if (m->created) {
+            hp_unlink(m->name);
+            pm.pid = 0;
+        } else {
+            HP_SYS(__NR_ftruncate, o->fd, m->size, 0, 0, 0, 0);
+        }
+        map_debug(m->name, "not written", "errno", o->err);
+    }
+    hp_close(o->fd);
+    o->fd = -1;
+}
+
+/* Appends "START SIZE NAME" lines for the functions of the copied windows of `r`. The
  * symbols come from the file's .symtab, else its build-id debug file's, else .dynsym. */
 static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, const unsigned char *copied)
 {
@@ -416,34 +623,11 @@ static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, c
         symtab = section_of_type(&f, SHT_DYNSYM);
     if (symtab) {
         static struct out o; /* 8 KiB: not on ld.so's stack */
-        char name[40];
-        size_t n = 0;
-        static const char pre[] = "/tmp/perf-";
-        for (const char *p = pre; *p; p++)
-            name[n++] = *p;
-        /* The first object of a process starts the file afresh: a map left by an earlier
-         * process with the same PID would name the wrong code. (A forked child that
-         * dlopens a hugified library starts its own.) */
-        static long written_by;
-        long pid = HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0);
-        int fresh = written_by != pid ? O_TRUNC : 0;
-        written_by = pid;
-        o.n = 0;
-        o.fd = -1;
-        out_num(&o, (uint64_t)pid, 10);
-        out_str(&o, ".map");
-        for (size_t k = 0; k < o.n; k++)
-            name[n++] = o.buf[k];
-        name[n] = 0;
-        o.n = 0;
-        /* O_NOFOLLOW: /tmp is shared; a symlink planted there is not followed. */
-        o.fd = (int)HP_SYS(__NR_openat, AT_FDCWD, name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | fresh,
-                           0644,
-                           0, 0);
+        struct map_file m;
+        map_open(&m, &o);
         if (o.fd >= 0) {
             perf_symbols(&o, from, symtab, r, hp, copied);
-            out_flush(&o);
-            hp_close(o.fd);
+            map_close(&m, &o);
         }
     }
     elf_unmap(&dbg);
@@ -455,32 +639,30 @@ static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, c
 static void debug_line(const struct hp_anon_range *r, const char *path, uint64_t copied, uint64_t first_bad,
                        enum anon_why why, long err)
 {
-    static struct out o;
-    o.n = 0;
-    o.fd = 2;
+    struct out *o = stderr_out();
     /* One line per range, easy to match: "hugify-audit: anonymous PATH: C/N windows copied"
      * and, if not all, the first window left on its file mapping and why. */
-    out_str(&o, "hugify-audit: anonymous ");
-    out_str(&o, path);
-    out_str(&o, ": ");
-    out_num(&o, copied, 10);
-    out_str(&o, "/");
-    out_num(&o, r->nwin, 10);
-    out_str(&o, " windows copied");
+    out_str(o, "hugify-audit: anonymous ");
+    out_str(o, path);
+    out_str(o, ": ");
+    out_num(o, copied, 10);
+    out_str(o, "/");
+    out_num(o, r->nwin, 10);
+    out_str(o, " windows copied");
     if (copied < r->nwin) {
-        out_str(&o, ", window ");
-        out_num(&o, first_bad, 10);
-        out_str(&o, " ");
-        out_str(&o, why_text[why]);
+        out_str(o, ", window ");
+        out_num(o, first_bad, 10);
+        out_str(o, " ");
+        out_str(o, why_text[why]);
         if (err) {
-            out_str(&o, " (errno ");
-            out_num(&o, (uint64_t)err, 10);
-            out_str(&o, ")");
+            out_str(o, " (errno ");
+            out_num(o, (uint64_t)err, 10);
+            out_str(o, ")");
         }
-        out_str(&o, why == WHY_NOT_NEEDED ? ": file-backed" : ": file mapping kept");
+        out_str(o, why == WHY_NOT_NEEDED ? ": file-backed" : ": file mapping kept");
     }
-    out_str(&o, "\n");
-    out_flush(&o);
+    out_str(o, "\n");
+    out_flush(o);
 }
 
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r, int fd,
@@ -520,7 +702,8 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     /* The file's pages of the copied windows are no longer mapped by this process: the
      * kernel may reclaim them like any unmapped page cache. They are not dropped here: the
      * next process started would read them from disk again to copy them. */
-    if (copied && !s->no_perf_map) {
+    if (copied && s->perf_map) {
+        pm.debug = s->debug;
         int own = fd < 0;
         if (own)
             fd = hp_open(path, O_RDONLY);

@@ -31,7 +31,7 @@ enum hp_anon_mode {
 struct hp_anon_settings {
     int mode;  /* enum hp_anon_mode */
     int debug; /* HUGIFY_DEBUG: one line per object on stderr */
-    int no_perf_map; /* HUGIFY_PERF_MAP=0: no /tmp/perf-PID.map */
+    int perf_map; /* HUGIFY_PERF_MAP=1: /tmp/perf-PID.map, for perf attached later */
     int force_smaps; /* HUGIFY_FORCE_SMAPS=1: check copies from smaps, as before Linux 6.7 */
     char runtime_dir[512]; /* HUGIFY_RUNTIME_DIR, else /run/hugify: the per-boot records */
 };
@@ -54,10 +54,10 @@ struct hp_anon_range {
 };
 
 /* Copies the windows of `r` that the mode selects into anonymous 2 MiB pages and puts
- * them in place; writes their symbols to /tmp/perf-PID.map. `fd` is the object's file
- * (-1: opened from `path`; it is closed again); `path` names it (in the debug line and
- * perf's map; "/proc/self/exe" is resolved). The copies carry no VMA name (perf would
- * take a named one for a file). Returns the
+ * them in place; with HUGIFY_PERF_MAP=1, adds their symbols to /tmp/perf-PID.map. `fd`
+ * is the object's file (-1: opened from `path`; it is closed again); `path` names it
+ * (in the debug line; "/proc/self/exe" is resolved). The copies carry no VMA name (perf
+ * would take a named one for a file). Returns the
  * number of windows copied. Never fails the caller: whatever goes wrong leaves that window
  * on its file mapping, and HUGIFY_DEBUG gets one line per range saying what happened. */
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r,

@@ -323,9 +323,11 @@ def test_perf_resolves_the_copied_code_by_name(spin: Path, tmp_path: Path):
 
 def test_perf_attached_later_resolves_through_the_perf_map(spin: Path, tmp_path: Path):
     """perf attached to a running process sees the copies as anonymous memory (from
-    /proc/PID/maps): the names come from /tmp/perf-PID.map."""
+    /proc/PID/maps): the names come from /tmp/perf-PID.map, written when asked
+    (HUGIFY_PERF_MAP=1; tests/test_runtime_perfmap.py has the rest of it)."""
     data = tmp_path / "perf.data"
     env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "HUGIFY_ANONYMOUS")}
+    env["HUGIFY_PERF_MAP"] = "1"
     p = subprocess.Popen(
         [str(HUGIFY_RUN), "--anonymous=always", str(spin), "wait"],
         stdin=subprocess.PIPE,
