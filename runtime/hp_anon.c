@@ -3,6 +3,7 @@
 
 #include <elf.h>
 #include <errno.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -422,7 +423,7 @@ static void perf_symbols(struct out *o, const struct elf_file *f, const Elf64_Sh
  * from other users), created exclusively, never through a name someone else planted,
  * and each addition is written whole or not at all. */
 struct perf_map_state {
-    long pid; /* the pid whose map this process wrote; 0: none (a forked child: its parent's) */
+    long pid; /* the pid whose map this process's copies are named by; 0: none */
     uint64_t dev, ino; /* that file */
     int debug;
 };
@@ -527,11 +528,28 @@ static int create_exclusive(const char *name)
     return -1;
 }
 
-/* Whether the open `fd` is the map this process made. */
+/* Whether the open `fd` is the map this process made (or was linked to at its fork). */
 static int is_our_map(int fd, struct stat *st)
 {
     return fstat_fd(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == euid() && (uint64_t)st->st_dev == pm.dev &&
            (uint64_t)st->st_ino == pm.ino;
+}
+
+static void copy_map(int from, struct out *o)
+{
+    for (;;) {
+        long n = hp_read(from, o->buf, sizeof o->buf);
+        if (n <= 0) {
+            if (n < 0)
+                o->err = -n;
+            break;
+        }
+        o->n = (size_t)n;
+        out_flush(o);
+        if (o->err)
+            break;
+    }
+    o->n = 0;
 }
 
 struct map_file {
@@ -544,6 +562,7 @@ struct map_file {
 static void map_open(struct map_file *m, struct out *o)
 {
     long pid = hp_getpid();
+    int seed = -1;
     struct stat st;
     map_name(m->name, pid);
     m->created = 0;
@@ -552,7 +571,7 @@ static void map_open(struct map_file *m, struct out *o)
     o->err = 0;
     o->n = 0;
     if (pm.pid == pid) {
-        int fd = (int)HP_SYS(__NR_openat, AT_FDCWD, m->name, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+        int fd = (int)HP_SYS(__NR_openat, AT_FDCWD, m->name, O_RDWR | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
                              0, 0, 0);
         if (fd >= 0 && !is_our_map(fd, &st)) {
             hp_close(fd);
@@ -563,14 +582,35 @@ static void map_open(struct map_file *m, struct out *o)
             pm.pid = 0;
             return;
         }
-        o->fd = fd;
-        m->size = st.st_size;
-        return;
+        if (st.st_nlink == 1) {
+            o->fd = fd;
+            m->size = st.st_size;
+            return;
+        }
+        /* Shared with a process forked before or after (the fork hook links the
+         * child's name to the parent's file): what this process adds is at addresses
+         * the other may use for something else. Its own file from here on. */
+        seed = fd;
+        hp_unlink(m->name);
+    } else if (pm.pid) {
+        /* A forked child without a map of its own (no fork hook ran: vfork, clone,
+         * _Fork): its inherited copies are named by its ancestor's map. */
+        char from[40];
+        map_name(from, pm.pid);
+        seed = (int)HP_SYS(__NR_openat, AT_FDCWD, from, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0, 0, 0);
+        if (seed >= 0 && !is_our_map(seed, &st)) {
+            hp_close(seed);
+            seed = -1;
+        }
     }
     int fd = create_exclusive(m->name);
     if (fd >= 0) {
         m->created = 1;
         o->fd = fd;
+        if (seed >= 0) {
+            hp_lseek(seed, 0, 0 /* SEEK_SET */);
+            copy_map(seed, o);
+        }
         if (fstat_fd(fd, &st) == 0) {
             pm.pid = pid;
             pm.dev = (uint64_t)st.st_dev;
@@ -579,6 +619,8 @@ static void map_open(struct map_file *m, struct out *o)
     } else {
         pm.pid = 0;
     }
+    if (seed >= 0)
+        hp_close(seed);
 }
 
 /* Ends an addition: on a failed write the file is removed if this addition made it,
@@ -632,6 +674,112 @@ static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, c
     }
     elf_unmap(&dbg);
     elf_unmap(&f);
+}
+
+/* --- forked children --- */
+
+/* perf attached to a forked child reads its copies from /proc/CHILD/maps and looks for
+ * /tmp/perf-CHILD.map. The child has the parent's copies at the same addresses, so
+ * its map is the parent's file, hard-linked under the child's name at the fork (one
+ * system call; a new name, no bytes); the first addition of either makes it a file of
+ * its own (map_open). Run by the C library's fork() in the child (its atfork child
+ * handler); vfork, posix_spawn and raw clone run none, and exec follows them anyway. */
+static void perf_map_after_fork(void)
+{
+    struct stat st;
+    char from[40], to[40];
+    long pid = hp_getpid();
+    if (!pm.pid || pm.pid == pid)
+        return;
+    map_name(from, pm.pid);
+    map_name(to, pid);
+    if (lstat_at(from, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_dev != pm.dev ||
+        (uint64_t)st.st_ino != pm.ino)
+        return;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        long rc = HP_SYS(__NR_linkat, AT_FDCWD, from, AT_FDCWD, to, 0, 0);
+        if (rc == 0) {
+            pm.pid = pid;
+            return;
+        }
+        if (rc != -EEXIST || clear_stale(to) != 0) {
+            if (rc != -EEXIST)
+                map_debug(to, "not created", "errno", -rc);
+            return;
+        }
+    }
+}
+
+static uint32_t gnu_hash(const char *s)
+{
+    uint32_t h = 5381;
+    for (; *s; s++)
+        h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+/* The address of the function `name` that a loaded object defines, looked up in its
+ * dynamic symbol table through DT_GNU_HASH, as ld.so would; 0 if none. */
+static void *dynamic_function(const struct link_map *l, const char *name)
+{
+    const Elf64_Sym *symtab = 0;
+    const char *strtab = 0;
+    const uint32_t *gh = 0;
+    for (const Elf64_Dyn *d = l->l_ld; d->d_tag != DT_NULL; d++) {
+        /* ld.so has relocated these in place, unless the dynamic section is read-only */
+        uintptr_t p = d->d_un.d_ptr < l->l_addr ? l->l_addr + d->d_un.d_ptr : d->d_un.d_ptr;
+        if (d->d_tag == DT_SYMTAB)
+            symtab = (const Elf64_Sym *)p;
+        else if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)p;
+        else if (d->d_tag == DT_GNU_HASH)
+            gh = (const uint32_t *)p;
+    }
+    if (!symtab || !strtab || !gh || gh[0] == 0)
+        return 0;
+    uint32_t nbuckets = gh[0], symoffset = gh[1], bloom_words = gh[2];
+    const uint32_t *buckets = gh + 4 + (size_t)bloom_words * (sizeof(Elf64_Addr) / sizeof(uint32_t));
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t h = gnu_hash(name);
+    uint32_t i = buckets[h % nbuckets];
+    if (i < symoffset)
+        return 0;
+    for (;; i++) {
+        uint32_t h2 = chain[i - symoffset];
+        const Elf64_Sym *s = &symtab[i];
+        if ((h | 1) == (h2 | 1) && s->st_shndx != SHN_UNDEF && ELF64_ST_TYPE(s->st_info) == STT_FUNC &&
+            str_eq(strtab + s->st_name, name))
+            return (void *)(l->l_addr + s->st_value);
+        if (h2 & 1)
+            return 0;
+    }
+}
+
+void hp_anon_loaded(const struct link_map *head)
+{
+    static int hooked;
+    if (hooked || !pm.pid || !head || (head->l_name && head->l_name[0]))
+        return; /* no map, or not the program's own namespace (dlmopen) */
+    typedef int register_atfork_fn(void (*)(void), void (*)(void), void (*)(void), void *);
+    register_atfork_fn *register_atfork = 0;
+    for (const struct link_map *l = head; l && !register_atfork; l = l->l_next) {
+        const char *n = l->l_name, *base = n;
+        for (; n && *n; n++)
+            if (*n == '/')
+                base = n + 1;
+        if (base && str_eq(base, "libc.so.6"))
+            register_atfork = (register_atfork_fn *)dynamic_function(l, "__register_atfork");
+    }
+    /* pthread_atfork() is __register_atfork(..., __dso_handle) in libc_nonshared.a; with
+     * no handle, the handler is never unregistered. */
+    if (register_atfork && register_atfork(0, 0, perf_map_after_fork, 0) == 0) {
+        hooked = 1;
+    } else {
+        char name[40];
+        map_name(name, pm.pid);
+        map_debug(name, "none for forked children", "no __register_atfork in the C library", -1);
+        hooked = -1;
+    }
 }
 
 /* --- one range --- */

@@ -63,4 +63,11 @@ struct hp_anon_range {
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r,
                       int fd, const char *path);
 
+struct link_map;
+
+/* At the end of each load (la_activity LA_ACT_CONSISTENT; `head`: the namespace's first
+ * object): once this process has a perf map, hooks the C library's fork() so that a
+ * forked child gets /tmp/perf-CHILD.map, a link to its parent's (atfork child handler). */
+void hp_anon_loaded(const struct link_map *head);
+
 #endif

@@ -1,9 +1,11 @@
 """perf's map of the anonymous copies (runtime/hp_anon.c, docs/runtime.md "perf and
 gdb"), on the real kernel with the real perf: /tmp/perf-PID.map is written only when
 asked (HUGIFY_PERF_MAP=1), then created 0600 by the process's own user, exclusively,
-never through a name someone else planted, completely or not at all; the copies carry
-no VMA name (perf reads a named anonymous VMA, `[anon:NAME]`, as a file it cannot find,
-never as a JIT map's memory).
+never through a name someone else planted, completely or not at all; a forked child
+gets a map of its own pid, so that `perf record -p CHILD` and `perf record -a` started
+after the fork name the child's copied code; the copies carry no VMA name (perf reads a
+named anonymous VMA, `[anon:NAME]`, as a file it cannot find, never as a JIT map's
+memory).
 
 The copies are forced (`--anonymous=always`): this host's ext4 gives file-backed 2 MiB
 folios. Every test points HUGIFY_RUNTIME_DIR at a directory of its own. The programs
@@ -490,6 +492,77 @@ def perf_top_symbol(data: Path, pid: int) -> str:
     rows = [line.split() for line in rep.splitlines() if line.strip() and not line.startswith("#")]
     assert rows, rep
     return rows[0][-1]
+
+
+def test_a_forked_child_has_a_map_of_its_own(files: Files, rundir: Path, started: list[Running]):
+    """The child gets /tmp/perf-CHILD.map at the fork, naming the copies it inherited;
+    what the parent copies after the fork (a dlopen) goes into the parent's map only:
+    the child's map is then a file of its own, 0600, owned by the user."""
+    r = start(
+        started,
+        [HUGIFY_RUN, "--anonymous=always", files.prog, "fork", files.plug],
+        environment(rundir, HUGIFY_PERF_MAP="1"),
+    )
+    child = r.child()
+    assert r.line() == "parent dlopened"
+    parent = r.proc.pid
+    prog_names = functions_in_windows(files.prog)
+    plug_names = functions_in_windows(files.plug)
+    parent_names = {name for _, _, name in map_entries(perf_map(parent).read_text())}
+    child_names = {name for _, _, name in map_entries(perf_map(child).read_text())}
+    assert parent_names == prog_names | plug_names
+    assert child_names == prog_names
+    st = os.lstat(perf_map(child))
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
+    assert (st.st_dev, st.st_ino) != (os.stat(perf_map(parent)).st_dev, os.stat(perf_map(parent)).st_ino)
+    out = r.finish()
+    assert r.proc.returncode == 0 and "result " in out, r.stderr
+
+
+def test_no_map_for_a_forked_child_by_default(files: Files, rundir: Path, started: list[Running]):
+    t0 = time.time_ns()
+    r = start(started, [HUGIFY_RUN, "--anonymous=always", files.prog, "fork"], environment(rundir))
+    child = r.child()
+    assert not made_since(perf_map(child), t0) and not made_since(perf_map(r.proc.pid), t0)
+    out = r.finish()
+    assert r.proc.returncode == 0 and "result " in out, r.stderr
+
+
+@pytest.mark.parametrize("how", ["-p", "-a"])
+def test_perf_started_after_the_fork_names_the_childs_copied_code(
+    files: Files, rundir: Path, started: list[Running], tmp_path: Path, how: str
+):
+    """`perf record -p CHILD` and `perf record -a`, started after the fork, read the
+    child's mappings from /proc/CHILD/maps (the copies: anonymous) and name them from
+    /tmp/perf-CHILD.map: the child's hot function is perf report's first row for the
+    child (cpu-clock: this host has no hardware PMU)."""
+    r = start(
+        started,
+        [HUGIFY_RUN, "--anonymous=always", files.prog, "fork"],
+        environment(rundir, HUGIFY_PERF_MAP="1"),
+    )
+    child = r.child()
+    data = tmp_path / "perf.data"
+    target = ["-p", str(child)] if how == "-p" else ["-a"]
+    perf = subprocess.Popen(
+        ["perf", "record", "-q", "-e", "cpu-clock", *target, "-o", str(data)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2.0)  # perf has read /proc and is recording
+        out = r.finish()
+        assert r.proc.returncode == 0 and "result " in out, r.stderr
+        if how == "-a":
+            perf.send_signal(signal.SIGINT)
+        _, err = perf.communicate(timeout=120)
+        assert perf.returncode in (0, -signal.SIGINT), err  # -a: ended by SIGINT, which perf raises again
+    finally:
+        if perf.poll() is None:
+            perf.kill()
+            perf.wait()
+    assert perf_top_symbol(data, child) == "hugify_hot_spin"
 
 
 def test_perf_recording_before_the_start_needs_no_map(
