@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, REPO, bootstrap, hugify_cmd, ratio_summary
+from benchlib import REPO, hugify_cmd
 
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench" / "workloads"))
 
 from corpus_support import copy_tree
@@ -52,6 +51,7 @@ from fixtures import cache_root, debian_packages, locked
 from sources import ITLB_CFLAGS, cxx_unit, itlb_program
 
 from hugify import anoncopies, manifest
+from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, bootstrap, ratio_summary
 from hugify.prefetch import GOOD_STATES, Engine, NotHugified, read_windows
 
 #: The policy the trees are transformed under: the shipped default, except that
