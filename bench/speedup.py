@@ -47,8 +47,8 @@ from benchlib import REPO, hugify_cmd
 sys.path.insert(0, str(REPO / "bench" / "workloads"))
 
 from corpus_support import copy_tree
-from fixtures import cache_root, debian_packages, locked
-from sources import ITLB_CFLAGS, cxx_unit, itlb_program
+from fixtures import ITLB_CFLAGS, cache_root, debian_packages, itlb_program, locked
+from sources import cxx_unit
 
 from hugify import anoncopies, manifest
 from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, bootstrap, ratio_summary
