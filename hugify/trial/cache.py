@@ -200,11 +200,19 @@ class Cache:
         return Copy(original, digest, report, final if keep else None, made=True)
 
     def plain_copies(self, originals: list[str], scratch: Path) -> list[Copy]:
-        """Byte-identical copies of the originals in this run's scratch directory (the
-        A/A control: the whole method with nothing hugified); not kept."""
+        """Byte-identical copies, in this run's scratch directory, of the originals the
+        policy selects (the A/A control: the whole method with nothing hugified); not
+        kept."""
         out = []
+        opts = tree.Options(root=Path("/"), policy=self.policy)
         try:
             for n, original in enumerate(originals):
+                probed = tree.probe(Path(original))
+                assert probed is not None  # the caller gives ELF files only
+                decision = tree.decide(tree.Candidate([original], [Path(original)], probed, os.stat(original)), opts)
+                if isinstance(decision, tree.Outcome):
+                    out.append(Copy(original, "", dict(decision.as_json()), None, made=False))
+                    continue
                 copy = scratch / f"plain-{n}"
                 shutil.copyfile(original, copy)
                 os.chmod(copy, stat.S_IMODE(os.stat(original).st_mode) & 0o555)
