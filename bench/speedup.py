@@ -46,6 +46,7 @@ from fixtures import ITLB_CFLAGS, build_itlb, cache_root, debian_packages
 from sources import cxx_unit
 
 from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+from hugify.trial.report import interval, mib
 
 MIB = 1 << 20
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -264,17 +265,6 @@ def measure(setup: Setup, opts: Options, work: Path) -> dict[str, Any]:
 
 
 # --- report ------------------------------------------------------------------------------
-
-
-def mib(n: int | float | None) -> str:
-    return f"{(n or 0) / MIB:.1f} MiB"
-
-
-def interval(r: dict[str, Any] | None) -> str:
-    if not r:
-        return "-"
-    ci = r["ci95"]
-    return f"{r['median']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{r['median']:.3f} [no interval]"
 
 
 def totals(r: dict[str, Any]) -> dict[str, int]:

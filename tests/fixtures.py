@@ -465,6 +465,7 @@ def build_itlb(functions: int) -> Path:
     source = itlb_program(functions)
     gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
     key = hashlib.sha256(f"{BUILD_VERSION}{source}{ITLB_CFLAGS}{gcc}".encode()).hexdigest()[:16]
+
     def make(work: Path) -> None:
         (work / "itlb.c").write_text(source)
         _run(["gcc", *ITLB_CFLAGS, "-o", "itlb", "itlb.c"], work)

@@ -13,11 +13,12 @@ from hugify.abtest import change, percent, percent_interval
 MIB = 1 << 20
 
 
-def _mib(n: float | None) -> str:
+def mib(n: float | None) -> str:
     return f"{(n or 0) / MIB:.1f} MiB"
 
 
-def _interval(r: dict[str, Any] | None) -> str:
+def interval(r: dict[str, Any] | None) -> str:
+    """A ratio_summary as "median [low, high]"."""
     if not r:
         return "-"
     ci = r["ci95"]
@@ -57,7 +58,7 @@ def answer(result: dict[str, Any]) -> tuple[str, str]:
             "no gain possible as measured: the hugified side ran no code on huge pages "
             f"(way: {result.get('way')}; see the notes and `hugify status`)",
         )
-    on_huge = f"{_mib(huge)} of code on huge pages"
+    on_huge = f"{mib(huge)} of code on huge pages"
     if faster:
         return "gain", f"CPU time {percent_interval(cpu)} with {on_huge}: hugified files make this command faster here"
     if slower:
@@ -125,7 +126,7 @@ def text(result: dict[str, Any]) -> str:
         cov = o.get("seen", {})
         h, a = cov.get("hugified", {}), cov.get("original", {})
         windows = f", {h.get('windows_huge', 0)}/{h.get('windows', 0)} windows seen huge" if h else ""
-        seen = f"; seen {_mib(h.get('pmd_mapped'))} PMD-mapped (original {_mib(a.get('pmd_mapped'))})" if h else ""
+        seen = f"; seen {mib(h.get('pmd_mapped'))} PMD-mapped (original {mib(a.get('pmd_mapped'))})" if h else ""
         how = f"{o['status']} ({o['mode']})" if o.get("mode") else o["status"]
         cached = ", cached" if o["cached"] else ""
         out.append(f"  {o['path']}: {how}{cached}{windows}{seen}")
@@ -147,13 +148,13 @@ def text(result: dict[str, Any]) -> str:
     )
     floor = result["noise_floor"]
     out.append(f"  {'':11} {'hugified / original':26} {'A/A noise floor':26}")
-    out.append(f"  {'CPU time':11} {_interval(result['cpu']):26} {_interval(floor['cpu']):26}")
-    out.append(f"  {'wall time':11} {_interval(result['wall']):26} {_interval(floor['wall']):26}")
+    out.append(f"  {'CPU time':11} {interval(result['cpu']):26} {interval(floor['cpu']):26}")
+    out.append(f"  {'wall time':11} {interval(result['wall']):26} {interval(floor['wall']):26}")
     cov = result["coverage"]
-    hugified, original = _mib(cov["hugified_pmd_mapped"]), _mib(cov["original_pmd_mapped"])
+    hugified, original = mib(cov["hugified_pmd_mapped"]), mib(cov["original_pmd_mapped"])
     line = f"  code on huge pages: hugified {hugified}, original {original}"
     if way == "anonymous":
-        line += f"; anonymous copies held {_mib(cov['anonymous_held'])}"
+        line += f"; anonymous copies held {mib(cov['anonymous_held'])}"
     out.append(line + " (the most in one process at one time)")
     v = result["verified_runs"]
     short = any(x["seen"] < x["runs"] for x in v.values())
