@@ -229,18 +229,39 @@ int main(void) {
 )
 
 
-def test_output_that_depends_on_code_addresses_is_a_difference(tmp_path: Path) -> None:
-    """A program that prints where its code lies: the shift moves it, the outputs part,
-    and hugify try stops with the line where they do (exit status 6)."""
+#: Exits with 7 where its code lies 2 MiB or more from where it was loaded: the shift
+#: puts the code on whole windows, which start at 2 MiB at the earliest.
+ADDRESS_EXIT = (
+    HUGE_CODE
+    + _functions("exe", 96)
+    + r"""
+int main(void) {
+    Dl_info info;
+    dladdr((void *)exe_f0, &info);
+    return exe_all(1) >= 0 && (char *)exe_f0 - (char *)info.dli_fbase >= 0x200000 ? 7 : 0;
+}
+"""
+)
+
+
+@pytest.mark.parametrize("source", ["output", "exit status"])
+def test_behaviour_that_depends_on_code_addresses_is_a_difference(tmp_path: Path, source: str) -> None:
+    """A program that prints where its code lies, or exits with a status that says
+    it: the shift moves the code, the sides part, and hugify try stops there (status
+    6) with where they part, the original's first."""
     build_runtime()
-    prog = _cc(tmp_path / "where", ADDRESS_PRINTER, "-fPIE", "-pie")
+    prog = _cc(tmp_path / "where", ADDRESS_PRINTER if source == "output" else ADDRESS_EXIT, "-fPIE", "-pie")
     res = _hugify_try("--json", "--cache-dir", tmp_path / "cache", "--", prog, cwd=tmp_path)
     assert res.returncode == 6, res.stderr
-    assert res.stderr.count("\n") == 1 and res.stderr.endswith("(behaviour-differs)\n"), res.stderr
-    assert "standard output at line 1: " in res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.endswith("(original vs hugified) (behaviour-differs)\n")
     doc = _json(res)
     assert doc["error"]["reason"] == "behaviour-differs"
-    assert doc["difference"]["what"] == ["standard output"]
+    if source == "output":
+        assert "differ in standard output; standard output at line 1: " in res.stderr
+        assert doc["difference"]["what"] == ["standard output"]
+    else:
+        assert "the runs differ in exit status 0 vs 7 (original vs hugified)" in res.stderr
+        assert doc["difference"]["what"] == ["exit status 0 vs 7"]
     (obj,) = [o for o in doc["objects"] if o["path"] == str(prog)]
     assert obj["status"] == "transformed" and obj["mode"] == "shift"
 

@@ -129,7 +129,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "makes hugified copies of those with enough code in a private cache, then runs COMMAND again and again, "
         "alternately on the original files and on the copies (each side in a private mount namespace where the "
         "copies are bind-mounted over the originals' paths; nothing of the system changes), and reports the "
-        "hugified/original ratios of CPU and wall time with 95 %% intervals, an A/A noise floor, the huge-page "
+        "hugified/original ratios of CPU and wall time with 95 % intervals, an A/A noise floor, the huge-page "
         "coverage each side got, and one line of answer. Both sides must behave the same: exit status, standard "
         "output and --compare-files are compared after every round. Details: docs/try.md.",
         epilog=EPILOG,
@@ -188,7 +188,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--control",
         action="store_true",
         help="the A/A control: give the hugified side plain copies of the originals instead, to see what "
-        "the method shows where nothing differs (the interval should contain 0)",
+        "the method shows where nothing differs (it must claim no difference)",
     )
     p.add_argument("--jobs", type=int, metavar="N", help="copies made in parallel (default: the CPUs)")
     p.set_defaults(func=run)

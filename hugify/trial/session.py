@@ -69,7 +69,6 @@ class Options:
     #: The A/A control: the hugified side gets plain copies of the originals.
     control: bool = False
     jobs: int = 1
-    warm_up: bool = True
     progress: Callable[[str], None] = lambda text: None
 
 
@@ -114,7 +113,7 @@ class Behaviour:
     def differences(self, other: Behaviour) -> list[str]:
         out = []
         if self.status != other.status:
-            out.append(f"exit status {other.status} vs {self.status}")
+            out.append(f"exit status {self.status} vs {other.status}")
         if self.stdout != other.stdout:
             out.append("standard output")
         out += [f"file {p}" for p in self.files if self.files[p] != other.files.get(p)]
@@ -363,9 +362,8 @@ class Trial:
     ) -> tuple[list[dict[str, Timed]], str, list[str]]:
         """The untimed runs, then rounds until the limits say stop."""
         opts = self.opts
-        if opts.warm_up:
-            opts.progress("one untimed run of each side")
-            self._check_behaviour({label: runner.one(label) for label in (abtest.ORIGINAL, abtest.CHANGED)})
+        opts.progress("one untimed run of each side")
+        self._check_behaviour({label: runner.one(label) for label in (abtest.ORIGINAL, abtest.CHANGED)})
         rounds: list[dict[str, Timed]] = []
         start = time.monotonic()
         while True:

@@ -238,9 +238,12 @@ class Side:
         if pid == 0:  # pragma: no cover (the child)
             code = 0
             try:
-                os.closerange(3, requests_r)
-                os.closerange(requests_r + 1, replies_w)
-                os.closerange(replies_w + 1, os.sysconf("SC_OPEN_MAX"))
+                # only its two pipe ends: the caller's other descriptors (the other
+                # side's pipes too) must not be held open by it
+                keep = sorted((requests_r, replies_w))
+                os.closerange(3, keep[0])
+                os.closerange(keep[0] + 1, keep[1])
+                os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller ends it
                 _serve(requests_r, replies_w, binds, parent)
             except BaseException:
