@@ -460,3 +460,26 @@ def test_explain_and_usage() -> None:
         [sys.executable, "-m", "hugify.cli", "try", "--json"], cwd=REPO, capture_output=True, text=True, check=False
     )
     assert res.returncode == 2 and "give the command to compare after --" in res.stderr
+
+
+def test_the_svg_stays_well_formed_for_any_command() -> None:
+    """Characters XML escapes (here an & where the title is cut) and every ratio
+    end up in a well-formed picture."""
+    from hugify.trial import report
+
+    rounds = [{"A_cpu_s": 1.0, "B_cpu_s": 0.9 + k / 100, "A2_cpu_s": 1.0 + k / 200} for k in range(7)]
+    summary = {"median": 0.93, "ci95": [0.91, 0.95], "half_width": 0.01, "min": 0.9, "max": 0.96}
+    result = {
+        "command": ["sh", "-c", "x" * 75 + " && make <all> 'twice'"],  # & where the old cut fell
+        "per_round": rounds,
+        "cpu": summary,
+        "noise_floor": {"cpu": summary | {"median": 1.0, "ci95": [0.99, 1.02]}},
+        "coverage": {"hugified_pmd_mapped": 4 << 20, "anonymous_held": None},
+        "way": "file",
+        "limits": {"target": 0.01},
+    }
+    root = ET.fromstring(report.svg(result))
+    assert len(root.findall("{http://www.w3.org/2000/svg}circle")) == 2 * 7 + 2
+    texts = [t.text or "" for t in root.findall("{http://www.w3.org/2000/svg}text")]
+    assert texts[0].startswith("hugify try: sh -c 'xxx") and texts[0].endswith("…")
+    assert texts[1] == report.answer(result)[1]

@@ -170,6 +170,10 @@ def text(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def svg(result: dict[str, Any]) -> str:
     """The per-round CPU-time ratios as a scatter plot with both intervals."""
     b, aa = _round_ratios(result)
@@ -193,8 +197,8 @@ def svg(result: dict[str, Any]) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
         'font-family="sans-serif" font-size="12">',
         f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="14">hugify try: {escape(shlex.join(result["command"]))[:90]}</text>',
-        f'<text x="{left}" y="40">{escape(answer(result)[1])[:110]}</text>',
+        f'<text x="{left}" y="20" font-size="14">hugify try: {escape(_cut(shlex.join(result["command"]), 90))}</text>',
+        f'<text x="{left}" y="40">{escape(_cut(answer(result)[1], 110))}</text>',
     ]
     for r, fill in ((result["noise_floor"]["cpu"], "#dddddd"), (result["cpu"], "#c6dbef")):
         if r and r["ci95"]:
