@@ -8,9 +8,11 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,19 +201,31 @@ def test_the_itlb_bound_program_gains_and_nothing_of_the_system_changes(itlb: Pa
     assert len(circles) == 2 * doc["rounds"] + 2  # both ratios per round, and the legend's two
 
 
-def test_an_a_a_comparison_shows_no_gain(itlb: Path, tmp_path: Path) -> None:
-    """--control: the hugified side gets plain copies of the originals, so nothing
-    differs but the files' inodes; the whole method runs and must not claim a gain
-    (nor a loss): the interval is not clear of the A/A floor's."""
-    args = ("--json", "--control", "--cache-dir", tmp_path / "cache", "--min-rounds", "5", "--max-rounds", "5")
-    res = _hugify_try(*args, "--", itlb, "400", cwd=itlb.parent)
+SEQUENTIAL = (
+    "#include <stdio.h>\n#include <stdlib.h>\n"
+    + _functions("exe", 96)
+    + "int main(int argc, char **argv) { long x = 1; for (int r = atoi(argv[1]); r > 0; r--) x = exe_all(x);"
+    + ' printf("%ld\\n", x); }\n'
+)
+
+
+def test_an_a_a_comparison_shows_no_gain(tmp_path: Path) -> None:
+    """--control: the hugified side gets a plain copy of the original, so nothing
+    differs but the file; the whole method runs and must claim neither a gain nor a
+    loss (the interval is not clear of the A/A floor's). The program runs 1.5 MiB of
+    straight-line code: the iTLB program is no A/A subject, as the physical placement
+    of its page cache alone moves it by tens of percent (docs/try.md, "Limits")."""
+    build_runtime()
+    prog = _cc(tmp_path / "straight", SEQUENTIAL, "-fPIE", "-pie")
+    args = ("--json", "--control", "--cache-dir", tmp_path / "cache", "--min-rounds", "6", "--max-rounds", "6")
+    res = _hugify_try(*args, "--", prog, "200", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     doc = _json(res)
     summary = (doc["answer"], doc["cpu"], doc["noise_floor"]["cpu"])
     assert doc["coverage"]["hugified_pmd_mapped"] == 0 == doc["coverage"]["original_pmd_mapped"], summary
     assert doc["verdict"] == "control-passed", summary
-    (prog,) = [o for o in doc["objects"] if o["path"] == str(itlb)]
-    assert prog["status"] == "copied" and prog["copy"].startswith(str(tmp_path / "cache"))
+    (obj,) = [o for o in doc["objects"] if o["path"] == str(prog)]
+    assert obj["status"] == "copied" and obj["copy"].startswith(str(tmp_path / "cache"))
     assert not list((tmp_path / "cache").glob("*/file"))  # plain copies are not kept
 
 
@@ -493,3 +507,38 @@ def test_the_svg_stays_well_formed_for_any_command() -> None:
     texts = [t.text or "" for t in root.findall("{http://www.w3.org/2000/svg}text")]
     assert texts[0].startswith("hugify try: sh -c 'xxx") and texts[0].endswith("…")
     assert texts[1] == report.answer(result)[1]
+
+
+def test_the_command_gets_the_signal_dispositions_a_shell_gives(tmp_path: Path) -> None:
+    """Nothing ignored and nothing blocked in the command, on either side: Python
+    ignores SIGPIPE and SIGXFSZ, and the sides' processes ignore what stops the
+    comparison; none of it may reach the command (`yes | head` must end by SIGPIPE)."""
+    build_runtime()
+    script = "grep -E '^Sig(Ign|Blk)' /proc/self/status > signals.txt; yes | head -1 > /dev/null"
+    args = ("--json", "--cache-dir", tmp_path / "cache", "--min-rounds", "1", "--max-rounds", "1")
+    res = _hugify_try(*args, "--compare-files", "signals.txt", "--", "sh", "-c", script, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "signals.txt").read_text() == "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+
+
+def test_a_terminated_comparison_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM in the middle of the rounds: the command's processes (one left running
+    in the background of each run), the sides' processes and the scratch files go;
+    hugify try ends by the same signal."""
+    build_runtime()
+    marker = "987.654"
+    cache = tmp_path / "cache"
+    script = f"sleep {marker} & sleep 0.2"
+    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen([*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) as p:
+        deadline = time.monotonic() + 60
+        while not _running(f"sleep\0{marker}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)  # into the rounds
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGTERM, err
+    assert "hugify try: stopped by SIGTERM" in err
+    assert not _running(f"sleep\0{marker}")
+    assert _leftovers(cache) == [] and _system_state(tmp_path)[0] == []

@@ -4,10 +4,12 @@ faster on this machine (the module is not called ``try``: a Python keyword)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hugify import reasons
@@ -88,7 +90,17 @@ def run(args: argparse.Namespace) -> Exit:
         progress=_progress(tty),
     )
     try:
-        result = session.run(opts)
+        with _stopped_by_signals():
+            result = session.run(opts)
+    except _Stopped as e:
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+        print(f"hugify try: stopped by {signal.Signals(e.signum).name}; the command's processes and the run's "
+              "files are gone", file=sys.stderr)  # fmt: skip
+        sys.stderr.flush()
+        signal.signal(e.signum, signal.SIG_DFL)  # ends by the same signal, as a shell expects
+        os.kill(os.getpid(), e.signum)
+        return Exit.INTERNAL
     except session.TryError as e:
         if tty:
             sys.stderr.write("\r\x1b[K")
@@ -113,6 +125,32 @@ def run(args: argparse.Namespace) -> Exit:
     else:
         sys.stdout.write(report.text(result))
     return Exit.INTERNAL if result["problems"] else Exit.OK
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP end the comparison through its clean-up (the sides'
+    processes and the command's are killed, the scratch files removed) instead of
+    killing this process on the spot; a signal the caller ignores stays ignored."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stopped(signum)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _dump(obj: object) -> None:

@@ -3,9 +3,14 @@
 that no timed run reads from disk, and the two sides differ only in what hugify
 changes.
 
-* At the start the originals are written back (fdatasync: a program just built has
-  dirty pages) and evicted (POSIX_FADV_DONTNEED), so that the kernel's own faults
-  bring them in as it does on a running system: small folios. (Read with read(2), a
+* At the start the originals and the copies are written back (fdatasync: a program
+  just built, a copy just made, has dirty pages) and evicted (POSIX_FADV_DONTNEED),
+  so that the kernel's own faults bring them in as it does on a running system: small
+  folios (then the copies' windows are loaded as 2 MiB folios, below). A file just
+  written is cached in whatever folios the write made, large ones on a filesystem
+  with large folios; the rest of a copy (its data) must start where its original
+  does. (bench/speedup.py evicted both sides' files; hugify try first evicted only
+  the originals.) (Read with read(2), a
   file on a filesystem with large folios gets them, and an original whose code starts
   at a 2 MiB-aligned offset would then be PMD-mapped by accident; bench/README.md
   shows it for libLLVM.) An original that another process maps is left as it is
@@ -72,7 +77,8 @@ class PageCache:
         self.loaded_again = 0  # windows prefetched again before a run
 
     def start(self, skip: Iterable[int]) -> Prepared:
-        """Evicts the originals nobody else maps and prefetches the copies."""
+        """Evicts the copies and the originals nobody else maps, and prefetches the
+        copies' windows."""
         found = Prepared()
         keys = {}
         me = os.geteuid()
@@ -86,7 +92,7 @@ class PageCache:
         for key, who in mapped.items():
             found.kept.setdefault(keys[key], f"mapped by {', '.join(sorted({w for *_, w in who})[:3])}")
         found.evicted = [p for p in self.originals if p not in found.kept]
-        advise(found.evicted, os.POSIX_FADV_DONTNEED)
+        advise([*found.evicted, *self.copies], os.POSIX_FADV_DONTNEED)
         found.windows = {t.path: t for t in self._prefetch()}
         return found
 

@@ -29,6 +29,7 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,26 +177,28 @@ def _kill_leftovers() -> int:
 
 
 def _spawn(req: dict[str, Any], out: TextIO) -> dict[str, Any]:
-    """One run: spawned, its pid said at once (the watcher starts), waited for."""
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-        (os.POSIX_SPAWN_OPEN, 2, req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-    ]
-    os.chdir(req["cwd"])
+    """One run: started, its pid said at once (the watcher starts), waited for.
+    subprocess gives the command the signal dispositions a shell would (SIGPIPE and
+    SIGXFSZ back to default; handlers do not survive exec); posix_spawn would leave
+    glibc's internal signals 32 and 33 ignored in it."""
     start = time.perf_counter()
     try:
-        pid = os.posix_spawn(req["program"], req["argv"], req["env"], file_actions=actions, setpgroup=0)
+        with open(req["stdout"], "wb") as stdout, open(req["stderr"], "wb") as stderr:
+            proc = subprocess.Popen(
+                req["argv"], executable=req["program"], env=req["env"], cwd=req["cwd"],
+                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, process_group=0,
+            )  # fmt: skip
     except OSError as e:
         return {"error": f"cannot execute {req['program']}: {e.strerror}"}
-    out.write(json.dumps({"pid": pid}) + "\n")
+    out.write(json.dumps({"pid": proc.pid}) + "\n")
     out.flush()
-    _, status, ru = os.wait4(pid, 0)
+    _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
     with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)  # the rest of its process group, before it forks more
+        os.killpg(proc.pid, signal.SIGKILL)  # the rest of its process group, before it forks more
     return {
-        "status": os.waitstatus_to_exitcode(status),
+        "status": proc.returncode,
         "cpu": ru.ru_utime + ru.ru_stime,
         "wall": wall,
         "leftovers": _kill_leftovers(),
@@ -244,7 +247,10 @@ class Side:
                 os.closerange(3, keep[0])
                 os.closerange(keep[0] + 1, keep[1])
                 os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller ends it
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                    # the caller ends it, and the command with it; a handler (unlike
+                    # SIG_IGN) does not pass on to the command
+                    signal.signal(sig, lambda signum, frame: None)
                 _serve(requests_r, replies_w, binds, parent)
             except BaseException:
                 code = 70
