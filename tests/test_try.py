@@ -348,7 +348,7 @@ def test_make_running_compiles_is_compared_with_the_compiler_hugified(tmp_path: 
 RUNPATH_MAIN = (
     "#include <stdio.h>\nlong lib_all(long);\n"
     + _functions("exe", 80)
-    + 'int main(void) { long x = 1; for (int r = 0; r < 20; r++) x = lib_all(exe_all(x)); printf("%ld\\n", x); }\n'
+    + 'int main(void) { long x = 1; for (int r = 0; r < 100; r++) x = lib_all(exe_all(x)); printf("%ld\\n", x); }\n'
 )
 
 

@@ -30,8 +30,10 @@ from hugify.trial.sides import descendants
 if TYPE_CHECKING:
     from hugify.prefetch import Engine
 
-#: Seconds between two looks at the processes.
+#: Seconds between two looks at the processes; until FIRST_LOOKS have found one,
+#: FIRST_INTERVAL.
 SAMPLE_INTERVAL = 0.025
+FIRST_LOOKS, FIRST_INTERVAL = 3, 0.002
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) (\d+)\s*(.*)$")
 
 
@@ -126,7 +128,8 @@ class Sampler(threading.Thread):
                 except OSError:
                     continue  # gone meanwhile
             self.samples += found
-            if self.stopping.wait(SAMPLE_INTERVAL):
+            # the first looks come sooner: a short run may end before the second one
+            if self.stopping.wait(SAMPLE_INTERVAL if self.samples >= FIRST_LOOKS else FIRST_INTERVAL):
                 return
 
     def look(self, pid: int) -> None:
