@@ -118,7 +118,7 @@ reasons! {
     Hardlink => (Info, "hardlink", "Another name of a file already handled: its inode is prefetched once."),
     SignedFile => (Refused, "signed-file", "The file carries an IMA or EVM signature (security.ima, security.evm) that rewriting would make stale; drop it only on purpose (--drop-stale-signatures, ima_signatures = \"drop\")."),
     LiveRoot => (Refused, "live-root", "The tree given is the running system's root, not a package build root; pass --allow-live-root to rewrite it in place on purpose."),
-    NoEngine => (Refused, "no-engine", "hugify prefetch and status need the C runtime's libhugify-engine.so, which this installation lacks (a pip-installed hugify carries only the CLI)."),
+    NoEngine => (Refused, "no-engine", "hugify prefetch and status need the C runtime's libhugify-engine.so (hugify try also its audit and record libraries), which this installation lacks (a pip-installed hugify carries only the CLI)."),
     Loader => (Info, "loader", "A window stays busy: it is ld.so's own running code, which the runtime never drops from the page tables."),
     NotEvicted => (Info, "not-evicted", "A window stays busy: small pages of it could not be evicted (mapped by a process, dirty or locked); the timer retries."),
     MemoryFs => (Info, "memory-fs", "A window is unsupported: its file is on tmpfs, ramfs or hugetlbfs, which keep pages only in memory (huge pages follow the huge= mount option)."),

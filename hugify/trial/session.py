@@ -574,6 +574,7 @@ class Trial:
                 "order": list(r),
                 **{f"{label}_cpu_s": round(t.result.cpu, 4) for label, t in r.items()},
                 **{f"{label}_wall_s": round(t.result.wall, 4) for label, t in r.items()},
+                **{f"{label}_samples": t.samples for label, t in r.items()},
             }
             for r in rounds
         ]
