@@ -542,3 +542,19 @@ def test_a_terminated_comparison_leaves_nothing_behind(tmp_path: Path) -> None:
     assert "hugify try: stopped by SIGTERM" in err
     assert not _running(f"sleep\0{marker}")
     assert _leftovers(cache) == [] and _system_state(tmp_path)[0] == []
+
+
+def test_entries_of_another_hugify_go_once_unused_for_a_day(tmp_path: Path) -> None:
+    """Entries under another key (another hugify, another policy) unused for more than
+    a day are removed when a run opens the cache; younger ones stay."""
+    build_runtime()
+    cache = tmp_path / "cache"
+    old, recent = cache / f"{'0' * 64}-{'f' * 16}", cache / f"{'1' * 64}-{'f' * 16}"
+    for entry in (old, recent):
+        entry.mkdir(parents=True)
+        (entry / "outcome.json").write_text("{}\n")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    res = _hugify_try("--cache-dir", cache, "--", "sh", "-c", "exit 1", cwd=tmp_path)
+    assert res.returncode == 3, res.stderr
+    assert not old.exists() and recent.is_dir()

@@ -10,8 +10,9 @@ its windows are loaded as 2 MiB folios in the copy's page cache while the origin
 keeps the small folios the kernel's faults give it. Each entry is made in a
 temporary directory and renamed into place whole, so a reader never sees half an
 entry and an interrupted run leaves none (a later run removes the temporary
-directories of runs that are gone). Entries are never changed; the whole cache can
-be removed at any time.
+directories of runs that are gone). Entries are never changed, but their time says
+when a run last used them: those of another hugify or another policy (another KEY)
+go once unused for a day. The whole cache can be removed at any time.
 
 The root: --cache-dir, else /var/cache/hugify/try for root, else
 $XDG_CACHE_HOME/hugify/try (~/.cache/hugify/try). The run's scratch files (the
@@ -27,6 +28,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ from hugify.policy import Policy
 ROOT_CACHE = Path("/var/cache/hugify/try")
 OUTCOME = "outcome.json"
 COPY = "file"
+#: Entries another hugify (or policy) made are removed once unused this long.
+STALE_SECONDS = 86400
 
 
 class CacheError(Exception):
@@ -106,12 +110,18 @@ class Cache:
         return scratch
 
     def _remove_abandoned(self) -> None:
-        """Temporary directories of runs whose process is gone (interrupted hard)."""
+        """Temporary directories of runs whose process is gone (interrupted hard), and
+        entries of another hugify or policy (another KEY) unused for STALE_SECONDS."""
+        now = time.time()
         for d in self.root.iterdir():
             kind, _, rest = d.name.partition("-")
             pid = rest.split("-")[0]
             if kind in (".new", ".run") and pid.isdigit() and not Path(f"/proc/{pid}").exists():
                 shutil.rmtree(d, ignore_errors=True)
+            elif not d.name.startswith(".") and not d.name.endswith(f"-{self.key}"):
+                with contextlib.suppress(OSError):
+                    if now - d.stat().st_mtime > STALE_SECONDS:
+                        shutil.rmtree(d, ignore_errors=True)
 
     def copies(self, originals: list[str], jobs: int) -> list[Copy]:
         """The cached copy of each original, made where the cache has none (in
@@ -149,6 +159,8 @@ class Cache:
             outcome = json.loads((entry / OUTCOME).read_text())
         except (OSError, ValueError):
             return None
+        with contextlib.suppress(OSError):
+            os.utime(entry)  # used: an entry's time says when it was last used
         copy = entry / COPY
         return Copy(original, digest, outcome, copy if copy.is_file() else None, made=False)
 
