@@ -30,9 +30,10 @@ $(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml binding
 	install -m 0644 target/release/lib_core.so $(EXT)
 
 install: build
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PYDIR)/hugify/commands
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PYDIR)/hugify/commands $(DESTDIR)$(PYDIR)/hugify/trial
 	install -m 0644 hugify/*.py hugify/py.typed $(DESTDIR)$(PYDIR)/hugify/
 	install -m 0644 hugify/commands/*.py $(DESTDIR)$(PYDIR)/hugify/commands/
+	install -m 0644 hugify/trial/*.py $(DESTDIR)$(PYDIR)/hugify/trial/
 	install -m 0644 $(EXT) $(DESTDIR)$(PYDIR)/hugify/
 	sed -e 's|@PYTHON@|$(PYTHON)|' -e 's|@PYDIR@|$(PYDIR)|' tools/hugify.in > $(DESTDIR)$(BINDIR)/hugify
 	chmod 0755 $(DESTDIR)$(BINDIR)/hugify

@@ -1,13 +1,13 @@
 """Shared helpers for the benchmarks: timing child processes (wall time, CPU time
-and peak RSS), interleaved repetitions, printing ratios, and the bootstrap interval
-of a median ratio. Machines here are noisy, so every figure is a ratio against a
-peer measured in the same run."""
+and peak RSS), interleaved repetitions and printing ratios. Machines here are noisy,
+so every figure is a ratio against a peer measured in the same run; its interval is
+the product's (hugify.abtest: the median of per-round ratios with a 95 % bootstrap
+interval, as `hugify try` reports it)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 import resource
 import statistics
 import subprocess
@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 #: The interpreter the benchmarks run with: they import the test suite's modules,
@@ -40,9 +39,9 @@ def _run_with_the_project_python() -> None:
 if Path(sys.argv[0]).resolve().parent == REPO / "bench":  # a benchmark's own run, not an import by a test
     _run_with_the_project_python()
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 12
+from hugify.abtest import ratio_summary  # noqa: E402  (after the path above)
 
 
 @dataclass
@@ -134,30 +133,6 @@ def baseline_name(checkout: Path) -> str:
         ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     )
     return f"hugify at {rev.stdout.strip() or checkout}"
-
-
-def bootstrap(ratios: list[float]) -> tuple[float, float] | None:
-    """95 % interval of the median ratio: the pairs resampled with replacement
-    BOOTSTRAP_RESAMPLES times (fixed seed), the 2.5th and 97.5th percentiles of the
-    resamples' medians. None with fewer than two pairs."""
-    if len(ratios) < 2:
-        return None
-    rng = random.Random(BOOTSTRAP_SEED)
-    n = len(ratios)
-    meds = sorted(statistics.median(rng.choices(ratios, k=n)) for _ in range(BOOTSTRAP_RESAMPLES))
-    return meds[BOOTSTRAP_RESAMPLES * 25 // 1000], meds[BOOTSTRAP_RESAMPLES * 975 // 1000 - 1]
-
-
-def ratio_summary(ratios: list[float]) -> dict[str, Any]:
-    med = statistics.median(ratios)
-    ci = bootstrap(ratios)
-    return {
-        "median": round(med, 4),
-        "ci95": [round(ci[0], 4), round(ci[1], 4)] if ci else None,
-        "half_width": round((ci[1] - ci[0]) / 2 / med, 4) if ci else None,
-        "min": round(min(ratios), 4),
-        "max": round(max(ratios), 4),
-    }
 
 
 def report_pairs(results: dict[str, list[Sample]], new: str, old: str) -> None:

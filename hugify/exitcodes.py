@@ -18,15 +18,18 @@ class Exit(enum.IntEnum):
     REFUSED = 4
     #: Reading or writing a file failed.
     IO = 5
+    #: ``hugify try``: the command behaved differently on the hugified files.
+    DIFFERS = 6
     #: A bug in hugify; nothing was written.
     INTERNAL = 70
 
     @classmethod
     def for_kind(cls, kind: str) -> Exit:
-        return {"invalid": cls.INVALID, "refused": cls.REFUSED, "io": cls.IO, "info": cls.OK}.get(kind, cls.INTERNAL)
+        known = {"invalid": cls.INVALID, "refused": cls.REFUSED, "io": cls.IO, "differs": cls.DIFFERS, "info": cls.OK}
+        return known.get(kind, cls.INTERNAL)
 
 
 def worst(codes: list[Exit]) -> Exit:
     """The status of a multi-file run: the most serious of its files."""
-    order = [Exit.OK, Exit.REFUSED, Exit.INVALID, Exit.IO, Exit.FAILED, Exit.INTERNAL]
+    order = [Exit.OK, Exit.REFUSED, Exit.INVALID, Exit.IO, Exit.FAILED, Exit.DIFFERS, Exit.INTERNAL]
     return max(codes, key=order.index, default=Exit.OK)

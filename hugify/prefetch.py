@@ -307,29 +307,35 @@ class System:
 # --- the engine ---------------------------------------------------------------------
 
 
-def _engine_candidates() -> tuple[Path, Path]:
-    """Where the engine is: runtime/ of the source tree, or the directory above the
-    installed package (/usr/lib/hugify/python/hugify -> /usr/lib/hugify)."""
+def runtime_candidates(name: str) -> tuple[Path, Path]:
+    """Where a file of the C runtime is: runtime/ of the source tree, or the directory
+    above the installed package (/usr/lib/hugify/python/hugify -> /usr/lib/hugify)."""
     here = Path(__file__).resolve().parent.parent
-    return here / "runtime" / ENGINE_LIB, here.parent / ENGINE_LIB
+    return here / "runtime" / name, here.parent / name
+
+
+def runtime_file(name: str) -> Path | None:
+    """The C runtime's file `name` (libhugify-engine.so, libhugify-audit.so, …), if
+    this installation has it."""
+    return next((p for p in runtime_candidates(name) if p.is_file()), None)
 
 
 def _engine_path() -> Path:
-    for p in _engine_candidates():
-        if p.is_file():
-            return p
-    raise OSError(engine_missing())
+    found = runtime_file(ENGINE_LIB)
+    if found is None:
+        raise OSError(engine_missing())
+    return found
 
 
-def engine_missing() -> str | None:
-    """Why `prefetch` and `status` cannot run in this installation (a `pip install` of
-    the package carries no C runtime), in one line ending in its reason id; None if the
-    engine is there."""
-    where = _engine_candidates()
-    if any(p.is_file() for p in where):
+def engine_missing(name: str = ENGINE_LIB) -> str | None:
+    """Why `prefetch` and `status` (or another command, for the runtime's file
+    `name`) cannot run in this installation (a `pip install` of the package carries
+    no C runtime), in one line ending in its reason id; None if the file is there."""
+    if runtime_file(name):
         return None
+    where = runtime_candidates(name)
     return (
-        f"{ENGINE_LIB} is not installed (looked for {where[0]} and {where[1]}): this command needs the C runtime "
+        f"{name} is not installed (looked for {where[0]} and {where[1]}): this command needs the C runtime "
         "that `make install` or the distribution's package installs (no-engine)"
     )
 
@@ -636,19 +642,26 @@ def close_targets(targets: Iterable[Target]) -> None:
 # --- settling windows -----------------------------------------------------------------
 
 
-def _mappers_of(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, int, str]]]:
+def mappers_of(
+    keys: set[tuple[int, int]], skip: Iterable[int] = ()
+) -> tuple[dict[tuple[int, int], list[tuple[int, int, str]]], int]:
     """(dev, inode) -> [(file offset start, end, "pid N (comm)")] for the files in
-    `keys` mapped by other processes (those /proc lets us see)."""
+    `keys` mapped by other processes than this one and those in `skip`; and how many
+    processes /proc would not show (other users', to a user other than root)."""
     out: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
-    me = os.getpid()
+    unseen = 0
+    ignore = {os.getpid(), *skip}
     inodes = {ino for _, ino in keys}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == me:
+        if not pid.isdigit() or int(pid) in ignore:
             continue
         try:
             with open(f"/proc/{pid}/maps") as f:
                 lines = f.read().splitlines()
             comm = _read(f"/proc/{pid}/comm") or "?"
+        except PermissionError:
+            unseen += 1
+            continue
         except OSError:
             continue
         for line in lines:
@@ -661,7 +674,7 @@ def _mappers_of(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
                 off = int(fields[2], 16)
                 out.setdefault(key, []).append((off, off + hi - lo, f"pid {pid} ({comm})"))
-    return out
+    return out, unseen
 
 
 @dataclass
@@ -726,7 +739,7 @@ class Run:
         """Busy windows that running processes map: which ones (the likely reason)."""
         if not busy:
             return
-        mappers = _mappers_of({t.key for t in busy})
+        mappers, _ = mappers_of({t.key for t in busy})
         for t in busy:
             for w in t.windows:
                 if w.state != BUSY:

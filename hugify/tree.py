@@ -349,7 +349,7 @@ class Options(NamedTuple):
     found: list[Candidate] | None = None
 
 
-def _decide(c: Candidate, opts: Options) -> Settings | Outcome:
+def decide(c: Candidate, opts: Options) -> Settings | Outcome:
     """What to do with a candidate: the settings to transform it with, or why not."""
     pol = opts.policy
     for path in c.paths:
@@ -450,7 +450,7 @@ def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[O
     drop = opts.drop_signatures or pol.drop_signatures
     jobs: list[Job | Outcome] = []
     for c in found:
-        decision = _decide(c, opts)
+        decision = decide(c, opts)
         if isinstance(decision, Outcome):
             jobs.append(decision)
         else:

@@ -25,25 +25,6 @@ static int ready; /* ctx initialised (at the first hugified object) */
 static struct hp_anon_settings anon; /* the anonymous-copy mode (hp_anon.h), read with ctx */
 static struct hp_window states[4096]; /* hp_settle's window states, for that mode */
 
-/* The compiler may emit calls to these for structure copies and initialisers. */
-void *memset(void *d, int c, size_t n);
-void *memcpy(void *d, const void *s, size_t n);
-__attribute__((visibility("hidden"))) void *memset(void *d, int c, size_t n)
-{
-    unsigned char *p = d;
-    while (n--)
-        *p++ = (unsigned char)c;
-    return d;
-}
-__attribute__((visibility("hidden"))) void *memcpy(void *d, const void *s, size_t n)
-{
-    unsigned char *p = d;
-    const unsigned char *q = s;
-    while (n--)
-        *p++ = *q++;
-    return d;
-}
-
 EXPORT unsigned int la_version(unsigned int version)
 {
     /* la_objopen and la_activity are the same in every version. */

@@ -65,22 +65,6 @@ static int str_eq(const char *a, const char *b)
     return *a == *b;
 }
 
-static int has_prefix(const char *s, const char *prefix)
-{
-    while (*prefix)
-        if (*s++ != *prefix++)
-            return 0;
-    return 1;
-}
-
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t k = 0;
-    for (; src[k] && k + 1 < cap; k++)
-        dst[k] = src[k];
-    dst[k] = 0;
-}
-
 /* The buffer of a debug line on stderr, empty. */
 static struct out *stderr_out(void)
 {
@@ -102,47 +86,22 @@ struct env_values {
     char runtime_dir[512];
 };
 
-static void env_entry(const char *e, struct env_values *v)
+static int env_entry(const char *e, void *arg)
 {
-    if (has_prefix(e, HP_ANON_ENV "=")) {
-        copy_str(v->anonymous, sizeof v->anonymous, e + sizeof HP_ANON_ENV);
+    struct env_values *v = arg;
+    if (hp_starts_with(e, HP_ANON_ENV "=")) {
+        hp_copy_str(v->anonymous, sizeof v->anonymous, e + sizeof HP_ANON_ENV);
         v->anonymous_set = 1;
-    } else if (has_prefix(e, "HUGIFY_DEBUG=")) {
-        copy_str(v->debug, sizeof v->debug, e + 13);
-    } else if (has_prefix(e, "HUGIFY_FORCE_SMAPS=")) {
-        copy_str(v->force_smaps, sizeof v->force_smaps, e + 19);
-    } else if (has_prefix(e, "HUGIFY_PERF_MAP=")) {
-        copy_str(v->perf_map, sizeof v->perf_map, e + 16);
-    } else if (has_prefix(e, "HUGIFY_RUNTIME_DIR=")) {
-        copy_str(v->runtime_dir, sizeof v->runtime_dir, e + 19);
+    } else if (hp_starts_with(e, "HUGIFY_DEBUG=")) {
+        hp_copy_str(v->debug, sizeof v->debug, e + 13);
+    } else if (hp_starts_with(e, "HUGIFY_FORCE_SMAPS=")) {
+        hp_copy_str(v->force_smaps, sizeof v->force_smaps, e + 19);
+    } else if (hp_starts_with(e, "HUGIFY_PERF_MAP=")) {
+        hp_copy_str(v->perf_map, sizeof v->perf_map, e + 16);
+    } else if (hp_starts_with(e, "HUGIFY_RUNTIME_DIR=")) {
+        hp_copy_str(v->runtime_dir, sizeof v->runtime_dir, e + 19);
     }
-}
-
-/* The process's initial environment (what execve gave it): ld.so's audit namespace has
- * no environ of its own, and /proc/self/environ is that block. */
-static void read_environ(struct env_values *v)
-{
-    char buf[4096], entry[1024];
-    size_t el = 0;
-    int fd = hp_open("/proc/self/environ", O_RDONLY);
-    if (fd < 0)
-        return;
-    for (;;) {
-        long n = hp_read(fd, buf, sizeof buf);
-        if (n <= 0)
-            break;
-        for (long i = 0; i < n; i++) {
-            if (buf[i]) {
-                if (el < sizeof entry - 1)
-                    entry[el++] = buf[i];
-                continue;
-            }
-            entry[el] = 0;
-            el = 0;
-            env_entry(entry, v);
-        }
-    }
-    hp_close(fd);
+    return 0;
 }
 
 static long self_exe(char *out, size_t cap)
@@ -161,11 +120,11 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
 {
     struct env_values v;
     hp_memzero(&v, sizeof v);
-    read_environ(&v);
+    hp_each_record("/proc/self/environ", 0, env_entry, &v);
     s->debug = v.debug[0] && !str_eq(v.debug, "0");
     s->perf_map = v.perf_map[0] && !str_eq(v.perf_map, "0") && !str_eq(v.perf_map, "off");
     s->force_smaps = v.force_smaps[0] && !str_eq(v.force_smaps, "0");
-    copy_str(s->runtime_dir, sizeof s->runtime_dir, v.runtime_dir[0] ? v.runtime_dir : "/run/hugify");
+    hp_copy_str(s->runtime_dir, sizeof s->runtime_dir, v.runtime_dir[0] ? v.runtime_dir : "/run/hugify");
     s->mode = HP_ANON_OFF;
     if (v.anonymous_set) {
         if (str_eq(v.anonymous, "always"))
@@ -181,9 +140,9 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     size_t dl = hp_strlen(dir);
     if (dl + sizeof HP_ANON_RECORD + 2 > sizeof path)
         return;
-    copy_str(path, sizeof path, dir);
+    hp_copy_str(path, sizeof path, dir);
     path[dl] = '/';
-    copy_str(path + dl + 1, sizeof path - dl - 1, HP_ANON_RECORD);
+    hp_copy_str(path + dl + 1, sizeof path - dl - 1, HP_ANON_RECORD);
     int fd = hp_open(path, O_RDONLY);
     if (fd < 0)
         return;
@@ -370,7 +329,7 @@ static int debug_file_path(const struct elf_file *f, char *path, size_t cap)
                     if (k == 0)
                         path[n++] = '/';
                 }
-                copy_str(path + n, cap - n, ".debug");
+                hp_copy_str(path + n, cap - n, ".debug");
                 return 0;
             }
             p = desc + ((nh->n_descsz + 3) & ~3u);
@@ -458,7 +417,7 @@ static void map_name(char *out, long pid)
     } while (pid);
     while (k)
         out[n++] = d[--k];
-    copy_str(out + n, 8, ".map");
+    hp_copy_str(out + n, 8, ".map");
 }
 
 /* "hugify-audit: perf map NAME: WHAT[ (DETAIL[ NUM])]" with HUGIFY_DEBUG. */

@@ -173,12 +173,20 @@ static long cached_pages(struct hp_ctx *c, int fd, uint64_t off, uint64_t len, c
     return -1;
 }
 
-static int starts_with(const char *s, const char *prefix)
+int hp_starts_with(const char *s, const char *prefix)
 {
     while (*prefix)
         if (*s++ != *prefix++)
             return 0;
     return 1;
+}
+
+void hp_copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t k = 0;
+    for (; src[k] && k + 1 < cap; k++)
+        dst[k] = src[k];
+    dst[k] = 0;
 }
 
 static int hexval(char ch)
@@ -190,7 +198,7 @@ static int hexval(char ch)
     return -1;
 }
 
-int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg)
+int hp_each_record(const char *path, char end, int (*each)(const char *record, void *arg), void *arg)
 {
     char buf[4096], line[4096 + 128];
     size_t ll = 0;
@@ -203,7 +211,7 @@ int hp_each_line(const char *path, int (*each)(const char *line, void *arg), voi
         if (n <= 0)
             break;
         for (long i = 0; i < n && !stop; i++) {
-            if (buf[i] != '\n') {
+            if (buf[i] != end) {
                 if (ll < sizeof line - 1)
                     line[ll++] = buf[i];
                 continue;
@@ -215,6 +223,11 @@ int hp_each_line(const char *path, int (*each)(const char *line, void *arg), voi
     }
     hp_close(fd);
     return stop;
+}
+
+int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg)
+{
+    return hp_each_record(path, '\n', each, arg);
 }
 
 const char *hp_maps_range(const char *line, uint64_t *start, uint64_t *end)
@@ -253,7 +266,7 @@ static int pmd_line(const char *line, void *arg)
             q->cur = (long)k;
         return 0;
     }
-    if (q->cur >= 0 && starts_with(line, q->key)) {
+    if (q->cur >= 0 && hp_starts_with(line, q->key)) {
         const char *v = line + hp_strlen(q->key);
         long kb = 0;
         while (*v == ' ')

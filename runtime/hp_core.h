@@ -191,9 +191,18 @@ struct hp_verdict hp_read_verdict(const char *dir);
 size_t hp_strlen(const char *s);
 void hp_memzero(void *p, size_t n);
 
-/* Calls each(line, arg) for every line of the file at `path` (NUL-terminated, cut
- * at 4 KiB); stops at the first non-zero return and returns it; 0 at the end of
- * the file, -1 if it cannot be opened. For the short files of /proc. */
+/* Whether `s` starts with `prefix`. */
+int hp_starts_with(const char *s, const char *prefix);
+/* Copies `src` into `dst` of `cap` bytes, cut to fit, NUL-terminated. */
+void hp_copy_str(char *dst, size_t cap, const char *src);
+
+/* Calls each(record, arg) for every record of the file at `path` that ends in the
+ * byte `end` (passed NUL-terminated, cut at 4 KiB); stops at the first non-zero
+ * return and returns it; 0 at the end of the file, -1 if it cannot be opened. For
+ * the short files of /proc: hp_each_line reads lines, and records ending in 0 are
+ * the entries of /proc/self/environ (the process's initial environment, which
+ * ld.so's audit namespace has no environ variable for). */
+int hp_each_record(const char *path, char end, int (*each)(const char *record, void *arg), void *arg);
 int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg);
 
 /* The "start-end" address range heading a /proc/PID/maps or smaps line: the rest of

@@ -17,12 +17,13 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -428,33 +429,87 @@ def debian_packages(name: str, packages: list[str]) -> Path:
     return root
 
 
-def build(r: Recipe) -> Path:
-    """The directory holding the recipe's programs, built on first use."""
+#: How the iTLB-bound program is built: position-independent, one function per 4 KiB page.
+ITLB_CFLAGS = ("-O1", "-fPIE", "-pie", "-falign-functions=4096")
+
+
+def itlb_program(functions: int, seed: int = 1) -> str:
+    """A program of `functions` small functions, to be built with
+    -falign-functions=4096 (ITLB_CFLAGS) so that they are 4 KiB apart, called in a
+    shuffled order ARGV[1] times over: each call lands on another 4 KiB page, so with
+    small pages nearly every call misses the iTLB. The calls are direct (predicted
+    branches): beyond the calls themselves, the run costs fetching code from a new page
+    each time. The upper bound of what huge code pages give (bench/speedup.py's
+    `itlb` workload, the gain `hugify try` must show)."""
+    order = list(range(functions))
+    random.Random(seed).shuffle(order)
+    out = ["#include <stdio.h>", "#include <stdlib.h>"]
+    out += [
+        f"__attribute__((noinline)) long f{i}(long x) {{ return x * {2 * i + 3} + {i}; }}" for i in range(functions)
+    ]
+    out.append("__attribute__((noinline)) long chain(long x) {")
+    out += [f"    x = f{i}(x) & 0xffffff;" for i in order]
+    out.append("    return x;\n}")
+    out.append(
+        "int main(int argc, char **argv) {\n"
+        "    long rounds = argc > 1 ? atol(argv[1]) : 1, x = 1;\n"
+        "    for (long r = 0; r < rounds; r++) x = chain(x);\n"
+        '    printf("%ld\\n", x);\n    return 0;\n}'
+    )
+    return "\n".join(out) + "\n"
+
+
+def build_itlb(functions: int) -> Path:
+    """The iTLB-bound program of `functions` functions (ITLB_CFLAGS, gcc), built on
+    first use and cached like the recipes: the file ``itlb`` in the directory returned."""
+    source = itlb_program(functions)
+    gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    key = hashlib.sha256(f"{BUILD_VERSION}{source}{ITLB_CFLAGS}{gcc}".encode()).hexdigest()[:16]
+
+    def make(work: Path) -> None:
+        (work / "itlb.c").write_text(source)
+        _run(["gcc", *ITLB_CFLAGS, "-o", "itlb", "itlb.c"], work)
+
+    return _cached(f"itlb{functions}", key, make)
+
+
+def _cached(name: str, key: str, make: Callable[[Path], None]) -> Path:
+    """cache_root()/NAME-KEY, made by `make` in a temporary directory on first use
+    (under a lock, so that one process builds it while the others wait)."""
     root = cache_root()
-    final = root / f"{r.name}-{recipe_key(r)}"
+    final = root / f"{name}-{key}"
     if final.is_dir():
         return final
-    with locked(root / f"{r.name}.lock"):
+    with locked(root / f"{name}.lock"):
         if final.is_dir():
             return final
         work = root / f".{final.name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         try:
-            if r.lang == "rust":
-                _build_rust(r, work)
-            else:
-                _build_c_family(r, work)
-            for junk in work.iterdir():
-                if junk.is_dir():
-                    shutil.rmtree(junk)
-                elif junk.name not in ("prog", "libhug.so") and junk.suffix != ".dwo":
-                    junk.unlink()
+            make(work)
             work.rename(final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        drop_stale(final, r.name)
+        drop_stale(final, name)
     return final
+
+
+def build(r: Recipe) -> Path:
+    """The directory holding the recipe's programs, built on first use."""
+
+    def make(work: Path) -> None:
+        if r.lang == "rust":
+            _build_rust(r, work)
+        else:
+            _build_c_family(r, work)
+        for junk in work.iterdir():
+            if junk.is_dir():
+                shutil.rmtree(junk)
+            elif junk.name not in ("prog", "libhug.so") and junk.suffix != ".dwo":
+                junk.unlink()
+
+    return _cached(r.name, recipe_key(r), make)
 
 
 if __name__ == "__main__":

@@ -146,8 +146,10 @@ SHIPPED = [
     "usr/lib/hugify/prefetch-trigger",
     "usr/lib/hugify/libhugify-audit.so",
     "usr/lib/hugify/libhugify-engine.so",
+    "usr/lib/hugify/libhugify-record.so",
     "usr/lib/hugify/python/hugify/_core.abi3.so",
     "usr/lib/hugify/python/hugify/cli.py",
+    "usr/lib/hugify/python/hugify/trial/session.py",
     "usr/lib/rpm/brp-hugify",
     "usr/lib/rpm/macros.d/macros.hugify",
 ]

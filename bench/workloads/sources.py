@@ -1,9 +1,8 @@
 """Generated inputs of bench/speedup.py: the template-heavy C++ translation unit the
-compilers build, and the iTLB-bound C program (the upper bound of the gain)."""
+compilers build. (The iTLB-bound C program, the upper bound of the gain, is
+tests/fixtures.py's `itlb_program`: the tests of `hugify try` build it too.)"""
 
 from __future__ import annotations
-
-import random
 
 CXX_HEAD = """\
 #include <algorithm>
@@ -60,32 +59,3 @@ def cxx_unit(units: int) -> str:
     body = "".join(CXX_UNIT.format(i=i) for i in range(units))
     calls = " + ".join(f"work{i}(n)" for i in range(units))
     return f"{CXX_HEAD}{body}\nstd::string work_all(int n) {{ return {calls}; }}\n"
-
-
-#: How the iTLB program is built: position-independent, one function per 4 KiB page.
-ITLB_CFLAGS = ("-O1", "-fPIE", "-pie", "-falign-functions=4096")
-
-
-def itlb_program(functions: int, seed: int = 1) -> str:
-    """A program of `functions` small functions, to be built with
-    -falign-functions=4096 (ITLB_CFLAGS) so that they are 4 KiB apart, called in a
-    shuffled order ARGV[1] times over: each call lands on another 4 KiB page, so with
-    small pages nearly every call misses the iTLB. The calls are direct (predicted
-    branches): beyond the calls themselves, the run costs fetching code from a new page
-    each time."""
-    order = list(range(functions))
-    random.Random(seed).shuffle(order)
-    out = ["#include <stdio.h>", "#include <stdlib.h>"]
-    out += [
-        f"__attribute__((noinline)) long f{i}(long x) {{ return x * {2 * i + 3} + {i}; }}" for i in range(functions)
-    ]
-    out.append("__attribute__((noinline)) long chain(long x) {")
-    out += [f"    x = f{i}(x) & 0xffffff;" for i in order]
-    out.append("    return x;\n}")
-    out.append(
-        "int main(int argc, char **argv) {\n"
-        "    long rounds = argc > 1 ? atol(argv[1]) : 1, x = 1;\n"
-        "    for (long r = 0; r < rounds; r++) x = chain(x);\n"
-        '    printf("%ld\\n", x);\n    return 0;\n}'
-    )
-    return "\n".join(out) + "\n"

@@ -18,6 +18,8 @@ pub enum Kind {
     Io,
     /// A bug in hugify: a broken invariant or a failed self-check.
     Internal,
+    /// `hugify try`: the command behaved differently on the hugified files.
+    Differs,
     /// Not a failure: something a report notes.
     Info,
 }
@@ -30,6 +32,7 @@ impl Kind {
             Kind::Refused => "refused",
             Kind::Io => "io",
             Kind::Internal => "internal",
+            Kind::Differs => "differs",
             Kind::Info => "info",
         }
     }
@@ -120,7 +123,7 @@ reasons! {
     Hardlink => (Info, "hardlink", "Another name of a file already handled: its inode is prefetched once."),
     SignedFile => (Refused, "signed-file", "The file carries an IMA or EVM signature (security.ima, security.evm) that rewriting would make stale; drop it only on purpose (--drop-stale-signatures, ima_signatures = \"drop\")."),
     LiveRoot => (Refused, "live-root", "The tree given is the running system's root, not a package build root; pass --allow-live-root to rewrite it in place on purpose."),
-    NoEngine => (Refused, "no-engine", "hugify prefetch and status need the C runtime's libhugify-engine.so, which this installation lacks (a pip-installed hugify carries only the CLI)."),
+    NoEngine => (Refused, "no-engine", "hugify prefetch and status need the C runtime's libhugify-engine.so (hugify try also its audit and record libraries), which this installation lacks (a pip-installed hugify carries only the CLI)."),
     Loader => (Info, "loader", "A window stays busy: it is ld.so's own running code, which the runtime never drops from the page tables."),
     NotEvicted => (Info, "not-evicted", "A window stays busy: small pages of it could not be evicted (mapped by a process, dirty or locked); the timer retries."),
     MemoryFs => (Info, "memory-fs", "A window is unsupported: its file is on tmpfs, ramfs or hugetlbfs, which keep pages only in memory (huge pages follow the huge= mount option)."),
@@ -130,6 +133,14 @@ reasons! {
     ThpOff => (Info, "thp-off", "A window stays cold or small: transparent huge pages are off (for the system, or for the process by prctl)."),
     Budget => (Info, "budget", "A window stays cold or small: the boot's prefetch has read as much code as the policy's runtime.boot_budget allows; the timer's next run, or a program started through hugify-run or the audit library, loads it."),
     BeyondEof => (Info, "beyond-eof", "A window stays cold: it ends beyond the end of the file (the file was truncated since it was mapped)."),
+    NoNamespace => (Refused, "no-namespace", "hugify try: the system does not let this user make a private mount namespace (unprivileged user namespaces disabled by a sysctl, restricted by AppArmor, or forbidden in a container); the message names the setting. Run it as root, or allow user namespaces."),
+    SetuidProgram => (Refused, "setuid-program", "hugify try: the command's program is setuid, setgid or has file capabilities; its privileges would not survive a private user namespace, nor a copy, so it is not measured."),
+    NothingToTry => (Refused, "nothing-to-try", "hugify try: nothing the command loads can be put on huge pages here: no object has code over the policy's threshold or none of those could be hugified, or transparent huge pages are off; the message says which."),
+    CommandFailed => (Invalid, "command-failed", "hugify try: the command cannot be found, or fails (a non-zero exit status) on the original files; nothing is measured. The message gives its status and the last line it wrote to standard error."),
+    NotDeterministic => (Invalid, "not-deterministic", "hugify try: two runs of the command on the original files differ in exit status, standard output or a --compare-files file, so the hugified files' behaviour cannot be compared; make the output repeatable (or compare only what is)."),
+    FilesChanged => (Invalid, "files-changed", "hugify try: a file under test changed while the comparison ran (the command rebuilds a program it also runs, or a package was upgraded), so its hugified copy no longer matches it."),
+    BehaviourDiffers => (Differs, "behaviour-differs", "hugify try: the command behaved differently on the hugified files than on the originals (exit status, standard output or a --compare-files file): a program that depends on its code's addresses or layout, or a bug; the message says where the outputs part."),
+    TryCache => (Io, "try-cache", "hugify try: its cache of hugified copies cannot be written (read-only, full, not permitted, or on a noexec mount); the message names the directory. --cache-dir picks another."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }

@@ -20,11 +20,15 @@ COMMANDS = [
     "sign-packages",
     "verify",
     "repack",
+    "try",
 ]
+#: Commands whose module has another name (`try` is a Python keyword); a dash
+#: in a name is an underscore in its module.
+MODULES = {"try": "trycmd"}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None) -> None:
     """Registers every command, or only `only`: a command imports just its own
     modules, which keeps the start-up of a per-file `hugify transform` short."""
     for name in [only] if only in COMMANDS else COMMANDS:
-        importlib.import_module(f"hugify.commands.{name.replace('-', '_')}").register(sub)
+        importlib.import_module(f"hugify.commands.{MODULES.get(name, name.replace('-', '_'))}").register(sub)

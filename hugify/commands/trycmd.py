@@ -1,0 +1,232 @@
+"""``hugify try [options] -- COMMAND [ARGS…]``: whether hugified code makes COMMAND
+faster on this machine (the module is not called ``try``: a Python keyword)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from hugify import reasons
+from hugify.exitcodes import Exit
+
+EPILOG = (
+    "Exit status: 0 measured (whatever the answer); 3 the command failed on the original files, "
+    "its output differs between two runs on them, or it changed a file under test; 4 refused: a setuid "
+    "program, no private namespace here, nothing to hugify, or no C runtime; 5 the cache cannot be "
+    "written; 6 the hugified files behave differently (output, exit status or --compare-files); "
+    "2 usage; 70 a run used the other side's files. `hugify explain ID` describes each reason."
+)
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError("give a percentage between 0 and 100, e.g. 1 or 0.5%")
+    return value / 100
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (seconds, or 90s, 5m, 1h)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("give a positive duration")
+    return value
+
+
+def _progress(enabled: bool) -> Callable[[str], None]:
+    """The progress line: rewritten in place on a terminal, else nothing."""
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r\x1b[Khugify try: {text}")
+        sys.stderr.flush()
+
+    return show if enabled else (lambda text: None)
+
+
+def run(args: argparse.Namespace) -> Exit:
+    from hugify import abtest
+    from hugify.trial import report, session
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("hugify try: give the command to compare after --, e.g. hugify try -- make -j4", file=sys.stderr)
+        return Exit.USAGE
+    if args.min_rounds > args.max_rounds:
+        print("hugify try: --min-rounds is more than --max-rounds", file=sys.stderr)
+        return Exit.USAGE
+    from hugify.policy import PolicyError
+
+    try:
+        pol = session.try_policy(args.policy)
+    except PolicyError as e:
+        print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
+        return Exit.USAGE
+    tty = sys.stderr.isatty() and not args.json
+    opts = session.Options(
+        argv=command,
+        env=dict(os.environ),
+        cwd=os.getcwd(),
+        policy=pol,
+        limits=abtest.Limits(args.min_rounds, args.max_rounds, args.budget, args.target),
+        compare_files=args.compare_files or [],
+        cache_dir=args.cache_dir,
+        way=args.way,
+        control=args.control,
+        jobs=args.jobs or os.cpu_count() or 1,
+        progress=_progress(tty),
+    )
+    try:
+        with _stopped_by_signals():
+            result = session.run(opts)
+    except _Stopped as e:
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+        print(f"hugify try: stopped by {signal.Signals(e.signum).name}; the command's processes and the run's "
+              "files are gone", file=sys.stderr)  # fmt: skip
+        sys.stderr.flush()
+        signal.signal(e.signum, signal.SIG_DFL)  # ends by the same signal, as a shell expects
+        os.kill(os.getpid(), e.signum)
+        return Exit.INTERNAL
+    except session.TryError as e:
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+        reasons.printed([e.reason])
+        kind = reasons.table()[e.reason][0]
+        if args.json:
+            _dump({**e.found, "error": {"reason": e.reason, "kind": kind, "detail": e.detail}})
+        print(f"hugify try: {e.detail} ({e.reason})", file=sys.stderr)
+        return Exit.for_kind(kind)
+    if tty:
+        sys.stderr.write("\r\x1b[K")
+    verdict, line = report.answer(result)
+    result["verdict"], result["answer"] = verdict, line
+    if args.plot:
+        try:
+            args.plot.write_text(report.svg(result))
+        except OSError as e:
+            print(f"hugify try: cannot write {reasons.io_detail(e)}", file=sys.stderr)
+            return Exit.IO
+    if args.json:
+        _dump(result)
+    else:
+        sys.stdout.write(report.text(result))
+    return Exit.INTERNAL if result["problems"] else Exit.OK
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP end the comparison through its clean-up (the sides'
+    processes and the command's are killed, the scratch files removed) instead of
+    killing this process on the spot; a signal the caller ignores stays ignored."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stopped(signum)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _dump(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
+    print()
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "try",
+        help="measure whether hugified code makes a command faster on this machine",
+        usage="hugify try [options] -- COMMAND [ARGS...]",
+        description="Runs COMMAND once to find every ELF program and library it loads (its children's too), "
+        "makes hugified copies of those with enough code in a private cache, then runs COMMAND again and again, "
+        "alternately on the original files and on the copies (each side in a private mount namespace where the "
+        "copies are bind-mounted over the originals' paths; nothing of the system changes), and reports the "
+        "hugified/original ratios of CPU and wall time with 95 % intervals, an A/A noise floor, the huge-page "
+        "coverage each side got, and one line of answer. Both sides must behave the same: exit status, standard "
+        "output and --compare-files are compared after every round. Details: docs/try.md.",
+        epilog=EPILOG,
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the command to compare")
+    p.add_argument(
+        "--target",
+        type=_percent,
+        default=0.01,
+        metavar="PERCENT",
+        help="stop once the CPU-time interval is within +-PERCENT of its median (default: 1)",
+    )
+    p.add_argument(
+        "--budget",
+        type=_seconds,
+        default=300.0,
+        metavar="DURATION",
+        help="stop after this long of timed rounds (seconds, or 90s, 5m, 1h; default: 300)",
+    )
+    p.add_argument(
+        "--min-rounds", type=int, default=6, metavar="N", help="rounds before the target may stop it (default: 6)"
+    )
+    p.add_argument("--max-rounds", type=int, default=200, metavar="N", help="most rounds (default: 200)")
+    p.add_argument(
+        "--compare-files",
+        nargs="+",
+        action="extend",
+        metavar="PATH",
+        help="files the command writes, compared (sha256) between the sides after every round",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output, every round's times included")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="also write the per-round ratios as an SVG picture")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the hugified copies are kept (default: /var/cache/hugify/try for root, else "
+        "$XDG_CACHE_HOME/hugify/try or ~/.cache/hugify/try)",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="a policy layered over the system's (threshold, mode, include/exclude globs); stripped files are "
+        "transformed unless it says refuse_stripped = true",
+    )
+    p.add_argument(
+        "--way",
+        choices=("auto", "file", "anonymous"),
+        default="auto",
+        help="how the hugified side gets huge pages: file (the copies' page cache in 2 MiB folios), anonymous "
+        "(the runtime's anonymous copies, always), auto (file, or anonymous where the filesystem gives no "
+        "2 MiB folios; default)",
+    )
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="the A/A control: give the hugified side plain copies of the originals instead, to see what "
+        "the method shows where nothing differs (it must claim no difference)",
+    )
+    p.add_argument("--jobs", type=int, metavar="N", help="copies made in parallel (default: the CPUs)")
+    p.set_defaults(func=run)

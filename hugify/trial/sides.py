@@ -1,0 +1,325 @@
+"""The sides of `hugify try`: each a process of its own, kept in a private mount
+namespace, that starts the command's runs there and times them.
+
+The hugified side's namespace has each hugified copy bind-mounted, read-only, over
+the path of its original, so that the command, its children and ld.so find the copies
+where the originals are: RUNPATH and $ORIGIN, /etc/ld.so.cache, PATH, `-B` options
+and dlopen all work unchanged. The originals' side runs in a namespace of the same
+kind without the binds, so that both pay the same overhead. Mounts are private to the
+namespace (propagation turned off first), and a namespace ends with its last
+process: nothing of the system's mount table changes.
+
+Root gets a mount namespace (CLONE_NEWNS). Any other user gets it inside a user
+namespace (CLONE_NEWUSER) that maps the user's own ids to themselves, so the command
+runs with the same uid and gid; supplementary groups keep working but show as the
+overflow group inside. Where the system allows neither, NamespaceError says why in one
+line.
+
+The side's process is forked before the comparison starts any thread, and is a child
+subreaper: what the command leaves running when it exits is killed and reaped after
+each run, so a run never leaks processes into the next one. The command's CPU time is
+user + system time from wait4 (its own and that of the descendants it waited for);
+its wall time runs from the spawn to its exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
+MS_REC, MS_PRIVATE, MS_RELATIME = 0x4000, 0x40000, 0x200000
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+#: statvfs flags -> the mount flags a remount inside a user namespace must keep (the
+#: kernel locks them on mounts it copied from a more privileged namespace).
+LOCKED_FLAGS = {
+    os.ST_NOSUID: MS_NOSUID,
+    os.ST_NODEV: MS_NODEV,
+    os.ST_NOEXEC: MS_NOEXEC,
+    os.ST_NOATIME: MS_NOATIME,
+    os.ST_NODIRATIME: MS_NODIRATIME,
+    os.ST_RELATIME: MS_RELATIME,
+}
+
+
+class NamespaceError(Exception):
+    """No private namespace for a side; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A hugified copy, shown at the path of its original."""
+
+    copy: Path
+    target: str
+
+
+@dataclass
+class Result:
+    """One run of the command."""
+
+    status: int  # exit status; -N: killed by signal N
+    cpu: float  # user + system seconds of the command and the descendants it waited for
+    wall: float
+    leftovers: int  # processes it left running, killed after it exited
+
+    @property
+    def status_text(self) -> str:
+        return f"killed by signal {-self.status}" if self.status < 0 else f"exit status {self.status}"
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return Path("/proc/sys", name.replace(".", "/")).read_text().strip()
+    except OSError:
+        return None
+
+
+def why_no_namespace(step: str, err: int) -> str:
+    """A one-line reason for a failed namespace step, naming the setting that forbids
+    it where the system has one."""
+    base = f"cannot make a private mount namespace ({step}: {os.strerror(err)})"
+    if os.getuid() == 0:
+        return f"{base}: this root lacks CAP_SYS_ADMIN (a container?)"
+    if _sysctl("kernel.unprivileged_userns_clone") == "0":
+        return f"{base}: unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0); run as root"
+    if _sysctl("user.max_user_namespaces") == "0":
+        return f"{base}: user namespaces are disabled (user.max_user_namespaces = 0); run as root"
+    if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        return (
+            f"{base}: AppArmor restricts unprivileged user namespaces "
+            "(kernel.apparmor_restrict_unprivileged_userns = 1); run as root, or give hugify an AppArmor "
+            "profile that allows userns"
+        )
+    return f"{base}: the system does not let this user make one (a container's seccomp filter?); run as root"
+
+
+def _enter(binds: list[Bind]) -> None:
+    """Moves this process into a private mount namespace (inside a user namespace
+    unless root) and bind-mounts the copies; NamespaceError on any failure."""
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
+    if libc.unshare(flags) != 0:
+        what = "CLONE_NEWNS" if uid == 0 else "CLONE_NEWUSER|CLONE_NEWNS"
+        raise NamespaceError(why_no_namespace(f"unshare {what}", ctypes.get_errno()))
+    if uid != 0:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            try:
+                Path("/proc/self", name).write_text(text)
+            except OSError as e:
+                raise NamespaceError(why_no_namespace(f"/proc/self/{name}", e.errno or 1)) from None
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise NamespaceError(why_no_namespace("making / private", ctypes.get_errno()))
+    for b in binds:
+        target = os.fsencode(b.target)
+        if libc.mount(os.fsencode(b.copy), target, None, MS_BIND, None) != 0:
+            raise NamespaceError(f"cannot bind-mount {b.copy} over {b.target}: {os.strerror(ctypes.get_errno())}")
+        locked = os.statvfs(b.target).f_flag
+        keep = sum(ms for st, ms in LOCKED_FLAGS.items() if locked & st)
+        if libc.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, None) != 0:
+            raise NamespaceError(f"cannot make {b.target} read-only: {os.strerror(ctypes.get_errno())}")
+        seen, want = os.stat(b.target), os.stat(b.copy)
+        if (seen.st_dev, seen.st_ino) != (want.st_dev, want.st_ino):
+            raise NamespaceError(f"the bind mount over {b.target} does not show {b.copy}")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(k) for k in f.read().split()]
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, parents before their children."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _kill_leftovers() -> int:
+    """Kills and reaps what runs below this process (a subreaper): the count."""
+    killed = 0
+    while True:
+        rest = descendants(os.getpid())
+        if not rest:
+            return killed
+        for pid in rest:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        killed += len(rest)
+        for _ in rest:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(-1, 0)
+
+
+def _spawn(req: dict[str, Any], out: TextIO) -> dict[str, Any]:
+    """One run: started, its pid said at once (the watcher starts), waited for.
+    subprocess gives the command the signal dispositions a shell would (SIGPIPE and
+    SIGXFSZ back to default; handlers do not survive exec); posix_spawn would leave
+    glibc's internal signals 32 and 33 ignored in it."""
+    start = time.perf_counter()
+    try:
+        with open(req["stdout"], "wb") as stdout, open(req["stderr"], "wb") as stderr:
+            proc = subprocess.Popen(
+                req["argv"], executable=req["program"], env=req["env"], cwd=req["cwd"],
+                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, process_group=0,
+            )  # fmt: skip
+    except OSError as e:
+        return {"error": f"cannot execute {req['program']}: {e.strerror}"}
+    out.write(json.dumps({"pid": proc.pid}) + "\n")
+    out.flush()
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the rest of its process group, before it forks more
+    return {
+        "status": proc.returncode,
+        "cpu": ru.ru_utime + ru.ru_stime,
+        "wall": wall,
+        "leftovers": _kill_leftovers(),
+    }
+
+
+def _serve(requests: int, replies: int, binds: list[Bind], parent: int) -> None:
+    """The side's process: enters its namespace, says whether it could, then runs
+    what it is asked to until the request pipe closes."""
+    out = os.fdopen(replies, "w")
+    try:
+        _enter(binds)
+    except (NamespaceError, OSError) as e:
+        out.write(json.dumps({"error": str(e)}) + "\n")
+        out.flush()
+        return
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.getppid() != parent:  # the comparison ended before the death signal was set
+        return
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    with os.fdopen(requests) as lines:
+        for line in lines:
+            out.write(json.dumps(_spawn(json.loads(line), out)) + "\n")
+            out.flush()
+
+
+class Side:
+    """A side's process in its namespace. Made before any thread of the caller runs
+    (it is forked); closed (or killed with its runs) by close()."""
+
+    def __init__(self, name: str, binds: list[Bind]) -> None:
+        self.name = name
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 0
+            try:
+                # only its two pipe ends: the caller's other descriptors (the other
+                # side's pipes too) must not be held open by it
+                keep = sorted((requests_r, replies_w))
+                os.closerange(3, keep[0])
+                os.closerange(keep[0] + 1, keep[1])
+                os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                    # the caller ends it, and the command with it; a handler (unlike
+                    # SIG_IGN) does not pass on to the command
+                    signal.signal(sig, lambda signum, frame: None)
+                _serve(requests_r, replies_w, binds, parent)
+            except BaseException:
+                code = 70
+            os._exit(code)
+        os.close(requests_r)
+        os.close(replies_w)
+        self.pid = pid
+        self._requests = os.fdopen(requests_w, "w")
+        self._replies = os.fdopen(replies_r)
+        first = self._reply()
+        if "ready" not in first:
+            self.close()
+            raise NamespaceError(str(first.get("error", "the side's process ended before it was ready")))
+
+    def _reply(self) -> dict[str, Any]:
+        line = self._replies.readline()
+        if not line:
+            return {"error": f"the {self.name} side's process ended unexpectedly"}
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def run(
+        self,
+        program: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        *,
+        stdout: Path,
+        stderr: Path,
+        started: Callable[[int], None] = lambda pid: None,
+    ) -> Result:
+        """Runs `program` with `argv` once in this side's namespace; `started` gets its
+        pid as soon as it runs. OSError if it cannot be started."""
+        req = {"program": program, "argv": argv, "env": env, "cwd": cwd, "stdout": str(stdout), "stderr": str(stderr)}
+        self._requests.write(json.dumps(req) + "\n")
+        self._requests.flush()
+        reply = self._reply()
+        if "pid" in reply:
+            started(int(reply["pid"]))
+            reply = self._reply()
+        if "error" in reply:
+            raise OSError(reply["error"])
+        return Result(int(reply["status"]), float(reply["cpu"]), float(reply["wall"]), int(reply["leftovers"]))
+
+    def close(self) -> None:
+        """Ends the side: its process, and anything still running below it."""
+        for pid in reversed(descendants(self.pid)):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for f in (self._requests, self._replies):
+            with contextlib.suppress(OSError):
+                f.close()
+        if not _reaped_within(self.pid, 2.0):  # it ends when its request pipe closes
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+
+
+def _reaped_within(pid: int, seconds: float) -> bool:
+    """Waits up to `seconds` for the child to exit; whether it did (and was reaped)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        time.sleep(0.01)
+    return False

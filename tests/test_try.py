@@ -1,0 +1,562 @@
+"""`hugify try -- COMMAND` and what it stands on: the record library of its first run
+(runtime/record.c) and real comparisons in private namespaces (docs/try.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures import build_itlb
+from runtime_support import REPO, RUNTIME, build_runtime
+
+from hugify.reasons import LOG_ENV
+
+RECORD_LIB = RUNTIME / "libhugify-record.so"
+
+PLUGIN_HOST = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+int lib_value(void);
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) { puts(dlerror()); return 1; }
+    dlclose(h);
+    printf("%d\n", lib_value());
+    fflush(stdout);
+    return system(argv[2]);
+}
+"""
+
+
+def _cc(out: Path, source: str, *flags: str) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-O1", "-o", str(out), str(src), *flags], check=True)
+    return out
+
+
+def test_record_library_names_every_object_every_process_loads(tmp_path: Path) -> None:
+    """One line per object ld.so loads: the program by its real file, a library found
+    through RUNPATH $ORIGIN, one dlopen'ed and closed again before anyone could look
+    at /proc, and the objects of a child the program runs; nothing for the vDSO, and
+    no descriptor left to the program."""
+    build_runtime()
+    (tmp_path / "lib").mkdir()
+    _cc(tmp_path / "lib" / "libvalue.so", "int lib_value(void) { return 42; }\n", "-shared", "-fPIC")
+    plugin = _cc(tmp_path / "plugin.so", "int plugin(void) { return 1; }\n", "-shared", "-fPIC")
+    host = _cc(tmp_path / "host", PLUGIN_HOST, "-L", str(tmp_path / "lib"), "-lvalue", "-Wl,-rpath,$ORIGIN/lib")
+    record = tmp_path / "record"
+    record.write_bytes(b"")
+    env = {"PATH": "/usr/bin:/bin", "LD_AUDIT": str(RECORD_LIB), "HUGIFY_RECORD": str(record)}
+    res = subprocess.run(
+        [str(host), str(plugin), "ls -l /proc/self/fd/"], env=env, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("42\n")
+    # ls lists its descriptors: 0-2 and the directory it reads, none of the library's
+    assert "record" not in res.stdout
+    lines = [line.split("\t") for line in record.read_text().splitlines()]
+    assert all(pid.isdigit() for pid, _ in lines)
+    by_pid: dict[str, set[str]] = {}
+    for pid, path in lines:
+        by_pid.setdefault(pid, set()).add(path)
+    first = lines[0][0]
+    mine = by_pid.pop(first)
+    assert str(host) in mine and str(plugin) in mine
+    assert f"{tmp_path}/lib/libvalue.so" in {os.path.normpath(p) for p in mine}
+    assert not any("vdso" in p for p in mine)
+    # the children: the shell system() runs, and ls
+    children = set().union(*by_pid.values())
+    assert "/usr/bin/ls" in children and any(p.endswith("/libc.so.6") for p in children)
+
+
+def test_record_library_records_nothing_without_its_variable(tmp_path: Path) -> None:
+    build_runtime()
+    env = {"PATH": "/usr/bin:/bin", "LD_AUDIT": str(RECORD_LIB)}
+    res = subprocess.run(["ls", str(tmp_path)], env=env, capture_output=True, text=True, check=False)
+    assert res.returncode == 0 and res.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- real comparisons -----------------------------------------------------------------
+
+HUGE_CODE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+"""
+
+
+def _functions(prefix: str, count: int) -> str:
+    """`count` functions of 16 KiB each (about 1.5 MiB for 96: over the default
+    threshold), called through a table so that none is left out."""
+    out = [
+        f'long {prefix}_f{i}(long x) {{ __asm__ volatile(".fill 16384, 1, 0x90"); return x * 3 + {i}; }}'
+        for i in range(count)
+    ]
+    out.append(f"long (*const {prefix}_table[])(long) = {{ {', '.join(f'{prefix}_f{i}' for i in range(count))} }};")
+    loop = f"for (int i = 0; i < {count}; i++) x = {prefix}_table[i](x) & 0xffff;"
+    out.append(f"long {prefix}_all(long x) {{ {loop} return x; }}")
+    return "\n".join(out) + "\n"
+
+
+def _hugify_try(
+    *args: str | Path, cwd: Path, user: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`hugify try` of this checkout, started in `cwd` (as `user`, through setpriv and
+    the system's python3, when given)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "PYTHON"))}
+    base |= {"PYTHONPATH": str(REPO), "LC_ALL": "C", **(env or {})}
+    cmd = [sys.executable, "-m", "hugify.cli", "try", *map(str, args)]
+    if user:
+        # the suite's reason log is root's file; the system's python3 has what hugify needs
+        base.pop(LOG_ENV, None)
+        ids = ["--reuid", user, "--regid", str(pwd.getpwnam(user).pw_gid), "--clear-groups"]
+        cmd = ["setpriv", *ids, "/usr/bin/python3", *cmd[1:]]
+    return subprocess.run(cmd, cwd=cwd, env=base, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _json(res: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert res.stdout, res.stderr
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _system_state(*paths: Path) -> tuple[list[str], list[str]]:
+    """What no comparison may change: the mounts of this namespace that name one of
+    `paths` (the copies' bind mounts stay in the sides' namespaces; the machine's other
+    mounts change under other jobs), and the runtime's record directory."""
+    run_dir = Path("/run/hugify")
+    listing = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line for line in mountinfo if any(str(p) in line for p in paths)], listing
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory under /tmp that another user may use (pytest's are root's own)."""
+    d = Path(tempfile.mkdtemp(prefix="hugify-try-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def itlb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the iTLB-bound program (4096 functions, 16 MiB of code) in a directory
+    everyone may read and write: the unprivileged test runs there too."""
+    build_runtime()
+    d = tmp_path_factory.mktemp("itlb")
+    d.chmod(0o777)
+    shutil.copy2(build_itlb(4096) / "itlb", d / "itlb")
+    return d / "itlb"
+
+
+def test_the_itlb_bound_program_gains_and_nothing_of_the_system_changes(itlb: Path, tmp_path: Path) -> None:
+    """The upper bound: with 16 MiB of code on huge pages the program takes clearly less
+    CPU time, the interval below 1 and below the A/A floor, which itself shows no such
+    change; every run used its own side's file, the copies were PMD-mapped and the
+    original was not; the mounts and /run/hugify are as before, and the cache holds
+    only its entries; the SVG is well-formed with one point per round and ratio."""
+    state = _system_state(itlb, tmp_path)
+    plot = tmp_path / "ratios.svg"
+    cache = tmp_path / "cache"
+    args = ("--json", "--cache-dir", cache, "--plot", plot, "--min-rounds", "5", "--target", "5", "--max-rounds", "10")
+    res = _hugify_try(*args, "--", itlb, "400", cwd=itlb.parent)
+    assert res.returncode == 0, res.stderr
+    doc = _json(res)
+    assert doc["verdict"] == "gain", doc["answer"]
+    hi = doc["cpu"]["ci95"][1]
+    assert hi < 1 and hi < doc["noise_floor"]["cpu"]["ci95"][0], (doc["cpu"], doc["noise_floor"])
+    assert 0.8 < doc["noise_floor"]["cpu"]["median"] < 1.2, doc["noise_floor"]
+    (prog,) = [o for o in doc["objects"] if o["path"] == str(itlb)]
+    assert prog["status"] == "transformed" and not prog["cached"]
+    seen = prog["seen"]
+    assert seen["hugified"]["pmd_mapped"] >= 8 << 20 and seen["hugified"]["windows_small"] == 0, seen
+    assert seen["original"]["pmd_mapped"] == 0, seen
+    # every run the watcher saw used its side's file (a run that mapped the other
+    # side's would be a problem); on a loaded machine its thread may miss a run
+    runs = doc["verified_runs"]
+    assert runs["hugified"]["runs"] == doc["rounds"] and runs["original"]["runs"] == 2 * doc["rounds"], runs
+    assert runs["hugified"]["seen"] >= doc["rounds"] // 2 and runs["original"]["seen"] >= doc["rounds"], runs
+    assert doc["problems"] == [] and doc["way"] == "file"
+    assert doc["answer"].startswith("CPU time -") and "faster" in doc["answer"]
+    assert _system_state(itlb, tmp_path) == state and state[0] == []
+    assert _leftovers(cache) == []
+    tree = ET.parse(plot)
+    circles = tree.getroot().findall("{http://www.w3.org/2000/svg}circle")
+    assert len(circles) == 2 * doc["rounds"] + 2  # both ratios per round, and the legend's two
+
+
+SEQUENTIAL = (
+    "#include <stdio.h>\n#include <stdlib.h>\n"
+    + _functions("exe", 96)
+    + "int main(int argc, char **argv) { long x = 1; for (int r = atoi(argv[1]); r > 0; r--) x = exe_all(x);"
+    + ' printf("%ld\\n", x); }\n'
+)
+
+
+def test_an_a_a_comparison_shows_no_gain(tmp_path: Path) -> None:
+    """--control: the hugified side gets a plain copy of the original, so nothing
+    differs but the file; the whole method runs and must claim neither a gain nor a
+    loss (the interval is not clear of the A/A floor's). The program runs 1.5 MiB of
+    straight-line code: the iTLB program is no A/A subject, as the physical placement
+    of its page cache alone moves it by tens of percent (docs/try.md, "Limits")."""
+    build_runtime()
+    prog = _cc(tmp_path / "straight", SEQUENTIAL, "-fPIE", "-pie")
+    args = ("--json", "--control", "--cache-dir", tmp_path / "cache", "--min-rounds", "6", "--max-rounds", "6")
+    res = _hugify_try(*args, "--", prog, "200", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = _json(res)
+    summary = (doc["answer"], doc["cpu"], doc["noise_floor"]["cpu"])
+    assert doc["coverage"]["hugified_pmd_mapped"] == 0 == doc["coverage"]["original_pmd_mapped"], summary
+    assert doc["verdict"] == "control-passed", summary
+    (obj,) = [o for o in doc["objects"] if o["path"] == str(prog)]
+    assert obj["status"] == "copied" and obj["copy"].startswith(str(tmp_path / "cache"))
+    assert not list((tmp_path / "cache").glob("*/file"))  # plain copies are not kept
+
+
+ADDRESS_PRINTER = (
+    HUGE_CODE
+    + _functions("exe", 96)
+    + r"""
+int main(void) {
+    Dl_info info;
+    long x = exe_all(1);
+    dladdr((void *)exe_f0, &info);
+    printf("%ld: exe_f0 at %#lx from the load address\n", x, (unsigned long)((char *)exe_f0 - (char *)info.dli_fbase));
+    return 0;
+}
+"""
+)
+
+
+#: Exits with 7 where its code lies 2 MiB or more from where it was loaded: the shift
+#: puts the code on whole windows, which start at 2 MiB at the earliest.
+ADDRESS_EXIT = (
+    HUGE_CODE
+    + _functions("exe", 96)
+    + r"""
+int main(void) {
+    Dl_info info;
+    dladdr((void *)exe_f0, &info);
+    return exe_all(1) >= 0 && (char *)exe_f0 - (char *)info.dli_fbase >= 0x200000 ? 7 : 0;
+}
+"""
+)
+
+
+@pytest.mark.parametrize("source", ["output", "exit status"])
+def test_behaviour_that_depends_on_code_addresses_is_a_difference(tmp_path: Path, source: str) -> None:
+    """A program that prints where its code lies, or exits with a status that says
+    it: the shift moves the code, the sides part, and hugify try stops there (status
+    6) with where they part, the original's first."""
+    build_runtime()
+    prog = _cc(tmp_path / "where", ADDRESS_PRINTER if source == "output" else ADDRESS_EXIT, "-fPIE", "-pie")
+    res = _hugify_try("--json", "--cache-dir", tmp_path / "cache", "--", prog, cwd=tmp_path)
+    assert res.returncode == 6, res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.endswith("(original vs hugified) (behaviour-differs)\n")
+    doc = _json(res)
+    assert doc["error"]["reason"] == "behaviour-differs"
+    if source == "output":
+        assert "differ in standard output; standard output at line 1: " in res.stderr
+        assert doc["difference"]["what"] == ["standard output"]
+    else:
+        assert "the runs differ in exit status 0 vs 7 (original vs hugified)" in res.stderr
+        assert doc["difference"]["what"] == ["exit status 0 vs 7"]
+    (obj,) = [o for o in doc["objects"] if o["path"] == str(prog)]
+    assert obj["status"] == "transformed" and obj["mode"] == "shift"
+
+
+def _running(cmdline: str) -> list[int]:
+    """Processes whose command line (NUL-separated) contains `cmdline`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit() and cmdline.encode() in (d / "cmdline").read_bytes():
+                found.append(int(d.name))
+    return found
+
+
+def _leftovers(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) if cache.exists() else []
+
+
+def test_a_failing_command_is_reported_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Its exit status and last line on standard error, status 3 (command-failed); the
+    background process it started is gone, and so are the run's scratch files."""
+    build_runtime()
+    marker = "1234.5678"
+    state = _system_state(tmp_path)
+    cache = tmp_path / "cache"
+    script = f"sleep {marker} & echo 'cannot open input.txt' >&2; exit 7"
+    res = _hugify_try("--cache-dir", cache, "--", "sh", "-c", script, cwd=tmp_path)
+    assert res.returncode == 3, res.stderr
+    assert res.stderr == (
+        "hugify try: the command failed on the original files (exit status 7): cannot open input.txt (command-failed)\n"
+    )
+    assert res.stdout == ""
+    assert not _running(f"sleep\0{marker}"), "the command's background process was left running"
+    assert _leftovers(cache) == [] and _system_state(tmp_path) == state
+
+
+MAKEFILE = """\
+OBJS = one.o two.o three.o
+all: $(OBJS)
+%.o: %.c
+\tgcc -O2 -c $< -o $@
+"""
+
+
+def test_make_running_compiles_is_compared_with_the_compiler_hugified(tmp_path: Path) -> None:
+    """make forks and executes gcc, which executes cc1 and as: the first run finds
+    them, the compiler's cc1 (Debian's: non-PIE, its code on whole windows as it is)
+    and its libraries get copies, the hugified side's compiles map the copies, and the
+    object files are compared (--compare-files) after every round."""
+    build_runtime()
+    for i, name in enumerate(("one", "two", "three")):
+        (tmp_path / f"{name}.c").write_text(f"int {name}(int x) {{ return x * {i + 2}; }}\n")
+    (tmp_path / "Makefile").write_text(MAKEFILE)
+    objs = ["one.o", "two.o", "three.o"]
+    args = ("--json", "--cache-dir", tmp_path / "cache", "--min-rounds", "3", "--max-rounds", "3", "--compare-files")
+    res = _hugify_try(*args, *objs, "--", "make", "-s", "-B", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = _json(res)
+    by_name = {Path(o["path"]).name: o for o in doc["objects"]}
+    cc1 = by_name["cc1"]
+    assert cc1["copy"] and cc1["status"] in ("as-is", "transformed"), cc1
+    assert cc1["seen"]["hugified"]["pmd_mapped"] > 0, cc1["seen"]
+    assert doc["first_run"]["processes"] >= 4  # make, gcc, cc1, as (per object file)
+    assert doc["rounds"] == 3 and doc["problems"] == []
+    for o in objs:
+        assert (tmp_path / o).is_file()
+
+
+RUNPATH_MAIN = (
+    "#include <stdio.h>\nlong lib_all(long);\n"
+    + _functions("exe", 80)
+    + 'int main(void) { long x = 1; for (int r = 0; r < 100; r++) x = lib_all(exe_all(x)); printf("%ld\\n", x); }\n'
+)
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_a_program_with_runpath_origin_maps_both_copies(shared_dir: Path, user: str) -> None:
+    """The program finds its library through RUNPATH $ORIGIN/../lib: bind-mounted over
+    the originals' paths, both copies are found where the originals are. As root the
+    side is a mount namespace; as another user, a user namespace with one."""
+    build_runtime()
+    top = shared_dir
+    (top / "bin").mkdir()
+    (top / "lib").mkdir()
+    _cc(top / "lib" / "libbig.so", _functions("lib", 80), "-shared", "-fPIC")
+    prog = _cc(top / "bin" / "prog", RUNPATH_MAIN, "-L", str(top / "lib"), "-lbig", "-Wl,-rpath,$ORIGIN/../lib")
+    env = {"XDG_CACHE_HOME": str(top / "cache"), "HOME": str(top)}
+    args: tuple[str | Path, ...] = ("--json", "--min-rounds", "2", "--max-rounds", "2")
+    if user == "root":
+        args += ("--cache-dir", top / "cache" / "hugify" / "try")  # not the machine's /var/cache/hugify/try
+    else:
+        subprocess.run(["chown", "-R", user, str(top)], check=True)
+    res = _hugify_try(*args, "--", "bin/prog", cwd=top, user=None if user == "root" else user, env=env)
+    assert res.returncode == 0, res.stderr
+    doc = _json(res)
+    objects = {o["path"]: o for o in doc["objects"]}
+    for path in (prog, top / "lib" / "libbig.so"):
+        o = objects[str(path)]
+        assert o["status"] == "transformed", o
+        assert o["seen"]["hugified"]["pmd_mapped"] == 2 << 20, o["seen"]
+    assert doc["verified_runs"]["hugified"]["seen"] == 2
+    cache = Path(doc["cache"]["root"])
+    assert cache == top / "cache" / "hugify" / "try"  # for nobody: $XDG_CACHE_HOME/hugify/try
+    assert _leftovers(cache) == []
+
+
+def test_a_setuid_program_is_refused(tmp_path: Path) -> None:
+    prog = _cc(tmp_path / "suid", "int main(void) { return 0; }\n")
+    prog.chmod(0o4755)
+    cache = tmp_path / "cache"
+    res = _hugify_try("--cache-dir", cache, "--", prog, cwd=tmp_path)
+    assert res.returncode == 4, res.stderr
+    assert res.stderr == (
+        f"hugify try: {prog} is setuid: its privileges would not survive the private namespace, "
+        "nor a copy (setuid-program)\n"
+    )
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize("kind", ["read-only", "full"])
+def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
+    """A read-only filesystem, and one too small for the copy: one line naming the
+    directory and the system's error, status 5 (try-cache), nothing left on it."""
+    build_runtime()
+    prog = _cc(tmp_path / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    options = "ro,size=1M" if kind == "read-only" else "size=1M"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(cache)], check=True)
+    try:
+        res = _hugify_try("--cache-dir", cache, "--", prog, cwd=tmp_path)
+        left = _leftovers(cache)
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+    error = "Read-only file system" if kind == "read-only" else "No space left on device"
+    assert res.returncode == 5, res.stderr
+    assert res.stderr == f"hugify try: cannot write the cache of hugified copies in {cache} ({error}) (try-cache)\n"
+    assert left == []
+
+
+#: Runs `hugify try ARGS` as uid 65534 inside a user namespace (mapping the first
+#: 65536 ids to themselves) whose own user.max_user_namespaces is 0: the sysctl is kept
+#: per user namespace, so the system's stays as it is.
+NO_USERNS = """
+import ctypes, os, sys
+ready, go = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:
+    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
+    os.write(ready[1], b"1")
+    os.read(go[0], 1)
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    os.execv("/usr/bin/python3", ["python3", "-m", "hugify.cli", "try", *sys.argv[1:]])
+os.read(ready[0], 1)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{pid}/{name}", "w") as f:
+        f.write("0 0 65536")
+os.write(go[1], b"1")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_without_user_namespaces_a_user_is_told_why(shared_dir: Path) -> None:
+    """Where the system lets this user make no user namespace, an unprivileged hugify
+    try says so in one line naming the setting, status 4, and leaves nothing."""
+    build_runtime()
+    prog = _cc(shared_dir / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
+    cache = shared_dir / "cache"
+    subprocess.run(["chown", "-R", "65534:65534", str(shared_dir)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != LOG_ENV} | {"PYTHONPATH": str(REPO)}
+    cmd = ["/usr/bin/python3", "-c", NO_USERNS, "--cache-dir", str(cache), "--", str(prog)]
+    res = subprocess.run(cmd, cwd=shared_dir, env=env, capture_output=True, text=True, check=False)
+    assert res.returncode == 4, res.stderr
+    assert res.stderr == (
+        "hugify try: cannot make a private mount namespace (unshare CLONE_NEWUSER|CLONE_NEWNS: No space left on "
+        "device): user namespaces are disabled (user.max_user_namespaces = 0); run as root (no-namespace)\n"
+    )
+    assert _leftovers(cache) == []
+
+
+def test_explain_and_usage() -> None:
+    """Each reason hugify try stops with is explainable with its exit status; without a
+    command it is a usage error."""
+    ids = {
+        "no-namespace": 4,
+        "setuid-program": 4,
+        "nothing-to-try": 4,
+        "command-failed": 3,
+        "not-deterministic": 3,
+        "files-changed": 3,
+        "behaviour-differs": 6,
+        "try-cache": 5,
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    for line, (rid, status) in zip(res.stdout.splitlines(), ids.items(), strict=True):
+        assert line.startswith(f"{rid} (") and f", exit status {status}): hugify try: " in line, line
+    res = subprocess.run(
+        [sys.executable, "-m", "hugify.cli", "try", "--json"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 2 and "give the command to compare after --" in res.stderr
+
+
+def test_the_svg_stays_well_formed_for_any_command() -> None:
+    """Characters XML escapes (here an & where the title is cut) and every ratio
+    end up in a well-formed picture."""
+    from hugify.trial import report
+
+    rounds = [{"A_cpu_s": 1.0, "B_cpu_s": 0.9 + k / 100, "A2_cpu_s": 1.0 + k / 200} for k in range(7)]
+    summary = {"median": 0.93, "ci95": [0.91, 0.95], "half_width": 0.01, "min": 0.9, "max": 0.96}
+    result = {
+        "command": ["sh", "-c", "x" * 75 + " && make <all> 'twice'"],  # & where the old cut fell
+        "per_round": rounds,
+        "cpu": summary,
+        "noise_floor": {"cpu": summary | {"median": 1.0, "ci95": [0.99, 1.02]}},
+        "coverage": {"hugified_pmd_mapped": 4 << 20, "anonymous_held": None},
+        "way": "file",
+        "limits": {"target": 0.01},
+    }
+    root = ET.fromstring(report.svg(result))
+    assert len(root.findall("{http://www.w3.org/2000/svg}circle")) == 2 * 7 + 2
+    texts = [t.text or "" for t in root.findall("{http://www.w3.org/2000/svg}text")]
+    assert texts[0].startswith("hugify try: sh -c 'xxx") and texts[0].endswith("…")
+    assert texts[1] == report.answer(result)[1]
+
+
+def test_the_command_gets_the_signal_dispositions_a_shell_gives(tmp_path: Path) -> None:
+    """Nothing ignored and nothing blocked in the command, on either side: Python
+    ignores SIGPIPE and SIGXFSZ, and the sides' processes ignore what stops the
+    comparison; none of it may reach the command (`yes | head` must end by SIGPIPE)."""
+    build_runtime()
+    script = "grep -E '^Sig(Ign|Blk)' /proc/self/status > signals.txt; yes | head -1 > /dev/null"
+    args = ("--json", "--cache-dir", tmp_path / "cache", "--min-rounds", "1", "--max-rounds", "1")
+    res = _hugify_try(*args, "--compare-files", "signals.txt", "--", "sh", "-c", script, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "signals.txt").read_text() == "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+
+
+def test_a_terminated_comparison_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM in the middle of the rounds: the command's processes (one left running
+    in the background of each run), the sides' processes and the scratch files go;
+    hugify try ends by the same signal."""
+    build_runtime()
+    marker = "987.654"
+    cache = tmp_path / "cache"
+    script = f"sleep {marker} & sleep 0.2"
+    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen([*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) as p:
+        deadline = time.monotonic() + 60
+        while not _running(f"sleep\0{marker}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)  # into the rounds
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGTERM, err
+    assert "hugify try: stopped by SIGTERM" in err
+    assert not _running(f"sleep\0{marker}")
+    assert _leftovers(cache) == [] and _system_state(tmp_path)[0] == []
+
+
+def test_entries_of_another_hugify_go_once_unused_for_a_day(tmp_path: Path) -> None:
+    """Entries under another key (another hugify, another policy) unused for more than
+    a day are removed when a run opens the cache; younger ones stay."""
+    build_runtime()
+    cache = tmp_path / "cache"
+    old, recent = cache / f"{'0' * 64}-{'f' * 16}", cache / f"{'1' * 64}-{'f' * 16}"
+    for entry in (old, recent):
+        entry.mkdir(parents=True)
+        (entry / "outcome.json").write_text("{}\n")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    res = _hugify_try("--cache-dir", cache, "--", "sh", "-c", "exit 1", cwd=tmp_path)
+    assert res.returncode == 3, res.stderr
+    assert not old.exists() and recent.is_dir()
