@@ -29,6 +29,6 @@ def printed(ids: Iterable[str | None]) -> None:
 
 
 def io_detail(e: OSError) -> str:
-    """The detail an io-error is reported with: the file, if the error names one, and
-    the system's message."""
+    """The detail an io-error (or an unsafe file's refusal) is reported with: the
+    file, if the error names one, and the system's message."""
     return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
