@@ -92,14 +92,12 @@ class Context:
 
 
 def add_file(root: Path, dest: Path, data: bytes, epoch: int, mode: int = 0o644) -> None:
-    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories."""
-    missing = [d for d in [dest.parent, *dest.parent.parents] if d.is_relative_to(root) and not d.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for d in missing:
-        os.chmod(d, 0o755)
-    dest.write_bytes(data)
-    os.chmod(dest, mode)
-    os.utime(dest, (epoch, epoch))
+    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories
+    (0755), none of them reached through a symlink the package holds."""
+    try:
+        files.write_atomic(dest, data, mode=mode, epoch=epoch, tree=root)
+    except files.UnsafeFile as e:
+        raise RepackError(e.reason, f"{e.filename}: {e.detail}") from None
 
 
 def replace_debug_file(root: Path, path: Path, new_path: Path, data_from: Path) -> None:
