@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from hugify import _core
+from hugify import _core, files
 from hugify.repack_package import Package, RepackError, replace_debug_file, tool
+from hugify.rewrite import Settings, rewrite
 from hugify.tree import FileReport
 
 #: The debug file of a build-id in a package (Debian -dbgsym and Fedora -debuginfo
@@ -42,7 +43,7 @@ def moved_debug_file(original: Path, debug: Path, shipped: FileReport, work: Pat
     except RepackError as e:
         raise RepackError("debug-mismatch", f"{debug.name} does not match {shipped['path']}: {e.detail}") from None
     try:
-        report = _core.transform(merged, moved, shipped["huge_page"], 0, shipped["mode"])
+        report = rewrite(merged, moved, Settings(shipped["huge_page"], 0, shipped["mode"]), durable=False)
     except _core.HugifyError as e:
         raise RepackError("debug-mismatch", f"{shipped['path']} with its debug file: {e.detail} ({e.reason})") from e
     res = report["result"]
@@ -64,10 +65,17 @@ def repack(dbg: Package, main: Package) -> None:
         old, new = f.get("build_id_before"), f.get("build_id_after")
         if f["status"] != "transformed" or not old or not new:
             continue
-        path = by_build_id(dbg.root, old)
-        if not path.is_file():
+        link = by_build_id(dbg.root, old)
+        if not link.is_file():
             continue
+        try:
+            # rpm's build-id name is a link to the file named after the package, which
+            # keeps its name (rpmbuild makes the new link); one leading out of the
+            # package is refused, never read or replaced.
+            path = files.resolve_within(dbg.root, link)
+        except files.UnsafeFile as e:
+            raise RepackError(e.reason, f"{e.filename}: {e.detail}") from None
         moved = moved_debug_file(main.originals[f["path"]], path, f, scratch)
-        replace_debug_file(path, by_build_id(dbg.root, new), moved)
+        replace_debug_file(dbg.root, path, path if link.is_symlink() else by_build_id(dbg.root, new), moved)
         dbg.renamed_ids.append((old, new))
         dbg.log.append(f"hugify: {dbg.name}: debug file of {f['path']} moved ({old} -> {new})")

@@ -18,18 +18,29 @@ class Exit(enum.IntEnum):
     REFUSED = 4
     #: Reading or writing a file failed.
     IO = 5
+    #: A file could not be handled safely (not a regular file, a symlink, hard links
+    #: outside the tree, swapped while hugify worked: docs/security.md); nothing
+    #: was written and nothing outside the target was touched.
+    UNSAFE = 6
     #: ``hugify try``: the command behaved differently on the hugified files.
-    DIFFERS = 6
+    DIFFERS = 7
     #: A bug in hugify; nothing was written.
     INTERNAL = 70
 
     @classmethod
     def for_kind(cls, kind: str) -> Exit:
-        known = {"invalid": cls.INVALID, "refused": cls.REFUSED, "io": cls.IO, "differs": cls.DIFFERS, "info": cls.OK}
+        known = {
+            "invalid": cls.INVALID,
+            "refused": cls.REFUSED,
+            "io": cls.IO,
+            "unsafe": cls.UNSAFE,
+            "differs": cls.DIFFERS,
+            "info": cls.OK,
+        }
         return known.get(kind, cls.INTERNAL)
 
 
 def worst(codes: list[Exit]) -> Exit:
     """The status of a multi-file run: the most serious of its files."""
-    order = [Exit.OK, Exit.REFUSED, Exit.INVALID, Exit.IO, Exit.FAILED, Exit.DIFFERS, Exit.INTERNAL]
+    order = [Exit.OK, Exit.REFUSED, Exit.INVALID, Exit.IO, Exit.UNSAFE, Exit.FAILED, Exit.DIFFERS, Exit.INTERNAL]
     return max(codes, key=order.index, default=Exit.OK)

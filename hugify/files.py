@@ -1,22 +1,479 @@
-"""Writing hugify's own small files (manifests, reports, the discovered list, the
-kernel verdict, signed statements): whole or not at all, under a name no other run
-uses, and with the time stamp reproducible builds ask for."""
+"""Every file hugify replaces or writes goes through this module, so that running
+as root in a directory someone else can write (a package build tree, /opt/app,
+Debian's group-staff /usr/local) never hands that someone a file, a mode or a
+capability outside what they already own.
+
+The rules (docs/security.md says what they guarantee):
+
+* A directory is opened once (``O_DIRECTORY|O_NOFOLLOW``; below a tree's root,
+  component by component) and everything in it is done relative to that
+  descriptor: ``openat``, ``fstatat``, ``linkat``, ``renameat``, ``unlinkat``.
+* A file to be replaced is looked at with ``fstatat`` (no symlink followed) and
+  opened once, only when it is a regular file (``O_NOFOLLOW|O_NONBLOCK``: no
+  FIFO to block on, no device opened); its content, owner, mode and extended
+  attributes (``security.capability`` too) are read through that descriptor.
+* A new file is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a name no other run
+  can guess, filled, then given owner, mode, extended attributes and times
+  through its descriptor (``fchown`` first: it clears setuid bits and
+  capabilities), ``fsync``ed when it replaces a live system file.
+* Before the rename, the temporary name and the replaced name must still be the
+  inodes hugify made and opened; otherwise nothing is renamed (changed-meanwhile).
+  Nothing is ever chowned, chmodded, setxattr'd or utime'd by path.
+
+Each step calls `step_hook`, a no-op that the tests replace in-process to swap
+files at exactly that step (tests/test_rootsafe.py); nothing outside the process
+can set it.
+
+Refusals are `UnsafeFile` errors (an OSError, so that every caller that handles
+I/O errors handles them too) carrying a reason id of the core's table, of kind
+"unsafe" (exit status 6)."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import errno
 import os
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple, Self
 
-_counter = itertools.count()
 StrPath = str | os.PathLike[str]
+#: (st_dev, st_ino): which inode a name is.
+Identity = tuple[int, int]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NAME_MAX = 255
 
 
-def temporary_name(target: StrPath) -> str:
-    """A name in the target's directory that no other run uses."""
-    head, tail = os.path.split(os.fspath(target))
-    return os.path.join(head, f".{tail}.hugify-{os.getpid()}-{next(_counter)}")
+# --- the race hook ----------------------------------------------------------------------
+
+
+class Step(NamedTuple):
+    """Where a replacement is: the step's name, the file being written or replaced,
+    and the temporary file beside it once there is one (paths for display)."""
+
+    name: str
+    target: str
+    temporary: str | None = None
+
+
+def _no_step(step: Step) -> None:
+    """Production does nothing between steps."""
+
+
+#: Called at each step (probed: opened by `hugify tree`'s walk; opened, created,
+#: written, before-chown, before-chmod, before-xattrs, before-rename, renamed,
+#: linked). Tests replace it in-process.
+step_hook: Callable[[Step], None] = _no_step
+
+
+def reached(step: Step) -> None:
+    step_hook(step)
+
+
+# --- refusals ---------------------------------------------------------------------------
+
+
+class UnsafeFile(OSError):
+    """A file that cannot be handled safely: `reason` is its reason id (kind
+    "unsafe"), `filename` the path, `detail` (and `strerror`) the one-line why."""
+
+    def __init__(self, reason: str, path: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+        self.filename, self.strerror = path, detail
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.detail} ({self.reason})"
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+def describe(mode: int) -> str:
+    """What kind of file a mode says, for messages ("a FIFO")."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def identity(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino)
+
+
+def _symlink_detail(path: str) -> str:
+    try:
+        where = f" to {os.readlink(path)}"
+    except OSError:
+        where = ""
+    real = os.path.realpath(path)
+    return (
+        f"a symbolic link{where}; hugify does not follow symlinks where it reads a file to replace it "
+        f"or writes one (anyone who can write its directory could point it elsewhere): name the real path ({real})"
+    )
+
+
+# --- directories ------------------------------------------------------------------------
+
+
+class _Descriptor:
+    """Holds a descriptor that leaving a ``with`` block closes (unless borrowed)."""
+
+    fd: int
+    owned: bool = True
+
+    def close(self) -> None:
+        if self.owned and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Directory(_Descriptor):
+    """An open directory: what is done in it is done relative to `fd`. `path` is
+    for messages only; `owned`: False for a descriptor someone else closes."""
+
+    def __init__(self, fd: int, path: str, *, owned: bool = True) -> None:
+        self.fd, self.path, self.owned = fd, path, owned
+
+    @classmethod
+    def open(cls, path: StrPath, *, follow: bool) -> Directory:
+        """`path` opened as a directory. `follow`: for a root the user named (a
+        tree's root, a symlink to / included); otherwise its last component must not
+        be a symbolic link (the directory of a file hugify replaces)."""
+        text = os.fspath(path)
+        try:
+            fd = os.open(text, _DIR_FLAGS | (0 if follow else os.O_NOFOLLOW))
+        except OSError as e:
+            if not follow and e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(text):
+                raise UnsafeFile("symlink", text, _symlink_detail(text)) from None
+            raise
+        return cls(fd, text)
+
+    @classmethod
+    def containing(cls, path: StrPath) -> tuple[Directory, str]:
+        """The directory of `path` (opened without following its last component) and
+        the name of `path` in it."""
+        head, tail = os.path.split(os.fspath(path))
+        if not tail or tail in (".", ".."):
+            raise IsADirectoryError(errno.EISDIR, "a directory, not a file", os.fspath(path))
+        return cls.open(head or ".", follow=False), tail
+
+    def beneath(self, rel: str, *, create: bool = False) -> Directory:
+        """The directory `rel` ("/"-separated) below this one, each component opened
+        with O_NOFOLLOW relative to the one before: a symbolic link on the way is
+        refused, never followed out of the tree. `create`: missing components are
+        made (mode 0755, whatever the umask)."""
+        fd, path = os.dup(self.fd), self.path
+        try:
+            for part in (p for p in rel.split("/") if p not in ("", ".")):
+                where = os.path.join(path, part)
+                if part == "..":
+                    raise UnsafeFile("symlink", where, "a path leading out of the tree (..)")
+                made = False
+                try:
+                    child = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                        made = True
+                    child = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link_at(fd, part):
+                        raise UnsafeFile("symlink", where, _symlink_detail(where)) from None
+                    raise
+                if made:
+                    os.fchmod(child, 0o755)
+                os.close(fd)
+                fd, path = child, where
+        except BaseException:
+            os.close(fd)
+            raise
+        return Directory(fd, path)
+
+    def identity_of(self, name: str) -> Identity | None:
+        """Which inode `name` is now (a symlink itself, not its target); None if absent."""
+        try:
+            return identity(os.stat(name, dir_fd=self.fd, follow_symlinks=False))
+        except FileNotFoundError:
+            return None
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+
+def _is_link_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def split_relative(rel: str) -> tuple[str, str]:
+    """(directory, name) of a "/"-separated path relative to a tree's root."""
+    head, _, tail = rel.strip("/").rpartition("/")
+    return head, tail
+
+
+# --- reading the file to be replaced ----------------------------------------------------------
+
+
+class Metadata(NamedTuple):
+    """What a replacement keeps of the file it replaces."""
+
+    uid: int
+    gid: int
+    mode: int  # permission bits, setuid/setgid/sticky too
+    xattrs: tuple[tuple[str, bytes], ...]  # in the order the file system lists them
+    atime_ns: int
+    mtime_ns: int
+
+    @property
+    def xattr_names(self) -> list[str]:
+        return [n for n, _ in self.xattrs]
+
+
+class Source(_Descriptor):
+    """A regular file opened once for reading: its content (through `fd`), its
+    metadata and its identity all come from that one descriptor."""
+
+    def __init__(self, fd: int, st: os.stat_result, directory: Directory, name: str) -> None:
+        self.fd, self.st, self.directory, self.name = fd, st, directory, name
+
+    @property
+    def path(self) -> str:
+        return self.directory.join(self.name)
+
+    @property
+    def identity(self) -> Identity:
+        return identity(self.st)
+
+    def metadata(self) -> Metadata:
+        """Owner, mode, extended attributes and times, read through the descriptor."""
+        try:
+            names = os.listxattr(self.fd)
+        except OSError as e:
+            if e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            names = []  # no xattr support on this file system: nothing to keep
+        xattrs = []
+        for name in names:
+            try:
+                xattrs.append((name, os.getxattr(self.fd, name)))
+            except OSError as e:
+                if e.errno != errno.ENODATA:  # removed since it was listed
+                    raise
+        st = self.st
+        return Metadata(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), tuple(xattrs), st.st_atime_ns, st.st_mtime_ns)
+
+    def sha256(self) -> str:
+        """The digest of the content, read through the descriptor."""
+        import hashlib  # only `hugify tree` hashes: `transform`'s start-up stays short
+
+        h, offset = hashlib.sha256(), 0
+        while chunk := os.pread(self.fd, 1 << 20, offset):
+            h.update(chunk)
+            offset += len(chunk)
+        return h.hexdigest()
+
+
+def open_source(directory: Directory, name: str, *, expect: Identity | None = None, step: str = "opened") -> Source:
+    """The regular file `name` in `directory`, opened once. Refused: with `expect`,
+    another inode than the one expected (changed-meanwhile); a symbolic link;
+    anything but a regular file (looked at before it is opened: a FIFO would block,
+    a device might act). `step`: the name the race hook sees once it is open."""
+    path = directory.join(name)
+    st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+    if expect is not None and identity(st) != expect:
+        what = describe(st.st_mode) if not stat.S_ISREG(st.st_mode) else "another file"
+        raise UnsafeFile("changed-meanwhile", path, f"replaced by {what} since hugify found it")
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeFile("symlink", path, _symlink_detail(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile("not-regular", path, f"{describe(st.st_mode)}, not a regular file")
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=directory.fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFile("changed-meanwhile", path, "swapped for a symbolic link as it was opened") from None
+        raise
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or identity(opened) != identity(st):
+            raise UnsafeFile("changed-meanwhile", path, "replaced by another file as it was opened")
+        source = Source(fd, opened, directory, name)
+        reached(Step(step, path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return source
+
+
+# --- writing a new file in place of another -------------------------------------------------
+
+
+def _temporary_names(target: str) -> Iterator[str]:
+    """Names beside `target` that no other run uses and nobody can guess: an attacker
+    who creates one first only makes hugify pick the next."""
+    stem = os.fsdecode(os.fsencode(target)[: _NAME_MAX - 40])
+    while True:
+        yield f".{stem}.hugify-{os.getpid()}-{os.urandom(8).hex()}"
+
+
+class NewFile:
+    """A new, empty file beside `target` in `directory` (mode 0600 until `give`),
+    open for reading and writing, to be renamed over `target` by `commit`. Leaving
+    the ``with`` block without a commit removes it."""
+
+    def __init__(self, directory: Directory, target: str) -> None:
+        self.directory, self.target = directory, target
+        self.committed = False
+        for attempt, name in enumerate(_temporary_names(target)):
+            try:
+                self.fd = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=directory.fd)
+                break
+            except FileExistsError:
+                if attempt >= 100:
+                    raise
+        self.name = name
+        self.identity = identity(os.fstat(self.fd))
+        self.step("created")
+
+    @property
+    def path(self) -> str:
+        return self.directory.join(self.name)
+
+    def step(self, name: str) -> None:
+        reached(Step(name, self.directory.join(self.target), self.path))
+
+    def write(self, data: bytes) -> None:
+        view, offset = memoryview(data), 0
+        while offset < len(view):
+            offset += os.pwrite(self.fd, view[offset:], offset)
+
+    def copy_from(self, fd: int) -> None:
+        """The whole content of the file open at `fd`, copied in the kernel where the
+        file system can (a debug file may be hundreds of MiB)."""
+        offset = 0
+        while True:
+            try:
+                n = os.copy_file_range(fd, self.fd, 1 << 30, offset, offset)
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                chunk = os.pread(fd, 1 << 20, offset)
+                os.pwrite(self.fd, chunk, offset)
+                n = len(chunk)
+            if n == 0:
+                return
+            offset += n
+
+    def give(self, meta: Metadata, *, skip: tuple[str, ...] = (), times: tuple[int, int] | None = None) -> None:
+        """Owner, mode, extended attributes but `skip`, and times (ns) if given,
+        through the descriptor. chown clears setuid bits and capabilities, so it comes
+        first; then the mode, then the attributes (security.capability last of all
+        that could clear it)."""
+        self.step("before-chown")
+        if os.geteuid() == 0 or meta.uid == os.geteuid():
+            with contextlib.suppress(PermissionError):  # a group the user is not in
+                os.fchown(self.fd, meta.uid, meta.gid)
+        self.step("before-chmod")
+        os.fchmod(self.fd, meta.mode)
+        self.step("before-xattrs")
+        for name, value in meta.xattrs:
+            if name not in skip:
+                os.setxattr(self.fd, name, value)
+        if times is not None:
+            os.utime(self.fd, ns=times)
+
+    def commit(self, *, replacing: Identity | None = None, durable: bool = False) -> None:
+        """Renames the new file over `target`. Refused (changed-meanwhile) when the
+        temporary name is no longer this file, or, with `replacing`, when `target` is
+        no longer that inode (someone swapped it since it was opened). `durable`:
+        the content is on disk before the rename and the rename after it."""
+        d = self.directory
+        if durable:
+            os.fsync(self.fd)
+        self.step("before-rename")
+        if d.identity_of(self.name) != self.identity:
+            raise UnsafeFile(
+                "changed-meanwhile",
+                d.join(self.target),
+                f"hugify's temporary file {self.path} was renamed, removed or replaced by someone else; "
+                "nothing was renamed into place",
+            )
+        if replacing is not None and d.identity_of(self.target) != replacing:
+            raise UnsafeFile(
+                "changed-meanwhile",
+                d.join(self.target),
+                "renamed, removed or replaced (by a symlink or another file) while hugify worked on it; "
+                "the new file was not renamed over it",
+            )
+        os.replace(self.name, self.target, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+        self.committed = True
+        if durable:
+            os.fsync(d.fd)
+        self.step("renamed")
+
+    def discard(self) -> None:
+        """Removes the temporary name if it is still this file (never someone else's)."""
+        if not self.committed and self.directory.identity_of(self.name) == self.identity:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.name, dir_fd=self.directory.fd)
+
+    def __enter__(self) -> NewFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.discard()
+        finally:
+            os.close(self.fd)
+
+
+def link_replace(
+    source: Directory, name: str, inode: Identity, directory: Directory, target: str, *, replacing: Identity
+) -> None:
+    """Points `target` in `directory` at the inode `name` in `source` is (which must
+    be `inode`), in place of the inode `replacing`, in one rename: how the other names
+    of a hard-linked file follow its first name's replacement."""
+    for attempt, tmp in enumerate(_temporary_names(target)):
+        try:
+            os.link(name, tmp, src_dir_fd=source.fd, dst_dir_fd=directory.fd, follow_symlinks=False)
+            break
+        except FileExistsError:
+            if attempt >= 100:
+                raise
+    where = directory.join(target)
+    try:
+        if directory.identity_of(tmp) != inode:
+            raise UnsafeFile("changed-meanwhile", where, f"{source.join(name)} was replaced before it could be linked")
+        reached(Step("linked", where, directory.join(tmp)))
+        if directory.identity_of(target) != replacing:
+            raise UnsafeFile("changed-meanwhile", where, "replaced (by a symlink or another file) while hugify worked")
+        os.replace(tmp, target, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
+    except BaseException:
+        if directory.identity_of(tmp) == inode:
+            os.unlink(tmp, dir_fd=directory.fd)
+        raise
+
+
+# --- hugify's own small files -------------------------------------------------------------
 
 
 def source_date_epoch() -> int | None:
@@ -26,19 +483,68 @@ def source_date_epoch() -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def write_text_atomic(path: Path, text: str, epoch: int | None = None) -> None:
-    """Replaces `path` with `text` (UTF-8, mode 0644, its directory made if need be) in
-    one rename: a reader sees the old file or the new one, never a part; on failure the
-    old one stays. `epoch`: the new file's access and modification time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(temporary_name(path))
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o644)
+def within(root: StrPath, path: StrPath) -> str | None:
+    """`path`'s place below `root` ("/"-separated), judged on the names alone (no
+    symlink resolved), or None when it is not below it."""
+    top, full = os.path.abspath(root), os.path.abspath(path)
+    if full == top or not full.startswith(top.rstrip("/") + "/"):
+        return None
+    return full[len(top.rstrip("/")) + 1 :]
+
+
+@contextlib.contextmanager
+def directory_for(path: StrPath, *, tree: StrPath | None = None) -> Iterator[tuple[Directory, str]]:
+    """The directory of `path`, made if need be, and the file's name in it. Inside
+    `tree` (a build root, an unpacked package) every directory below the tree's root
+    is opened or made without following a symlink. Elsewhere (a report or statement
+    path the user named outside any tree) the directories are as named, symlinks
+    too: what goes there is hugify's own text, owned by the running user, mode 0644,
+    renamed in under the name given, never written through a symlink there."""
+    rel = within(tree, path) if tree is not None else None
+    if tree is not None and rel is not None:
+        head, name = split_relative(rel)
+        with Directory.open(tree, follow=True) as top, top.beneath(head, create=True) as d:
+            yield d, name
+        return
+    head, name = os.path.split(os.fspath(path))
+    if not name:
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a file", os.fspath(path))
+    if head:
+        Path(head).mkdir(parents=True, exist_ok=True)
+    with Directory.open(head or ".", follow=True) as d:
+        yield d, name
+
+
+def write_atomic(
+    path: StrPath,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    epoch: int | None = None,
+    tree: StrPath | None = None,
+    durable: bool = False,
+) -> None:
+    """Replaces `path` with `data` (owned by the running user, `mode`) in one rename:
+    a reader sees the old file or the new one, never a part; on failure the old one
+    stays. `epoch`: the new file's access and modification time. `tree`: the root
+    `path` may lie in (see `directory_for`)."""
+    with directory_for(path, tree=tree) as (d, name), NewFile(d, name) as new:
+        new.write(data)
+        os.fchmod(new.fd, mode)
         if epoch is not None:
-            os.utime(tmp, (epoch, epoch))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+            os.utime(new.fd, (epoch, epoch))
+        new.commit(durable=durable)
+
+
+def write_text_atomic(path: StrPath, text: str, epoch: int | None = None, *, tree: StrPath | None = None) -> None:
+    """`write_atomic` of UTF-8 text, mode 0644."""
+    write_atomic(path, text.encode("utf-8"), epoch=epoch, tree=tree)
+
+
+def resolve_within(root: Path, path: Path) -> Path:
+    """Where `path` (below `root`, possibly through symlinks the tree holds, such as
+    rpm's build-id links) really is, refused when that is outside `root`."""
+    real, top = path.resolve(), root.resolve()
+    if not real.is_relative_to(top):
+        raise UnsafeFile("symlink", str(path), f"a symbolic link leading out of the tree, to {real}")
+    return root / real.relative_to(top)

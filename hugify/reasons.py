@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Iterable
 
+from hugify import files
 from hugify.exitcodes import Exit
 
 LOG_ENV = "HUGIFY_REASON_LOG"
@@ -45,8 +46,8 @@ def printed(ids: Iterable[str | None]) -> None:
 
 
 def io_detail(e: OSError) -> str:
-    """The detail an io-error is reported with: the file, if the error names one, and
-    the system's message."""
+    """The detail an io-error (or an unsafe file's refusal) is reported with: the
+    file, if the error names one, and the system's message."""
     return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
 
 
@@ -56,6 +57,10 @@ def report(e: ReasonError | OSError) -> Exit:
         printed([e.reason])
         print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
         return e.exit
+    if isinstance(e, files.UnsafeFile):
+        printed([e.reason])
+        print(f"hugify: {e}", file=sys.stderr)
+        return Exit.UNSAFE
     printed(["io-error"])
     print(f"hugify: {io_detail(e)} (io-error)", file=sys.stderr)
     return Exit.IO

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from hugify import debugfiles, manifest, reasons, repack_deb, repack_rpm, signing, tree
+from hugify import debugfiles, files, manifest, reasons, repack_deb, repack_rpm, signing, tree
 from hugify.exitcodes import Exit
 from hugify.files import source_date_epoch
 from hugify.policy import Layers, Policy, PolicyError, Setting, load, resolve
@@ -142,9 +142,11 @@ def run(opts: Options) -> Exit:
             if len(set(names)) != len(names):
                 twice = sorted({n for n in names if names.count(n) > 1})
                 raise RepackError("not-a-package", f"the same package given twice: {', '.join(twice)}")
-            for f in built:
-                os.replace(f, opts.outdir / f.name)
-                print(f"hugify: wrote {opts.outdir / f.name}", file=out)
+            with files.Directory.open(opts.outdir, follow=True) as dest:
+                for f in built:
+                    with files.Directory.open(f.parent, follow=False) as made:
+                        os.replace(f.name, f.name, src_dir_fd=made.fd, dst_dir_fd=dest.fd)
+                    print(f"hugify: wrote {opts.outdir / f.name}", file=out)
     except (RepackError, OSError) as e:
         return reasons.report(e)
     return Exit.OK
@@ -225,14 +227,17 @@ def _transform(pkg: Package, pol: Policy, opts: Options, epoch: int) -> None:
     file's original (debug files are matched with those), then adds the manifest
     and, when the policy signs, the signed statement."""
     found = tree.candidates(pkg.root)
-    if not found:
+    # A FIFO or device node the package ships is a candidate only to be reported.
+    if all(c.refusal and c.refusal[0] == "not-regular" for c in found):
         raise RepackError("no-elf-file", f"{pkg.name} holds no ELF executable or shared object")
     # Beside the package's own root: two packages may share a name (two architectures).
     scratch = pkg.root.parent
     keep = scratch / "originals"
     keep.mkdir()
     for n, c in enumerate(found):
-        os.link(c.files[0], keep / str(n))
+        if c.refusal and c.refusal[0] == "not-regular":
+            continue
+        os.link(c.files[0], keep / str(n), follow_symlinks=False)
         for path in c.paths:
             pkg.originals[path] = keep / str(n)
     listing, report = scratch / "manifest.list", scratch / "report.json"
@@ -285,7 +290,7 @@ def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:
     if not signing.sign(req, pkg.log.append):
         raise RepackError("tool-failed", f"signing the statement of {pkg.name} failed (signing.mode = required)")
     for f in (pkg.root / "usr/share/hugify/attestations").glob(f"{glob.escape(pkg.stem)}.*"):
-        os.utime(f, (epoch, epoch))
+        os.utime(f, (epoch, epoch), follow_symlinks=False)
 
 
 @contextlib.contextmanager
@@ -296,7 +301,7 @@ def _dir_times(root: Path, epoch: int) -> Iterator[None]:
     yield
     for d, _, _ in os.walk(root):
         ns = before.get(Path(d), epoch * 1_000_000_000)
-        os.utime(d, ns=(ns, ns))
+        os.utime(d, ns=(ns, ns), follow_symlinks=False)
 
 
 # --- the summary -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from hugify.files import write_text_atomic
 from hugify.repack_package import Context, Package, RepackError, tool
 
 #: data.tar member suffix -> dpkg-deb -Z value.
@@ -198,7 +199,9 @@ class Deb:
             if value:
                 put(fields, "Build-Ids", " ".join(ids.get(i, i) for i in value.split()))
         put(fields, NOTE_FIELD, ctx.note(pkg))
-        (x.control / "control").write_text(render_control(fields), encoding="utf-8")
+        # Through the shared writer: a member of the package's control area that is a
+        # symlink is replaced, never written through.
+        write_text_atomic(x.control / "control", render_control(fields))
         _md5sums(pkg.root, x.control)
         debian = pkg.root / "DEBIAN"
         os.rename(x.control, debian)
@@ -236,6 +239,4 @@ def _md5sums(root: Path, control: Path) -> None:
                 continue
             with p.open("rb") as f:
                 lines.append(f"{hashlib.file_digest(f, 'md5').hexdigest()}  {installed[1:]}\n")
-    md5 = control / "md5sums"
-    md5.write_text("".join(sorted(lines, key=lambda ln: ln[34:])), encoding="utf-8")
-    os.chmod(md5, 0o644)
+    write_text_atomic(control / "md5sums", "".join(sorted(lines, key=lambda ln: ln[34:])))

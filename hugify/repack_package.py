@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, reasons, tree
-from hugify.rewrite import copy_metadata
+from hugify import _core, files, reasons, tree
 
 
 class RepackError(reasons.ReasonError):
@@ -91,30 +89,39 @@ class Context:
 
 
 def add_file(root: Path, dest: Path, data: bytes, epoch: int, mode: int = 0o644) -> None:
-    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories."""
-    missing = [d for d in [dest.parent, *dest.parent.parents] if d.is_relative_to(root) and not d.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for d in missing:
-        os.chmod(d, 0o755)
-    dest.write_bytes(data)
-    os.chmod(dest, mode)
-    os.utime(dest, (epoch, epoch))
+    """Adds a file hugify makes (root-owned, dated `epoch`), with its directories
+    (0755), none of them reached through a symlink the package holds."""
+    try:
+        files.write_atomic(dest, data, mode=mode, epoch=epoch, tree=root)
+    except files.UnsafeFile as e:
+        raise RepackError(e.reason, f"{e.filename}: {e.detail}") from None
 
 
-def replace_debug_file(path: Path, new_path: Path, data_from: Path) -> None:
-    """Gives a debug file new contents under the name of its new build-id, keeping
-    its metadata. An rpm names the file after the package and links the build-id
-    to it: there the file keeps its name and rpmbuild makes the new link."""
-    if path.is_symlink():
-        path = path.resolve()
-        new_path = path
-    st = path.lstat()
-    tmp = new_path.with_name(f".{new_path.name}.hugify")
-    new_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(data_from, tmp)
-    copy_metadata(st, path, tmp, times=True)
-    os.replace(tmp, new_path)
-    if new_path != path:
-        path.unlink()
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()
+def replace_debug_file(root: Path, path: Path, new_path: Path, data_from: Path) -> None:
+    """Gives the debug file `path` (below `root`, no symlink on its way) new contents
+    under the name of its new build-id `new_path`, keeping its metadata. An rpm names
+    the file after the package and links the build-id to it (the caller resolved that
+    link): there the file keeps its name and rpmbuild makes the new link."""
+    rel = files.within(root, path)
+    new_rel = files.within(root, new_path)
+    assert rel is not None and new_rel is not None, (path, new_path)
+    head, name = files.split_relative(rel)
+    new_head, new_name = files.split_relative(new_rel)
+    try:
+        with (
+            files.Directory.open(root, follow=True) as top,
+            top.beneath(head) as d,
+            files.open_source(d, name) as source,
+            top.beneath(new_head, create=True) as nd,
+            files.NewFile(nd, new_name) as new,
+        ):
+            with data_from.open("rb") as content:
+                new.copy_from(content.fileno())
+            new.give(source.metadata(), times=(source.st.st_atime_ns, source.st.st_mtime_ns))
+            new.commit()
+            if (new_head, new_name) != (head, name):
+                os.unlink(name, dir_fd=d.fd)
+                with contextlib.suppress(OSError), top.beneath(files.split_relative(head)[0]) as parent:
+                    os.rmdir(files.split_relative(head)[1], dir_fd=parent.fd)
+    except files.UnsafeFile as e:
+        raise RepackError(e.reason, f"{e.filename}: {e.detail}") from None

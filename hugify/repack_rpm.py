@@ -28,7 +28,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from hugify.repack_package import Context, Package, RepackError, tool
+from hugify.repack_package import Context, Package, RepackError, add_file, tool
 
 # rpmds sense flags (rpm's rpmds.h)
 LESS, GREATER, EQUAL = 2, 4, 8
@@ -316,9 +316,7 @@ def file_lines(h: dict[str, list[Any]], root: Path) -> list[str]:
             if not ghost.exists() and not ghost.is_symlink():
                 # Absent, rpmbuild would date it by the clock: an empty file dated as
                 # in the header keeps the output deterministic (docs/packaging-rpm.md).
-                ghost.parent.mkdir(parents=True, exist_ok=True)
-                ghost.touch()
-                os.utime(ghost, (mtimes[i], mtimes[i]))
+                add_file(root, ghost, b"", mtimes[i])
         if i < len(langs) and langs[i]:
             attrs.append(f"%lang({langs[i]})")
         if verify & 0xFFFFFFFF != 0xFFFFFFFF:

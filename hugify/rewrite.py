@@ -1,17 +1,18 @@
-"""Replacing a file safely: the core writes and self-checks a new temporary file
-beside the target; only then is it given the original's metadata and renamed over
-the target in one atomic step. On any failure the temporary is removed and the
-original is untouched."""
+"""Replacing an ELF file with its transformed self. The file is opened once and
+read (content, owner, mode, extended attributes, capabilities) through that
+descriptor; the core writes and self-checks a new file created beside the target;
+only then is that file given the original's metadata through its own descriptor
+and renamed over the target, if the target is still the file that was read
+(hugify/files.py holds the rules). On any failure the temporary file is removed
+and the original is untouched."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import stat
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from hugify import _core
-from hugify.files import StrPath, temporary_name
+from hugify import _core, files
+from hugify.files import StrPath
 
 if TYPE_CHECKING:
 
@@ -43,34 +44,62 @@ def hugify_error(reason: str, detail: str) -> _core.HugifyError:
     return e
 
 
-def signature_xattrs(path: StrPath) -> list[str]:
-    """The IMA/EVM signature attributes `path` carries."""
-    try:
-        return sorted(set(os.listxattr(path)).intersection(SIGNATURE_XATTRS))
-    except OSError:  # no xattr support on this filesystem: nothing signed
-        return []
+def unsafe_error(e: files.UnsafeFile) -> _core.HugifyError:
+    return hugify_error(e.reason, e.detail)
 
 
-def copy_metadata(
-    src_stat: os.stat_result, src: StrPath, dst: StrPath, *, times: bool, skip: tuple[str, ...] = ()
-) -> None:
-    """Gives `dst` the owner, mode bits (setuid/setgid too), extended attributes but
-    `skip` and, if `times`, the timestamps of `src`. Order matters: chown clears
-    setuid bits and file capabilities, so it comes first."""
-    if os.geteuid() == 0 or src_stat.st_uid == os.geteuid():
-        with contextlib.suppress(PermissionError):
-            os.chown(dst, src_stat.st_uid, src_stat.st_gid)
-    os.chmod(dst, stat.S_IMODE(src_stat.st_mode))
+class Written(NamedTuple):
+    report: Rewritten
+    #: The inode now at the target's name.
+    identity: files.Identity
+
+
+def replace(
+    source: files.Source,
+    directory: files.Directory,
+    name: str,
+    settings: Settings,
+    *,
+    in_place: bool,
+    times: tuple[int, int] | None = None,
+    drop_signatures: bool = False,
+    durable: bool = False,
+) -> Written:
+    """Transforms the open `source` into a new file renamed over `name` in
+    `directory`. `in_place`: `name` is the source's own name, which must still be the
+    source's inode at the rename. `times` (ns): the new file's access and
+    modification times. Raises ``_core.HugifyError`` (reason ids of the core's table,
+    including the file-handling ones of kind "unsafe") and ``OSError``; the target is
+    unchanged and no temporary file remains on any failure."""
+    meta = source.metadata()
     try:
-        names = os.listxattr(src)
-    except OSError:
-        names = []
-    for name in names:
-        if name in skip:
-            continue
-        os.setxattr(dst, name, os.getxattr(src, name))
-    if times:
-        os.utime(dst, ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
+        with files.NewFile(directory, name) as new:
+            core = _core.transform(
+                source.fd,
+                new.fd,
+                settings.huge_page,
+                settings.threshold,
+                settings.mode,
+                src_name=source.path,
+                out_name=new.path,
+            )
+            report = cast("Rewritten", core)
+            new.step("written")
+            signed = sorted(set(meta.xattr_names).intersection(SIGNATURE_XATTRS))
+            if signed and not drop_signatures:
+                names = ", ".join(signed)
+                raise hugify_error(
+                    "signed-file",
+                    f"signed with {names}, which rewriting would leave stale (IMA appraisal would refuse to run "
+                    'it); --drop-stale-signatures or ima_signatures = "drop" rewrites it without them',
+                )
+            new.give(meta, skip=tuple(signed), times=times)
+            new.commit(replacing=source.identity if in_place else None, durable=durable)
+    except files.UnsafeFile as e:
+        raise unsafe_error(e) from None
+    if signed:
+        report["dropped_signatures"] = signed
+    return Written(report, new.identity)
 
 
 def rewrite(
@@ -80,35 +109,47 @@ def rewrite(
     *,
     keep_times: bool = False,
     drop_signatures: bool = False,
+    durable: bool = False,
 ) -> Rewritten:
     """Transforms `src` into `dst` (or in place when `dst` is None) atomically.
 
-    Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid or
-    internal failures and ``OSError`` for I/O failures; in every failure case the
-    target is unchanged and no temporary file remains. A file carrying an IMA/EVM
-    signature is refused (signed-file) once the core would rewrite it, unless
-    `drop_signatures`: then the result has every attribute but those, and the
-    report lists them under ``dropped_signatures``.
+    In place, the directory of `src` is opened without following a symlink and
+    `src` is replaced there only if its name still is the file that was read. With
+    `dst`, `src` may be reached through symlinked directories (it is only read) but
+    is itself no symlink, and `dst`'s directory is opened like an in-place one.
+    Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid,
+    unsafe or internal failures and ``OSError`` for I/O failures; in every failure
+    case the target is unchanged and no temporary file remains. A file carrying an
+    IMA/EVM signature is refused (signed-file) once the core would rewrite it, unless
+    `drop_signatures`: then the result has every attribute but those, and the report
+    lists them under ``dropped_signatures``. `durable`: fsync before and after the
+    rename (a crash leaves the old file or the new one, never an empty one).
     """
-    target = dst if dst is not None else src
-    tmp = temporary_name(target)
-    st = os.stat(src)
     try:
-        report = cast("Rewritten", _core.transform(src, tmp, settings.huge_page, settings.threshold, settings.mode))
-        signed = signature_xattrs(src)
-        if signed and not drop_signatures:
-            names = ", ".join(signed)
-            raise hugify_error(
-                "signed-file",
-                f"signed with {names}, which rewriting would leave stale (IMA appraisal would refuse to run it); "
-                '--drop-stale-signatures or ima_signatures = "drop" rewrites it without them',
-            )
-        copy_metadata(st, src, tmp, times=keep_times, skip=tuple(signed))
-        if signed:
-            report["dropped_signatures"] = signed
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return report
+        if dst is None:
+            d, name = files.Directory.containing(src)
+            out, out_name = d, name
+        else:
+            head, name = os.path.split(os.fspath(src))
+            d = files.Directory.open(head or ".", follow=True)
+            out = None
+        with d, files.open_source(d, name) as source:
+            if out is None:
+                out, out_name = files.Directory.containing(cast(StrPath, dst))
+            try:
+                times = (source.st.st_atime_ns, source.st.st_mtime_ns) if keep_times else None
+                return replace(
+                    source,
+                    out,
+                    out_name,
+                    settings,
+                    in_place=dst is None,
+                    times=times,
+                    drop_signatures=drop_signatures,
+                    durable=durable,
+                ).report
+            finally:
+                if out is not d:
+                    out.close()
+    except files.UnsafeFile as e:
+        raise unsafe_error(e) from None

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hugify.files import source_date_epoch, write_text_atomic
+from hugify.files import directory_for, source_date_epoch, write_text_atomic
 from hugify.policy import is_package_name
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -87,8 +87,11 @@ def redact(text: str) -> str:
 # --- statements -------------------------------------------------------------------------
 
 
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as f:
+def file_sha256(path: Path, *, follow: bool = True) -> str:
+    """The digest of the file at `path`; without `follow`, of the file `path` names
+    itself (a build tree's file swapped for a symlink is not followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    with open(fd, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -142,7 +145,7 @@ def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Stat
                 continue
             key = (st.st_dev, st.st_ino)
             if key not in hashed:
-                hashed[key] = file_sha256(file)
+                hashed[key] = file_sha256(file, follow=False)
             subjects[p] = hashed[key]
             present.append(p)
         if not present:
@@ -318,20 +321,22 @@ class SignRequest(NamedTuple):
     stem: str | None = None
 
 
-def _write(path: Path, text: str) -> None:
-    write_text_atomic(path, text, source_date_epoch())
+def _write(path: Path, text: str, tree: Path | None = None) -> None:
+    write_text_atomic(path, text, source_date_epoch(), tree=tree)
 
 
-def _place(prefix: Path, statement: str, bundle: str | None) -> list[Path]:
-    """Writes PREFIX.intoto.json and PREFIX.bundle (or removes a stale bundle)."""
+def _place(prefix: Path, statement: str, bundle: str | None, tree: Path | None = None) -> list[Path]:
+    """Writes PREFIX.intoto.json and PREFIX.bundle (or removes a stale bundle);
+    `tree`: the build root PREFIX lies in, whose directories are never reached
+    through a symlink (hugify/files.py)."""
     written = [prefix.with_name(prefix.name + STATEMENT_SUFFIX)]
-    _write(written[0], statement)
+    _write(written[0], statement, tree)
     stale = prefix.with_name(prefix.name + BUNDLE_SUFFIX)
     if bundle is None:
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
+        with directory_for(stale, tree=tree) as (d, name), contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=d.fd)
     else:
-        _write(stale, bundle)
+        _write(stale, bundle, tree)
         written.append(stale)
     return written
 
@@ -368,7 +373,7 @@ def sign(req: SignRequest, say: Callable[[str], None]) -> bool:
                 tlog = "uploaded to the transparency log" if req.tlog_upload else "no transparency log"
                 say(f"{who} {what}, signed with {redact(req.key)} ({req.key_where}; {tlog})")
         if req.install:
-            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / (req.stem or req.name), stmt.text, bundle):
+            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / (req.stem or req.name), stmt.text, bundle, req.root):
                 installed.append("/" + f.relative_to(req.root).as_posix())
                 say(f"{who} wrote {installed[-1]}")
         if req.output is not None:

@@ -9,6 +9,14 @@ inode). Symlinks are never followed or touched, nor is anything under
 ``/usr/lib/debug``. A file that fails is logged and left byte-identical; it never
 stops the others. The policy's ``on_error`` decides the exit status.
 
+The tree may be hostile (hugify runs as root in package builds whose files the
+build, that is upstream's code, made): it is walked with directory descriptors
+(os.fwalk) and every file is opened and replaced relative to its directory, each
+directory below the root opened without following a symlink (hugify/files.py).
+FIFOs, device nodes and sockets are never opened and are skipped with reason
+not-regular; a file with hard links outside the tree is skipped (outside-links);
+a file swapped while hugify works on it is left alone (changed-meanwhile).
+
 A file whose code already lies on whole huge-page windows (a non-PIE executable
 with congruent offsets, a file linked or transformed that way) needs no rewrite:
 it is listed in the manifest as it is (status ``as-is``), so that the runtime
@@ -23,8 +31,6 @@ IMA/EVM attributes are refused (signed-file) unless the policy or
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import re
@@ -36,11 +42,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TextIO, TypedDict, cast
 
-from hugify import _core, manifest, reasons, render
+from hugify import _core, files, manifest, reasons, render
 from hugify.exitcodes import Exit
-from hugify.files import source_date_epoch, temporary_name, write_text_atomic
+from hugify.files import source_date_epoch, write_text_atomic
 from hugify.policy import Policy, canonical_arch
-from hugify.rewrite import Settings, rewrite
+from hugify.rewrite import Settings, replace
 from hugify.sizes import human
 
 if TYPE_CHECKING:
@@ -51,18 +57,8 @@ if TYPE_CHECKING:
 PRUNED = ("/usr/lib/debug",)
 
 
-def probe(path: Path) -> _core.Probe | None:
-    """The core's header facts of an ELF executable or shared object; None for any
-    other file. A file that has the ELF magic but is too damaged to tell its type,
-    or that cannot be read, is a candidate too (its problem set), so that it is
-    reported rather than silently passed over; so is one whose probe hit a bug in the
-    core (a caught panic, reason `internal`): one file's bug must not stop the walk."""
-    try:
-        return _core.probe(path, _core.DEFAULT_HUGE_PAGE)
-    except OSError as e:
-        problem: _core.Refusal = {"reason": "io-error", "kind": "io", "detail": reasons.io_detail(e)}
-    except _core.HugifyError as e:
-        problem = {"reason": e.reason, "kind": e.kind, "detail": e.detail}
+def _unprobed(problem: _core.Refusal | None) -> _core.Probe:
+    """The facts of a file the core could not (or was not asked to) read."""
     return {
         "arch": None,
         "is64": False,
@@ -80,6 +76,27 @@ def probe(path: Path) -> _core.Probe | None:
     }
 
 
+def probe(directory: files.Directory, name: str, huge_page: int = _core.DEFAULT_HUGE_PAGE) -> _core.Probe | None:
+    """The core's header facts of the ELF executable or shared object `name` in
+    `directory`, read through one descriptor opened without following a symlink;
+    None for any other file. A file that has the ELF magic but is too damaged to
+    tell its type, or that cannot be read, is a candidate too (its problem set), so
+    that it is reported rather than silently passed over; so is one whose probe hit
+    a bug in the core (a caught panic, reason `internal`): one file's bug must not
+    stop the walk."""
+    try:
+        with files.open_source(directory, name, step="probed") as source:
+            return _core.probe(source.fd, huge_page)
+    except files.UnsafeFile as e:
+        problem: _core.Refusal = {"reason": e.reason, "kind": "unsafe", "detail": e.detail}
+    except OSError as e:
+        detail = f"{directory.join(name)}: {e.strerror or e}"
+        problem = {"reason": "io-error", "kind": "io", "detail": detail}
+    except _core.HugifyError as e:
+        problem = {"reason": e.reason, "kind": e.kind, "detail": e.detail}
+    return _unprobed(problem)
+
+
 # --- walking -----------------------------------------------------------------------
 
 
@@ -90,40 +107,75 @@ class Candidate(NamedTuple):
     files: list[Path]
     probe: _core.Probe
     st: os.stat_result
+    #: (reason, detail) when it must be left alone whatever the policy says: not a
+    #: regular file, or hard links outside the tree.
+    refusal: tuple[str, str] | None = None
 
 
-def installed_path(root: Path, file: Path) -> str:
-    return "/" + file.relative_to(root).as_posix()
+class Entry(NamedTuple):
+    """A name in the tree that is neither a directory nor a symbolic link."""
+
+    rel: str  # "/"-separated, relative to the root
+    name: str
+    directory: files.Directory  # valid during the walk only
+    st: os.stat_result  # of the name itself (lstat)
+
+
+def entries(root: Path) -> Iterator[Entry]:
+    """Every file under root but directories and symbolic links, in a stable order.
+    Walked with directory descriptors: a symbolic link is never followed, a
+    directory swapped for one is not entered, pruned trees are skipped."""
+    with files.Directory.open(root, follow=True) as top:
+        for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=top.fd, follow_symlinks=False):
+            here = os.path.normpath(dirpath)
+            prefix = "" if here == "." else here + "/"
+            dirnames[:] = sorted(d for d in dirnames if "/" + prefix + d not in PRUNED)
+            directory = files.Directory(dir_fd, os.path.join(root, here), owned=False)
+            for name in sorted(filenames):
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not (stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                    yield Entry(prefix + name, name, directory, st)
 
 
 def walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
     """Regular files under root, in a stable order; symlinks and pruned trees skipped."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if installed_path(root, here / d) not in PRUNED)
-        for name in sorted(filenames):
-            p = here / name
-            try:
-                st = p.lstat()
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                yield p, st
+    for e in entries(root):
+        if stat.S_ISREG(e.st.st_mode):
+            yield root / e.rel, e.st
 
 
 def candidates(root: Path) -> list[Candidate]:
-    """The ELF executables and shared objects under root, one per inode."""
+    """The ELF executables and shared objects under root, one per inode, and the
+    FIFOs, device nodes and sockets (refused: not-regular). An ELF file with more
+    hard links than names in the tree is refused (outside-links): replacing the
+    names inside would part them from the others."""
     by_inode: dict[tuple[int, int], Candidate] = {}
-    for p, st in walk(root):
-        key = (st.st_dev, st.st_ino)
+    for e in entries(root):
+        key, path = files.identity(e.st), "/" + e.rel
         if key in by_inode:
-            by_inode[key].paths.append(installed_path(root, p))
-            by_inode[key].files.append(p)
+            by_inode[key].paths.append(path)
+            by_inode[key].files.append(root / e.rel)
             continue
-        found = probe(p)
+        if not stat.S_ISREG(e.st.st_mode):
+            what = f"{files.describe(e.st.st_mode)}, not a regular file; hugify never opens one"
+            by_inode[key] = Candidate([path], [root / e.rel], _unprobed(None), e.st, ("not-regular", what))
+            continue
+        found = probe(e.directory, e.name)
         if found is not None:
-            by_inode[key] = Candidate([installed_path(root, p)], [p], found, st)
-    return sorted(by_inode.values(), key=lambda c: c.paths[0])
+            by_inode[key] = Candidate([path], [root / e.rel], found, e.st)
+    return sorted((_linked_outside(c) for c in by_inode.values()), key=lambda c: c.paths[0])
+
+
+def _linked_outside(c: Candidate) -> Candidate:
+    """The candidate, refused when its inode has more names than the tree holds."""
+    outside = c.st.st_nlink - len(c.paths)
+    if c.refusal is not None or outside <= 0:
+        return c
+    n = f"{outside} hard link{'s' if outside > 1 else ''}"
+    return c._replace(refusal=("outside-links", f"{n} outside the tree; replacing it would part them from it"))
 
 
 # --- outcomes ----------------------------------------------------------------------
@@ -248,6 +300,10 @@ class Job(NamedTuple):
     refuse_stripped: str | None  # where the policy says so, or None
     epoch: int | None  # SOURCE_DATE_EPOCH
     drop_signatures: bool = False
+    #: The tree's root, open: every file is reached below it, never through a symlink.
+    root: files.Directory | None = None
+    #: fsync each replaced file and its directory (a live system's files).
+    durable: bool = False
 
 
 def _clamped(ns: int, epoch: int | None) -> int:
@@ -262,6 +318,13 @@ def _entry(p: _core.Probe | None, threshold: int) -> tuple[str, int, int, int] |
     return (p["build_id"] or "-", *p["manifest_span"], p["huge_page"])
 
 
+def _below(root: files.Directory, installed: str) -> tuple[files.Directory, str]:
+    """The directory of an installed path, opened below the root without following
+    a symlink, and the file's name in it."""
+    head, name = files.split_relative(installed)
+    return root.beneath(head), name
+
+
 def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     """Lists a file whose code already lies on whole huge-page windows (an ET_EXEC
     with congruent offsets, a file already aligned) in the manifest without a
@@ -269,7 +332,12 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     c, s = job.candidate, job.settings
     try:
         # Unchanged since the walk probed it: probe again only for another page size.
-        known = c.probe if c.probe["huge_page"] == s.huge_page else _core.probe(c.files[0], s.huge_page)
+        known = c.probe
+        if c.probe["huge_page"] != s.huge_page:
+            assert job.root is not None
+            d, name = _below(job.root, c.paths[0])
+            with d:
+                known = probe(d, name, s.huge_page) or c.probe
         entry = _entry(known, s.threshold)
     except (_core.HugifyError, OSError):
         entry = None
@@ -282,48 +350,71 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     return Outcome(c.paths, "skipped", "not-aligned", "no whole huge-page window at an offset congruent to its address")
 
 
-def _relink(c: Candidate, epoch: int | None) -> None:
-    """After the first name got a new inode: clamp its times, point the other names at it."""
-    first = c.files[0]
-    if epoch is not None and c.st.st_mtime_ns > epoch * 1_000_000_000:
-        os.utime(first, ns=(_clamped(c.st.st_atime_ns, epoch), _clamped(c.st.st_mtime_ns, epoch)))
-    for other in c.files[1:]:
-        tmp = temporary_name(other)
-        os.link(first, tmp)
-        try:
-            os.replace(tmp, other)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+def _times(st: os.stat_result, epoch: int | None) -> tuple[int, int]:
+    """The times a replaced file keeps: its own, clamped to SOURCE_DATE_EPOCH when
+    it is newer than that."""
+    if epoch is not None and st.st_mtime_ns > epoch * 1_000_000_000:
+        return _clamped(st.st_atime_ns, epoch), _clamped(st.st_mtime_ns, epoch)
+    return st.st_atime_ns, st.st_mtime_ns
 
 
-def process(job: Job) -> Outcome:
-    """Transforms one inode in place (or lists it). Never raises."""
+def _transform(job: Job, root: files.Directory) -> Outcome:
+    """Replaces the inode's first name with the transformed file, then points its
+    other names at the new inode."""
     c, s = job.candidate, job.settings
-    try:
-        if job.manifest_only:
-            return _as_is(job, None)
-        if job.refuse_stripped and c.probe["has_symtab"] is False:
-            why = "no symbol table, so references to the ELF header cannot be ruled out by name"
-            return _as_is(job, ("stripped", f"{why} (refuse_stripped = true, {job.refuse_stripped})"))
+    d, name = _below(root, c.paths[0])
+    with d:
         try:
-            with c.files[0].open("rb") as f:
-                before = hashlib.file_digest(f, "sha256").hexdigest()
-            report = rewrite(c.files[0], None, s, keep_times=True, drop_signatures=job.drop_signatures)
+            with files.open_source(d, name, expect=files.identity(c.st)) as source:
+                before = source.sha256()
+                report, new = replace(
+                    source,
+                    d,
+                    name,
+                    s,
+                    in_place=True,
+                    times=_times(c.st, job.epoch),
+                    drop_signatures=job.drop_signatures,
+                    durable=job.durable,
+                )
+        except files.UnsafeFile as e:
+            return Outcome(c.paths, "failed", e.reason, e.detail)
         except _core.HugifyError as e:
             if e.kind == "refused":
                 return _as_is(job, (e.reason, e.detail))
             return Outcome(c.paths, "failed", e.reason, e.detail)
         except OSError as e:
             return Outcome(c.paths, "failed", "io-error", reasons.io_detail(e))
-        entry = _entry(_core.probe(c.files[0], s.huge_page), 0)  # the file written, not the plan
         try:
-            _relink(c, job.epoch)
+            with files.open_source(d, name, expect=new) as written:  # the file written, not the plan
+                entry = _entry(_core.probe(written.fd, s.huge_page), 0)
+            for other in c.paths[1:]:
+                od, oname = _below(root, other)
+                with od:
+                    files.link_replace(d, name, new, od, oname, replacing=files.identity(c.st))
         except OSError as e:
-            detail = f"transformed {c.paths[0]}, but re-linking its other names failed: {reasons.io_detail(e)}"
-            return Outcome(c.paths, "failed", "io-error", detail, report, entry, before)
-        return Outcome(c.paths, "transformed", report=report, entry=entry, sha256_before=before)
+            why = f"{e.detail} ({e.reason})" if isinstance(e, files.UnsafeFile) else reasons.io_detail(e)
+            detail = f"transformed {c.paths[0]}, but re-linking its other names failed: {why}"
+            reason = e.reason if isinstance(e, files.UnsafeFile) else "io-error"
+            return Outcome(c.paths, "failed", reason, detail, report, None, before)
+    return Outcome(c.paths, "transformed", report=report, entry=entry, sha256_before=before)
+
+
+def process(job: Job) -> Outcome:
+    """Transforms one inode in place (or lists it). Never raises."""
+    c = job.candidate
+    try:
+        if job.manifest_only:
+            return _as_is(job, None)
+        if job.refuse_stripped and c.probe["has_symtab"] is False:
+            why = "no symbol table, so references to the ELF header cannot be ruled out by name"
+            return _as_is(job, ("stripped", f"{why} (refuse_stripped = true, {job.refuse_stripped})"))
+        assert job.root is not None
+        return _transform(job, job.root)
+    except files.UnsafeFile as e:  # a directory on its way was swapped for a symlink
+        return Outcome(c.paths, "failed", e.reason, e.detail)
+    except OSError as e:
+        return Outcome(c.paths, "failed", "io-error", reasons.io_detail(e))
     except Exception as e:  # a bug must not stop the other files
         return Outcome(c.paths, "failed", "internal", f"{type(e).__name__}: {e}")
 
@@ -347,11 +438,16 @@ class Options(NamedTuple):
     #: The root's candidates when the caller has walked it already (repack keeps
     #: their originals first); None: walk it here.
     found: list[Candidate] | None = None
+    #: fsync each replaced file before and its directory after the rename (for a
+    #: live system's files: `--allow-live-root` on the running root).
+    durable: bool = False
 
 
 def decide(c: Candidate, opts: Options) -> Settings | Outcome:
     """What to do with a candidate: the settings to transform it with, or why not."""
     pol = opts.policy
+    if c.refusal:
+        return Outcome(c.paths, "skipped", *c.refusal)
     for path in c.paths:
         why = pol.excluded_by(path)
         if why is None:
@@ -448,28 +544,50 @@ def _walk_and_transform(opts: Options, out: TextIO, epoch: int | None) -> list[O
     found = candidates(opts.root) if opts.found is None else opts.found
     stripped_rule = pol.where("refuse_stripped") if pol.refuse_stripped else None
     drop = opts.drop_signatures or pol.drop_signatures
-    jobs: list[Job | Outcome] = []
-    for c in found:
-        decision = decide(c, opts)
-        if isinstance(decision, Outcome):
-            jobs.append(decision)
-        else:
-            jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch, drop))
-    dirs = {f.parent: f.parent.stat() for c in found for f in c.files}
-    progress = _Progress(sum(isinstance(j, Job) for j in jobs), opts.progress)
+    with files.Directory.open(opts.root, follow=True) as root:
+        jobs: list[Job | Outcome] = []
+        for c in found:
+            decision = decide(c, opts)
+            if isinstance(decision, Outcome):
+                jobs.append(decision)
+            else:
+                jobs.append(Job(c, decision, opts.manifest_only, stripped_rule, epoch, drop, root, opts.durable))
+        dirs = _directory_times(root, {files.split_relative(p)[0] for c in found for p in c.paths})
+        progress = _Progress(sum(isinstance(j, Job) for j in jobs), opts.progress)
 
-    def log(o: Outcome) -> None:
-        if not opts.manifest_only:
-            progress.print(out, log_line(o, pol.on_error))
+        def log(o: Outcome) -> None:
+            if not opts.manifest_only:
+                progress.print(out, log_line(o, pol.on_error))
 
-    outcomes = execute(jobs, opts.jobs, log, lambda o: progress.tick(o.paths[0]))
-    progress.clear()
-    # Replacing (or trying to replace) a file changes its directory's times: put them back.
-    for directory, st in sorted(dirs.items()):
-        with contextlib.suppress(OSError):
-            if directory.stat().st_mtime_ns != st.st_mtime_ns:
-                os.utime(directory, ns=(_clamped(st.st_atime_ns, epoch), _clamped(st.st_mtime_ns, epoch)))
+        outcomes = execute(jobs, opts.jobs, log, lambda o: progress.tick(o.paths[0]))
+        progress.clear()
+        _restore_directory_times(root, dirs, epoch)
     return outcomes
+
+
+def _directory_times(root: files.Directory, rels: set[str]) -> dict[str, os.stat_result]:
+    """The status of each directory (below the root, none through a symlink)."""
+    times = {}
+    for rel in sorted(rels):
+        try:
+            with root.beneath(rel) as d:
+                times[rel] = os.fstat(d.fd)
+        except OSError:
+            continue
+    return times
+
+
+def _restore_directory_times(root: files.Directory, before: dict[str, os.stat_result], epoch: int | None) -> None:
+    """Replacing (or trying to replace) a file changes its directory's times: put
+    them back, through each directory's descriptor."""
+    for rel, st in before.items():
+        try:
+            with root.beneath(rel) as d:
+                now = os.fstat(d.fd)
+                if files.identity(now) == files.identity(st) and now.st_mtime_ns != st.st_mtime_ns:
+                    os.utime(d.fd, ns=(_clamped(st.st_atime_ns, epoch), _clamped(st.st_mtime_ns, epoch)))
+        except OSError:
+            continue
 
 
 def run(opts: Options) -> Exit:
@@ -492,9 +610,13 @@ def run(opts: Options) -> Exit:
     code = Exit.FAILED if failed and pol.on_error == "fail" else Exit.OK
     try:
         if opts.manifest:
-            write_text_atomic(opts.manifest, manifest.render(entries), epoch)
+            write_text_atomic(opts.manifest, manifest.render(entries), epoch, tree=opts.root)
         if opts.report:
-            write_text_atomic(opts.report, _report_json(opts, outcomes, code), epoch)
+            write_text_atomic(opts.report, _report_json(opts, outcomes, code), epoch, tree=opts.root)
+    except files.UnsafeFile as e:
+        reasons.printed([e.reason])
+        print(f"hugify: error: cannot write {e}", file=sys.stderr)
+        return Exit.UNSAFE
     except OSError as e:
         print(f"hugify: error: cannot write {reasons.io_detail(e)}", file=sys.stderr)
         return Exit.IO

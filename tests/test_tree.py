@@ -474,14 +474,14 @@ def test_jobs_run_concurrently_and_are_logged_in_path_order(tree: Tree, monkeypa
 def test_an_unexpected_error_on_one_file_does_not_stop_the_others(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
     from hugify import tree as walker
 
-    real = walker.rewrite
+    real = walker.replace
 
-    def flaky(src, *args, **kw):
-        if str(src).endswith("/sgid"):
+    def flaky(source, *args, **kw):
+        if source.name == "sgid":
             raise RuntimeError("simulated bug")
-        return real(src, *args, **kw)
+        return real(source, *args, **kw)
 
-    monkeypatch.setattr(walker, "rewrite", flaky)
+    monkeypatch.setattr(walker, "replace", flaky)
     opts = _options(tree.root, jobs=2)
     assert walker.run(opts) == 0  # on_error = "warn"
     log = opts.out.getvalue()
@@ -498,12 +498,14 @@ def test_a_core_bug_while_probing_one_file_does_not_stop_the_walk(tree: Tree, mo
 
     real = _core.probe
 
-    def panicking(path, huge_page):
-        if str(path).endswith("/sgid"):
+    def panicking(source, huge_page):
+        # The walk hands the core a descriptor it opened; /proc names its file.
+        path = os.readlink(f"/proc/self/fd/{source}") if isinstance(source, int) else str(source)
+        if path.endswith("/sgid"):
             e = _core.HugifyError("panic in the rewriter: simulated (internal)")
             e.reason, e.kind, e.detail = "internal", "internal", "panic in the rewriter: simulated"
             raise e
-        return real(path, huge_page)
+        return real(source, huge_page)
 
     monkeypatch.setattr(_core, "probe", panicking)
     found = {c.paths[0]: c.probe["problem"] for c in walker.candidates(tree.root)}

@@ -269,7 +269,7 @@ def test_behaviour_that_depends_on_code_addresses_is_a_difference(tmp_path: Path
     build_runtime()
     prog = _cc(tmp_path / "where", ADDRESS_PRINTER if source == "output" else ADDRESS_EXIT, "-fPIE", "-pie")
     res = _hugify_try("--json", "--cache-dir", tmp_path / "cache", "--", prog, cwd=tmp_path)
-    assert res.returncode == 6, res.stderr
+    assert res.returncode == 7, res.stderr
     assert res.stderr.count("\n") == 1 and res.stderr.endswith("(original vs hugified) (behaviour-differs)\n")
     doc = _json(res)
     assert doc["error"]["reason"] == "behaviour-differs"

@@ -84,7 +84,14 @@ def program() -> Path:
 def test_every_dict_the_binding_returns_has_the_stubs_keys(program: Path, tmp_path: Path) -> None:
     types = stub_typeddicts()
     check_keys(_core.inspect(program, HP, 0), "Report", types, "inspect")
-    check_keys(_core.transform(program, tmp_path / "out", HP, 0), "Transformed", types, "transform")
+    src = os.open(program, os.O_RDONLY)
+    out = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        check_keys(_core.transform(src, out, HP, 0), "Transformed", types, "transform")
+        check_keys(_core.probe(src, HP), "Probe", types, "probe of a descriptor")
+    finally:
+        os.close(src)
+        os.close(out)
     check_keys(_core.probe(program, HP), "Probe", types, "probe")
     check_keys(_core.probe(tmp_path / "out", HP), "Probe", types, "probe of the output")
     broken = tmp_path / "broken"

@@ -1,21 +1,23 @@
-//! File I/O around the core: map the input, write the output pieces to a new
-//! temporary file (copying unchanged ranges in the kernel), and self-check the
-//! written bytes. Renaming into place is the caller's decision.
+//! File I/O around the core: map the input, write the output pieces into a new
+//! file the caller created (copying unchanged ranges in the kernel), and self-check
+//! the written bytes. The caller opens both files and renames the output into
+//! place (hugify/files.py): this module never opens a file to write by name, so no
+//! path another user could swap is used here.
 
 use hugify_core::output::Chunk;
 use hugify_core::{Error, Options, Reason, Transformed};
 use memmap2::Mmap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
+use std::path::PathBuf;
 
 /// Why a file operation failed: the core refused, or the system did.
 pub enum Failure {
     /// The core's verdict.
     Core(Error),
-    /// An I/O error, with the path it concerns.
+    /// An I/O error, with the file it concerns.
     Io(String, io::Error),
 }
 
@@ -25,42 +27,94 @@ impl From<Error> for Failure {
     }
 }
 
-fn io_err(path: &Path) -> impl Fn(io::Error) -> Failure + '_ {
-    move |e| Failure::Io(path.display().to_string(), e)
+fn io_err(label: &str) -> impl Fn(io::Error) -> Failure + '_ {
+    move |e| Failure::Io(label.to_string(), e)
 }
 
-/// Maps a file read-only. Empty files cannot be mapped; they are not ELF either.
-pub fn map(path: &Path) -> Result<(File, Option<Mmap>), Failure> {
-    let f = File::open(path).map_err(io_err(path))?;
-    let len = f.metadata().map_err(io_err(path))?.len();
-    if len == 0 {
+/// A file to read: a descriptor the caller opened (and keeps), or a path.
+pub enum Input {
+    Fd(RawFd, String),
+    Path(PathBuf),
+}
+
+impl Input {
+    fn label(&self) -> String {
+        match self {
+            Input::Fd(_, label) => label.clone(),
+            Input::Path(p) => p.display().to_string(),
+        }
+    }
+
+    /// An open file of our own: a duplicate of the caller's descriptor, or the path
+    /// opened without blocking (a FIFO would wait for a writer forever).
+    fn open(&self) -> Result<File, Failure> {
+        match self {
+            Input::Fd(fd, label) => dup(*fd, label),
+            Input::Path(p) => {
+                OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p).map_err(io_err(&self.label()))
+            }
+        }
+    }
+}
+
+/// Our own descriptor for the caller's: the caller closes theirs whenever it likes.
+fn dup(fd: RawFd, label: &str) -> Result<File, Failure> {
+    // SAFETY: fcntl only reads the descriptor number; a closed one fails with EBADF.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(Failure::Io(label.to_string(), io::Error::last_os_error()));
+    }
+    // SAFETY: `new` was just made for this process and nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(new) })
+}
+
+/// Opens and maps a file read-only. Empty files cannot be mapped; they are not ELF
+/// either. Anything but a regular file is refused before a byte is read.
+pub fn map(input: &Input) -> Result<(File, Option<Mmap>), Failure> {
+    let label = input.label();
+    let f = input.open()?;
+    let meta = f.metadata().map_err(io_err(&label))?;
+    if !meta.is_file() {
+        let t = meta.file_type();
+        let what = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(Failure::Core(Error::new(Reason::NotRegular, format!("{label}: {what}, not a regular file"))));
+    }
+    if meta.len() == 0 {
         return Ok((f, None));
     }
     // SAFETY: the mapping is read-only and private to this call; a concurrent
     // writer could change the bytes under us, which the self-check would catch.
-    let m = unsafe { Mmap::map(&f) }.map_err(io_err(path))?;
+    let m = unsafe { Mmap::map(&f) }.map_err(io_err(&label))?;
     Ok((f, Some(m)))
 }
 
-/// Transforms `src` into the new file `tmp` (which must not exist), then verifies it.
-/// On any failure `tmp` is removed.
-pub fn transform_file(src: &Path, tmp: &Path, opts: &Options) -> Result<Transformed, Failure> {
+/// Transforms `src` into `out`, a new empty file the caller created for reading and
+/// writing, then verifies what was written. Neither is closed, renamed or removed
+/// here: on failure the caller discards `out`.
+pub fn transform_fd(src: &Input, out: RawFd, out_label: &str, opts: &Options) -> Result<Transformed, Failure> {
     let (file, m) = map(src)?;
     let input: &[u8] = m.as_deref().unwrap_or(&[]);
     let t = hugify_core::transform(input, opts)?;
     // Planning read much of the input; writing copies most of it in the kernel and
     // re-reads only edited blocks, so the pages planning touched can go now.
     release(m.as_ref());
-    let out = OpenOptions::new().write(true).read(true).create_new(true).mode(0o600).open(tmp).map_err(io_err(tmp))?;
-    let result = write_pieces(&t, &file, input, m.as_ref(), &out).map_err(io_err(tmp)).and_then(|()| {
-        // SAFETY: we created this file and nobody else writes it.
-        let written = unsafe { Mmap::map(&out) }.map_err(io_err(tmp))?;
-        hugify_core::verify(input, &written, &t).map_err(Failure::Core)
-    });
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(tmp);
-        return Err(e);
-    }
+    let out = dup(out, out_label)?;
+    write_pieces(&t, &file, input, m.as_ref(), &out).map_err(io_err(out_label))?;
+    // SAFETY: the caller created this file for us and nobody else writes it.
+    let written = unsafe { Mmap::map(&out) }.map_err(io_err(out_label))?;
+    hugify_core::verify(input, &written, &t)?;
     Ok(t)
 }
 

@@ -4,7 +4,7 @@
 
 mod fileio;
 
-use fileio::Failure;
+use fileio::{Failure, Input};
 use hugify_core::arch::{ArchName, ARCH_NAMES};
 use hugify_core::elf::Phdr;
 use hugify_core::probe::Probe;
@@ -13,6 +13,7 @@ use hugify_core::{Error, ModeChoice, Options, PlanSummary, Reason, Report};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use std::os::unix::io::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
@@ -145,6 +146,23 @@ fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>>
     Ok(d)
 }
 
+/// A file the core reads: an open descriptor (the caller's, borrowed for the call)
+/// or a path.
+#[derive(FromPyObject)]
+enum Source {
+    Fd(RawFd),
+    Path(PathBuf),
+}
+
+impl Source {
+    fn input(self, name: Option<String>) -> Input {
+        match self {
+            Source::Fd(fd) => Input::Fd(fd, name.unwrap_or_else(|| format!("<fd {fd}>"))),
+            Source::Path(p) => Input::Path(p),
+        }
+    }
+}
+
 /// Runs `f` without the GIL, turning a panic into an internal error.
 fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
     let r = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
@@ -157,35 +175,44 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Sen
 
 /// Reports a file's layout and both plans.
 #[pyfunction]
-#[pyo3(signature = (path, huge_page, threshold, mode="auto"))]
+#[pyo3(signature = (source, huge_page, threshold, mode="auto"))]
 fn inspect<'py>(
     py: Python<'py>,
-    path: PathBuf,
+    source: Source,
     huge_page: u64,
     threshold: u64,
     mode: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = options(huge_page, threshold, mode)?;
+    let input = source.input(None);
     let report = guarded(py, || {
-        let (_f, m) = fileio::map(&path)?;
+        let (_f, m) = fileio::map(&input)?;
         hugify_core::inspect(m.as_deref().unwrap_or(&[]), &opts).map_err(Failure::Core)
     })?;
     report_dict(py, &report)
 }
 
-/// Transforms `src` into the new file `tmp` and self-checks it.
+/// Transforms the regular file open at descriptor `src` into `out`, a new empty file
+/// open for reading and writing, and self-checks what it wrote. Descriptors, not
+/// paths: the caller (hugify/files.py) opened both where no one could swap them and
+/// renames the output into place. `src_name`, `out_name`: what errors call them.
 #[pyfunction]
-#[pyo3(signature = (src, tmp, huge_page, threshold, mode="auto"))]
+#[pyo3(signature = (src, out, huge_page, threshold, mode="auto", *, src_name=None, out_name=None))]
+#[allow(clippy::too_many_arguments)]
 fn transform<'py>(
     py: Python<'py>,
-    src: PathBuf,
-    tmp: PathBuf,
+    src: RawFd,
+    out: RawFd,
     huge_page: u64,
     threshold: u64,
     mode: &str,
+    src_name: Option<String>,
+    out_name: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = options(huge_page, threshold, mode)?;
-    let t = guarded(py, || fileio::transform_file(&src, &tmp, &opts))?;
+    let input = Source::Fd(src).input(src_name);
+    let out_label = out_name.unwrap_or_else(|| format!("<fd {out}>"));
+    let t = guarded(py, || fileio::transform_fd(&input, out, &out_label, &opts))?;
     let d = report_dict(py, &t.report)?;
     d.set_item("result", plan_dict(py, &Ok(t.summary().clone()))?)?;
     Ok(d)
@@ -228,12 +255,14 @@ fn probe_dict<'py>(py: Python<'py>, p: &Probe) -> PyResult<Bound<'py, PyDict>> {
 }
 
 /// The header facts of an ELF executable or shared object (None for any other
-/// file), without planning. The file is read without readahead, so that probing
-/// never caches code pages as small folios.
+/// file), without planning. The file (a path, or a descriptor the caller opened)
+/// is read without readahead, so that probing never caches code pages as small
+/// folios.
 #[pyfunction]
-fn probe<'py>(py: Python<'py>, path: PathBuf, huge_page: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+fn probe<'py>(py: Python<'py>, source: Source, huge_page: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let input = source.input(None);
     let p = guarded(py, || {
-        let (_f, m) = fileio::map(&path)?;
+        let (_f, m) = fileio::map(&input)?;
         if let Some(m) = &m {
             // Only advice: a failure costs readahead, not correctness.
             let _ = m.advise(memmap2::Advice::Random);

@@ -16,6 +16,10 @@ pub enum Kind {
     Refused,
     /// Reading or writing a file failed.
     Io,
+    /// The file, or its place in the directory tree, cannot be handled safely by a
+    /// process that may run as root where others can write: not a regular file, a
+    /// symbolic link, hard links outside the tree, or swapped while hugify worked.
+    Unsafe,
     /// A bug in hugify: a broken invariant or a failed self-check.
     Internal,
     /// `hugify try`: the command behaved differently on the hugified files.
@@ -31,6 +35,7 @@ impl Kind {
             Kind::Invalid => "invalid",
             Kind::Refused => "refused",
             Kind::Io => "io",
+            Kind::Unsafe => "unsafe",
             Kind::Internal => "internal",
             Kind::Differs => "differs",
             Kind::Info => "info",
@@ -102,6 +107,10 @@ reasons! {
     NotAligned => (Refused, "not-aligned", "With --manifest-only: the file has no whole huge-page window at an offset congruent to its address, so it is not listed."),
     NotHugified => (Invalid, "not-hugified", "A file a manifest lists has no whole huge-page window at an offset congruent to its address (not hugified, or replaced since)."),
     IoError => (Io, "io-error", "Reading or writing the file failed; the message gives the system's error."),
+    NotRegular => (Unsafe, "not-regular", "The path is a FIFO, device node, socket or directory, not a regular file. hugify looks at it without opening it (a FIFO would block, opening a device can act on the hardware) and leaves it alone."),
+    Symlink => (Unsafe, "symlink", "The file, or the directory it is in, is a symbolic link (or one leads out of the tree or package). Where hugify reads a file to replace it or writes one, it never follows a symlink: another user who can write that directory could point it at any file. Name the real path (realpath FILE)."),
+    OutsideLinks => (Unsafe, "outside-links", "The file has hard links outside the tree being rewritten: replacing the names inside would part them from the names outside, which would keep the old file, so it is left as it is."),
+    ChangedMeanwhile => (Unsafe, "changed-meanwhile", "The file's directory entry, or hugify's temporary file beside it, was replaced, removed or swapped (for a symlink or another file) while hugify worked on it; nothing was renamed into place, no file outside was touched, and the temporary file is gone."),
     Missing => (Io, "missing", "A file a manifest lists is not installed."),
     NotAPackage => (Invalid, "not-a-package", "hugify repack, hugify sign-packages: the input is not a .deb or .rpm package, or it is truncated or corrupt."),
     BadPolicy => (Invalid, "bad-policy", "hugify repack: the policy is not usable (for a package: its [packages.NAME] table)."),

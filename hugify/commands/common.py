@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from hugify import _core, reasons
 from hugify.exitcodes import Exit
+from hugify.files import UnsafeFile
 from hugify.rewrite import Settings
 from hugify.sizes import parse_size
 
@@ -60,6 +61,9 @@ def failure(e: BaseException, path: str | None = None) -> tuple[Exit, dict[str, 
     if isinstance(e, _core.HugifyError):
         reasons.printed([e.reason])
         return Exit.for_kind(e.kind), {"reason": e.reason, "kind": e.kind, "detail": e.detail}
+    if isinstance(e, UnsafeFile):
+        reasons.printed([e.reason])
+        return Exit.UNSAFE, {"reason": e.reason, "kind": "unsafe", "detail": e.detail}
     if isinstance(e, OSError):
         reasons.printed(["io-error"])
         where = f"{e.filename}: " if e.filename and str(e.filename) != path else ""

@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "to match. Prints a summary. Run as root or under fakeroot. Exit status: 0; 2 usage; 3 not a "
         "package or unusable policy; 4 nothing to transform (reason id, see `hugify explain`); "
         "5 I/O or tool failure; a --suffix that does not sort above the original version is refused "
-        "(3). An rpm header tag repack cannot carry is refused by name (4). On failure nothing is "
-        "written to DIR.",
+        "(3). An rpm header tag repack cannot carry is refused by name (4). A package whose symlinks "
+        "would lead what hugify adds or rewrites out of it is refused (6, symlink). On failure nothing "
+        "is written to DIR.",
     )
     p.add_argument("packages", nargs="+", metavar="PACKAGE", help=".deb or .rpm files")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="where the new packages go")

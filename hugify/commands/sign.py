@@ -7,8 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from hugify import reasons
 from hugify.commands.common import build_root, usable_policy
 from hugify.exitcodes import Exit
+from hugify.files import UnsafeFile
 
 
 def run(args: argparse.Namespace) -> Exit:
@@ -54,6 +56,10 @@ def run(args: argparse.Namespace) -> Exit:
     except signing.ReportError as e:
         print(f"hugify: {args.report}: {e}", file=sys.stderr)
         return Exit.INVALID
+    except UnsafeFile as e:
+        reasons.printed([e.reason])
+        print(f"hugify: error: {e}", file=sys.stderr)
+        return Exit.UNSAFE
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         print(f"hugify: error: {where}{e.strerror or e}", file=sys.stderr)
@@ -71,7 +77,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with cosign into NAME.bundle as the policy's [signing] section says (signing.key or "
         "$HUGIFY_SIGNING_KEY; cosign from $HUGIFY_COSIGN or PATH; COSIGN_PASSWORD for key files). "
         'Exit status: 0; 1 when signing failed and signing.mode is "required" (nothing written); '
-        "2 usage; 3 unusable policy or report; 5 I/O error.",
+        "2 usage; 3 unusable policy or report; 5 I/O error; 6 when the attestation directory in ROOT is "
+        "reached through a symlink (nothing is written outside ROOT).",
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
     p.add_argument("--report", required=True, metavar="REPORT.json", help="the report `hugify tree --report` wrote")

@@ -19,7 +19,9 @@ def run(args: argparse.Namespace) -> Exit:
     src = args.file
     dst = None if args.in_place else args.output
     try:
-        r = rewrite(src, dst, settings(args), drop_signatures=args.drop_stale_signatures)
+        # In place, the file replaced may be a live system's: a crash must leave the
+        # old file or the new one, never an empty one (fsync before and after rename).
+        r = rewrite(src, dst, settings(args), drop_signatures=args.drop_stale_signatures, durable=args.in_place)
     except (_core.HugifyError, OSError) as e:
         code, info = failure(e, args.file)
         if args.json:

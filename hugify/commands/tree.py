@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> Exit:
         manifest_only=args.manifest_only,
         progress=sys.stderr.isatty() and not args.no_progress,
         drop_signatures=args.drop_stale_signatures,
+        # A live system's files must survive a crash in the middle: the old or the new.
+        durable=args.allow_live_root and live_root(root),
     )
     return tree.run(opts)
 
@@ -79,7 +81,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "transforms each inode once, in parallel, keeping owner, mode, xattrs, times and hardlinks. "
         "Logs one line per ELF file and a summary. Exit status: 0, or 1 when files failed and the "
         'policy says on_error = "fail"; 3 for an unusable policy; 4 when ROOT is the running system\'s root '
-        "(live-root) and --allow-live-root is not given.",
+        "(live-root) and --allow-live-root is not given; 6 when the manifest or report would be written "
+        "through a symlink in ROOT. Nothing below ROOT is reached through a symbolic link; FIFOs, device "
+        "nodes and sockets are never opened (docs/security.md).",
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")

@@ -19,7 +19,7 @@ EPILOG = (
     "Exit status: 0 measured (whatever the answer); 3 the command failed on the original files, "
     "its output differs between two runs on them, or it changed a file under test; 4 refused: a setuid "
     "program, no private namespace here, nothing to hugify, or no C runtime; 5 the cache cannot be "
-    "written; 6 the hugified files behave differently (output, exit status or --compare-files); "
+    "written; 7 the hugified files behave differently (output, exit status or --compare-files); "
     "2 usage; 70 a run used the other side's files. `hugify explain ID` describes each reason."
 )
 
