@@ -373,7 +373,9 @@ def sign(req: SignRequest, say: Callable[[str], None]) -> bool:
                 tlog = "uploaded to the transparency log" if req.tlog_upload else "no transparency log"
                 say(f"{who} {what}, signed with {redact(req.key)} ({req.key_where}; {tlog})")
         if req.install:
-            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / (req.stem or req.name), stmt.text, bundle, req.root):
+            for f in _place(
+                req.root / ATTESTATION_DIR.lstrip("/") / (req.stem or req.name), stmt.text, bundle, req.root
+            ):
                 installed.append("/" + f.relative_to(req.root).as_posix())
                 say(f"{who} wrote {installed[-1]}")
         if req.output is not None:
