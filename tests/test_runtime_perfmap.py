@@ -220,8 +220,9 @@ class Running:
         return text.rstrip("\n")
 
     def child(self) -> int:
-        m = re.fullmatch(r"child (\d+)", self.line())
-        assert m
+        line = self.line()
+        m = re.fullmatch(r"child (\d+)", line)
+        assert m, line
         self.pids.append(int(m[1]))
         return int(m[1])
 

@@ -473,7 +473,7 @@ def test_explain_and_usage() -> None:
         "command-failed": 3,
         "not-deterministic": 3,
         "files-changed": 3,
-        "behaviour-differs": 6,
+        "behaviour-differs": 7,
         "try-cache": 5,
     }
     res = subprocess.run(

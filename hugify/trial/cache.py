@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, tree
+from hugify import _core, files, tree
 from hugify.policy import Policy
 
 ROOT_CACHE = Path("/var/cache/hugify/try")
@@ -170,8 +170,10 @@ class Cache:
         shutil.copyfile(original, copy)
         mode = stat.S_IMODE(os.stat(original).st_mode) & 0o755 | 0o600
         os.chmod(copy, mode)
-        probed = tree.probe(copy)
+        with files.Directory.open(work, follow=False) as d:
+            probed = tree.probe(d, COPY)
         assert probed is not None  # the caller gives ELF files only
+        # Named by the original (the policy's globs match installed paths), made of the copy.
         return tree.Candidate([original], [copy], probed, os.stat(copy))
 
     def _transform(self, candidates: list[tree.Candidate], jobs: int) -> list[tree.Outcome]:
@@ -180,11 +182,21 @@ class Cache:
         opts = tree.Options(root=Path("/"), policy=pol)
         stripped_rule = pol.where("refuse_stripped") if pol.refuse_stripped else None
         work: list[tree.Job | tree.Outcome] = []
-        for c in candidates:
-            decision = tree.decide(c, opts)
-            job = decision if isinstance(decision, tree.Outcome) else tree.Job(c, decision, False, stripped_rule, None)
-            work.append(job)
-        outcomes = tree.execute(work, jobs, lambda o: None)
+        with contextlib.ExitStack() as opened:
+            for c in candidates:
+                decision = tree.decide(c, opts)
+                if isinstance(decision, tree.Outcome):
+                    work.append(decision)
+                    continue
+                # The job replaces the copy in its own work directory, never the original:
+                # its tree is that directory, its one name the copy's.
+                root = opened.enter_context(files.Directory.open(c.files[0].parent, follow=False))
+                copy = c._replace(paths=[c.files[0].name])
+                work.append(tree.Job(copy, decision, False, stripped_rule, None, root=root))
+            outcomes = [
+                o._replace(paths=c.paths)
+                for c, o in zip(candidates, tree.execute(work, jobs, lambda o: None), strict=True)
+            ]
         for o in outcomes:
             if o.status == "failed" and o.reason == "io-error":
                 raise CacheError(f"cannot write the cache of hugified copies in {self.root} ({o.detail})")
@@ -219,7 +231,8 @@ class Cache:
         opts = tree.Options(root=Path("/"), policy=self.policy)
         try:
             for n, original in enumerate(originals):
-                probed = tree.probe(Path(original))
+                with files.Directory.open(Path(original).parent, follow=True) as d:
+                    probed = tree.probe(d, Path(original).name)
                 assert probed is not None  # the caller gives ELF files only
                 decision = tree.decide(tree.Candidate([original], [Path(original)], probed, os.stat(original)), opts)
                 if isinstance(decision, tree.Outcome):

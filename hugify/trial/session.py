@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, abtest, tree
+from hugify import _core, abtest, files, tree
 from hugify import prefetch as pf
 from hugify.policy import Policy
 from hugify.trial import discover
@@ -401,7 +401,8 @@ class Trial:
             if key in seen_inodes:
                 continue
             seen_inodes.add(key)
-            probed = tree.probe(Path(path))
+            with files.Directory.open(Path(path).parent, follow=True) as d:
+                probed = tree.probe(d, Path(path).name)
             if probed is None:
                 continue
             why = discover.privileged(st, path)
