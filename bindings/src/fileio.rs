@@ -47,7 +47,7 @@ pub fn map(path: &Path) -> Result<(File, Option<Mmap>), Failure> {
 pub fn transform_file(src: &Path, tmp: &Path, opts: &Options) -> Result<Transformed, Failure> {
     let (file, m) = map(src)?;
     let input: &[u8] = m.as_deref().unwrap_or(&[]);
-    let t = hugify_core::transform(input, opts)?;
+    let mut t = hugify_core::transform(input, opts)?;
     // Planning read much of the input; writing copies most of it in the kernel and
     // re-reads only edited blocks, so the pages planning touched can go now.
     release(m.as_ref());
@@ -55,7 +55,7 @@ pub fn transform_file(src: &Path, tmp: &Path, opts: &Options) -> Result<Transfor
     let result = write_pieces(&t, &file, input, m.as_ref(), &out).map_err(io_err(tmp)).and_then(|()| {
         // SAFETY: we created this file and nobody else writes it.
         let written = unsafe { Mmap::map(&out) }.map_err(io_err(tmp))?;
-        hugify_core::verify(input, &written, &t).map_err(Failure::Core)
+        hugify_core::verify(input, &written, &mut t).map_err(Failure::Core)
     });
     if let Err(e) = result {
         let _ = std::fs::remove_file(tmp);
