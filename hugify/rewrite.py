@@ -32,6 +32,8 @@ class Settings(NamedTuple):
     huge_page: int = _core.DEFAULT_HUGE_PAGE
     threshold: int = _core.DEFAULT_THRESHOLD
     mode: str = "auto"
+    #: Bytes per file that may become executable that were not (policy exposure_limit).
+    exposure_limit: int = 0
 
 
 def hugify_error(reason: str, detail: str) -> _core.HugifyError:
@@ -94,7 +96,10 @@ def rewrite(
     tmp = temporary_name(target)
     st = os.stat(src)
     try:
-        report = cast("Rewritten", _core.transform(src, tmp, settings.huge_page, settings.threshold, settings.mode))
+        report = cast(
+            "Rewritten",
+            _core.transform(src, tmp, settings.huge_page, settings.threshold, settings.mode, settings.exposure_limit),
+        )
         signed = signature_xattrs(src)
         if signed and not drop_signatures:
             names = ", ".join(signed)
