@@ -16,16 +16,36 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fixtures import BY_NAME, PROGRAMS, build, cached_dir
-from helpers import HP, hugify, readelf_windows, transform
+from helpers import (
+    HP,
+    PAGE,
+    executable_ranges,
+    hugify,
+    newly_executable,
+    overlap,
+    readelf_loads,
+    readelf_sections,
+    readelf_windows,
+    transform,
+)
+from runtime_support import (
+    HUGIFY_RUN,
+    MAIN,
+    _functions,
+    build_runtime,
+    drop_caches,
+    locked,
+    parse_smaps,
+    run_program,
+)
 
-PAGE = 4096
 TABLE = 3 << 20
 FUNCS = 3450  # about 2.2 MiB of code from clang -O2
+READ_ONLY = (".rodata", ".eh_frame_hdr", ".eh_frame")
 TABLE_C = f"""
 /* A constant table of 3 MiB in .rodata; every fourth byte is 0xc3 (ret on x86). */
 __asm__(".section .rodata\\n.balign 64\\n.globl big_table\\n.hidden big_table\\n"
@@ -72,105 +92,17 @@ def lld_library() -> Path:
     return cached_dir("exposure-lld", key, _make)
 
 
-# --- readelf ------------------------------------------------------------------------------
-
-
-@dataclass
-class Section:
-    name: str
-    addr: int
-    offset: int
-    size: int
-    flags: str
-    nobits: bool
-
-
-@dataclass
-class Load:
-    offset: int
-    vaddr: int
-    filesz: int
-    flags: str
-
-
-def readelf(path: Path) -> tuple[list[Load], list[Section]]:
-    """PT_LOADs and sections, as `readelf -lSW` prints them."""
-    out = subprocess.run(["readelf", "-lSW", str(path)], capture_output=True, text=True, check=True).stdout
-    loads, secs = [], []
-    for line in out.splitlines():
-        f = line.split()
-        if f and f[0] == "LOAD":
-            loads.append(Load(int(f[1], 16), int(f[2], 16), int(f[4], 16), "".join(f[6:-1])))
-        # "  [Nr] Name Type Address Off Size ES Flg Lk Inf Al"
-        if line.strip().startswith("[") and "]" in line and not line.strip().startswith("[Nr]"):
-            g = line.split("]", 1)[1].split()
-            if len(g) >= 9 and g[0] != "NULL":
-                name, typ, addr, off, size = g[0], g[1], int(g[2], 16), int(g[3], 16), int(g[4], 16)
-                flags = g[6] if len(g) == 10 else ""
-                secs.append(Section(name, addr, off, size, flags, typ == "NOBITS"))
-    return loads, secs
-
-
-def executable_file_ranges(loads: list[Load], rounded: bool) -> list[tuple[int, int]]:
-    """The file ranges of the `R E` loads: exact, or as the loader maps them (whole pages)."""
-    out = []
-    for ld in loads:
-        if "E" in ld.flags:
-            a, b = ld.offset, ld.offset + ld.filesz
-            out.append((a // PAGE * PAGE, -(-b // PAGE) * PAGE) if rounded else (a, b))
-    return out
-
-
-def overlap(a: int, b: int, ranges: list[tuple[int, int]]) -> int:
-    return sum(max(0, min(b, y) - max(a, x)) for x, y in ranges)
-
-
-def unsectioned(mapped: list[tuple[int, int]], secs: list[Section]) -> list[tuple[int, int]]:
-    """The parts of the `mapped` file ranges that no section with file bytes covers."""
-    spans = sorted((s.offset, s.offset + s.size) for s in secs if not s.nobits and s.size)
-    out = []
-    for a, b in mapped:
-        at = a
-        for x, y in spans:
-            if y > at and x < b:
-                if x > at:
-                    out.append((at, x))
-                at = max(at, y)
-        if b > at:
-            out.append((at, b))
-    return out
-
-
-def new_between(old: Path, new: Path, mapped: list[tuple[int, int]]) -> int:
-    """Bytes between the output's sections that it maps executable and that are neither
-    traps nor what lay at the same distance from the section before them in the
-    input's R E load (lld leaves such gaps between code sections)."""
-    old_loads, old_secs = readelf(old)
-    _, secs = readelf(new)
-    old_x = executable_file_ranges(old_loads, rounded=False)
-    by_name = {s.name: s for s in old_secs}
-    data, old_data = new.read_bytes(), old.read_bytes()
-    count = 0
-    for a, b in unsectioned(mapped, secs):
-        before = max((s for s in secs if not s.nobits and s.size and s.offset + s.size <= a), key=lambda s: s.offset)
-        at = by_name[before.name].offset + (a - before.offset)
-        for i in range(b - a):
-            copied = old_data[at + i] == data[a + i] and overlap(at + i, at + i + 1, old_x) == 1
-            count += data[a + i] != 0xCC and not copied
-    return count
-
-
 def test_lld_library_keeps_its_read_only_data_out_of_the_executable_load(lld_library: Path, tmp_path: Path) -> None:
     lib = lld_library / "libtable.so"
-    old_loads, old_secs = readelf(lib)
+    old_secs = readelf_sections(lib)
     by_name = {s.name: s for s in old_secs}
     # The input as the issue describes it: lld's rodata-first layout, the table and
     # .eh_frame in an R load below the R E load of the code.
     code = sum(s.size for s in old_secs if "X" in s.flags)
     assert 2.05 * (1 << 20) < code < 2.5 * (1 << 20), code
     assert by_name[".rodata"].size >= TABLE
-    old_x = executable_file_ranges(old_loads, rounded=False)
-    for name in (".rodata", ".eh_frame_hdr", ".eh_frame"):
+    old_x = executable_ranges(readelf_loads(lib), rounded=False)
+    for name in READ_ONLY:
         s = by_name[name]
         assert overlap(s.offset, s.offset + s.size, old_x) == 0 and s.addr < by_name[".text"].addr, name
 
@@ -184,44 +116,29 @@ def test_lld_library_keeps_its_read_only_data_out_of_the_executable_load(lld_lib
         {},
     )
 
-    # readelf of the output, on its own: what the loader maps executable (whole pages)
-    # holds code sections, trap padding and gaps of traps, nothing else; no R E load
-    # spans the address of a read-only section.
-    loads, secs = readelf(out)
-    mapped = executable_file_ranges(loads, rounded=True)
+    # readelf of input and output: nothing the output maps executable (its R E loads,
+    # whole pages) was not executable in the input; no read-only section lies in an
+    # R E load, by file offset or by address; trap padding is traps.
+    assert newly_executable(lib, out) == {}
+    loads, secs = readelf_loads(out), readelf_sections(out)
+    mapped = executable_ranges(loads, rounded=True)
     data = out.read_bytes()
     for s in secs:
-        if s.nobits or s.size == 0:
-            continue
-        inside = overlap(s.offset, s.offset + s.size, mapped)
-        if "X" not in s.flags:
-            assert inside == 0, f"{s.name} lies in an executable load"
-        elif s.name == ".hugify.pad":
+        if s.name in READ_ONLY:
+            assert overlap(s.offset, s.offset + s.size, mapped) == 0, s.name
+            for ld in (ld for ld in loads if "E" in ld.flags):
+                lo, hi = ld.vaddr // PAGE * PAGE, -(-(ld.vaddr + ld.filesz) // PAGE) * PAGE
+                assert s.addr + s.size <= lo or s.addr >= hi, f"an R E load maps {s.name}"
+        if s.name == ".hugify.pad":
             assert data[s.offset : s.offset + s.size] == b"\xcc" * s.size
-        else:
-            # A code section of the output was a code section of the input, in its R E load.
-            o = by_name[s.name]
-            assert "X" in o.flags and overlap(o.offset, o.offset + o.size, old_x) == o.size, s.name
-    # Bytes between sections: traps, or what lay at the same distance from the section
-    # before them in the input's R E load (lld's gaps between code sections).
-    assert new_between(lib, out, mapped) == 0
-    x_loads = [ld for ld in loads if "E" in ld.flags]
-    for name in (".rodata", ".eh_frame_hdr", ".eh_frame"):
-        s = next(s for s in secs if s.name == name)
-        for ld in x_loads:
-            lo, hi = ld.vaddr // PAGE * PAGE, -(-(ld.vaddr + ld.filesz) // PAGE) * PAGE
-            assert s.addr + s.size <= lo or s.addr >= hi, f"an R E load maps {name}"
 
     # Coverage counts whole windows only: code bytes (by readelf) inside the windows.
-    windows = readelf_windows(out, fixed=False)
+    windows = [(o, o + n) for o, n in readelf_windows(out, fixed=False)]
     assert windows, loads
     in_windows = sum(
-        overlap(s.offset, s.offset + s.size, [(o, o + n) for o, n in windows])
-        for s in secs
-        if "X" in s.flags and s.name != ".hugify.pad"
+        overlap(s.offset, s.offset + s.size, windows) for s in secs if "X" in s.flags and s.name != ".hugify.pad"
     )
-    assert in_windows == res["covered_code"] and 0 < in_windows < code
-    assert HP - PAGE < in_windows <= HP
+    assert in_windows == res["covered_code"] and HP - PAGE < in_windows <= HP < code
 
     # The library still works under its program.
     shutil.copy(lld_library / "prog", tmp_path / "prog")
@@ -292,20 +209,60 @@ def test_a_package_opts_in_and_every_report_names_what_became_executable(tmp_pat
     assert "made executable that was not: .rodata" in line and "(exposure_limit 1.0 MiB)" in line, line
     assert report["policy"]["exposure_limit"]["value"] == 1 << 20
 
-    # readelf agrees: what the output maps executable that is neither a code section
-    # (nor trap padding) nor a trap byte between sections.
-    out = root / "usr/lib/libhug.so"
-    loads, secs = readelf(out)
-    mapped = executable_file_ranges(loads, rounded=True)
-    in_data = sum(overlap(s.offset, s.offset + s.size, mapped) for s in secs if "X" not in s.flags and not s.nobits)
-    assert in_data + new_between(lib, out, mapped) == entry["exposed_bytes"], (in_data, sections)
-    for name, n in sections.items():
-        s = next((s for s in secs if s.name == name), None)
-        if s:
-            assert overlap(s.offset, s.offset + s.size, mapped) == n, name
+    # readelf of input and output finds the same bytes in the same sections.
+    assert newly_executable(lib, root / "usr/lib/libhug.so") == sections
 
     statement_path = root / "usr/share/hugify/attestations/trusted.intoto.json"
     hugify("sign", root, "--report", tmp_path / "trusted/report.json", "--package", "trusted", env=env)
     statement = json.loads(statement_path.read_text())
     (f,) = statement["predicate"]["files"]
     assert f["transformed"]["exposed"] == {"bytes": entry["exposed_bytes"], "sections": sections}
+
+
+# --- the runtime on a load that does not start on a window boundary ----------------------
+
+
+def test_the_runtime_maps_the_whole_windows_of_a_load_that_starts_mid_window(tmp_path: Path) -> None:
+    """A shifted lld library's executable load starts at the code's own first page, its
+    first window partial: hugify prefetch (the core's windows) and hugify-run (the C
+    runtime's own reader of the program headers) load exactly its whole window as a
+    2 MiB folio, which the program maps with a PMD. (The audit library is left out:
+    object_phdrs reads a loaded object's program headers only from its first page,
+    and a rodata-first shift moves the table past it.)"""
+    build_runtime()
+    (tmp_path / "lib.c").write_text(_functions("lib", 150, 16384) + TABLE_C)  # 2.4 MiB of code
+    (tmp_path / "table.bin").write_bytes(_table())
+    (tmp_path / "main.c").write_text(_functions("exe", 8, 16384) + MAIN)
+    lld = ["clang", "-O1", "-fPIC", "-shared", "-fuse-ld=lld", "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"]
+    subprocess.run(lld, cwd=tmp_path, check=True)
+    prog = ["gcc", "-O1", "-fPIE", "-pie", "-o", "prog", "main.c", "-L.", "-lbig", "-Wl,-rpath,$ORIGIN", "-ldl"]
+    subprocess.run(prog, cwd=tmp_path, check=True)
+    out = tmp_path / "hugified"
+    out.mkdir()
+    r = transform(tmp_path / "libbig.so", out / "libbig.so")
+    assert (r["layout"], r["result"]["mode"], r["result"]["exposed_read_only"]) == ("rodata-first", "shift", 0)
+    shutil.copy(tmp_path / "prog", out / "prog")
+    lib = out / "libbig.so"
+    (x,) = [ld for ld in readelf_loads(lib) if "E" in ld.flags]
+    windows = readelf_windows(lib, fixed=False)
+    assert x.vaddr % HP != 0 and len(windows) == 1 and windows[0][0] > x.offset, (x, windows)
+    huge = sum(n for _, n in windows)
+
+    with locked():
+        drop_caches()
+        res = hugify("prefetch", "--json", "--runtime-dir", tmp_path / "run", lib, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        (f,) = json.loads(res.stdout)["files"]
+        assert [(w["offset"], w["state"]) for w in f["windows"]] == [(windows[0][0], "loaded")], f
+        plain = run_program([out / "prog"])
+        drop_caches()
+        run = subprocess.run(
+            [HUGIFY_RUN, out / "prog", "-"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HUGIFY_AUDIT_LIB": "", "HUGIFY_RUNTIME_DIR": str(tmp_path / "run2")},
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+    for way, maps in (("prefetch", plain), ("hugify-run", parse_smaps(run.stdout))):
+        assert maps[str(lib)].pmd == huge, (way, maps[str(lib)], run.stderr)
