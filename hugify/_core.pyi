@@ -45,8 +45,11 @@ class Plan(TypedDict):
     #: Of the file written, once transformed.
     growth: int
     covered_code: int
-    #: Read-only bytes that share the code's first window and become executable.
+    #: Bytes that were not executable and become executable (core/src/exposure.rs):
+    #: planned, or once transformed measured in the output; 0 unless exposure_limit allows.
     exposed_read_only: int
+    #: Where they lie: section name (or "(bytes outside sections)") -> bytes.
+    exposed_sections: dict[str, int]
     segments: list[Segment]
     windows: list[WindowRun]
     build_id: str | None
@@ -67,6 +70,8 @@ class Report(TypedDict):
     covered_before: int
     windows_before: list[WindowRun]
     huge_page: int
+    #: Bytes per file allowed to become executable that were not (0 unless opted in).
+    exposure_limit: int
     segments: list[Segment]
     build_id: str | None
     plans: Plans
@@ -96,13 +101,16 @@ class Probe(TypedDict):
     #: Why the rest could not be read.
     problem: Refusal | None
 
-def inspect(source: int | str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto") -> Report: ...
+def inspect(
+    source: int | str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0
+) -> Report: ...
 def transform(
     src: int,
     out: int,
     huge_page: int,
     threshold: int,
     mode: str = "auto",
+    exposure_limit: int = 0,
     *,
     src_name: str | None = None,
     out_name: str | None = None,
@@ -110,7 +118,9 @@ def transform(
     """Descriptors: `src` a regular file open for reading, `out` a new empty file open
     for reading and writing (hugify/files.py opens both and renames `out` into place)."""
 
-def transform_bytes(data: bytes, huge_page: int, threshold: int, mode: str = "auto") -> tuple[Transformed, bytes]: ...
+def transform_bytes(
+    data: bytes, huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0
+) -> tuple[Transformed, bytes]: ...
 def probe(source: int | str | PathLike[str], huge_page: int) -> Probe | None: ...
 def reasons() -> list[tuple[str, str, str]]: ...
 def arch_names() -> list[tuple[str, list[str]]]: ...

@@ -262,6 +262,12 @@ FIELDS: dict[str, Field] = {
     "enabled": Field(_check_bool, True, "transform anything at all"),
     "threshold": Field(_check_size, 1 << 20, "minimum executable-segment size", is_size=True),
     "mode": Field(_choice("auto", "shift", "align"), "auto", "auto, shift or align"),
+    "exposure_limit": Field(
+        _check_size,
+        0,
+        "bytes per file that were not executable (read-only data) allowed to become executable; 0: none",
+        is_size=True,
+    ),
     "on_error": Field(_choice("warn", "fail"), "warn", "exit status when a file cannot be transformed"),
     "refuse_stripped": Field(_check_bool, True, "skip files without a symbol table"),
     "ima_signatures": Field(
@@ -600,6 +606,11 @@ class Policy:
     @property
     def mode(self) -> str:
         return str(self._get("mode"))
+
+    @property
+    def exposure_limit(self) -> int:
+        """Bytes per file that may become executable that were not (0: none, in any mode)."""
+        return int(self._get("exposure_limit"))
 
     @property
     def on_error(self) -> str:

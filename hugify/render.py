@@ -63,13 +63,21 @@ def picture(segments: list[_core.Segment], runs: list[_core.WindowRun], hp: int,
     return [f"{label:<8}|" + "|".join(top) + "|", " " * 9 + " ".join(bottom)]
 
 
-def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chosen: str | None) -> str:
+def exposure_text(plan: _core.Plan, limit: int) -> str:
+    """What a plan makes executable that was not (", 172 B made executable that was not:
+    .rodata 64 B, … (exposure_limit 4.0 KiB)"), or "" when nothing."""
+    if not plan["exposed_read_only"]:
+        return ""
+    where = ", ".join(f"{name} {human(n)}" for name, n in plan["exposed_sections"].items())
+    return f", {human(plan['exposed_read_only'])} made executable that was not: {where} (exposure_limit {human(limit)})"
+
+
+def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chosen: str | None, limit: int) -> str:
     mark = "  <- chosen" if name == chosen else ""
     if plan["ok"] is False:
         return f"    {name:<6} not possible: {plan['detail']} ({plan['reason']})"
     cover = 100.0 * plan["covered_code"] / code if code else 0.0
-    exposed = plan["exposed_read_only"]
-    shared = f", {human(exposed)} of read-only data shares the code's window (executable)" if exposed else ""
+    shared = exposure_text(plan, limit)
     return (
         f"    {name:<6} dv={plan['dv']:#x} df={plan['df']:#x} growth {human(plan['growth'])}, "
         f"code on huge pages {cover:.1f}%{shared}{mark}"
@@ -88,8 +96,9 @@ def inspect_text(path: str, r: _core.Report) -> str:
     ]
     before = 100.0 * r["covered_before"] / code if code else 0.0
     lines.append(f"  huge pages of {human(hp)}: {before:.1f}% of the code today")
-    lines.append(_plan_line("shift", r["plans"]["shift"], code, r["chosen"]))
-    lines.append(_plan_line("align", r["plans"]["align"], code, r["chosen"]))
+    limit = r["exposure_limit"]
+    lines.append(_plan_line("shift", r["plans"]["shift"], code, r["chosen"], limit))
+    lines.append(_plan_line("align", r["plans"]["align"], code, r["chosen"], limit))
     if r["refusal"]:
         ref = r["refusal"]
         lines.append(f"  refused: {ref['detail']} ({ref['reason']})")
@@ -110,5 +119,6 @@ def transform_line(path: str, r: Rewritten) -> str:
     note = f"; dropped the stale signature {', '.join(dropped)} (re-sign it)" if dropped else ""
     return (
         f"{path}: transformed ({res['mode']}): dv={res['dv']:#x} df={res['df']:#x}, "
-        f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%{note}"
+        f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%"
+        f"{exposure_text(res, r['exposure_limit'])}{note}"
     )

@@ -33,6 +33,8 @@ class Settings(NamedTuple):
     huge_page: int = _core.DEFAULT_HUGE_PAGE
     threshold: int = _core.DEFAULT_THRESHOLD
     mode: str = "auto"
+    #: Bytes per file that may become executable that were not (policy exposure_limit).
+    exposure_limit: int = 0
 
 
 def hugify_error(reason: str, detail: str) -> _core.HugifyError:
@@ -80,6 +82,7 @@ def replace(
                 settings.huge_page,
                 settings.threshold,
                 settings.mode,
+                settings.exposure_limit,
                 src_name=source.path,
                 out_name=new.path,
             )

@@ -166,6 +166,11 @@ def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Stat
                     "code_bytes": code,
                     "covered_code": int(_need(f, "covered_code", where)),
                     "predicted_coverage": _need(f, "coverage", where),
+                    # What became executable that was not (policy exposure_limit): bytes and sections.
+                    "exposed": {
+                        "bytes": int(_need(f, "exposed_bytes", where)),
+                        "sections": dict(_need(f, "exposed_sections", where)),
+                    },
                 },
                 "shipped": {"build_id": _shipped_build_id(root / present[0].lstrip("/"), huge_page)},
             }

@@ -205,6 +205,9 @@ class FileReport(TypedDict):
     code_bytes: NotRequired[int]
     covered_code: NotRequired[int]
     coverage: NotRequired[float]
+    #: Bytes made executable that were not (policy exposure_limit), and where they lie.
+    exposed_bytes: NotRequired[int]
+    exposed_sections: NotRequired[dict[str, int]]
     build_id_before: NotRequired[str | None]
     build_id_after: NotRequired[str | None]
     sha256_before: NotRequired[str | None]
@@ -279,6 +282,8 @@ class Outcome(NamedTuple):
                     "code_bytes": code,
                     "covered_code": res["covered_code"],
                     "coverage": round(res["covered_code"] / code, 4) if code else 0.0,
+                    "exposed_bytes": res["exposed_read_only"],
+                    "exposed_sections": res["exposed_sections"],
                     "huge_page": self.report["huge_page"],
                     "build_id_before": self.report["build_id"],
                     "build_id_after": res["build_id"],
@@ -459,7 +464,7 @@ def decide(c: Candidate, opts: Options) -> Settings | Outcome:
     arch = c.probe["arch"]
     if arch is None and c.probe["problem"]:
         # Too damaged to tell its architecture: the rewriter says what is wrong with it.
-        return Settings(threshold=pol.threshold, mode=pol.mode)
+        return Settings(threshold=pol.threshold, mode=pol.mode, exposure_limit=pol.exposure_limit)
     if arch is None:
         return Outcome(c.paths, "skipped", "unsupported-arch", "an architecture hugify has no name for")
     build = canonical_arch(opts.arch) if opts.arch else None
@@ -468,7 +473,7 @@ def decide(c: Candidate, opts: Options) -> Settings | Outcome:
     hp = pol.huge_page(arch)
     if hp is None:
         return Outcome(c.paths, "skipped", "unsupported-arch", f"the policy has no huge_page_size for {arch}")
-    return Settings(hp, pol.threshold, pol.mode)
+    return Settings(hp, pol.threshold, pol.mode, pol.exposure_limit)
 
 
 class _Progress:

@@ -146,6 +146,118 @@ def readelf_loads(path: Path) -> list[Load]:
     return loads
 
 
+@dataclass
+class SectionHeader:
+    name: str
+    addr: int
+    offset: int
+    size: int
+    flags: str
+    nobits: bool
+
+
+def readelf_sections(path: Path) -> list[SectionHeader]:
+    """The section headers as `readelf -SW` prints them (the null section left out)."""
+    out = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True, check=True).stdout
+    secs = []
+    for line in out.splitlines():
+        # "  [Nr] Name Type Address Off Size ES Flg Lk Inf Al", Flg empty for some.
+        if not re.match(r"\s*\[\s*\d+\]", line):
+            continue
+        f = line.split("]", 1)[1].split()
+        if len(f) >= 9 and f[1] != "NULL":
+            flags = f[6] if len(f) == 10 else ""
+            secs.append(SectionHeader(f[0], int(f[2], 16), int(f[3], 16), int(f[4], 16), flags, f[1] == "NOBITS"))
+    return secs
+
+
+#: Trap instructions hugify pads code with, by e_machine (pyelftools names).
+TRAPS = {"EM_X86_64": b"\xcc", "EM_386": b"\xcc", "EM_AARCH64": b"\x00\x00\x20\xd4"}
+PAGE = 4096
+
+
+def executable_ranges(loads: list[Load], rounded: bool) -> list[tuple[int, int]]:
+    """The file ranges of the `R E` loads: exact, or as the loader maps them (whole pages)."""
+    out = []
+    for ld in loads:
+        if "E" in ld.flags:
+            a, b = ld.offset, ld.offset + ld.filesz
+            out.append((a // PAGE * PAGE, -(-b // PAGE) * PAGE) if rounded else (a, b))
+    return out
+
+
+def overlap(a: int, b: int, ranges: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(b, y) - max(a, x)) for x, y in ranges)
+
+
+def unsectioned(mapped: list[tuple[int, int]], secs: list[SectionHeader]) -> list[tuple[int, int]]:
+    """The parts of the `mapped` file ranges that no section with file bytes covers."""
+    spans = sorted((s.offset, s.offset + s.size) for s in secs if not s.nobits and s.size)
+    out = []
+    for a, b in mapped:
+        at = a
+        for x, y in spans:
+            if y > at and x < b:
+                if x > at:
+                    out.append((at, x))
+                at = max(at, y)
+        if b > at:
+            out.append((at, b))
+    return out
+
+
+def newly_executable(old: Path, new: Path) -> dict[str, int]:
+    """What `new` maps executable that `old` did not, found with readelf alone: bytes
+    of `new`'s R E loads (whole pages, as the loader maps them) per section, where the
+    section of that name in `old` did not lie in an R E load or a code section there;
+    trap padding (.hugify.pad) that is not all traps; and bytes between sections
+    ("(bytes outside sections)") that are neither traps nor the bytes at the same
+    distance from the section before them in `old`'s code."""
+    old_secs, secs = readelf_sections(old), readelf_sections(new)
+    by_name = {s.name: s for s in reversed(old_secs)}
+    was: list[tuple[int, int]] = []
+    code = [(s.offset, s.offset + s.size) for s in old_secs if "X" in s.flags and not s.nobits]
+    for a, b in sorted(executable_ranges(readelf_loads(old), rounded=False) + code):
+        if was and a <= was[-1][1]:
+            was[-1] = (was[-1][0], max(was[-1][1], b))
+        else:
+            was.append((a, b))
+    mapped = executable_ranges(readelf_loads(new), rounded=True)
+    data, old_data = new.read_bytes(), old.read_bytes()
+    trap = TRAPS[machine(new)]
+
+    def is_trap(at: int) -> bool:
+        unit = at - at % len(trap)
+        return data[unit : unit + len(trap)] == trap
+
+    out: dict[str, int] = {}
+    for s in secs:
+        if s.nobits or not s.size or not overlap(s.offset, s.offset + s.size, mapped):
+            continue
+        a, b = s.offset, s.offset + s.size
+        inside = [(max(a, x), min(b, y)) for x, y in mapped if min(b, y) > max(a, x)]
+        o = by_name.get(s.name)
+        if s.name == ".hugify.pad":
+            n = sum(not is_trap(i) for x, y in inside for i in range(x, y))
+        elif o is None:
+            n = sum(y - x for x, y in inside)
+        else:
+            n = sum((y - x) - overlap(o.offset + x - a, o.offset + y - a, was) for x, y in inside)
+        if n:
+            out[s.name] = out.get(s.name, 0) + n
+    for a, b in unsectioned(mapped, secs):
+        before = max((s for s in secs if not s.nobits and s.size and s.offset + s.size <= a), key=lambda s: s.offset)
+        at = by_name[before.name].offset + (a - before.offset)
+        n = 0
+        for i in range(a, b):
+            j = at + i - a
+            copied = j < len(old_data) and old_data[j] == data[i] and overlap(j, j + 1, was) == 1
+            n += not is_trap(i) and not copied
+        if n:
+            out["(bytes outside sections)"] = out.get("(bytes outside sections)", 0) + n
+    return out
+
+
 def readelf_windows(path: Path, fixed: bool) -> list[tuple[int, int]]:
     """(file offset, size) of each executable load's whole huge-page windows at a
     congruent offset, from readelf's program headers: the oracle for the core's

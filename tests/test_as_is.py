@@ -160,6 +160,10 @@ def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: P
     aligned = tmp_path / "aligned"
     hugify("transform", "--threshold", "0", files[-1], "-o", aligned)
     files.append(aligned)
+    # lld's layout shifted: the executable load starts mid-window, at the code's first page.
+    partial = tmp_path / "partial"
+    hugify("transform", "--threshold", "0", "--mode", "shift", build(BY_NAME["clang-lld"]) / "prog", "-o", partial)
+    files.append(partial)
     files += corners
     files += sorted(p for p in Path("/usr/bin").iterdir() if p.is_file() and not p.is_symlink())[:200]
     out = subprocess.run([driver, *files], capture_output=True, text=True, check=True).stdout
@@ -182,3 +186,6 @@ def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: P
     assert set(corners) <= set(compared)
     assert len(compared) >= 5 + len(corners) and sum(map(len, c_side.values())) >= 5
     assert len(c_side[str(tmp_path / "six-executable-loads")]) == 6
+    shifted_lld = _core.probe(partial, HP)
+    assert shifted_lld and shifted_lld["exec_load"] and shifted_lld["exec_load"]["vaddr"] % HP != 0
+    assert str(partial) in c_side and len(shifted_lld["windows"]) == 1

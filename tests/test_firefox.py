@@ -1,8 +1,12 @@
 """firefox-esr's own libraries are linked by lld with .rodata before the code
-(rodata-first): shifted, with the read-only data moving with the code, they still run
-firefox. The libraries come from Debian's archive (apt-get download, cached); the
-firefox that loads them is the installed one (tools/setup-dev-env installs it), run
-from a copy of its directory that holds the rewritten libraries."""
+(rodata-first). Their code is less than a huge-page window long, so no shift puts any
+of it on a whole window without the read-only data below it: by default every mode
+refuses them (no-gain). With the policy's opt-in (--exposure-limit) they are shifted,
+the read-only data moving with the code and sharing its window, exactly the bytes the
+report names; they still run firefox. The libraries come from Debian's archive
+(apt-get download, cached); the firefox that loads them is the installed one
+(tools/setup-dev-env installs it), run from a copy of its directory that holds the
+rewritten libraries."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fixtures import debian_packages
-from helpers import HP, elflint, hugify, readelf_loads, transform
+from helpers import HP, elflint, hugify, newly_executable, readelf_loads, transform
 
 INSTALLED = Path("/usr/lib/firefox-esr")
 #: Loaded at start-up: sqlite for the profile, NSS for certificates, the glue libraries.
@@ -93,14 +97,25 @@ def test_shifted_libraries_still_run_firefox(archive_dir: Path, tmp_path: Path) 
     libs = tmp_path / "libs"
     libs.mkdir()
     for name in SHIFTED:
-        report = transform(archive_dir / name, libs / name, "--mode", "shift")
+        # Without the opt-in: refused in every mode, nothing written.
+        for mode in ("auto", "shift"):
+            res = hugify(
+                "transform", "--threshold", "0", "--mode", mode, archive_dir / name, "-o", libs / name, check=False
+            )
+            assert res.returncode == 4 and "(no-gain)" in res.stderr and not (libs / name).exists(), (name, mode)
+        report = transform(archive_dir / name, libs / name, "--mode", "shift", "--exposure-limit", "1M")
+        res = report["result"]
         assert report["layout"] == "rodata-first", name
-        assert report["result"]["covered_code"] == report["code_bytes"], name
+        assert res["covered_code"] == report["code_bytes"], name
+        # What became executable, by readelf of both files, is what the report says.
+        assert 0 < res["exposed_read_only"] < res["covered_code"], (name, res["exposed_read_only"])
+        assert newly_executable(archive_dir / name, libs / name) == res["exposed_sections"], name
         (x,) = [seg for seg in readelf_loads(libs / name) if "E" in seg.flags]
         assert x.vaddr % HP == 0 and x.offset % HP == 0 and x.memsz % HP == 0, name
     assert elflint(libs / "libmozsqlite3.so") - elflint(archive_dir / "libmozsqlite3.so") == set()
     report = transform(archive_dir / "libxul.so", libs / "libxul.so")
     assert report["result"]["mode"] == "align", report["result"]
+    assert newly_executable(archive_dir / "libxul.so", libs / "libxul.so") == {}
 
     rewritten = _firefox_copy(tmp_path / "firefox", {n: libs / n for n in [*SHIFTED, "libxul.so"]})
     expected, plain_loaded = _screenshot(INSTALLED, tmp_path, "plain")

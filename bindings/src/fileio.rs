@@ -106,7 +106,7 @@ pub fn map(input: &Input) -> Result<(File, Option<Mmap>), Failure> {
 pub fn transform_fd(src: &Input, out: RawFd, out_label: &str, opts: &Options) -> Result<Transformed, Failure> {
     let (file, m) = map(src)?;
     let input: &[u8] = m.as_deref().unwrap_or(&[]);
-    let t = hugify_core::transform(input, opts)?;
+    let mut t = hugify_core::transform(input, opts)?;
     // Planning read much of the input; writing copies most of it in the kernel and
     // re-reads only edited blocks, so the pages planning touched can go now.
     release(m.as_ref());
@@ -114,7 +114,7 @@ pub fn transform_fd(src: &Input, out: RawFd, out_label: &str, opts: &Options) ->
     write_pieces(&t, &file, input, m.as_ref(), &out).map_err(io_err(out_label))?;
     // SAFETY: the caller created this file for us and nobody else writes it.
     let written = unsafe { Mmap::map(&out) }.map_err(io_err(out_label))?;
-    hugify_core::verify(input, &written, &t)?;
+    hugify_core::verify(input, &written, &mut t)?;
     Ok(t)
 }
 

@@ -40,14 +40,14 @@ fn failure_to_py(py: Python<'_>, f: Failure) -> PyErr {
     }
 }
 
-fn options(huge_page: u64, threshold: u64, mode: &str) -> PyResult<Options> {
+fn options(huge_page: u64, threshold: u64, mode: &str, exposure_limit: u64) -> PyResult<Options> {
     let mode = match mode {
         "auto" => ModeChoice::Auto,
         "shift" => ModeChoice::Shift,
         "align" => ModeChoice::Align,
         m => return Err(PyValueError::new_err(format!("unknown mode {m:?} (auto, shift, align)"))),
     };
-    Ok(Options { huge_page, threshold, mode })
+    Ok(Options { huge_page, threshold, mode, exposure_limit })
 }
 
 fn segments<'py>(py: Python<'py>, phdrs: &[Phdr]) -> PyResult<Bound<'py, PyList>> {
@@ -106,6 +106,11 @@ fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<B
             d.set_item("growth", s.growth)?;
             d.set_item("covered_code", s.covered_code)?;
             d.set_item("exposed_read_only", s.exposed)?;
+            let sections = PyDict::new(py);
+            for (name, bytes) in &s.exposed_sections {
+                sections.set_item(name, bytes)?;
+            }
+            d.set_item("exposed_sections", sections)?;
             d.set_item("segments", segments(py, &s.phdrs)?)?;
             d.set_item("windows", windows(py, &s.windows)?)?;
             d.set_item("build_id", s.build_id.as_deref().map(hex))?;
@@ -127,6 +132,7 @@ fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>>
     d.set_item("covered_before", r.covered_before)?;
     d.set_item("windows_before", windows(py, &r.windows_before)?)?;
     d.set_item("huge_page", r.huge_page)?;
+    d.set_item("exposure_limit", r.exposure_limit)?;
     d.set_item("segments", segments(py, &r.phdrs)?)?;
     d.set_item("build_id", r.build_id.as_deref().map(hex))?;
     let plans = PyDict::new(py);
@@ -175,15 +181,16 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Sen
 
 /// Reports a file's layout and both plans.
 #[pyfunction]
-#[pyo3(signature = (source, huge_page, threshold, mode="auto"))]
+#[pyo3(signature = (source, huge_page, threshold, mode="auto", exposure_limit=0))]
 fn inspect<'py>(
     py: Python<'py>,
     source: Source,
     huge_page: u64,
     threshold: u64,
     mode: &str,
+    exposure_limit: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = options(huge_page, threshold, mode)?;
+    let opts = options(huge_page, threshold, mode, exposure_limit)?;
     let input = source.input(None);
     let report = guarded(py, || {
         let (_f, m) = fileio::map(&input)?;
@@ -197,7 +204,7 @@ fn inspect<'py>(
 /// paths: the caller (hugify/files.py) opened both where no one could swap them and
 /// renames the output into place. `src_name`, `out_name`: what errors call them.
 #[pyfunction]
-#[pyo3(signature = (src, out, huge_page, threshold, mode="auto", *, src_name=None, out_name=None))]
+#[pyo3(signature = (src, out, huge_page, threshold, mode="auto", exposure_limit=0, *, src_name=None, out_name=None))]
 #[allow(clippy::too_many_arguments)]
 fn transform<'py>(
     py: Python<'py>,
@@ -206,10 +213,11 @@ fn transform<'py>(
     huge_page: u64,
     threshold: u64,
     mode: &str,
+    exposure_limit: u64,
     src_name: Option<String>,
     out_name: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = options(huge_page, threshold, mode)?;
+    let opts = options(huge_page, threshold, mode, exposure_limit)?;
     let input = Source::Fd(src).input(src_name);
     let out_label = out_name.unwrap_or_else(|| format!("<fd {out}>"));
     let t = guarded(py, || fileio::transform_fd(&input, out, &out_label, &opts))?;
@@ -220,15 +228,16 @@ fn transform<'py>(
 
 /// Transforms bytes in memory (tests and fuzzing): returns (report, output bytes).
 #[pyfunction]
-#[pyo3(signature = (data, huge_page, threshold, mode="auto"))]
+#[pyo3(signature = (data, huge_page, threshold, mode="auto", exposure_limit=0))]
 fn transform_bytes<'py>(
     py: Python<'py>,
     data: &[u8],
     huge_page: u64,
     threshold: u64,
     mode: &str,
+    exposure_limit: u64,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyBytes>)> {
-    let opts = options(huge_page, threshold, mode)?;
+    let opts = options(huge_page, threshold, mode, exposure_limit)?;
     let (t, out) = guarded(py, || hugify_core::transform_to_vec(data, &opts).map_err(Failure::Core))?;
     let d = report_dict(py, &t.report)?;
     d.set_item("result", plan_dict(py, &Ok(t.summary().clone()))?)?;

@@ -94,7 +94,7 @@ reasons! {
     AlreadyAligned => (Refused, "already-aligned", "The executable segment is already huge-page aligned (for example, already transformed)."),
     EhdrReference => (Refused, "ehdr-reference", "Code refers to the ELF header or other loader metadata (e.g. __ehdr_start), which a shift would break."),
     UndecodableCode => (Refused, "undecodable-code", "Bytes inside a function's bounds are no instruction (data among the code, or an instruction cut at the function's end), so a reference to what a shift leaves in place cannot be ruled out."),
-    NoGain => (Refused, "no-gain", "No plan would put any code into a whole huge-page window."),
+    NoGain => (Refused, "no-gain", "No plan would put any code into a whole huge-page window without making bytes executable that were not (read-only data next to the code; the policy's exposure_limit allows none by default)."),
     UnsupportedLayout => (Refused, "unsupported-layout", "The segment and section layout is not one the planner can prove safe to rewrite."),
     TrailingData => (Refused, "trailing-data", "The file carries data after its last section (an overlay) whose position might be relied upon."),
     UnsupportedSection => (Refused, "unsupported-section", "The file has a section with addresses hugify does not know how to repair."),

@@ -12,6 +12,7 @@ mod cfi;
 mod dwarf;
 pub mod elf;
 pub mod error;
+pub mod exposure;
 #[doc(hidden)]
 pub mod fuzzing;
 mod hazards;
@@ -58,11 +59,19 @@ pub struct Options {
     pub threshold: u64,
     /// Which mode to use.
     pub mode: ModeChoice,
+    /// Bytes per file that were not executable in the input ([`exposure`]) and may
+    /// become executable: 0 unless a policy opts in, whatever the mode.
+    pub exposure_limit: u64,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { huge_page: DEFAULT_HUGE_PAGE, threshold: DEFAULT_THRESHOLD, mode: ModeChoice::Auto }
+        Options {
+            huge_page: DEFAULT_HUGE_PAGE,
+            threshold: DEFAULT_THRESHOLD,
+            mode: ModeChoice::Auto,
+            exposure_limit: 0,
+        }
     }
 }
 
@@ -80,9 +89,13 @@ pub struct PlanSummary {
     pub growth: i64,
     /// Code bytes inside whole huge-page windows after the rewrite.
     pub covered_code: u64,
-    /// Bytes of read-only data that share the code's first window and become
-    /// executable (a rodata-first shift); 0 otherwise.
+    /// Bytes that were not executable and become executable: planned (read-only
+    /// data that shares the code's first window, a shift the exposure limit allows);
+    /// once transformed, measured in the output by the self-check.
     pub exposed: u64,
+    /// Where those bytes lie: section names (or a description of bytes outside
+    /// sections) with their bytes.
+    pub exposed_sections: Vec<(String, u64)>,
     /// The whole huge-page windows after the rewrite.
     pub windows: Vec<WindowRun>,
     /// The program headers after the rewrite.
@@ -120,6 +133,8 @@ pub struct Report {
     pub build_id: Option<Vec<u8>>,
     /// The huge-page size planned for.
     pub huge_page: u64,
+    /// The exposure limit planned with ([`Options::exposure_limit`]).
+    pub exposure_limit: u64,
     /// The shift plan, or why not.
     pub shift: Result<PlanSummary>,
     /// The alignment-only plan, or why not.
@@ -135,6 +150,7 @@ pub struct Transformed {
     /// The output file.
     pub output: Output,
     plan: Plan,
+    exposure_limit: u64,
 }
 
 impl Transformed {
@@ -171,7 +187,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     if !all_plans {
         pre.clone()?;
     }
-    let cands = plan::candidates(&elf, &an, opts.huge_page);
+    let cands = plan::candidates(&elf, &an, opts.huge_page, opts.exposure_limit);
     let build_id = elf::notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
     let summarise = |p: &Result<Plan>| -> Result<PlanSummary> {
         let plan = p.as_ref().map_err(Clone::clone)?;
@@ -183,6 +199,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
             growth: size as i64 - data.len() as i64,
             covered_code: plan.covered_code,
             exposed: plan.exposed,
+            exposed_sections: plan.exposed_sections.clone(),
             windows: huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page),
             phdrs: plan.phdrs.clone(),
             build_id: build_id.clone().map(|mut id| {
@@ -209,6 +226,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
         phdrs: elf.phdrs.clone(),
         build_id,
         huge_page: opts.huge_page,
+        exposure_limit: opts.exposure_limit,
         shift,
         align,
         chosen,
@@ -267,13 +285,20 @@ pub fn inspect(data: &[u8], opts: &Options) -> Result<Report> {
 
 /// Transforms `data` under `opts`.
 pub fn transform(data: &[u8], opts: &Options) -> Result<Transformed> {
+    transform_planned(data, opts, |_| ())
+}
+
+/// Transforms `data` with the chosen plan as `adjust` leaves it: tests break the plan
+/// there to show that the self-check does not take the plan's word.
+fn transform_planned(data: &[u8], opts: &Options, adjust: impl FnOnce(&mut Plan)) -> Result<Transformed> {
     let planned = plan_file(data, opts, false)?;
     let mode = planned.report.chosen.clone()?;
-    let plan = match mode {
+    let mut plan = match mode {
         Mode::Shift => planned.shift,
         Mode::Align => planned.align,
     }
     .expect("a chosen plan exists");
+    adjust(&mut plan);
     let ctx = repair::Ctx { elf: &planned.elf, an: &planned.an, plan: &plan };
     let elf_patches = repair::collect(&ctx)?;
     let debug = dwarf::repair(&planned.elf, &plan.map)?;
@@ -290,23 +315,43 @@ pub fn transform(data: &[u8], opts: &Options) -> Result<Transformed> {
     if let Ok(s) = chosen {
         s.growth = output.size as i64 - data.len() as i64;
     }
-    Ok(Transformed { report, output, plan })
+    Ok(Transformed { report, output, plan, exposure_limit: opts.exposure_limit })
 }
 
 /// Re-parses `out` (the bytes of `t.output`) and checks every invariant of the
-/// transformation against the input.
-pub fn verify(input: &[u8], out: &[u8], t: &Transformed) -> Result<()> {
+/// transformation against the input, among them that no more bytes became
+/// executable than the exposure limit allows. What did (measured, not planned) is
+/// recorded in the summary of the plan carried out.
+pub fn verify(input: &[u8], out: &[u8], t: &mut Transformed) -> Result<()> {
     let elf = Elf::parse(input)?;
     let an = layout::analyse(&elf)?;
-    verify::check(&elf, &an, &t.plan, out)
+    let measured = verify::check(&elf, &an, &t.plan, t.exposure_limit, out)?;
+    let chosen = match t.plan.mode {
+        Mode::Shift => &mut t.report.shift,
+        Mode::Align => &mut t.report.align,
+    };
+    if let Ok(s) = chosen {
+        s.exposed = measured.bytes;
+        s.exposed_sections = measured.sections;
+    }
+    Ok(())
 }
 
 /// Transforms and self-checks in memory; the convenience entry for tests and fuzzing.
 pub fn transform_to_vec(data: &[u8], opts: &Options) -> Result<(Transformed, Vec<u8>)> {
-    let t = transform(data, opts)?;
+    let mut t = transform(data, opts)?;
     let out = t.output.to_vec(data);
-    verify(data, &out, &t)?;
+    verify(data, &out, &mut t)?;
     Ok((t, out))
+}
+
+/// Transforms with the chosen plan changed by `adjust`, without the self-check: what
+/// the self-check sees when the planner errs.
+#[cfg(test)]
+fn transform_broken(data: &[u8], opts: &Options, adjust: impl FnOnce(&mut Plan)) -> (Transformed, Vec<u8>) {
+    let t = transform_planned(data, opts, adjust).expect("transforms");
+    let out = t.output.to_vec(data);
+    (t, out)
 }
 
 #[cfg(test)]
@@ -367,6 +412,27 @@ mod tests {
         let e = transform(&named.build().data, &opts(ModeChoice::Auto, hp)).err().expect("refused");
         assert_eq!(e.reason, Reason::EhdrReference);
         assert!(e.detail.contains("alignment only: no whole huge-page window"), "{e}");
+    }
+
+    #[test]
+    fn no_mode_makes_read_only_data_executable_without_the_limit() {
+        // lld's layout, 3 MiB of read-only data below the code.
+        let lld = |code| {
+            let mut dso = Dso::new(Arrangement::RodataFirst, code);
+            dso.rodata_size = 3 << 20;
+            dso.build().data
+        };
+        let (short, long) = (lld(0x3000), lld(0x280000));
+        for mode in [ModeChoice::Auto, ModeChoice::Shift] {
+            let o = opts(mode, DEFAULT_HUGE_PAGE);
+            assert_eq!(transform(&short, &o).err().expect("refused").reason, Reason::NoGain, "{mode:?}");
+            let (t, _) = transform_to_vec(&long, &o).unwrap();
+            assert_eq!((t.summary().mode, t.summary().exposed), (Mode::Shift, 0), "{mode:?}");
+            assert_eq!(t.summary().covered_code, DEFAULT_HUGE_PAGE);
+        }
+        // An align plan exposes nothing either (it has no window here).
+        let o = opts(ModeChoice::Align, DEFAULT_HUGE_PAGE);
+        assert_eq!(transform(&short, &o).err().expect("refused").reason, Reason::NoGain);
     }
 
     #[test]

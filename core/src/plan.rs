@@ -6,8 +6,11 @@
 //!   The executable segment then covers whole huge-page windows and nothing else.
 //!   In lld's rodata-first layout the read-only data between the split point and the
 //!   code (.rodata, .eh_frame_hdr, .eh_frame) moves too, in a read-only load of its
-//!   own; since one `dv` keeps its distance to the code, what of it lies in the code's
-//!   first window joins the executable segment ([`Plan::exposed`]).
+//!   own, and one `dv` keeps its distance to the code. Nothing of it may join the
+//!   executable segment ([`crate::exposure`]): the code's window next to it stays
+//!   partial, in small pages, at the code's start or at its end, whichever leaves more
+//!   code on whole windows. Only a policy's exposure limit lets the data into the
+//!   code's first window ([`Plan::exposed`]), where that gains more code than it exposes.
 //! * **Align** (alignment only): no address changes; file offsets are padded so the
 //!   code's offset is congruent to its address modulo the huge-page size, which lets
 //!   the whole windows *inside* the code be mapped with huge pages.
@@ -15,6 +18,7 @@
 use crate::elf::consts::*;
 use crate::elf::{align_down, align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
+use crate::exposure::OUTSIDE_SECTIONS;
 use crate::hazards;
 use crate::layout::{Analysis, FileKind, LoadPlace};
 use crate::windows::{covered, huge_placed, huge_windows};
@@ -100,8 +104,10 @@ pub struct Plan {
     /// Bytes of executable sections inside whole huge-page windows of the new layout.
     pub covered_code: u64,
     /// Bytes of read-only sections that share the code's first huge-page window and so
-    /// become executable (a rodata-first shift); 0 otherwise.
+    /// become executable (a rodata-first shift the exposure limit allows); 0 otherwise.
     pub exposed: u64,
+    /// Those sections, with their bytes that become executable.
+    pub exposed_sections: Vec<(String, u64)>,
 }
 
 /// A plan's outcome per mode, for `inspect`.
@@ -135,9 +141,10 @@ pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
     Ok(())
 }
 
-/// Builds both candidate plans.
-pub fn candidates(elf: &Elf, an: &Analysis, huge_page: u64) -> Candidates {
-    Candidates { shift: plan_shift(elf, an, huge_page), align: plan_align(elf, an, huge_page) }
+/// Builds both candidate plans; a shift makes at most `exposure_limit` bytes that
+/// were not executable executable ([`crate::exposure`]).
+pub fn candidates(elf: &Elf, an: &Analysis, huge_page: u64, exposure_limit: u64) -> Candidates {
+    Candidates { shift: plan_shift(elf, an, huge_page, exposure_limit), align: plan_align(elf, an, huge_page) }
 }
 
 /// Largest alignment among what moves: segment alignments, TLS alignment and
@@ -165,7 +172,27 @@ fn an_moves(an: &Analysis, a: u64) -> bool {
     a >= an.move_start && a <= an.image_end
 }
 
-fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
+/// The input's geometry around the code, shared by every shift candidate.
+struct Around<'e> {
+    first_moved: usize,
+    /// Whether the first moved load also holds what stays (it splits in two).
+    split: bool,
+    /// `dv` must be a multiple of this ([`moved_alignment`]).
+    align: u64,
+    /// The first address that moves.
+    start: u64,
+    /// The loads between the split point and the code (lld's read-only data).
+    leading: std::ops::Range<usize>,
+    code_start: u64,
+    code_src: u64,
+    code_end: u64,
+    /// The code's end rounded up to `align`: where the executable load ends.
+    t: u64,
+    /// Moved read-only sections below the code (lld's .rodata, .eh_frame_hdr, .eh_frame).
+    below: Vec<&'e Shdr>,
+}
+
+fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<Plan> {
     if an.kind == FileKind::Executable {
         return Err(refused(Reason::UnsupportedType, "an ET_EXEC has fixed addresses; only alignment can change"));
     }
@@ -205,7 +232,6 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             format!("{} at the split point {code_start:#x} lies before the executable segment", an.split_section),
         ));
     }
-    let code_src = x.p_offset + (code_start - x.p_vaddr);
     let code_end = x.vend();
 
     // Trailing padding runs from the code's end to T; the next segment must not start before it.
@@ -221,31 +247,146 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             ));
         }
     }
-
-    // T + dv is a huge-page boundary, so every boundary lies at T minus a multiple of hp
-    // (in input addresses) whatever dv is. The executable segment starts `lead` bytes
-    // before the code, at the boundary below it; read-only content that moved with the
-    // code and lies there joins the executable segment (a whole window cannot be shared),
-    // and no section may straddle the segment's start.
-    let leading_sections: Vec<&Shdr> = elf
+    let below: Vec<&Shdr> = elf
         .shdrs
         .iter()
         .filter(|s| an.section_moves[s.index] && s.sh_size > 0 && s.sh_addr < code_start)
         .filter(|s| s.sh_flags & SHF_EXECINSTR == 0 && !s.is_tls_bss())
         .collect();
-    let mut lead = (hp - (t - code_start) % hp) % hp;
-    while leading_sections.iter().any(|s| s.sh_addr + lead < code_start && s.vend() + lead > code_start) {
+    let g = Around {
+        first_moved,
+        split,
+        align,
+        start,
+        leading,
+        code_start,
+        code_src: x.p_offset + (code_start - x.p_vaddr),
+        code_end,
+        t,
+        below,
+    };
+
+    // The executable load runs from `lead` bytes below the code to T; `dv` puts a
+    // huge-page boundary at one of its ends (T + dv, or the start) and is then raised
+    // in steps that keep it there. With the code's end on a boundary, every boundary
+    // lies at T minus a multiple of hp (in input addresses) whatever dv is; `lead` to
+    // the one below the code makes the first window whole.
+    let end_on_boundary = (hp - t % hp) % hp;
+    let lead_to_boundary = (hp - (t - code_start) % hp) % hp;
+    let Some(data_end) = g.below.iter().map(|s| s.vend()).max() else {
+        // Nothing moved lies below the code: trap padding fills the first window.
+        return checked_gain(shift_with(elf, an, hp, &g, lead_to_boundary, end_on_boundary)?, &g, exposure_limit, None);
+    };
+    // Read-only data below the code (rodata-first): nothing of it may share the
+    // executable load, which therefore starts at `floor` or above. Candidates: the
+    // code's end on a boundary and its start on the boundary below if the data ends
+    // before that, else on the code's own first page (its first, partial window stays
+    // in small pages and the data below keeps its R load); or the code's start on a
+    // boundary and its last, partial window in small pages. More code on whole windows
+    // wins; on a tie, the first.
+    let floor = align_up(data_end, page);
+    let mut safe = Vec::new();
+    let first_page = align_down(code_start, page);
+    if code_start.checked_sub(lead_to_boundary).is_some_and(|e| e >= floor) {
+        safe.push((lead_to_boundary, end_on_boundary));
+    } else if first_page >= floor {
+        safe.push((code_start - first_page, end_on_boundary));
+    }
+    let start_boundary = align_down(code_start, align.min(hp));
+    if start_boundary >= floor {
+        safe.push((code_start - start_boundary, (hp - start_boundary % hp) % hp));
+    }
+    let mut best: Option<Plan> = None;
+    for (lead, dv) in safe {
+        let p = shift_with(elf, an, hp, &g, lead, dv)?;
+        if best.as_ref().is_none_or(|b| p.covered_code > b.covered_code) {
+            best = Some(p);
+        }
+    }
+    // The first window whole, with the read-only data that shares it made executable:
+    // only as the policy's exposure_limit allows, and only if it buys more code on
+    // huge pages than it exposes. No section may straddle the load's start.
+    let mut lead = lead_to_boundary;
+    while g.below.iter().any(|s| s.sh_addr + lead < code_start && s.vend() + lead > code_start) {
         lead += hp;
     }
+    let exposing = (lead > code_start.saturating_sub(floor))
+        .then(|| shift_with(elf, an, hp, &g, lead, end_on_boundary))
+        .transpose()?;
+    if let Some(p) = exposing.as_ref().filter(|p| p.exposed <= exposure_limit) {
+        if p.covered_code > best.as_ref().map_or(0, |b| b.covered_code) + p.exposed {
+            best = exposing.clone();
+        }
+    }
+    match best {
+        Some(p) => checked_gain(p, &g, exposure_limit, exposing.as_ref()),
+        None => Err(refused(
+            Reason::UnsupportedLayout,
+            format!("the read-only data below the code ends at {data_end:#x}, in the code's first page"),
+        )),
+    }
+}
+
+/// The plan, or no-gain if it puts no code on a whole window; `exposing` is the plan
+/// that would have, by making read-only data executable, for the message.
+fn checked_gain(p: Plan, g: &Around, exposure_limit: u64, exposing: Option<&Plan>) -> Result<Plan> {
+    if p.covered_code > 0 {
+        return Ok(p);
+    }
+    let mut detail = format!(
+        "no whole huge-page window of code: {:#x} bytes of code, the executable load {:#x}-{:#x} after the shift",
+        g.code_end - g.code_start,
+        p.phdrs.iter().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).map_or(0, |l| l.p_vaddr),
+        p.phdrs.iter().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).map_or(0, |l| l.vend()),
+    );
+    if let Some(x) = exposing.filter(|x| x.covered_code > 0) {
+        let names: Vec<&str> =
+            x.exposed_sections.iter().map(|(n, _)| n.as_str()).filter(|n| *n != OUTSIDE_SECTIONS).collect();
+        detail = format!(
+            "no whole huge-page window of code without making read-only data executable: the code's window \
+             would hold {} bytes of {} (exposure_limit {exposure_limit})",
+            x.exposed,
+            names.join(", ")
+        );
+    }
+    Err(refused(Reason::NoGain, detail))
+}
+
+/// The shift whose executable load starts `lead` bytes below the code, with `dv` the
+/// smallest displacement congruent to `dv0` modulo max(hp, align) that clears what stays.
+fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64) -> Result<Plan> {
+    let page = an.arch.min_page;
+    let Around { first_moved, split, align, start, code_start, code_src, code_end, t, .. } = *g;
+    let leading = g.leading.clone();
     // Input addresses (as distances below the code) of the lowest moved byte and of the
     // executable segment's start.
     let below_code = (code_start - start).max(lead);
     let read_only_end = code_start.saturating_sub(lead).max(start);
-    let exposed = leading_sections
-        .iter()
-        .filter(|s| s.vend() > read_only_end)
-        .map(|s| s.vend().min(code_start) - s.sh_addr.max(read_only_end))
-        .sum();
+    // What of the leading loads lies in the executable load: their sections, and the
+    // bytes between those (counted as the self-check counts them, crate::exposure).
+    let mut exposed_sections: Vec<(String, u64)> = Vec::new();
+    let mut add = |name: &str, n: u64| match exposed_sections.iter_mut().find(|(s, _)| s == name) {
+        Some((_, b)) => *b += n,
+        None if n > 0 => exposed_sections.push((name.to_owned(), n)),
+        None => {}
+    };
+    let mut exposed = 0;
+    for l in &an.loads[leading.clone()] {
+        let (from, to) = (l.p_vaddr.max(read_only_end), l.vend().min(code_start));
+        if to <= from {
+            continue;
+        }
+        exposed += to - from;
+        let mut inside: Vec<&&Shdr> = g.below.iter().filter(|s| s.sh_addr < to && s.vend() > from).collect();
+        inside.sort_by_key(|s| (s.sh_addr, s.index));
+        let mut at = from;
+        for s in inside {
+            add(OUTSIDE_SECTIONS, s.sh_addr.saturating_sub(at));
+            add(&s.name, s.vend().min(to) - s.sh_addr.max(from));
+            at = at.max(s.vend().min(to));
+        }
+        add(OUTSIDE_SECTIONS, to.saturating_sub(at));
+    }
 
     // The loads of the output: what stays, the moved read-only part below the
     // executable segment, the executable segment, what follows it.
@@ -276,18 +417,21 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         stay_vend = vaddr + table_size;
     }
 
-    // dv: T + dv is a huge-page boundary and dv is a multiple of `align`; take the
-    // smallest such dv whose lowest moved page clears what stays.
+    // dv: congruent to dv0 and a multiple of `align`; the smallest such dv whose lowest
+    // moved page clears what stays.
     let step = align.max(hp);
-    let mut dv = (hp - t % hp) % hp;
+    let mut dv = dv0;
     while (code_start + dv).checked_sub(below_code).is_none_or(|low| align_down(low, page) < align_up(stay_vend, page))
     {
         dv += step;
     }
     let window_start = code_start + dv - lead;
     let window_end = t + dv;
-    // Moved bytes keep their distances in the file too: output offset = address - base.
-    let file_start = align_up(stay_fend + (below_code - lead), hp);
+    // Moved bytes keep their distances in the file too (output offset = address minus a
+    // constant), at offsets congruent to their addresses modulo hp, the lowest one
+    // after what stays.
+    let lowest = stay_fend + (below_code - lead);
+    let file_start = lowest + (window_start % hp + hp - lowest % hp) % hp;
     let out_off = |a: u64| a + dv + file_start - window_start;
     let code_dst = out_off(code_start);
     let df = code_dst - code_src;
@@ -360,6 +504,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         df,
         covered_code: 0,
         exposed,
+        exposed_sections,
     };
     plan.covered_code = covered_code(elf, an, &plan);
     Ok(plan)
@@ -388,14 +533,34 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let x = an.exec_load();
     let page = an.arch.min_page;
     // The smallest file displacement that makes the code's offset congruent to its address.
-    let d = (x.p_vaddr % hp + hp - x.p_offset % hp) % hp;
+    let mut d = (x.p_vaddr % hp + hp - x.p_offset % hp) % hp;
     if d == 0 && an.kind == FileKind::Executable {
         return Err(refused(
             Reason::NoGain,
             "the executable's code offset is already congruent to its fixed address; rewriting gains nothing",
         ));
     }
+    // The loader maps the code's first and last page whole. lld starts and ends the code
+    // mid-page, the file bytes around it being the end of .eh_frame and the start of the
+    // next load, which the input mapped executable that way. In the output those bytes
+    // are trap padding inside the load (the code's file range moved: what shares its
+    // pages now is new), with pages of its own in the file.
+    let head = x.p_offset % page;
+    let tail = if x.p_filesz == x.p_memsz { align_up(x.fend(), page) - x.fend() } else { 0 };
+    if head > 0 && d == 0 {
+        d = hp; // room for the padding before the code
+    }
+    let shares_page = |l: &Phdr| {
+        align_down(l.p_vaddr, page) < align_up(x.vend(), page) && align_down(x.p_vaddr, page) < align_up(l.vend(), page)
+    };
+    if let Some(l) = an.loads.iter().enumerate().find(|&(i, l)| i != an.exec && shares_page(l)).map(|(_, l)| l) {
+        return Err(refused(
+            Reason::UnsupportedLayout,
+            format!("the segment at {:#x} shares a page with the executable segment at {:#x}", l.p_vaddr, x.p_vaddr),
+        ));
+    }
     let mut copies = vec![Placement { src: 0, len: x.p_offset, dst: 0 }];
+    let mut traps = Vec::new();
     let mut cursor = x.p_offset;
     let mut new_loads = Vec::new();
     for (i, l) in an.loads.iter().enumerate() {
@@ -406,7 +571,20 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         let dst = if i == an.exec { x.p_offset + d } else { place_after(cursor, l, page) };
         copies.push(Placement { src: l.p_offset, len: l.p_filesz, dst });
         cursor = cursor.max(dst + l.p_filesz);
-        new_loads.push(Phdr { p_offset: dst, ..*l });
+        if i != an.exec {
+            new_loads.push(Phdr { p_offset: dst, ..*l });
+            continue;
+        }
+        traps.extend([(dst - head, head), (cursor, tail)].into_iter().filter(|t| t.1 > 0));
+        cursor += tail;
+        new_loads.push(Phdr {
+            p_offset: dst - head,
+            p_vaddr: l.p_vaddr - head,
+            p_paddr: l.p_paddr.wrapping_sub(head),
+            p_filesz: l.p_filesz + head + tail,
+            p_memsz: l.p_memsz + head + tail,
+            ..*l
+        });
     }
     let map = AddrMap { start: 0, end: 0, dv: 0 };
     let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, None, hp)?;
@@ -416,12 +594,13 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         map,
         phdrs,
         copies,
-        traps: Vec::new(),
+        traps,
         phdr_table: None,
         tail_start: cursor,
         df: d,
         covered_code: 0,
         exposed: 0,
+        exposed_sections: Vec::new(),
     };
     plan.covered_code = covered_code(elf, an, &plan);
     if plan.covered_code == 0 {
@@ -523,12 +702,26 @@ mod tests {
     const HP: u64 = 2 << 20;
 
     fn plans(dso: &Dso, hp: u64) -> (Vec<u8>, Candidates) {
+        plans_with(dso, hp, 0)
+    }
+
+    fn plans_with(dso: &Dso, hp: u64, exposure_limit: u64) -> (Vec<u8>, Candidates) {
         let data = dso.build().data;
         let elf = Elf::parse(&data).unwrap();
         let an = analyse(&elf).unwrap();
-        let c = candidates(&elf, &an, hp);
+        let c = candidates(&elf, &an, hp, exposure_limit);
         drop(elf);
         (data, c)
+    }
+
+    const PAGE: u64 = 0x1000;
+
+    /// lld's layout with 3 MiB of read-only data below `code` bytes of code.
+    fn lld(code: u64) -> Dso {
+        let mut dso = Dso::new(Arrangement::RodataFirst, code);
+        dso.rodata_size = 3 << 20;
+        dso.contiguous = true;
+        dso
     }
 
     fn exec_load(p: &Plan) -> Phdr {
@@ -607,16 +800,86 @@ mod tests {
         assert!(loads[1].vend() <= loads[2].p_vaddr && loads[0].vend() < loads[1].p_vaddr);
         // The code keeps its distance to the data it reaches pc-relatively.
         assert_eq!(exec_load(&p).p_vaddr - loads[1].p_vaddr, built.addr(".text") - rodata);
+    }
 
-        // Code short of a window: the read-only data below it shares the window and
-        // becomes executable, as in a text-in-first layout; nothing of what stays does.
-        let (_, c) = plans(&Dso::new(Arrangement::RodataFirst, 0x3000), HP);
-        let p = c.shift.unwrap();
+    #[test]
+    fn rodata_first_code_short_of_a_window_does_not_shift() {
+        // The code's only window would hold the end of the read-only data: no shift puts
+        // code on a huge page without making that executable, and even where the limit
+        // allows it, it would expose more than it gains.
+        for limit in [0, 4 << 20] {
+            let e = plans_with(&lld(0x3000), HP, limit).1.shift.unwrap_err();
+            assert_eq!(e.reason, Reason::NoGain, "{e}");
+            assert!(e.detail.contains("without making read-only data executable"), "{e}");
+            assert!(e.detail.contains(".rodata, .eh_frame_hdr, .eh_frame"), "{e}");
+        }
+    }
+
+    #[test]
+    fn rodata_first_code_longer_than_a_window_shifts_without_exposing() {
+        let dso = lld(0x280000);
+        let built = dso.build();
+        let (text, k) = (built.addr(".text"), built.addr(".text") % PAGE);
+        let p = plans(&dso, HP).1.shift.unwrap();
         let x = exec_load(&p);
-        assert_eq!((p.covered_code, x.p_vaddr % HP, x.vend() % HP), (0x3000, 0, 0));
-        assert!(p.exposed > 0 && x.p_vaddr <= rodata + p.map.dv, "{p:x?}");
-        assert_eq!(p.phdrs.iter().filter(|l| l.p_type == PT_LOAD).count(), 3, "no read-only load is left");
-        assert!(p.phdrs[0].vend() <= x.p_vaddr);
+        // Whole windows only: the last, partial one stays in small pages (there the
+        // padding would take 0x1000 - k bytes of the window, at the start k).
+        assert_eq!((p.exposed, p.covered_code), (0, HP - k));
+        let loads: Vec<&Phdr> = p.phdrs.iter().filter(|l| l.p_type == PT_LOAD).collect();
+        assert_eq!(loads.iter().map(|l| l.p_flags).collect::<Vec<_>>(), [PF_R, PF_R, PF_R | PF_X, PF_R | PF_W]);
+        // The load starts at the code's first page, on a boundary; the read-only data
+        // keeps its R load below it, at the same distance from the code.
+        let dv = p.map.dv;
+        assert_eq!((x.p_vaddr, x.p_vaddr % HP, x.p_offset % HP), (align_down(text, PAGE) + dv, 0, 0));
+        assert!(x.vend() % HP != 0);
+        assert_eq!(loads[1].p_vaddr, built.addr(".rodata") + dv);
+        for name in [".rodata", ".eh_frame_hdr", ".eh_frame"] {
+            let s = built.sec(name);
+            assert!(s.addr + s.size + dv <= loads[1].vend() && loads[1].vend() <= x.p_vaddr, "{name}");
+        }
+    }
+
+    #[test]
+    fn rodata_first_leaves_the_partial_window_where_less_code_is() {
+        let mut dso = lld(HP);
+        let k = dso.build().addr(".text") % PAGE; // where in its page the code starts
+        assert!(k > 0x10 && k < 0xf00, "{k:#x}");
+        // The code ends 0x100 into a page: the trailing padding (0xf00) would take more
+        // of a whole window than the leading one (k), so the code starts on a boundary.
+        dso.text_size = HP + PAGE - k + 0x100;
+        let p = plans(&dso, HP).1.shift.unwrap();
+        let x = exec_load(&p);
+        assert_eq!((x.p_vaddr % HP, x.vend() % HP != 0, p.covered_code), (0, true, HP - k));
+        // It ends 0x10 short of a page: the code ends on a boundary.
+        dso.text_size = HP + 2 * PAGE - k - 0x10;
+        let p = plans(&dso, HP).1.shift.unwrap();
+        let x = exec_load(&p);
+        assert_eq!((x.p_vaddr % HP != 0, x.vend() % HP, p.covered_code), (true, 0, HP - 0x10));
+        assert_eq!(p.exposed, 0);
+    }
+
+    #[test]
+    fn exposure_only_within_the_limit_and_when_it_buys_more_code() {
+        // Code two windows but 32 KiB long above a little read-only data: making the
+        // code's first window whole exposes that data, for a window more of code. (A
+        // large .rodata could not be exposed in part: no section may straddle the
+        // executable load's start.)
+        let dso = Dso::new(Arrangement::RodataFirst, 2 * HP - 0x8000);
+        let built = dso.build();
+        let safe = plans(&dso, HP).1.shift.unwrap();
+        assert_eq!((safe.exposed, safe.covered_code), (0, HP));
+        let p = plans_with(&dso, HP, 0x1000).1.shift.unwrap();
+        assert_eq!(p.covered_code, 2 * HP - 0x8000);
+        let names: Vec<&str> = p.exposed_sections.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [".rodata", ".eh_frame_hdr", OUTSIDE_SECTIONS, ".eh_frame"]);
+        let (from, to) = (built.addr(".rodata"), built.addr(".eh_frame") + built.sec(".eh_frame").size);
+        assert_eq!(p.exposed, to - from);
+        assert_eq!(p.exposed_sections.iter().map(|(_, b)| b).sum::<u64>(), p.exposed);
+        let x = exec_load(&p);
+        assert_eq!((x.p_vaddr % HP, x.vend() % HP), (0, 0));
+        // A byte less allowed: the plan that exposes nothing.
+        let tight = plans_with(&dso, HP, p.exposed - 1).1.shift.unwrap();
+        assert_eq!((tight.exposed, tight.covered_code), (0, HP));
     }
 
     #[test]

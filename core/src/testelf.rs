@@ -220,6 +220,13 @@ mod for_tests {
         pub code: Vec<u8>,
         /// Alignment of .rodata (the largest alignment among what moves).
         pub rodata_align: u64,
+        /// Size of .rodata (a constant table: byte i holds i mod 256).
+        pub rodata_size: u64,
+        /// lld's file layout (`-z noseparate-code`): each load after the first starts
+        /// in the file right after the one before it, at an address on the next page
+        /// congruent to that offset, so a load's first and last file pages hold bytes of
+        /// its neighbours. Otherwise every load starts on a page of its own.
+        pub contiguous: bool,
         /// Whether .eh_frame and .eh_frame_hdr (and PT_GNU_EH_FRAME) exist.
         pub eh_frame: bool,
         /// The debug sections.
@@ -293,6 +300,8 @@ mod for_tests {
                 text_size,
                 code: Vec::new(),
                 rodata_align: 16,
+                rodata_size: 0x40,
+                contiguous: false,
                 eh_frame: true,
                 debug: Debug::None,
                 symbols: Vec::new(),
@@ -311,7 +320,7 @@ mod for_tests {
                 (".rela.dyn", SHT_RELA, SHF_ALLOC, 8, 3 * 24),
             ];
             let text = [(".text", SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, 16, self.text_size)];
-            let mut ro = vec![(".rodata", SHT_PROGBITS, SHF_ALLOC, self.rodata_align, 0x40)];
+            let mut ro = vec![(".rodata", SHT_PROGBITS, SHF_ALLOC, self.rodata_align, self.rodata_size)];
             if self.eh_frame {
                 ro.push((".eh_frame_hdr", SHT_PROGBITS, SHF_ALLOC, 4, 28));
                 ro.push((".eh_frame", SHT_PROGBITS, SHF_ALLOC, 8, 76));
@@ -337,7 +346,15 @@ mod for_tests {
             for (i, (flags, secs)) in loads.iter().enumerate() {
                 // Linkers start and align a load by its most aligned section.
                 let align = secs.iter().map(|s| s.3).fold(PAGE, u64::max);
-                let (start, skew) = if i == 0 { (0, 0) } else { (align_up(cursor, align), skew) };
+                let (start, skew) = match (i, self.contiguous) {
+                    (0, _) => (0, 0),
+                    (_, false) => (align_up(cursor, align), skew),
+                    (_, true) => {
+                        let start = align_up(cursor, secs.iter().map(|s| s.3).fold(1, u64::max));
+                        let vend = phdrs.last().map_or(0, Phdr::vend);
+                        (start, align_up(vend, PAGE) + start % PAGE - start)
+                    }
+                };
                 cursor = cursor.max(start);
                 for &(name, sh_type, sh_flags, align, size) in secs {
                     cursor = align_up(cursor, align);
@@ -415,7 +432,7 @@ mod for_tests {
             let mut code = self.code.clone();
             code.resize(self.text_size as usize, 0xcc);
             put(".text", code);
-            put(".rodata", (0..0x40).collect());
+            put(".rodata", (0..self.rodata_size).map(|i| i as u8).collect());
             if self.eh_frame {
                 let (hdr, frame) = (a(".eh_frame_hdr"), a(".eh_frame"));
                 put(".eh_frame", eh_frame(frame, text, a(".dynstr")));
@@ -617,7 +634,7 @@ mod for_tests {
 
     /// Options with no threshold.
     pub fn opts(mode: ModeChoice, huge_page: u64) -> Options {
-        Options { huge_page, threshold: 0, mode }
+        Options { huge_page, threshold: 0, mode, exposure_limit: 0 }
     }
 
     /// Builds, transforms (and self-checks) a file.

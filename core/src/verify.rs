@@ -6,15 +6,18 @@ use crate::assemble::PAD_SECTION;
 use crate::elf::consts::*;
 use crate::elf::{align_down, align_up, notes, Elf};
 use crate::error::{Error, Reason, Result};
-use crate::layout::{self, Analysis};
+use crate::exposure::{self, Exposure};
+use crate::layout::{self, Analysis, FileKind};
 use crate::plan::{Mode, Plan};
+use crate::windows::huge_windows;
 
 fn fail(detail: impl Into<String>) -> Error {
     Error::new(Reason::SelfCheck, detail)
 }
 
-/// Checks `out` against the input `elf` and the `plan` that produced it.
-pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
+/// Checks `out` against the input `elf` and the `plan` that produced it, and that at
+/// most `exposure_limit` bytes became executable that were not; returns those.
+pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[u8]) -> Result<Exposure> {
     let new = Elf::parse(out).map_err(|e| fail(format!("output does not parse: {e}")))?;
     // Re-analysing checks that every section and memory-describing header lies
     // inside a PT_LOAD at a consistent offset.
@@ -23,21 +26,23 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
     let page = an.arch.min_page;
     let x = new_an.exec_load();
 
-    // The executable segment.
+    // The executable segment: whole pages, offsets congruent to addresses modulo hp,
+    // at least one whole window, and no page shared with another segment. (A
+    // rodata-first shift leaves the window at one end partial, in small pages.)
     match plan.mode {
         Mode::Shift => {
-            if x.p_vaddr % hp != 0
-                || x.p_offset % hp != 0
-                || x.p_filesz != x.p_memsz
-                || x.p_memsz % hp != 0
-                || x.p_align != hp
-            {
-                return Err(fail(format!("executable segment {x:x?} does not cover whole {hp:#x} windows")));
+            let pages = [x.p_vaddr, x.p_offset, x.p_memsz].iter().all(|v| v % page == 0);
+            let windows = huge_windows(std::slice::from_ref(x), new_an.kind == FileKind::Executable, hp);
+            if !pages || x.p_vaddr % hp != x.p_offset % hp || x.p_filesz != x.p_memsz || x.p_align != hp {
+                return Err(fail(format!("executable segment {x:x?} is not whole pages congruent modulo {hp:#x}")));
+            }
+            if windows.is_empty() {
+                return Err(fail(format!("executable segment {x:x?} holds no whole {hp:#x} window")));
             }
             for l in new_an.loads.iter().filter(|l| !std::ptr::eq(*l, x)) {
                 let (a, b) = (align_down(l.p_vaddr, page), align_up(l.vend(), page));
                 if b > x.p_vaddr && a < x.vend() {
-                    return Err(fail(format!("segment at {:#x} shares a huge-page window with the code", l.p_vaddr)));
+                    return Err(fail(format!("segment at {:#x} shares a page with the code", l.p_vaddr)));
                 }
             }
         }
@@ -56,18 +61,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
         }
     }
 
-    // Sections: same set, addresses moved exactly as planned, and no byte that was
-    // not executable became executable.
-    let old_x = an.exec_load();
-    // A rodata-first shift may expose the read-only data that shares the code's first
-    // window, and nothing above the code.
-    let new_code_start = new.shdrs[..elf.shdrs.len()]
-        .iter()
-        .filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_size > 0)
-        .map(|s| s.sh_addr)
-        .min()
-        .unwrap_or(0);
-    let mut exposed = 0;
+    // Sections: same set, addresses moved exactly as planned.
     for (o, n) in elf.shdrs.iter().zip(&new.shdrs) {
         if o.name != n.name || o.sh_type != n.sh_type || o.sh_flags != n.sh_flags {
             return Err(fail(format!("section {} changed identity ({} -> {})", o.index, o.name, n.name)));
@@ -75,18 +69,6 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
         let want = if an.section_moves[o.index] { plan.map.map(o.sh_addr) } else { o.sh_addr };
         if n.sh_addr != want {
             return Err(fail(format!("section {} ({}) is at {:#x}, planned {want:#x}", o.index, o.name, n.sh_addr)));
-        }
-        // A .tbss takes no address space of its own (lld puts its address in the page gap
-        // after the code): only the TLS template's layout uses it.
-        if o.is_alloc() && o.sh_size > 0 && o.sh_flags & SHF_EXECINSTR == 0 && !o.is_tls_bss() {
-            let was_exec = o.sh_addr >= old_x.p_vaddr && o.sh_addr < old_x.vend();
-            let is_exec = n.sh_addr >= x.p_vaddr && n.sh_addr < x.vend();
-            if is_exec && !was_exec {
-                exposed += o.sh_size;
-                if n.sh_addr + n.sh_size > new_code_start || exposed > plan.exposed {
-                    return Err(fail(format!("section {} ({}) became executable", o.index, o.name)));
-                }
-            }
         }
         if o.sh_flags & SHF_EXECINSTR != 0 && o.has_file_data() {
             spot_check(elf, &new, o.sh_offset, n.sh_offset, o.sh_size, &o.name)?;
@@ -119,7 +101,16 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, out: &[u8]) -> Result<()> {
         _ => return Err(fail("build-id note appeared or disappeared")),
     }
 
-    Ok(())
+    // No byte that was not executable became executable, beyond the limit: measured
+    // from the two files' headers by byte ranges, whatever the plan says.
+    let exposed = exposure::measure(elf, &new, an.arch.trap, page);
+    if exposed.bytes > exposure_limit {
+        return Err(fail(format!(
+            "{} that were not executable became executable, over the exposure limit of {exposure_limit}",
+            exposed.describe()
+        )));
+    }
+    Ok(exposed)
 }
 
 /// Compares the first and last 4 KiB of a code section: code is never edited. (A
@@ -137,24 +128,27 @@ fn spot_check(old: &Elf, new: &Elf, o: u64, n: u64, size: u64, name: &str) -> Re
 
 #[cfg(test)]
 mod tests {
+    use crate::elf::consts::*;
     use crate::elf::Elf;
     use crate::error::Reason;
-    use crate::testelf::{run, Arrangement, Dso};
-    use crate::ModeChoice;
+    use crate::testelf::{opts, run, Arrangement, Dso};
+    use crate::{ModeChoice, Options};
+
+    const HP: u64 = 2 << 20;
 
     /// The self-check's detail for `out` changed by `damage`.
     fn rejected(damage: impl Fn(&Elf, &mut Vec<u8>)) -> String {
-        let (built, t, out) = run(&Dso::new(Arrangement::SeparateCode, 0x2ff0), ModeChoice::Shift, 2 << 20);
-        assert!(crate::verify(&built.data, &out, &t).is_ok());
+        let (built, mut t, out) = run(&Dso::new(Arrangement::SeparateCode, 0x2ff0), ModeChoice::Shift, 2 << 20);
+        assert!(crate::verify(&built.data, &out, &mut t).is_ok());
         let mut bad = out.clone();
         damage(&Elf::parse(&out).unwrap(), &mut bad);
-        let e = crate::verify(&built.data, &bad, &t).unwrap_err();
+        let e = crate::verify(&built.data, &bad, &mut t).unwrap_err();
         assert_eq!(e.reason, Reason::SelfCheck, "{e}");
         e.detail
     }
 
     fn exec_phdr(elf: &Elf) -> usize {
-        elf.phdrs.iter().position(|p| p.p_flags & crate::elf::consts::PF_X != 0).unwrap()
+        elf.phdrs.iter().position(|p| p.p_flags & PF_X != 0).unwrap()
     }
 
     #[test]
@@ -176,8 +170,8 @@ mod tests {
     #[test]
     fn an_aligned_output_with_its_code_moved_back_is_rejected() {
         let hp = 0x10000;
-        let (built, t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Align, hp);
-        assert!(crate::verify(&built.data, &out, &t).is_ok());
+        let (built, mut t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x30000), ModeChoice::Align, hp);
+        assert!(crate::verify(&built.data, &out, &mut t).is_ok());
         let new = Elf::parse(&out).unwrap();
         let x = exec_phdr(&new);
         // The input's p_offset and p_align, and the matching section offset: a file
@@ -189,20 +183,102 @@ mod tests {
         }
         let text = (new.ehdr.e_shoff + 64 * new.section(".text").unwrap().index as u64 + 24) as usize;
         bad[text..text + 8].copy_from_slice(&(built.sec(".text").offset).to_le_bytes());
-        let e = crate::verify(&built.data, &bad, &t).unwrap_err();
+        let e = crate::verify(&built.data, &bad, &mut t).unwrap_err();
         assert_eq!(e.reason, Reason::SelfCheck, "{e}");
         assert!(e.detail.starts_with("executable segment offset is not congruent"), "{e}");
     }
 
+    /// A rodata-first file whose code fills two windows but for 32 KiB: the shift that
+    /// makes the code's first window whole exposes the (little) read-only data below it.
+    fn rodata_first_two_windows() -> Dso {
+        Dso::new(Arrangement::RodataFirst, 2 * HP - 0x8000)
+    }
+
     #[test]
-    fn read_only_data_may_become_executable_only_as_planned() {
-        // Code short of a window: the read-only data below it shares the code's window.
-        let (built, mut t, out) = run(&Dso::new(Arrangement::RodataFirst, 0x3000), ModeChoice::Shift, 2 << 20);
-        assert!(t.plan.exposed > 0);
-        assert!(crate::verify(&built.data, &out, &t).is_ok());
+    fn read_only_data_may_become_executable_only_within_the_limit() {
+        let data = rodata_first_two_windows().build().data;
+        let o = Options { exposure_limit: 0x10000, ..opts(ModeChoice::Shift, HP) };
+        let (mut t, out) = crate::transform_to_vec(&data, &o).unwrap();
+        let exposed = t.summary().exposed;
+        assert!(exposed > 0 && exposed < 0x100, "{exposed:#x}");
+        // Measured by the self-check, the same bytes as planned, in the same sections.
+        assert_eq!(t.summary().exposed_sections, t.plan.exposed_sections);
+        assert_eq!(exposed, t.plan.exposed);
+        // A planner that says it exposes nothing, and a limit of 0: the check reads the
+        // files, not the plan.
         t.plan.exposed = 0;
-        let e = crate::verify(&built.data, &out, &t).unwrap_err();
-        assert!(e.detail.contains("became executable"), "{e}");
+        t.plan.exposed_sections.clear();
+        t.exposure_limit = 0;
+        let e = crate::verify(&data, &out, &mut t).unwrap_err();
+        assert_eq!(e.reason, Reason::SelfCheck, "{e}");
+        assert!(e.detail.contains("became executable") && e.detail.contains(".eh_frame"), "{e}");
+        t.exposure_limit = exposed - 1;
+        assert!(crate::verify(&data, &out, &mut t).unwrap_err().detail.contains("over the exposure limit"));
+        t.exposure_limit = exposed;
+        assert!(crate::verify(&data, &out, &mut t).is_ok());
+    }
+
+    #[test]
+    fn bytes_copied_into_the_padding_are_caught() {
+        // A planner that fills the trap padding before the code with bytes the input
+        // never mapped (its section header table): no section claims them, no section
+        // moved, every header is right.
+        let built = Dso::new(Arrangement::SeparateCode, 0x2ff0).build();
+        let old = Elf::parse(&built.data).unwrap();
+        let (shoff, table) = (old.ehdr.e_shoff, old.ehdr.shnum * 64);
+        let (mut t, out) = crate::transform_broken(&built.data, &opts(ModeChoice::Shift, HP), |p| {
+            let (at, len) = p.traps[0];
+            assert!(len > table);
+            p.traps[0] = (at + table, len - table);
+            p.copies.push(crate::plan::Placement { src: shoff, len: table, dst: at });
+        });
+        let e = crate::verify(&built.data, &out, &mut t).unwrap_err();
+        assert_eq!(e.reason, Reason::SelfCheck, "{e}");
+        assert!(e.detail.starts_with(&format!("{table} bytes ((bytes outside sections) {table})")), "{e}");
+    }
+
+    #[test]
+    fn what_shares_the_codes_pages_in_lld_files_is_trap_padding() {
+        // lld's file layout: the code's first and last file pages hold the end of
+        // .eh_frame and the start of the writable data, which the input maps executable
+        // along with the code. An alignment moves the code in the file: what shares its
+        // pages there is trap padding.
+        let mut dso = Dso::new(Arrangement::RodataFirst, 0x30000 - 0x100);
+        dso.contiguous = true;
+        let built = dso.build();
+        let (text_in, dynamic_in) = (built.sec(".text"), built.sec(".dynamic"));
+        assert!(text_in.offset % 0x1000 != 0 && dynamic_in.offset == text_in.offset + text_in.size);
+        let hp = 0x10000;
+        let (_, mut t, out) = run(&dso, ModeChoice::Align, hp);
+        assert_eq!((t.summary().exposed, t.summary().exposed_sections.len()), (0, 0));
+        let new = Elf::parse(&out).unwrap();
+        let x = new.phdrs[exec_phdr(&new)];
+        assert_eq!((x.p_vaddr % 0x1000, x.p_offset % 0x1000, x.p_filesz % 0x1000), (0, 0, 0), "{x:x?}");
+        let text = new.section(".text").unwrap();
+        let mapped = &out[x.p_offset as usize..x.fend() as usize];
+        let code = (text.sh_offset - x.p_offset) as usize..(text.fend() - x.p_offset) as usize;
+        let tail = 0x1000 - (text_in.offset + text_in.size) % 0x1000;
+        assert_eq!((code.start as u64, (mapped.len() - code.end) as u64), (text_in.offset % 0x1000, tail));
+        assert!(mapped[..code.start].iter().chain(&mapped[code.end..]).all(|&b| b == 0xcc));
+        assert!(crate::verify(&built.data, &out, &mut t).is_ok());
+
+        // The same plan without the padding after the code: the next load right after
+        // it, as in the input.
+        let (mut t, out) = crate::transform_broken(&built.data, &opts(ModeChoice::Align, hp), |p| {
+            let end = p.traps.pop().unwrap();
+            let x = p.phdrs.iter_mut().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).unwrap();
+            (x.p_filesz, x.p_memsz) = (x.p_filesz - end.1, x.p_memsz - end.1);
+            let next = p.copies.iter_mut().find(|c| c.dst >= end.0).unwrap();
+            let load = p.phdrs.iter_mut().find(|l| l.p_type == PT_LOAD && l.p_offset == next.dst).unwrap();
+            next.dst -= 0x1000;
+            (load.p_offset, load.p_align) = (next.dst, 0x1000);
+            for h in p.phdrs.iter_mut().filter(|h| h.p_type == PT_DYNAMIC) {
+                h.p_offset -= 0x1000;
+            }
+        });
+        let e = crate::verify(&built.data, &out, &mut t).unwrap_err();
+        assert_eq!(e.reason, Reason::SelfCheck, "{e}");
+        assert!(e.detail.contains("became executable") && e.detail.contains(".dynamic"), "{e}");
     }
 
     #[test]

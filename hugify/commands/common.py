@@ -49,10 +49,20 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         help="shift: move code onto whole huge pages; align: pad file offsets only; "
         "auto: shift where provably safe, else align (default)",
     )
+    p.add_argument(
+        "--exposure-limit",
+        type=size_arg,
+        default=0,
+        metavar="SIZE",
+        help="bytes of a file that were not executable (read-only data) allowed to become executable, "
+        "in any mode (default: 0, none)",
+    )
 
 
 def settings(args: argparse.Namespace) -> Settings:
-    return Settings(huge_page=args.huge_page_size, threshold=args.threshold, mode=args.mode)
+    return Settings(
+        huge_page=args.huge_page_size, threshold=args.threshold, mode=args.mode, exposure_limit=args.exposure_limit
+    )
 
 
 def failure(e: BaseException, path: str | None = None) -> tuple[Exit, dict[str, Any]]:

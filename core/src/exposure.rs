@@ -1,0 +1,231 @@
+//! The one rule for "which bytes become executable that were not": what the input
+//! maps executable, what an output maps executable, and the difference, measured by
+//! file byte ranges from the two files' own headers, never from a plan.
+//!
+//! **Executable in the input** are the file bytes of every executable PT_LOAD
+//! (`[p_offset, p_offset + p_filesz)` of each `PF_X` load) and the bytes of every
+//! `SHF_EXECINSTR` section. So a GNU ld 2-LOAD or gold file's `.rodata` and
+//! `.eh_frame`, which its `R E` load maps already, stay executable without exposing
+//! anything new; lld's `.rodata`, `.eh_frame_hdr` and `.eh_frame`, which its `R` load
+//! maps, are not executable and must not become so.
+//!
+//! **Executable in the output** is what the loader maps with `PROT_EXEC`: each
+//! executable PT_LOAD's file bytes rounded out to whole pages of the architecture's
+//! smallest page size (the kernel and ld.so map pages, so the bytes that share the
+//! first and last page with the segment are mapped too), except that bytes past
+//! `p_filesz` in the last page of a segment whose `p_memsz` is larger are cleared by
+//! the loader.
+//!
+//! **Exposed** is every byte executable in the output that is not, by where it came
+//! from, a byte executable in the input and not a trap instruction. Where a byte came
+//! from is read from the section headers: section `i` of the output holds section
+//! `i` of the input (the rewriter keeps the section table and appends only its trap
+//! padding, `.hugify.pad`), the ELF header and the program header table hold theirs;
+//! a byte outside all of them (alignment gaps between sections) must be a trap or
+//! equal the input byte at the same distance from the section before it, and that
+//! input byte must be executable.
+
+use crate::assemble::PAD_SECTION;
+use crate::elf::consts::*;
+use crate::elf::{align_down, align_up, Elf};
+
+/// The name exposure reports give bytes that lie in no section (gaps between sections).
+pub const OUTSIDE_SECTIONS: &str = "(bytes outside sections)";
+
+/// What became executable: bytes in all, and per output section (in file order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exposure {
+    /// Bytes newly executable.
+    pub bytes: u64,
+    /// Where they lie: a section's name, or a parenthesised description of bytes
+    /// outside sections, with the bytes of each.
+    pub sections: Vec<(String, u64)>,
+}
+
+impl Exposure {
+    fn add(&mut self, name: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.bytes += n;
+        match self.sections.iter_mut().find(|(s, _)| s == name) {
+            Some((_, b)) => *b += n,
+            None => self.sections.push((name.to_owned(), n)),
+        }
+    }
+
+    /// "N bytes (.rodata 12, .eh_frame 4)", for messages.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = self.sections.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        format!("{} bytes ({})", self.bytes, parts.join(", "))
+    }
+}
+
+/// Sorted, merged half-open ranges.
+fn merged(mut r: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    r.retain(|(a, b)| b > a);
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    for (a, b) in r {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// Bytes of `[a, b)` that lie in none of the merged `ranges`.
+fn outside(ranges: &[(u64, u64)], a: u64, b: u64) -> u64 {
+    let inside: u64 = ranges.iter().map(|&(x, y)| b.min(y).saturating_sub(a.max(x))).sum();
+    (b - a) - inside
+}
+
+fn contains(ranges: &[(u64, u64)], at: u64) -> bool {
+    ranges.iter().any(|&(x, y)| at >= x && at < y)
+}
+
+/// The input's executable file ranges (see the module documentation).
+pub fn input_executable(elf: &Elf) -> Vec<(u64, u64)> {
+    let loads = elf.loads().filter(|p| p.p_flags & PF_X != 0).map(|p| (p.p_offset, p.fend()));
+    let code = elf.shdrs.iter().filter(|s| s.sh_flags & SHF_EXECINSTR != 0 && s.has_file_data());
+    merged(loads.chain(code.map(|s| (s.sh_offset, s.fend()))).collect())
+}
+
+/// The file ranges the loader maps executable (see the module documentation), clipped
+/// to the file.
+pub fn mapped_executable(elf: &Elf, page: u64) -> Vec<(u64, u64)> {
+    let size = elf.data.len() as u64;
+    let ranges = elf.loads().filter(|p| p.p_flags & PF_X != 0 && p.p_filesz > 0).map(|p| {
+        let end = if p.p_memsz > p.p_filesz { p.fend() } else { align_up(p.fend(), page) };
+        (align_down(p.p_offset, page).min(size), end.min(size))
+    });
+    merged(ranges.collect())
+}
+
+/// Where a range of output bytes came from.
+enum From {
+    /// The input bytes at this offset, at the same distance.
+    Input(u64),
+    /// Trap padding.
+    Trap,
+    /// Nothing of the input: new bytes.
+    New,
+}
+
+struct Origin {
+    start: u64,
+    end: u64,
+    from: From,
+    name: String,
+}
+
+fn origins(old: &Elf, new: &Elf) -> Vec<Origin> {
+    let mut out = Vec::new();
+    let ehdr = new.class.ehdr_size();
+    out.push(Origin { start: 0, end: ehdr, from: From::Input(0), name: "(ELF header)".into() });
+    let table = |e: &Elf| e.ehdr.phnum * e.class.phdr_size();
+    let (old_table, new_table) = (table(old), table(new));
+    let kept = old_table.min(new_table);
+    let at = new.ehdr.e_phoff;
+    out.push(Origin {
+        start: at,
+        end: at + kept,
+        from: From::Input(old.ehdr.e_phoff),
+        name: "(program headers)".into(),
+    });
+    out.push(Origin { start: at + kept, end: at + new_table, from: From::New, name: "(program headers)".into() });
+    for (i, n) in new.shdrs.iter().enumerate().skip(1).filter(|(_, n)| n.has_file_data()) {
+        let from = match old.shdrs.get(i) {
+            Some(o) if o.has_file_data() && o.sh_size == n.sh_size => From::Input(o.sh_offset),
+            None if n.name == PAD_SECTION => From::Trap,
+            _ => From::New,
+        };
+        out.push(Origin { start: n.sh_offset, end: n.fend(), from, name: n.name.clone() });
+    }
+    let shoff = new.ehdr.e_shoff;
+    let shtab = new.ehdr.shnum * new.class.shdr_size();
+    out.push(Origin { start: shoff, end: shoff + shtab, from: From::New, name: "(section headers)".into() });
+    out.retain(|o| o.end > o.start);
+    out.sort_by_key(|o| (o.start, o.end));
+    out
+}
+
+/// Whether the trap instruction unit holding output byte `at` lies inside `[a, b)`
+/// and is a whole trap instruction.
+fn trap_at(data: &[u8], trap: &[u8], at: u64, a: u64, b: u64) -> bool {
+    let len = trap.len() as u64;
+    let unit = at - at % len;
+    unit >= a && unit + len <= b && data.get(unit as usize..(unit + len) as usize) == Some(trap)
+}
+
+/// Measures what `new` (the output) maps executable that `old` (the input) did not.
+/// `trap` is the architecture's trap instruction, `page` its smallest page size.
+pub fn measure(old: &Elf, new: &Elf, trap: &[u8], page: u64) -> Exposure {
+    let was = input_executable(old);
+    let origins = origins(old, new);
+    let mut exposure = Exposure::default();
+    for (a, b) in mapped_executable(new, page) {
+        let mut cursor = a;
+        for (k, o) in origins.iter().enumerate().filter(|(_, o)| o.end > a && o.start < b) {
+            if o.start > cursor {
+                gap(old, new, &was, &origins[..k], trap, cursor, o.start, &mut exposure);
+            }
+            let (s, e) = (o.start.max(cursor), o.end.min(b));
+            if e <= s {
+                continue;
+            }
+            match o.from {
+                From::Input(at) => {
+                    let from = at + (s - o.start);
+                    exposure.add(&o.name, outside(&was, from, from + (e - s)));
+                }
+                From::Trap => {
+                    let bad = (s..e).filter(|&i| !trap_at(new.data, trap, i, s, e)).count();
+                    exposure.add(&o.name, bad as u64);
+                }
+                From::New => exposure.add(&o.name, e - s),
+            }
+            cursor = e;
+        }
+        if b > cursor {
+            gap(old, new, &was, &origins, trap, cursor, b, &mut exposure);
+        }
+    }
+    exposure
+}
+
+/// Output bytes `[a, b)` that no section or header holds: traps, or copies of the
+/// input bytes at the same distance from the last origin before them (the gaps a
+/// linker leaves between sections move with the sections around them).
+#[allow(clippy::too_many_arguments)]
+fn gap(old: &Elf, new: &Elf, was: &[(u64, u64)], before: &[Origin], trap: &[u8], a: u64, b: u64, out: &mut Exposure) {
+    let anchor = before.iter().rev().find_map(|o| match o.from {
+        From::Input(at) if o.end <= a => Some((o.start, at)),
+        _ => None,
+    });
+    let bad = (a..b)
+        .filter(|&i| {
+            if trap_at(new.data, trap, i, a, b) {
+                return false;
+            }
+            let Some((out_at, in_at)) = anchor else { return true };
+            let from = (i - out_at).checked_add(in_at);
+            !from.is_some_and(|f| contains(was, f) && old.data.get(f as usize) == new.data.get(i as usize))
+        })
+        .count();
+    out.add(OUTSIDE_SECTIONS, bad as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_subtract() {
+        let r = merged(vec![(10, 20), (0, 5), (15, 30), (40, 40)]);
+        assert_eq!(r, [(0, 5), (10, 30)]);
+        assert_eq!(outside(&r, 0, 40), 5 + 10);
+        assert_eq!(outside(&r, 12, 18), 0);
+    }
+}
