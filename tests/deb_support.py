@@ -128,9 +128,10 @@ def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = Fal
     if build_depends:
         control = src / "debian" / "control"
         text = control.read_text()
-        old = "Build-Depends: debhelper-compat (= 13), python3\n"
+        old = "Build-Depends: debhelper-compat (= 13), python3:native\n"
         assert old in text
-        control.write_text(text.replace(old, f"Build-Depends: debhelper-compat (= 13), python3, {build_depends}\n"))
+        new = f"Build-Depends: debhelper-compat (= 13), python3:native, {build_depends}\n"
+        control.write_text(text.replace(old, new))
     return src
 
 
