@@ -65,7 +65,7 @@ int hp_bti_marked(const Elf64_Phdr *ph, unsigned phnum, uintptr_t base)
         return 0;
     const unsigned char *notes = (const unsigned char *)(base + prop->p_vaddr);
     uint64_t n = prop->p_memsz, at = 0;
-    while (n - at >= 12) {
+    while (at <= n && n - at >= 12) { /* at may pass n by the last note's padding */
         uint32_t namesz = le32(notes + at), descsz = le32(notes + at + 4), type = le32(notes + at + 8);
         uint64_t desc = align_up(at + 12 + namesz, NOTE_ALIGN);
         if (desc > n || descsz > n - desc)

@@ -160,6 +160,9 @@ CORNERS: dict[str, tuple[bytes, dict[str, int], int]] = {
     "owner-not-gnu": (_property_note([_feature(BTI)], name=b"GNV\0"), {}, 0),
     "not-a-property-note": (_property_note([_feature(BTI)], kind=3), {}, 0),
     "note-past-the-load": (_property_note([_feature(BTI)]), {"note_off": 0x1000 - 16}, 0),
+    # A segment that ends inside the padding of its last note, at the end of the mapping:
+    # the walk stops there, reading nothing past it.
+    "ends-in-a-note's-padding": (struct.pack("<III", 4, 1, 3) + b"GNU\0" + b"\1", {"note_off": 0x1000 - 24}, 0),
     "after-a-build-id-note": (
         struct.pack("<III", 4, 8, 3) + b"GNU\0" + bytes(8) + _property_note([_feature(BTI)]),
         {},
