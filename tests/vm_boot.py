@@ -366,6 +366,13 @@ def _results_of(port_log: str) -> dict[str, object] | None:
     return dict(json.loads(body))
 
 
+def headless(out: Path) -> list[str]:
+    """The qemu options of every boot here: no display, monitor or network, no reboot (a
+    guest that reboots has ended), the console (the first serial port) to out/console.log."""
+    quiet = ["-display", "none", "-monitor", "none", "-nic", "none", "-no-reboot"]
+    return [*quiet, "-serial", f"file:{out / 'console.log'}"]
+
+
 def qemu_command(
     k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path, accel: str = ACCEL, extra: str = ""
 ) -> list[str]:
@@ -380,17 +387,9 @@ def qemu_command(
         "1",
         "-cpu",
         "max",
-        "-display",
-        "none",
         "-vga",
         "none",
-        "-monitor",
-        "none",
-        "-nic",
-        "none",
-        "-no-reboot",
-        "-serial",
-        f"file:{out / 'console.log'}",
+        *headless(out),
         "-serial",
         f"file:{out / 'results.log'}",
         "-kernel",
