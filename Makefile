@@ -3,6 +3,10 @@
 #   make install DESTDIR= PREFIX=/usr   install the CLI and its package
 #   make test                 install test dependencies and run every test
 #   make demo                 build and rewrite the bundled example program, run it on huge pages
+#   make build CROSS=aarch64-linux-gnu- CARGO_TARGET=aarch64-unknown-linux-gnu
+#                             for another architecture, in a copy of the source tree: the
+#                             extension for rustup's target of that name, linked by Debian's
+#                             cross compiler of that prefix, and the runtime (runtime/Makefile)
 PREFIX ?= /usr/local
 DESTDIR ?=
 PYTHON ?= /usr/bin/python3
@@ -16,6 +20,11 @@ HELP2MAN ?= help2man
 VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 VENV = .venv
 EXT = hugify/_core.abi3.so
+CROSS ?=
+CARGO_TARGET ?=
+CARGO_OUT = $(or $(CARGO_TARGET_DIR),target)/$(if $(CARGO_TARGET),$(CARGO_TARGET)/)release
+# cargo's variable for the target's linker: CARGO_TARGET_<TRIPLE>_LINKER.
+CARGO_LINKER = $(if $(CARGO_TARGET),CARGO_TARGET_$(shell echo '$(CARGO_TARGET)' | tr a-z- A-Z_)_LINKER=$(CROSS)gcc)
 
 .PHONY: all build install test lint unit pytest demo setup setup-demo clean dist
 
@@ -26,8 +35,8 @@ build: $(EXT)
 
 # The extension is a plain cdylib; no build frontend is needed to install it.
 $(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml bindings/Cargo.toml Cargo.toml
-	$(CARGO) build --release --locked -p hugify-python
-	install -m 0644 target/release/lib_core.so $(EXT)
+	$(CARGO_LINKER) $(CARGO) build --release --locked -p hugify-python $(if $(CARGO_TARGET),--target $(CARGO_TARGET))
+	install -m 0644 $(CARGO_OUT)/lib_core.so $(EXT)
 
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PYDIR)/hugify/commands $(DESTDIR)$(PYDIR)/hugify/trial

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "hp_anon.h"
+#include "hp_bti.h"
 #include "hp_core.h"
 #include "hp_sys.h"
 
@@ -270,6 +271,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         ready = 1;
     }
 
+    /* arm64: the replaced windows keep PROT_BTI where ld.so gave it (hp_bti.h). */
+    int bti = hp_bti_prot(ph, phnum, map->l_addr);
     do {
         uintptr_t at = map->l_addr + r->vaddr;
         if ((at & (HP_DEFAULT_SIZE - 1)) || !r->readable)
@@ -290,7 +293,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
             t.open_file = open_main;
         }
         /* The whole executable mapping, so that the VMA is not split. */
-        int prot = PROT_READ | PROT_EXEC;
+        int prot = PROT_READ | PROT_EXEC | bti;
         for (unsigned k = 0; k < phnum; k++) {
             const Elf64_Phdr *p = &ph[k];
             if (p->p_type == PT_LOAD && (p->p_flags & PF_X) && p->p_vaddr <= r->vaddr &&
@@ -300,7 +303,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
                 t.advise = (char *)lo;
                 t.advise_len = hi - lo;
                 prot = (p->p_flags & PF_R ? PROT_READ : 0) | (p->p_flags & PF_W ? PROT_WRITE : 0) |
-                       (p->p_flags & PF_X ? PROT_EXEC : 0);
+                       (p->p_flags & PF_X ? PROT_EXEC : 0) | bti;
             }
         }
         t.prot = prot;

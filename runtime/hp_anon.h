@@ -49,7 +49,7 @@ struct hp_anon_range {
     uint64_t nwin;
     uint64_t off;    /* file offset of window 0 */
     uint64_t vaddr;  /* link-time address of window 0: symbols are placed relative to it */
-    int prot;        /* the segment's protections (PROT_*) */
+    int prot;        /* the segment's protections (PROT_*; PROT_BTI where ld.so set it, hp_bti.h) */
     const struct hp_window *states; /* hp_settle's state of each window; NULL: not known */
 };
 

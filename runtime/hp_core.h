@@ -116,7 +116,8 @@ struct hp_target {
     size_t advise_len;
     int zap_ok;      /* the caller's mapping of a window may be replaced (repair) */
     int (*zap_check)(void); /* optional: asked once, before the first replacement; 0 forbids it */
-    int prot;        /* protections of the caller's mapping (0: PROT_READ) */
+    int prot;        /* protections of the caller's mapping (0: PROT_READ), PROT_BTI
+                      * included where it has it (hp_bti.h): a repaired window keeps them */
     int random;      /* the caller's mapping carries MADV_RANDOM */
     int own_fd;      /* set when the core opened fd (it closes it) */
     int memfs;       /* 0 not known yet, 1 on a memory filesystem, 2 not */

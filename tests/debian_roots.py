@@ -1,5 +1,6 @@
-"""Clean Debian 12 roots made by mmdebstrap from the archive, and Debian source
-packages fetched with apt-get source (test_sbuild.py, test_boot.py).
+"""Clean Debian 12 roots (and Debian 13 ones, tests/vm_aarch64.py) made by mmdebstrap
+from the archive, and Debian source packages fetched with apt-get source
+(test_sbuild.py, test_boot.py).
 
 Both are cached under the test cache (tests/fixtures.py: cache_root()): a root by
 its mmdebstrap command line (suite, variant, package list, format) and
@@ -23,10 +24,11 @@ MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 
-def debian_root(name: str, *args: str, fmt: str = "directory") -> Path:
-    """`mmdebstrap ARGS bookworm OUT` once per ARGS (and mmdebstrap version): OUT is
-    a directory, or a tarball when fmt is "tar"."""
-    key = hashlib.sha256("\0".join([*args, fmt, tool_versions("mmdebstrap")]).encode()).hexdigest()[:16]
+def debian_root(name: str, *args: str, fmt: str = "directory", suite: str = SUITE) -> Path:
+    """`mmdebstrap ARGS SUITE OUT` (bookworm unless said) once per ARGS (and mmdebstrap
+    version): OUT is a directory, or a tarball when fmt is "tar"."""
+    other = [suite] if suite != SUITE else []  # bookworm's roots keep the keys they had
+    key = hashlib.sha256("\0".join([*args, fmt, tool_versions("mmdebstrap"), *other]).encode()).hexdigest()[:16]
     group = cache_root() / "debian-roots"
     final = group / f"{name}-{key}"
     out = final / ("root.tar" if fmt == "tar" else "root")
@@ -40,7 +42,7 @@ def debian_root(name: str, *args: str, fmt: str = "directory") -> Path:
         work.mkdir(parents=True)
         target = work / out.name
         res = subprocess.run(
-            ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, SUITE, str(target), MIRROR],
+            ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, suite, str(target), MIRROR],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -139,11 +139,11 @@ def _decompressed(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def initramfs(k: Kernel) -> Path:
-    """busybox, the root disk's modules and tests/vm/init as a gzipped newc cpio."""
-    busybox = Path("/bin/busybox")
+def initramfs(k: Kernel, busybox: Path = Path("/bin/busybox")) -> Path:
+    """busybox (this machine's; the guest's own for another architecture), the root
+    disk's modules and tests/vm/init as a gzipped newc cpio."""
     if not busybox.is_file():
-        raise VmError("no /bin/busybox (busybox-static): run tools/setup-dev-env")
+        raise VmError(f"no {busybox} (busybox-static): run tools/setup-dev-env")
     init = GUEST / "init"
     key = files_key([("init", init), ("busybox", busybox)], k.package, k.version, repr(WANTED_MODULES))
     final = cached_dir("kernel-matrix", f"initramfs-{k.release}", key)
@@ -261,7 +261,7 @@ def guest_inputs() -> GuestInputs:
 
 
 @contextlib.contextmanager
-def _loop_mounted(image: Path) -> Iterator[Path]:
+def loop_mounted(image: Path) -> Iterator[Path]:
     mnt = Path(tempfile.mkdtemp(prefix="hugify-matrix-mnt-"))
     _run(["mount", "-o", "loop", str(image), str(mnt)])
     try:
@@ -336,7 +336,7 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
             _staged_root(g, staged)
             if extra:
                 extra.stage(staged)
-            with _loop_mounted(work / "root.img") as mnt:
+            with loop_mounted(work / "root.img") as mnt:
                 _run(["cp", "-a", f"{staged}/.", str(mnt)])
         work.rename(final)
         drop_stale(final)
@@ -366,6 +366,13 @@ def _results_of(port_log: str) -> dict[str, object] | None:
     return dict(json.loads(body))
 
 
+def headless(out: Path) -> list[str]:
+    """The qemu options of every boot here: no display, monitor or network, no reboot (a
+    guest that reboots has ended), the console (the first serial port) to out/console.log."""
+    quiet = ["-display", "none", "-monitor", "none", "-nic", "none", "-no-reboot"]
+    return [*quiet, "-serial", f"file:{out / 'console.log'}"]
+
+
 def qemu_command(
     k: Kernel, fs: str, thp: str, *, initrd: Path, disk: Path, out: Path, accel: str = ACCEL, extra: str = ""
 ) -> list[str]:
@@ -380,17 +387,9 @@ def qemu_command(
         "1",
         "-cpu",
         "max",
-        "-display",
-        "none",
         "-vga",
         "none",
-        "-monitor",
-        "none",
-        "-nic",
-        "none",
-        "-no-reboot",
-        "-serial",
-        f"file:{out / 'console.log'}",
+        *headless(out),
         "-serial",
         f"file:{out / 'results.log'}",
         "-kernel",
@@ -427,17 +426,30 @@ def boot(k: Kernel, fs: str, thp: str = "always", extra: RootExtra | None = None
     with locked(cache_root() / "kernel-matrix" / f"{name}.lock"):
         if not (final / "results.json").exists():
             args = extra.kernel_args if extra else ""
-            try:
-                boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final, extra=args)
-            except GuestPanic as first:
-                # Once more: under TCG a guest kernel has been seen to die of a double fault
-                # in the slab allocator at a fork, once in many boots of the same image that
-                # all went through. A second panic fails, with both consoles' last lines.
-                try:
-                    boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final, extra=args)
-                except GuestPanic as second:
-                    raise GuestPanic(f"{second}\nand the boot before it: {first}") from None
-                (final / "retried.txt").write_text(f"{first}\n")
+            retried_on_panic(
+                lambda: boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final, extra=args), final
+            )
+    return finished(k, fs, final)
+
+
+def retried_on_panic(boot_once: Callable[[], None], final: Path) -> None:
+    """boot_once() (a boot_uncached into `final`), once more if the guest panicked: under
+    TCG a guest kernel has been seen to die of a double fault in the slab allocator at a
+    fork, once in many boots of the same image that all went through. A second panic
+    fails, with both consoles' last lines; a retried boot keeps the first one's in
+    retried.txt."""
+    try:
+        boot_once()
+    except GuestPanic as first:
+        try:
+            boot_once()
+        except GuestPanic as second:
+            raise GuestPanic(f"{second}\nand the boot before it: {first}") from None
+        (final / "retried.txt").write_text(f"{first}\n")
+
+
+def finished(k: Kernel, fs: str, final: Path) -> BootResult:
+    """The results of the boot kept in `final`."""
     meta = json.loads((final / "meta.json").read_text())
     return BootResult(k, fs, final, json.loads((final / "results.json").read_text()), meta["seconds"])
 
@@ -453,23 +465,26 @@ def boot_uncached(
     accel: str = ACCEL,
     extra: str = "",
     timeout: int = BOOT_TIMEOUT,
+    machine: Callable[[Path, Path], list[str]] | None = None,
 ) -> None:
     """One boot into `final` (kept only when it finished); `accel`, `extra` (more of the
-    kernel's command line) and `timeout` let the tests break it on purpose."""
-    if shutil.which("qemu-system-x86_64") is None:
-        raise VmError("qemu-system-x86_64 is not installed: run tools/setup-dev-env")
+    kernel's command line) and `timeout` let the tests break it on purpose. `machine(disk,
+    work)`, when given, makes what another machine needs in `work` and returns its qemu
+    command (tests/vm_aarch64.py), which writes its results to work/results.log too."""
     work = final.with_name(final.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     disk = work / "overlay.qcow2"
     _run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image), "-F", "raw", str(disk)])
+    if machine:
+        command = machine(disk, work)
+    else:
+        command = qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work, accel=accel, extra=extra)
+    if shutil.which(command[0]) is None:
+        raise VmError(f"{command[0]} is not installed: run tools/setup-dev-env")
     started = time.monotonic()
     with (work / "qemu.log").open("w") as log:
-        proc = subprocess.Popen(
-            qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work, accel=accel, extra=extra),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

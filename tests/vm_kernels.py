@@ -1,11 +1,13 @@
 """Debian's own kernels for the kernel x filesystem matrix (tests/test_kernel_matrix.py,
 bench/kernel_matrix.py): the one list of them, and fetching them from the archive.
 
-Each kernel is a suite's `linux-image-amd64` (a metapackage), resolved to the image
-package it depends on through a private apt state (debian_roots.apt_options: its own
+Each kernel is a suite's `linux-image-amd64` (a metapackage; `linux-image-arm64` for the
+arm64 guest of tests/vm_aarch64.py), resolved to the image package it depends on
+through a private apt state per architecture (debian_roots.apt_options: its own
 sources list, lists and cache; the host's apt configuration is left alone), fetched
 with `apt-get download` and unpacked with `dpkg-deb -x` under the test cache, one
-directory per package and version.
+directory per package and version. Other packages of a suite are fetched the same way
+(`unpacked`: the arm64 initramfs's busybox).
 """
 
 from __future__ import annotations
@@ -68,10 +70,21 @@ class Kernel:
         return f"{self.short} ({self.suite})"
 
 
-def _apt_state() -> tuple[Path, list[str]]:
-    state = cache_root() / "kernels" / "apt"
+#: The host's architecture, whose kernels the matrix boots.
+NATIVE = "amd64"
+
+
+def _apt_state(arch: str = NATIVE) -> tuple[Path, list[str]]:
+    state = cache_root() / "kernels" / ("apt" if arch == NATIVE else f"apt-{arch}")
     lines = [f"deb [signed-by={KEYRING}] {MIRROR} {suite} main" for suite in SUITES]
-    return state, apt_options(state, lines)
+    opts = apt_options(state, lines)
+    if arch != NATIVE:
+        opts += ["-o", f"APT::Architecture={arch}", "-o", f"APT::Architectures={arch}"]
+    return state, opts
+
+
+def _lock(arch: str) -> Path:
+    return cache_root() / "kernels" / ("apt.lock" if arch == NATIVE else f"apt-{arch}.lock")
 
 
 def _apt(opts: list[str], *args: str, cwd: Path | None = None) -> str:
@@ -104,16 +117,16 @@ def _field(record: str, name: str) -> str:
     return m[1] if m else ""
 
 
-def _image_packages(opts: list[str], suite: str) -> tuple[str, str, list[str]]:
-    """The image package linux-image-amd64 depends on in `suite`, its version, and
+def _image_packages(opts: list[str], suite: str, arch: str = NATIVE) -> tuple[str, str, list[str]]:
+    """The image package linux-image-ARCH depends on in `suite`, its version, and
     the packages to fetch for it: the image itself and, from 7.x on, the
     linux-binary-<release> (vmlinuz) and linux-modules-<release> it depends on."""
-    meta = _show(opts, "linux-image-amd64", suite)
+    meta = _show(opts, f"linux-image-{arch}", suite)
     if not meta:
-        raise KernelUnavailable(f"no linux-image-amd64 in {suite} (not a suite of {', '.join(SUITES)}?)")
+        raise KernelUnavailable(f"no linux-image-{arch} in {suite} (not a suite of {', '.join(SUITES)}?)")
     images = re.findall(r"\b(linux-image-[0-9][^ ,]*)", _field(meta, "Depends"))
     if not images:
-        raise KernelUnavailable(f"linux-image-amd64 in {suite} depends on no image: {meta[:300]!r}")
+        raise KernelUnavailable(f"linux-image-{arch} in {suite} depends on no image: {meta[:300]!r}")
     name = images[0]
     record = _show(opts, name, suite)
     version = _field(record, "Version")
@@ -135,26 +148,32 @@ def _depmod(root: Path, release: str) -> None:
         raise KernelUnavailable(f"depmod for {release} failed: {res.stderr.strip()[-300:]}")
 
 
-def kernel(suite: str) -> Kernel:
-    """The newest linux-image-amd64 of `suite`, unpacked (fetched once per version)."""
+def _fetch(opts: list[str], suite: str, parts: list[str], final: Path) -> Path:
+    """The packages `parts` of `suite` unpacked into one directory, `final` (kept)."""
+    work = final.with_name(final.name + ".tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    _apt(opts, "download", *(f"{p}/{suite}" for p in parts), cwd=work)
+    debs = sorted(work.glob("*.deb"))
+    if len(debs) != len(parts):
+        raise KernelUnavailable(f"apt-get download {' '.join(parts)} ({suite}) gave {[d.name for d in debs]}")
+    for deb in debs:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(work)], check=True)
+        deb.unlink()
+    return work
+
+
+def kernel(suite: str, arch: str = NATIVE) -> Kernel:
+    """The newest linux-image-ARCH of `suite`, unpacked (fetched once per version)."""
     group = cache_root() / "kernels"
-    with locked(group / "apt.lock"):
-        state, opts = _apt_state()
+    with locked(_lock(arch)):
+        state, opts = _apt_state(arch)
         update_lists(state, opts)
-        package, version, parts = _image_packages(opts, suite)
+        package, version, parts = _image_packages(opts, suite, arch)
         final = group / f"{package}_{version}"
         if (final / "done").exists():
             return Kernel(suite, package, version, final)
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        _apt(opts, "download", *(f"{p}/{suite}" for p in parts), cwd=work)
-        debs = sorted(work.glob("*.deb"))
-        if len(debs) != len(parts):
-            raise KernelUnavailable(f"apt-get download {' '.join(parts)} ({suite}) gave {[d.name for d in debs]}")
-        for deb in debs:
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(work)], check=True)
-            deb.unlink()
+        work = _fetch(opts, suite, parts, final)
         _depmod(work, package.removeprefix("linux-image-"))
         (work / "done").write_text(f"{package} {version}\n")
         shutil.rmtree(final, ignore_errors=True)
@@ -168,7 +187,7 @@ def kernel(suite: str) -> Kernel:
 def newest_suite() -> str:
     """The suite of SUITES whose linux-image-amd64 is of the highest version (dpkg's
     ordering), read from the package lists: only that kernel is fetched."""
-    with locked(cache_root() / "kernels" / "apt.lock"):
+    with locked(_lock(NATIVE)):
         state, opts = _apt_state()
         update_lists(state, opts)
         versions = {suite: _image_packages(opts, suite)[1] for suite in SUITES}
@@ -178,3 +197,20 @@ def newest_suite() -> str:
         if gt.returncode == 0:
             best = suite
     return best
+
+
+def unpacked(suite: str, package: str, arch: str = NATIVE) -> Path:
+    """The newest `package` of `suite` for `arch`, unpacked (fetched once per version)."""
+    with locked(_lock(arch)):
+        state, opts = _apt_state(arch)
+        update_lists(state, opts)
+        version = _field(_show(opts, package, suite), "Version")
+        if not version:
+            raise KernelUnavailable(f"no {package} ({arch}) in {suite}")
+        final = cache_root() / "kernels" / f"{package}_{version.replace(':', '%3a')}_{arch}"
+        if not (final / "done").exists():
+            work = _fetch(opts, suite, [package], final)
+            (work / "done").write_text(f"{package} {version}\n")
+            shutil.rmtree(final, ignore_errors=True)
+            work.rename(final)
+    return final
