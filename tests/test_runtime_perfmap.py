@@ -55,7 +55,7 @@ static void wait_for_a_line(void) { char c; if (read(0, &c, 1) != 1) exit(2); }
 
 /* quick: exits at once. wait: says so, waits for a line on stdin, spins.
  * fork [LIB]: forks; the child says its pid, waits for a line, spins; the parent
- * dlopen()s LIB meanwhile if given, says so, and waits for the child. */
+ * then dlopen()s LIB if given, says so, and waits for the child. */
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "quick";
     if (!strcmp(mode, "quick")) { printf("result %ld\n", spin_all(1)); return 0; }
@@ -64,14 +64,21 @@ int main(int argc, char **argv) {
         printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(1)); return 0;
     }
     fflush(stdout);
+    /* The parent goes on once the child has said its pid: the two lines come in one
+     * order however the scheduler runs them. */
+    int said[2];
+    if (pipe(said)) return 3;
     pid_t child = fork();
     if (child < 0) return 3;
     if (child == 0) {
         printf("child %d\n", (int)getpid()); fflush(stdout);
+        if (write(said[1], "", 1) != 1) return 5;
         wait_for_a_line();
         printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(2)); fflush(stdout);
         return 0;
     }
+    char c;
+    if (read(said[0], &c, 1) != 1) return 3;
     if (argc > 2) {
         void *h = dlopen(argv[2], RTLD_NOW);
         if (!h) { printf("dlopen: %s\n", dlerror()); fflush(stdout); }
