@@ -450,19 +450,15 @@ def debian_packages(name: str, packages: list[str]) -> Path:
     return root
 
 
-def cached_dir(name: str, key_text: str, make: Callable[[Path], None]) -> Path:
-    """A directory that `make(work)` fills once, cached as NAME-KEY: KEY hashes
-    `key_text` (what `make` builds from) and the compilers' and linkers' versions."""
-    tools = _tool_versions(Recipe(name, cc="clang")) + _tool_versions(Recipe(name))
-    key = hashlib.sha256("\n".join([key_text, *tools, str(BUILD_VERSION)]).encode()).hexdigest()[:16]
-    root = cache_root()
-    final = root / f"{name}-{key}"
+def _made_once(name: str, final: Path, make: Callable[[Path], None]) -> Path:
+    """`final`, filled by `make(work)` once: in a temporary directory renamed to it under
+    NAME's lock, the other versions of NAME then removed."""
     if final.is_dir():
         return final
-    with locked(root / f"{name}.lock"):
+    with locked(final.parent / f"{name}.lock"):
         if final.is_dir():
             return final
-        work = root / f".{final.name}.tmp"
+        work = final.parent / f".{final.name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         try:
@@ -474,33 +470,29 @@ def cached_dir(name: str, key_text: str, make: Callable[[Path], None]) -> Path:
     return final
 
 
+def cached_dir(name: str, key_text: str, make: Callable[[Path], None]) -> Path:
+    """A directory that `make(work)` fills once, cached as NAME-KEY: KEY hashes
+    `key_text` (what `make` builds from) and the compilers' and linkers' versions."""
+    tools = _tool_versions(Recipe(name, cc="clang")) + _tool_versions(Recipe(name))
+    key = hashlib.sha256("\n".join([key_text, *tools, str(BUILD_VERSION)]).encode()).hexdigest()[:16]
+    return _made_once(name, cache_root() / f"{name}-{key}", make)
+
+
 def build(r: Recipe) -> Path:
     """The directory holding the recipe's programs, built on first use."""
-    root = cache_root()
-    final = root / f"{r.name}-{recipe_key(r)}"
-    if final.is_dir():
-        return final
-    with locked(root / f"{r.name}.lock"):
-        if final.is_dir():
-            return final
-        work = root / f".{final.name}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        try:
-            if r.lang == "rust":
-                _build_rust(r, work)
-            else:
-                _build_c_family(r, work)
-            for junk in work.iterdir():
-                if junk.is_dir():
-                    shutil.rmtree(junk)
-                elif junk.name not in ("prog", "libhug.so") and junk.suffix != ".dwo":
-                    junk.unlink()
-            work.rename(final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        drop_stale(final, r.name)
-    return final
+
+    def make(work: Path) -> None:
+        if r.lang == "rust":
+            _build_rust(r, work)
+        else:
+            _build_c_family(r, work)
+        for junk in work.iterdir():
+            if junk.is_dir():
+                shutil.rmtree(junk)
+            elif junk.name not in ("prog", "libhug.so") and junk.suffix != ".dwo":
+                junk.unlink()
+
+    return _made_once(r.name, cache_root() / f"{r.name}-{recipe_key(r)}", make)
 
 
 if __name__ == "__main__":
