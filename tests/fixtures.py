@@ -506,10 +506,10 @@ def _cached(name: str, key: str, make: Callable[[Path], None]) -> Path:
     final = root / f"{name}-{key}"
     if final.is_dir():
         return final
-    with locked(root / f"{name}.lock"):
+    with locked(final.parent / f"{name}.lock"):
         if final.is_dir():
             return final
-        work = root / f".{final.name}.tmp"
+        work = final.parent / f".{final.name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         try:
