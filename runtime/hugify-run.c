@@ -680,7 +680,7 @@ int main(int argc, char **argv)
         ctx.smaps = 1; /* a small process: smaps is cheap where PAGEMAP_SCAN is missing */
         const char *force_smaps = getenv("HUGIFY_FORCE_SMAPS");
         if (force_smaps && *force_smaps && strcmp(force_smaps, "0"))
-            ctx.scan = 0;
+            ctx.scan = 0, ctx.procmap = 0; /* nor PROCMAP_QUERY (6.11): /proc/self/maps read */
         const char *rd = getenv("HUGIFY_RUNTIME_DIR");
         runtime_dir = rd && *rd ? rd : "/run/hugify";
         ctx.rundir = runtime_dir;
