@@ -341,7 +341,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     }
     /* The program headers where ld.so mapped them (accepted only if PT_DYNAMIC lands on
      * the link map's l_ld); a non-PIE program's from the auxiliary vector. */
-    const Elf64_Phdr *ph = is_main && map->l_addr == 0 ? main_phdrs(&phnum) : hp_mapped_phdrs(&ctx, map->l_addr, &phnum);
+    const Elf64_Phdr *ph =
+        is_main && map->l_addr == 0 ? main_phdrs(&phnum) : hp_mapped_phdrs(&ctx, map->l_addr, &phnum);
     if (!ph && is_main)
         ph = main_phdrs(&phnum);
     if (!ph || !dynamic_matches(map, ph, phnum))

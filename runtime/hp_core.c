@@ -388,11 +388,11 @@ static int mapping_proven(struct hp_ctx *c, struct hp_target *t)
 {
     if (!t->ld_mapped)
         return 1;
-    if (!t->map_proof)
-        t->map_proof = t->stride == c->hp && !t->offs &&
-                               hp_range_maps_file(c, (uintptr_t)t->map, t->nwin * c->hp, t->off, t->prot, &t->mapped) == 1
-                           ? 1
-                           : 2;
+    if (!t->map_proof) {
+        int one_file = t->stride == c->hp && !t->offs &&
+                       hp_range_maps_file(c, (uintptr_t)t->map, t->nwin * c->hp, t->off, t->prot, &t->mapped) == 1;
+        t->map_proof = one_file ? 1 : 2;
+    }
     return t->map_proof == 1;
 }
 
@@ -769,7 +769,7 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
         set_state(t, st, i,
                   why == HP_WHY_LOADER    ? HP_BUSY
                   : why == HP_WHY_NO_FILE ? HP_FAILED
-                  : why == HP_WHY_BUDGET || why == HP_WHY_REPLACED ? HP_SMALL
+                  : why == HP_WHY_BUDGET || why == HP_WHY_REPLACED || why == HP_WHY_NOT_MAPPED ? HP_SMALL
                                           : HP_UNSUPPORTED,
                   why, 0);
         return;

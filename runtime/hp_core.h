@@ -71,8 +71,9 @@ enum hp_why {
     HP_WHY_REPLACED,        /* cold or small: the file at the object's path is not the inode
                              * the caller maps (replaced since, e.g. by a package upgrade),
                              * or that cannot be proven: nothing of it is mapped in */
-    HP_WHY_NOT_MAPPED,      /* cold: the caller does not map the window from the object's
-                             * file at its offset (another load overlaps it): not touched */
+    HP_WHY_NOT_MAPPED,      /* cold or small: the caller does not map the window from the
+                             * object's file at its offset (another load overlaps it): left
+                             * as it is, not touched */
     HP_NWHY
 };
 

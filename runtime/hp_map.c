@@ -193,8 +193,8 @@ const Elf64_Phdr *hp_mapped_phdrs(struct hp_ctx *c, uintptr_t base, unsigned *ph
          * the readable mapping of the object's file that starts at base with offset 0
          * (ld.so maps the first load there, the rest after it, and the gaps PROT_NONE). */
         struct hp_vma v;
-        if (!c || hp_vma_at(c, base, &v) != 0 || !v.file.inode || !(v.prot & PROT_READ) || v.start != base || v.offset != 0 ||
-            end > v.end - base)
+        if (!c || hp_vma_at(c, base, &v) != 0 || !v.file.inode || !(v.prot & PROT_READ) || v.start != base ||
+            v.offset != 0 || end > v.end - base)
             return 0;
     }
     const Elf64_Phdr *ph = (const Elf64_Phdr *)(base + eh->e_phoff);

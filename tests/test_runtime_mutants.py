@@ -14,6 +14,7 @@ tests/test_fuzz.py)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -264,3 +265,60 @@ def test_the_mutants_are_what_they_say(originals: Programs) -> None:
             else f"exit {res.returncode}"
         )
     assert {"runs", "refused by ld.so"} <= kinds, kinds
+
+
+#: The audit library's verdict line for one object (runtime/audit.c debug_settled).
+SETTLED = re.compile(
+    r"^hugify-audit: (?P<path>\S+): (?P<windows>\d+) windows: \d+ huge .* (?P<unsupported>\d+) unsupported, "
+    r"(?P<skipped>\d+) skipped, \d+ unverified, \d+ replaced, (?P<not_mapped>\d+) not-mapped$",
+    re.M,
+)
+
+#: An audit library listed before hugify's that changes the protection of the first page
+#: of libbig.so's first window in its own la_objopen (made writable too: the program still
+#: runs): that window is no longer one mapping of the file with the code's protections when
+#: hugify's audit library looks, though the program headers show no other load over it.
+PROTECTOR = r"""
+#define _GNU_SOURCE
+#include <elf.h>
+#include <link.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+unsigned la_version(unsigned v) { return v; }
+unsigned la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie) {
+    (void)lmid, (void)cookie;
+    size_t n = strlen(map->l_name);
+    if (n < 9 || strcmp(map->l_name + n - 9, "libbig.so"))
+        return 0;
+    const ElfW(Ehdr) *eh = (const ElfW(Ehdr) *)map->l_addr;
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)(map->l_addr + eh->e_phoff);
+    for (int i = 0; i < eh->e_phnum; i++)
+        if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_X)) {
+            uintptr_t window = (map->l_addr + ph[i].p_vaddr + 0x1fffff) & ~(uintptr_t)0x1fffff;
+            mprotect((void *)window, 4096, PROT_READ | PROT_WRITE | PROT_EXEC);
+        }
+    return 0;
+}
+"""
+
+
+def test_a_window_the_process_does_not_map_as_the_file_is_skipped_not_unsupported(
+    originals: Programs, tmp_path: Path
+) -> None:
+    """A window held in small folios that the process does not map as one mapping of the
+    file (found when it is about to be repaired) is left as it is, with reason
+    not-mapped, counted as skipped: never as a window the filesystem cannot make huge
+    ("unsupported", which would speak of the filesystem where this process is the cause)."""
+    protector = tmp_path / "protector.so"
+    (tmp_path / "protector.c").write_text(PROTECTOR)
+    _run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", protector, tmp_path / "protector.c"])
+    _, env = ways(tmp_path / "run")["audit"]
+    env = env | {"LD_AUDIT": f"{protector}:{AUDIT_LIB}"}
+    set_cache(originals.lib, "small")
+    res = subprocess.run([str(originals.prog)], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert res.returncode == 0 and res.stdout.startswith("result "), res
+    (line,) = [m for m in SETTLED.finditer(res.stderr) if m["path"] == str(originals.lib)]
+    assert int(line["not_mapped"]) >= 1, line[0]
+    assert int(line["skipped"]) >= int(line["not_mapped"]), line[0]
+    assert line["unsupported"] == "0", line[0]

@@ -126,7 +126,7 @@ reasons! {
     Budget => (Info, "budget", "A window stays cold or small: the boot's prefetch has read as much code as the policy's runtime.boot_budget allows; the timer's next run, or a program started through hugify-run or the audit library, loads it."),
     BeyondEof => (Info, "beyond-eof", "A window stays cold: it ends beyond the end of the file (the file was truncated since it was mapped)."),
     Replaced => (Info, "replaced", "A window stays as the process mapped it: the file now at the object's path is not the inode the process mapped (another version renamed over it since it was loaded, e.g. by a package upgrade), or that could not be proven; nothing of the other file is mapped in or copied."),
-    NotMapped => (Info, "not-mapped", "A window stays cold, untouched: the process does not map it from the object's file at the window's offset (another load of a malformed object overlaps it)."),
+    NotMapped => (Info, "not-mapped", "A window stays as it is, cold or small, untouched: the process does not map it from the object's file at the window's offset (another load of a malformed object overlaps it)."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }
