@@ -37,6 +37,12 @@ MANIFEST_DIR = "usr/lib/hugify/manifest.d"
 #: The non-PIE program (ET_EXEC) of package hugify-deb-test-exec, linked with its code
 #: on a whole 2 MiB window: dh_hugify lists it as-is and leaves it unchanged.
 EXEC = "usr/libexec/hugify-deb-exec"
+#: Package hugify-deb-test-lld, linked by lld: its program and the library it needs are
+#: shifted (the program headers out of the first page), the plugin it can dlopen as-is.
+LLD_DIR = "usr/lib/hugify-deb-test-lld"
+LLD_PROG, LLD_LIB, LLD_PLUGIN = (
+    f"{LLD_DIR}/{n}" for n in ("hugify-deb-test-lld", "libhugdebtest-lld.so", "hugtest-lld-plugin.so")
+)
 
 #: What the build environment must not inherit from whoever runs the tests.
 _SCRUBBED = (
@@ -77,7 +83,7 @@ def tool_versions(*packages: str) -> str:
     return res.stdout
 
 
-BUILD_TOOLS = ("debhelper", "dpkg-dev", "gcc-12", "binutils", "dwz", "libc6-dev", "python3.11")
+BUILD_TOOLS = ("debhelper", "dpkg-dev", "gcc-12", "binutils", "dwz", "libc6-dev", "python3.11", "clang", "lld")
 
 
 def files_key(files: Iterable[tuple[str, Path]], *extra: str) -> str:
@@ -128,9 +134,10 @@ def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = Fal
     if build_depends:
         control = src / "debian" / "control"
         text = control.read_text()
-        old = "Build-Depends: debhelper-compat (= 13), python3\n"
+        old = "Build-Depends: debhelper-compat (= 13), python3, clang, lld\n"
         assert old in text
-        control.write_text(text.replace(old, f"Build-Depends: debhelper-compat (= 13), python3, {build_depends}\n"))
+        new = f"Build-Depends: debhelper-compat (= 13), python3, clang, lld, {build_depends}\n"
+        control.write_text(text.replace(old, new))
     return src
 
 
