@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""Runs each fuzz target of fuzz/ (cargo-fuzz, libFuzzer) for a bounded time.
+"""Runs each fuzz target of fuzz/ (libFuzzer) for a bounded time.
 
     bench/fuzz.py [--seconds N] [TARGET…]      (default: 60 s each, every target)
 
-Seeds are small programs and libraries built here with gcc, clang and the aarch64 and
-i686 cross compilers, with and without DWARF 4/5 (for `dwarf`, their debug sections in
-the target's input format). Corpora grow across runs under the test cache
-(/var/cache/hugify-tests/fuzz). Prints executions per second and the corpus size per
+The core's targets (inspect, transform, dwarf: fuzz/fuzz_targets/, cargo-fuzz) and the C
+runtime's ELF readers (audit-phdrs: the audit library's reader of a mapped object's
+program headers; run-reader: hugify-run's reader of the objects it finds; fuzz/runtime/,
+built with clang -fsanitize=fuzzer,address, whose libFuzzer comes with Debian's
+libclang-rt-dev). Seeds are small programs and libraries built here with gcc, clang and
+the aarch64 and i686 cross compilers, with and without DWARF 4/5 (for `dwarf`, their
+debug sections in the target's input format); the runtime's targets get, besides, the
+first 64 KiB of hugified GNU ld and lld objects (lld's shift moves the program headers
+out of the first page). Corpora grow across runs under the test cache
+(/var/cache/hugify-tests/fuzz). Before fuzzing, each runtime target runs the inputs of
+fuzz/regressions/TARGET/ once. Prints executions per second and the corpus size per
 target; exits 1 if a target crashed, naming the input libFuzzer saved: minimise it
-with `cargo fuzz tmin`, add it to fuzz/regressions/TARGET/, and fix the bug.
+(`cargo fuzz tmin`, or the C target's binary with -minimize_crash=1), add it to
+fuzz/regressions/TARGET/, and fix the bug.
 """
 
 from __future__ import annotations
@@ -26,7 +34,15 @@ from benchlib import REPO  # first: runs this benchmark with the project's .venv
 from elftools.elf.elffile import ELFFile
 
 FUZZ = REPO / "fuzz"
-TARGETS = ["inspect", "transform", "dwarf"]
+RUNTIME = REPO / "runtime"
+#: The core's targets (cargo-fuzz).
+CORE_TARGETS = ["inspect", "transform", "dwarf"]
+#: The C runtime's targets: fuzz/runtime/SOURCE, compiled with these runtime sources.
+RUNTIME_TARGETS = {
+    "audit-phdrs": ("audit_phdrs.c", ["hp_map.c", "hp_core.c"]),
+    "run-reader": ("run_reader.c", ["hp_core.c", "hp_map.c"]),
+}
+TARGETS = [*CORE_TARGETS, *RUNTIME_TARGETS]
 CACHE = Path(os.environ.get("HUGIFY_TEST_CACHE", "/var/cache/hugify-tests")) / "fuzz"
 CARGO_FUZZ_ROOT = Path("/var/cache/hugify-tests/cargo-fuzz")
 CARGO_FUZZ_VERSION = "0.13.2"
@@ -71,6 +87,48 @@ def cargo_fuzz() -> list[str]:
     return [str(installed), "fuzz"]
 
 
+#: A library with over 2 MiB of code, for hugified seeds: `hugify transform` needs a whole window.
+BIG_SOURCE = "\n".join(
+    f'long big{i}(long x) {{ __asm__ volatile(".fill 16384, 1, 0x90"); return x * 3 + {i}; }}' for i in range(150)
+)
+#: How the hugified seeds are linked: GNU ld, and lld (rodata-first and not).
+BIG_LINKS = {
+    "bfd": ["gcc"],
+    "lld": ["clang", "-fuse-ld=lld"],
+    "lld-norosegment": ["clang", "-fuse-ld=lld", "-Wl,--no-rosegment"],
+}
+#: What the runtime targets' seeds keep of a hugified object: its first load and more.
+HEAD_BYTES = 64 << 10
+
+
+def hugified_seeds(out: Path) -> list[Path]:
+    """The first HEAD_BYTES of hugified libraries and programs of each linker."""
+    out.mkdir()
+    src = out / "big.c"
+    src.write_text(BIG_SOURCE + "\nint main(void) { return (int)big0(1); }\n")
+    seeds = []
+    for name, cc in BIG_LINKS.items():
+        for kind, flags in (("lib", ["-shared", "-fPIC"]), ("pie", ["-fPIE", "-pie"])):
+            linked, rewritten = out / f"big-{name}-{kind}", out / f"big-{name}-{kind}.hugified"
+            subprocess.run([*cc, "-O1", *flags, "-o", str(linked), str(src)], check=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "hugify.cli",
+                "transform",
+                "--threshold",
+                "0",
+                str(linked),
+                "-o",
+                str(rewritten),
+            ]
+            subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+            seed = out / f"{rewritten.name}.head"
+            seed.write_bytes(rewritten.read_bytes()[:HEAD_BYTES])
+            seeds.append(seed)
+    return seeds
+
+
 def build_seeds(out: Path) -> dict[str, Path]:
     """Seed directories for each target (rebuilt every run: a few seconds)."""
     dirs = {t: out / t for t in TARGETS}
@@ -86,7 +144,7 @@ def build_seeds(out: Path) -> dict[str, Path]:
             binary = out / f"{cc[0]}-{i}"
             pie = [] if "-shared" in flags else ["-fPIE", "-pie"]
             subprocess.run([*cc, *flags, *pie, "-o", str(binary), str(src)], check=True)
-            for t in ("inspect", "transform"):
+            for t in ("inspect", "transform", *RUNTIME_TARGETS):
                 shutil.copy(binary, dirs[t] / binary.name)
             with binary.open("rb") as f:
                 record = b""
@@ -95,24 +153,52 @@ def build_seeds(out: Path) -> dict[str, Path]:
                         record += bytes([names.index(s.name)]) + len(s.data()).to_bytes(2, "little") + s.data()
             if record:
                 (dirs["dwarf"] / binary.name).write_bytes(record)
+    for seed in hugified_seeds(out / "hugified"):
+        for t in RUNTIME_TARGETS:
+            shutil.copy(seed, dirs[t] / seed.name)
     return dirs
 
 
+def build_runtime_targets(out: Path) -> dict[str, list[str]]:
+    """The runtime's fuzz targets, compiled into `out`: target -> its command."""
+    if not shutil.which("clang"):
+        raise SystemExit("fuzz: clang is missing (tools/setup-dev-env installs it)")
+    # hugify-run.c includes the build configuration the Makefile writes.
+    subprocess.run(["make", "-s", "-C", str(RUNTIME), "build-config.h"], check=True)
+    cmds = {}
+    for target, (source, extra) in RUNTIME_TARGETS.items():
+        binary = out / target
+        cmd = ["clang", "-g", "-O1", "-fsanitize=fuzzer,address", "-D_FILE_OFFSET_BITS=64", f"-I{RUNTIME}"]
+        cmd += ["-o", str(binary), str(FUZZ / "runtime" / source), *(str(RUNTIME / f) for f in extra)]
+        built = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            hint = " (libFuzzer: libclang-rt-dev, tools/setup-dev-env)" if "libclang_rt" in built.stderr else ""
+            raise SystemExit(f"fuzz: building {target} failed{hint}:\n{built.stderr[-3000:]}")
+        cmds[target] = [str(binary)]
+    return cmds
+
+
+def run_regressions(cmd: list[str], target: str) -> tuple[bool, str]:
+    """The saved inputs of fuzz/regressions/TARGET, each run once."""
+    inputs = sorted((FUZZ / "regressions" / target).glob("*"))
+    if not inputs:
+        return True, ""
+    res = subprocess.run([*cmd, *map(str, inputs)], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        return False, f"{target}: a regression input fails again:\n" + "\n".join(res.stderr.splitlines()[-30:])
+    return True, ""
+
+
 def run_target(fuzz: list[str], target: str, seconds: int, seeds: Path) -> tuple[bool, str]:
+    """`fuzz`: cargo-fuzz (a core target), or the runtime target's own binary."""
     corpus = CACHE / "corpus" / target
     corpus.mkdir(parents=True, exist_ok=True)
     artifacts = CACHE / "artifacts" / target
     artifacts.mkdir(parents=True, exist_ok=True)
     before = set(artifacts.iterdir())
+    cargo = [*fuzz, "run", "--sanitizer", "none", target, str(corpus), str(seeds), "--"]
     cmd = [
-        *fuzz,
-        "run",
-        "--sanitizer",
-        "none",
-        target,
-        str(corpus),
-        str(seeds),
-        "--",
+        *(cargo if target in CORE_TARGETS else [*fuzz, str(corpus), str(seeds)]),
         f"-max_total_time={seconds}",
         f"-artifact_prefix={artifacts}/",
         "-rss_limit_mb=4096",
@@ -138,19 +224,29 @@ def main() -> int:
     args = ap.parse_args()
     if unknown := set(args.targets) - set(TARGETS):
         ap.error(f"unknown target(s): {', '.join(sorted(unknown))}")
-    fuzz = cargo_fuzz()
-    # The nightly toolchain builds the targets (libFuzzer's coverage instrumentation).
-    os.environ.setdefault("RUSTUP_TOOLCHAIN", "nightly")
-    # Release builds with debug assertions and overflow checks (cargo-fuzz's default).
-    cmd = [*fuzz, "build", "--sanitizer", "none"]
-    built = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
-    if built.returncode != 0:
-        raise SystemExit(f"fuzz: building the targets failed:\n{built.stderr[-5000:]}")
+    commands: dict[str, list[str]] = {}
+    if set(args.targets) & set(CORE_TARGETS):
+        fuzz = cargo_fuzz()
+        # The nightly toolchain builds the targets (libFuzzer's coverage instrumentation).
+        os.environ.setdefault("RUSTUP_TOOLCHAIN", "nightly")
+        # Release builds with debug assertions and overflow checks (cargo-fuzz's default).
+        cmd = [*fuzz, "build", "--sanitizer", "none"]
+        built = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            raise SystemExit(f"fuzz: building the targets failed:\n{built.stderr[-5000:]}")
+        commands |= dict.fromkeys(CORE_TARGETS, fuzz)
     ok = True
     with tempfile.TemporaryDirectory(prefix="hugify-fuzz-seeds-") as tmp:
+        if set(args.targets) & set(RUNTIME_TARGETS):
+            (Path(tmp) / "bin").mkdir()
+            commands |= build_runtime_targets(Path(tmp) / "bin")
         seeds = build_seeds(Path(tmp))
         for target in args.targets:
-            passed, line = run_target(fuzz, target, args.seconds, seeds[target])
+            passed, line = True, ""
+            if target in RUNTIME_TARGETS:
+                passed, line = run_regressions(commands[target], target)
+            if passed:
+                passed, line = run_target(commands[target], target, args.seconds, seeds[target])
             print(line, flush=True)
             ok &= passed
     return 0 if ok else 1

@@ -17,12 +17,14 @@
 #include "hp_anon.h"
 #include "hp_bti.h"
 #include "hp_core.h"
+#include "hp_map.h"
 #include "hp_sys.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 static struct hp_ctx ctx;
-static int ready; /* ctx initialised (at the first hugified object) */
+static int ctx_made; /* hp_ctx_init done (at the first object) */
+static int ready; /* ctx prepared for settling (at the first hugified object) */
 static struct hp_anon_settings anon; /* the anonymous-copy mode (hp_anon.h), read with ctx */
 static struct hp_window states[4096]; /* hp_settle's window states, for that mode */
 
@@ -77,23 +79,6 @@ static const Elf64_Phdr *main_phdrs(unsigned *phnum)
     return *phnum ? ph : 0;
 }
 
-/* The program headers of a loaded object, read from its mapped ELF header, and
- * accepted only if its PT_DYNAMIC lands exactly on the link map's l_ld. */
-static const Elf64_Phdr *object_phdrs(struct link_map *map, unsigned *phnum)
-{
-    unsigned char resident;
-    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)map->l_addr;
-    if (map->l_addr == 0 || (map->l_addr & (HP_PAGE - 1)))
-        return 0;
-    if (hp_mincore((void *)map->l_addr, HP_PAGE, &resident) != 0)
-        return 0; /* not mapped: the first PT_LOAD does not start at address 0 */
-    if (hp_elf_ok(eh) != 0 || eh->e_phoff + (uint64_t)eh->e_phnum * sizeof(Elf64_Phdr) > HP_PAGE)
-        return 0;
-    const Elf64_Phdr *ph = (const Elf64_Phdr *)(map->l_addr + eh->e_phoff);
-    *phnum = eh->e_phnum;
-    return ph;
-}
-
 struct path_query {
     uintptr_t addr;
     char *out;
@@ -113,7 +98,17 @@ static int path_line(const char *line, void *arg)
     for (; p[k] && k < q->cap - 1; k++)
         q->out[k] = p[k];
     q->out[k] = 0;
-    return k > 0 && k < q->cap - 1 ? 1 : -1;
+    if (k == 0 || k >= q->cap - 1)
+        return -1;
+    /* A file unlinked or renamed over since it was mapped is "PATH (deleted)": the path
+     * is what may be opened (and, being another file now, is refused as one). */
+    static const char deleted[] = " (deleted)";
+    size_t d = sizeof deleted - 1, m = 0;
+    while (m < d && k > d && q->out[k - d + m] == deleted[m])
+        m++;
+    if (m == d)
+        q->out[k - d] = 0;
+    return 1;
 }
 
 /* The path of the file mapped at `addr`, from /proc/self/maps (short at start-up). */
@@ -244,13 +239,92 @@ EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *coo
 }
 #endif
 
+/* Whether another PT_LOAD of the object overlaps the windows of r (a malformed object:
+ * ld.so maps the loads in their order, each over what is there, so the windows are then
+ * partly another load's, PROT_NONE or data, not the code's file bytes). Checked on the
+ * program headers, which say exactly what ld.so mapped, rounded out to the largest page
+ * size (64 KiB); the runtime proves the mapping itself (hp_map.h) only when it needs the
+ * object's file, and the anonymous mode before it copies. */
+static int overlapped(const Elf64_Phdr *ph, unsigned phnum, const struct hp_range *r)
+{
+    const uint64_t page = 64 << 10;
+    int code = -1;
+    for (unsigned k = 0; k < phnum; k++) {
+        const Elf64_Phdr *p = &ph[k];
+        uint64_t end, lo, hi;
+        if (p->p_type != PT_LOAD)
+            continue;
+        if (code < 0 && (p->p_flags & PF_X) && p->p_vaddr <= r->vaddr && r->vaddr - p->p_vaddr <= p->p_filesz &&
+            r->len <= p->p_filesz - (r->vaddr - p->p_vaddr)) {
+            code = (int)k; /* the load the windows are of (hp_exec_range's) */
+            continue;
+        }
+        if (__builtin_add_overflow(p->p_vaddr, p->p_memsz, &end) || __builtin_add_overflow(end, page - 1, &hi))
+            return 1;
+        lo = p->p_vaddr & ~(page - 1);
+        hi &= ~(page - 1);
+        if (lo < r->vaddr + r->len && hi > r->vaddr)
+            return 1;
+    }
+    return code < 0;
+}
+
+/* HUGIFY_DEBUG: what hp_settle made of one object's windows, in hugify-run's words:
+ * "hugify-audit: PATH: 3 windows: 3 huge (2 loaded, 1 repaired), 0 busy, 0 failed,
+ * 0 unsupported, 0 skipped, 0 unverified, 0 replaced, 0 not-mapped": "replaced" are those
+ * left as mapped because the file at the object's path is not the inode the process
+ * maps, "not-mapped" those the process does not map from the file at their offsets. */
+static void debug_settled(const char *path, uintptr_t at, const struct hp_stats *st)
+{
+    static char b[4096 + 256];
+    static char main_path[4096];
+    size_t n = 0;
+    if (!path) /* the main program: the file mapped there (not ld.so's, when run by it) */
+        path = mapped_path(at, main_path, sizeof main_path) == 0 ? main_path : "(main)";
+    const struct {
+        const char *before;
+        uint32_t count;
+    } parts[] = {
+        {": ", st->windows},
+        {" windows: ", st->n[HP_HUGE] + st->n[HP_LOADED] + st->n[HP_REPAIRED]},
+        {" huge (", st->n[HP_LOADED]},
+        {" loaded, ", st->n[HP_REPAIRED]},
+        {" repaired), ", st->n[HP_BUSY]},
+        {" busy, ", st->n[HP_FAILED]},
+        {" failed, ", st->n[HP_UNSUPPORTED]},
+        {" unsupported, ", st->n[HP_KERNEL] + st->n[HP_COLD] + st->n[HP_SMALL]},
+        {" skipped, ", st->n[HP_UNVERIFIED]},
+        {" unverified, ", st->why[HP_WHY_REPLACED]},
+        {" replaced, ", st->why[HP_WHY_NOT_MAPPED]},
+        {" not-mapped\n", 0},
+    };
+    for (const char *p = "hugify-audit: "; *p; p++)
+        b[n++] = *p;
+    for (const char *p = path; *p && n < 4096; p++)
+        b[n++] = *p;
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
+        for (const char *p = parts[k].before; *p; p++)
+            b[n++] = *p;
+        if (k + 1 < sizeof parts / sizeof parts[0])
+            n += hp_put_num(b + n, parts[k].count, 10);
+    }
+    hp_write(2, b, n);
+}
+
 /* `caller`: an address in ld.so's code, which is running. */
 static unsigned int objopen(struct link_map *map, uintptr_t caller)
 {
     const char *name = map->l_name;
     int is_main = name == 0 || name[0] == 0;
     unsigned phnum = 0;
-    const Elf64_Phdr *ph = is_main && map->l_addr == 0 ? main_phdrs(&phnum) : object_phdrs(map, &phnum);
+    if (!ctx_made) {
+        hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
+        ctx_made = 1;
+    }
+    /* The program headers where ld.so mapped them (accepted only if PT_DYNAMIC lands on
+     * the link map's l_ld); a non-PIE program's from the auxiliary vector. */
+    const Elf64_Phdr *ph =
+        is_main && map->l_addr == 0 ? main_phdrs(&phnum) : hp_mapped_phdrs(&ctx, map->l_addr, &phnum);
     if (!ph && is_main)
         ph = main_phdrs(&phnum);
     if (!ph || !dynamic_matches(map, ph, phnum))
@@ -262,12 +336,13 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     if (!hp_exec_range(ph, phnum, fixed, HP_DEFAULT_SIZE, &next, r))
         return 0; /* not hugified: the common case ends here */
     if (!ready) {
-        hp_ctx_init(&ctx, HP_DEFAULT_SIZE);
         ctx.prepare = prepare;
         hp_anon_read_settings(&anon);
         ctx.rundir = anon.runtime_dir;
         if (anon.mode != HP_ANON_OFF && anon.force_smaps)
             ctx.scan = 0; /* the copies' check as on kernels without PAGEMAP_SCAN (tests) */
+        if (anon.force_smaps)
+            ctx.procmap = 0; /* and mappings read from /proc/self/maps, as before Linux 6.11 */
         ready = 1;
     }
 
@@ -285,6 +360,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         t.off = r->off;
         t.fd = -1;
         t.size = -1;
+        t.ld_mapped = 1;
         t.path = is_main ? 0 : name;
         if (is_main) {
             main_ph = ph;
@@ -307,6 +383,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
             }
         }
         t.prot = prot;
+        if (overlapped(ph, phnum, r))
+            t.map_proof = 2; /* not the file's bytes there: nothing of them is touched */
         /* Never under ld.so's feet, nor under a debugger's: replacing the mapping of a
          * window would drop the breakpoints it wrote there (gdb inserts them in the
          * program's code before ld.so runs, and does not write them again). */
@@ -317,6 +395,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         if (anon.mode != HP_ANON_OFF && t.nwin <= sizeof states / sizeof states[0])
             t.report = states;
         hp_settle(&ctx, &t, &st);
+        if (anon.debug)
+            debug_settled(is_main ? 0 : name, at, &st);
         if (anon.mode != HP_ANON_OFF) {
             struct hp_anon_range ar = {(char *)at, t.nwin, t.off, r->vaddr, prot, t.report};
             static char path[4096];
@@ -334,10 +414,11 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
 EXPORT void la_activity(uintptr_t *cookie, unsigned int flag)
 {
     /* Loading is over: close /proc/self/pagemap before the program runs again. */
-    if (flag == LA_ACT_CONSISTENT && ready > 0) {
+    if (flag == LA_ACT_CONSISTENT && ctx_made) {
         hp_ctx_release(&ctx);
         /* The cookie is the namespace's first link map (ld.so's initial value). The C
          * library is relocated and initialised by now, also at start-up. */
-        hp_anon_loaded((const struct link_map *)*cookie);
+        if (ready > 0)
+            hp_anon_loaded((const struct link_map *)*cookie);
     }
 }

@@ -19,9 +19,9 @@ EXPORT void hp_engine_set_budget(int64_t bytes);
 EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
                                    struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
-/* pagemap_fd -1: hp_engine_init releases the context first, and a zeroed one would
- * close descriptor 0, the caller's stdin. */
-static struct hp_ctx ctx = {.pagemap_fd = -1};
+/* pagemap_fd and maps_fd -1: hp_engine_init releases the context first, and a zeroed
+ * one would close descriptor 0, the caller's stdin. */
+static struct hp_ctx ctx = {.pagemap_fd = -1, .maps_fd = -1};
 static char rundir[4096];
 
 /* What hp_engine_init reports about this system and process. */
@@ -49,6 +49,8 @@ static const char *const why_names[HP_NWHY] = {
     [HP_WHY_THP_OFF] = "thp-off",
     [HP_WHY_TRUNCATED] = "beyond-eof",
     [HP_WHY_BUDGET] = "budget",
+    [HP_WHY_REPLACED] = "replaced",
+    [HP_WHY_NOT_MAPPED] = "not-mapped",
 };
 
 EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? state_names[s] : "?"; }
@@ -57,7 +59,8 @@ EXPORT const char *hp_engine_why_name(unsigned w) { return w < HP_NWHY ? why_nam
 
 /* Sets up the engine for huge pages of `hp` bytes. `force` takes the paths of older
  * kernels, so that the tests cover them on any kernel: HP_ENGINE_CACHESTAT, as without
- * cachestat (Linux < 6.5); HP_ENGINE_PAGEMAP_SCAN, as without PAGEMAP_SCAN (< 6.7).
+ * cachestat (Linux < 6.5); HP_ENGINE_PAGEMAP_SCAN, as without PAGEMAP_SCAN (< 6.7), and
+ * so without PROCMAP_QUERY (6.11).
  * Returns the HP_ENGINE_* bits of what works. */
 EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
 {
@@ -68,7 +71,7 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
     if (force & HP_ENGINE_CACHESTAT)
         ctx.cachestat = 0;
     if (force & HP_ENGINE_PAGEMAP_SCAN)
-        ctx.scan = 0;
+        ctx.scan = 0, ctx.procmap = 0; /* nor PROCMAP_QUERY (6.11), which came later */
     unsigned bits = 0;
     if (hp_cachestat_works(&ctx))
         bits |= HP_ENGINE_CACHESTAT;

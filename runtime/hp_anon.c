@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "hp_map.h"
 #include "hp_sys.h"
 
 #define HP_MREMAP_MAYMOVE 1
@@ -167,6 +168,9 @@ enum anon_why {
     WHY_UNVERIFIED, /* the kernel gives no way to tell */
     WHY_MPROTECT,
     WHY_MREMAP,
+    WHY_NOT_MAPPED, /* the windows are not all one file's bytes at their offsets (overlapping loads) */
+    WHY_REPLACED,   /* the file at the path is not the one mapped (or not proven to be) */
+    WHY_BEYOND_EOF, /* the window ends past the end of the mapped file: reading it would fault */
 };
 
 static const char *const why_text[] = {
@@ -183,6 +187,10 @@ static const char *const why_text[] = {
     [WHY_UNVERIFIED] = "unverified",
     [WHY_MPROTECT] = "mprotect",
     [WHY_MREMAP] = "mremap",
+    /* the core's reason ids */
+    [WHY_NOT_MAPPED] = "not-mapped",
+    [WHY_REPLACED] = "replaced",
+    [WHY_BEYOND_EOF] = "beyond-eof",
 };
 
 static void copy_bytes(char *dst, const char *src, uint64_t n)
@@ -772,6 +780,36 @@ static void debug_line(const struct hp_anon_range *r, const char *path, uint64_t
     out_flush(o);
 }
 
+/* What the copies read: the windows must be one file's bytes at their offsets (a load of
+ * a malformed object overlapping them would fault the copy), and the object's file tells
+ * how far that file has bytes (a window past its end would fault too) and names the
+ * copied functions, so it must be that very inode, not another version renamed over the
+ * path since ld.so opened it. Opened (when the caller gave none) and proven at the
+ * first window to copy. */
+struct object_file {
+    int fd, own;
+    int asked;
+    enum anon_why why; /* once asked: WHY_COPIED if proven */
+    long size;
+};
+
+static enum anon_why proven(struct hp_ctx *c, const struct hp_anon_range *r, const char *path,
+                            struct object_file *f)
+{
+    struct hp_file_id file;
+    if (f->asked)
+        return f->why;
+    f->asked = 1;
+    if (hp_range_maps_file(c, (uintptr_t)r->at, r->nwin * c->hp, r->off, r->prot, &file) != 1)
+        return (f->why = WHY_NOT_MAPPED);
+    if (f->fd < 0 && f->own)
+        f->fd = hp_open(path, O_RDONLY);
+    f->why = f->fd >= 0 && hp_fd_is_file(c, f->fd, &file) == 1 && (f->size = hp_lseek(f->fd, 0, 2 /* SEEK_END */)) >= 0
+                 ? WHY_COPIED
+                 : WHY_REPLACED;
+    return f->why;
+}
+
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r, int fd,
                       const char *path)
 {
@@ -785,6 +823,7 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     if (str_eq(path, "/proc/self/exe") && self_exe(real, sizeof real) > 0)
         path = real;
     uintptr_t self = (uintptr_t)&hp_anon_copy;
+    struct object_file f = {fd, fd < 0, 0, WHY_COPIED, -1};
     for (uint64_t i = 0; i < r->nwin; i++) {
         char *w = r->at + i * hp;
         enum anon_why why = WHY_COPIED;
@@ -795,10 +834,14 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
             why = WHY_THP_OFF;
         else if (!(r->prot & PROT_READ))
             why = WHY_UNREADABLE;
-        else if (self >= (uintptr_t)w && self < (uintptr_t)w + hp)
-            why = WHY_SELF;
-        else
-            why = copy_window(c, w, r->prot, &err);
+        else if ((why = proven(c, r, path, &f)) == WHY_COPIED) {
+            if (r->off > (uint64_t)f.size || (uint64_t)f.size - r->off < (i + 1) * hp)
+                why = WHY_BEYOND_EOF;
+            else if (self >= (uintptr_t)w && self < (uintptr_t)w + hp)
+                why = WHY_SELF;
+            else
+                why = copy_window(c, w, r->prot, &err);
+        }
         if (i < sizeof done)
             done[i] = why == WHY_COPIED;
         if (why == WHY_COPIED)
@@ -809,17 +852,12 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     /* The file's pages of the copied windows are no longer mapped by this process: the
      * kernel may reclaim them like any unmapped page cache. They are not dropped here: the
      * next process started would read them from disk again to copy them. */
-    if (copied && s->perf_map) {
+    if (copied && s->perf_map && f.fd >= 0) {
         pm.debug = s->debug;
-        int own = fd < 0;
-        if (own)
-            fd = hp_open(path, O_RDONLY);
-        if (fd >= 0) {
-            write_perf_map(fd, r, hp, done);
-            if (own)
-                hp_close(fd);
-        }
+        write_perf_map(f.fd, r, hp, done);
     }
+    if (f.own && f.fd >= 0)
+        hp_close(f.fd);
     if (s->debug)
         debug_line(r, path, copied, first_bad, first_why, first_err);
     return copied;

@@ -55,9 +55,11 @@ struct hp_anon_range {
 
 /* Copies the windows of `r` that the mode selects into anonymous 2 MiB pages and puts
  * them in place; with HUGIFY_PERF_MAP=1, adds their symbols to /tmp/perf-PID.map. `fd`
- * is the object's file (-1: opened from `path`; it is closed again); `path` names it
- * (in the debug line; "/proc/self/exe" is resolved). The copies carry no VMA name (perf
- * would take a named one for a file). Returns the
+ * is the object's file (-1: opened from `path`; it is closed again), used only if it is
+ * proven to be the inode mapped at r->at (hp_map.h; else no window is copied: "replaced"),
+ * for its size (no window past its end is copied: "beyond-eof") and its symbols; `path`
+ * names it (in the debug line; "/proc/self/exe" is resolved). The copies carry no VMA
+ * name (perf would take a named one for a file). Returns the
  * number of windows copied. Never fails the caller: whatever goes wrong leaves that window
  * on its file mapping, and HUGIFY_DEBUG gets one line per range saying what happened. */
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r,

@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 
+#include "hp_map.h"
 #include "hp_sys.h"
 
 /* PAGEMAP_SCAN (Linux 6.7, include/uapi/linux/fs.h); Debian 12's headers predate it. */
@@ -76,10 +77,14 @@ static size_t put_num(char *out, uint64_t v, unsigned base)
     return n;
 }
 
+size_t hp_put_num(char *out, uint64_t v, unsigned base) { return put_num(out, v, base); }
+
 void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
 {
     c->hp = hp;
     c->pagemap_fd = -1;
+    c->maps_fd = -1;
+    c->procmap = -1;
     c->scan = -1;
     c->cachestat = -1;
     c->aware = 0;
@@ -97,6 +102,9 @@ void hp_ctx_release(struct hp_ctx *c)
     if (c->pagemap_fd >= 0)
         hp_close(c->pagemap_fd);
     c->pagemap_fd = -1;
+    if (c->maps_fd >= 0)
+        hp_close(c->maps_fd);
+    c->maps_fd = -1;
 }
 
 int hp_elf_ok(const Elf64_Ehdr *eh)
@@ -385,21 +393,67 @@ static int prepared(struct hp_ctx *c)
 
 int hp_thp_allowed(struct hp_ctx *c) { return prepared(c); }
 
-/* Opens the target's file and learns its size; 0 if usable. */
-static int file_ready(struct hp_target *t)
+/* Whether windows ld.so mapped (t->ld_mapped) are all one file's bytes at their
+ * offsets, with the load's protections, and which file: proven once, when a file the
+ * core opens for them is to be checked against it (the caller has made sure that no
+ * other load of the object overlaps them before any is touched: t->map_proof 2). */
+static int mapping_proven(struct hp_ctx *c, struct hp_target *t)
 {
-    if (t->fd < 0) {
-        if (t->open_file)
-            t->open_file(t);
-        else if (t->path)
-            t->fd = hp_open(t->path, O_RDONLY);
-        if (t->fd < 0)
+    if (!t->ld_mapped)
+        return 1;
+    if (!t->map_proof) {
+        int one_file = t->stride == c->hp && !t->offs &&
+                       hp_range_maps_file(c, (uintptr_t)t->map, t->nwin * c->hp, t->off, t->prot, &t->mapped) == 1;
+        t->map_proof = one_file ? 1 : 2;
+    }
+    return t->map_proof == 1;
+}
+
+/* Opens the target's file if it is not open; 0 if it is. Enough to stat it (which
+ * filesystem it is on, as the object's path says): nothing is read or mapped from it. */
+static int file_open(struct hp_target *t)
+{
+    if (t->fd >= 0)
+        return 0;
+    if (t->file_proof == 2)
+        return -1;
+    if (t->open_file)
+        t->open_file(t);
+    else if (t->path)
+        t->fd = hp_open(t->path, O_RDONLY);
+    if (t->fd < 0)
+        return -1;
+    t->own_fd = 1;
+    return 0;
+}
+
+/* Opens the target's file and learns its size; 0 if usable. A file the core opens by
+ * name for windows ld.so mapped is used only if it is the inode mapped there: ld.so
+ * opened the object by the same name earlier, and a package upgrade may have renamed
+ * another version over it since (its windows then stay as mapped, HP_WHY_REPLACED). */
+static int file_ready(struct hp_ctx *c, struct hp_target *t)
+{
+    if (file_open(t) != 0)
+        return -1;
+    if (t->own_fd && t->ld_mapped && t->file_proof == 0) {
+        t->file_proof = mapping_proven(c, t) && hp_fd_is_file(c, t->fd, &t->mapped) == 1 ? 1 : 2;
+        if (t->file_proof == 2) {
+            hp_close(t->fd);
+            t->fd = -1;
+            t->own_fd = 0;
             return -1;
-        t->own_fd = 1;
+        }
     }
     if (t->size < 0)
         t->size = hp_lseek(t->fd, 0, 2 /* SEEK_END */);
     return t->size >= 0 ? 0 : -1;
+}
+
+/* Why file_ready failed: the file could not be opened, the windows are not one file's
+ * mapping, or the file is not the one mapped. */
+static enum hp_why file_problem(const struct hp_target *t)
+{
+    return t->map_proof == 2 ? HP_WHY_NOT_MAPPED : t->file_proof == 2 ? HP_WHY_REPLACED : HP_WHY_NO_FILE;
 }
 
 /* Closes the target's file if the core opened it. */
@@ -521,7 +575,7 @@ static int fs_without_large_folios(struct hp_ctx *c, struct hp_target *t)
         return t->nolarge == 1;
     t->nolarge = 2;
     if (hp_stat_dev(t->fd, t->fd >= 0 ? 0 : t->path, &t->dev) != 0) {
-        if (!t->open_file || file_ready(t) != 0 || hp_stat_dev(t->fd, 0, &t->dev) != 0)
+        if (!t->open_file || file_open(t) != 0 || hp_stat_dev(t->fd, 0, &t->dev) != 0)
             return 0;
     }
     for (uint32_t i = 0; i < c->nfs; i++)
@@ -645,7 +699,7 @@ static void probe_verdict(struct hp_ctx *c, struct hp_target *t)
         uint64_t woff = window_off(t, i, c->hp);
         if (!first_page_cold(t, i))
             continue;
-        if (file_ready(t) != 0 || woff + c->hp > (uint64_t)t->size)
+        if (file_ready(c, t) != 0 || woff + c->hp > (uint64_t)t->size)
             return;
         int next_cold = i + 1 < t->nwin && first_page_cold(t, i + 1);
         c->aware = probe_exec(c, t->fd, woff);
@@ -662,6 +716,7 @@ static void set_state(struct hp_target *t, struct hp_stats *st, uint64_t i, enum
                       long pages)
 {
     st->n[s]++;
+    st->why[why]++;
     if (t->report) {
         t->report[i].state = (uint8_t)s;
         t->report[i].why = (uint8_t)why;
@@ -675,7 +730,9 @@ static void set_state(struct hp_target *t, struct hp_stats *st, uint64_t i, enum
  * a 2 MiB folio read in under a PMD that points to a page table is mapped by 512 PTEs:
  * the window would read in huge for every other process and small for this one. The
  * new mapping is made aside and moved over the window with one mremap, which either
- * replaces it whole (freeing its page table) or leaves it as it was. */
+ * replaces it whole (freeing its page table) or leaves it as it was. Returns 0; -1 if
+ * the new mapping could not be made or moved; -2, nothing changed, if it would not map
+ * the inode and offset the window maps. */
 static int remap_window(struct hp_ctx *c, struct hp_target *t, char *w, uint64_t woff)
 {
     uint64_t hp = c->hp;
@@ -684,14 +741,17 @@ static int remap_window(struct hp_ctx *c, struct hp_target *t, char *w, uint64_t
         return -1;
     char *aside = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
     int ok = !hp_mmap_failed(hp_mmap(aside, hp, t->prot ? t->prot : PROT_READ, MAP_PRIVATE | MAP_FIXED, t->fd, woff));
-    if (ok) {
+    /* What is moved over the window must be the inode and offset the window maps. */
+    if (ok && hp_same_file_mapped(c, (uintptr_t)aside, (uintptr_t)w) != 1)
+        ok = -1;
+    if (ok > 0) {
         hp_madvise(aside, hp, MADV_HUGEPAGE);
         if (t->random)
             hp_madvise(aside, hp, MADV_RANDOM);
         ok = !hp_mmap_failed(hp_mremap(aside, hp, hp, 1 /* MREMAP_MAYMOVE */ | 2 /* MREMAP_FIXED */, w));
     }
     hp_munmap(res, 2 * hp); /* what is left of the reservation */
-    return ok ? 0 : -1;
+    return ok > 0 ? 0 : ok < 0 ? -2 : -1;
 }
 
 /* Takes one window's worth from the run's budget of bytes to read; 0 if it is spent. */
@@ -713,7 +773,7 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
     if (t->zap_ok && t->zap_check)
         t->zap_ok = t->zap_check(), t->zap_check = 0;
     enum hp_why why = !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
-                      : file_ready(t) != 0 ? HP_WHY_NO_FILE
+                      : file_ready(c, t) != 0 ? file_problem(t)
                       : memory_fs(t) ? HP_WHY_MEMORY_FS
                       : t->nolarge == 1 ? HP_WHY_NO_LARGE_FOLIOS /* found on an earlier window */
                       : !cold && !spend(c) ? HP_WHY_BUDGET /* a cold one was paid for when read */
@@ -722,7 +782,7 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
         set_state(t, st, i,
                   why == HP_WHY_LOADER    ? HP_BUSY
                   : why == HP_WHY_NO_FILE ? HP_FAILED
-                  : why == HP_WHY_BUDGET  ? HP_SMALL
+                  : why == HP_WHY_BUDGET || why == HP_WHY_REPLACED || why == HP_WHY_NOT_MAPPED ? HP_SMALL
                                           : HP_UNSUPPORTED,
                   why, 0);
         return;
@@ -731,7 +791,12 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
      * upgrade: dirty pages are not evicted), evict what nobody else maps, and read the
      * window in again through the MADV_HUGEPAGE mapping. */
     advise(t);
-    if (remap_window(c, t, w, woff) != 0)
+    int remapped = remap_window(c, t, w, woff);
+    if (remapped == -2) {
+        set_state(t, st, i, HP_SMALL, HP_WHY_REPLACED, 0);
+        return;
+    }
+    if (remapped != 0)
         hp_madvise(w, hp, MADV_DONTNEED); /* the best left: at least the entries go */
     if (dirty(c, t->fd, woff, hp))
         hp_fdatasync(t->fd);
@@ -769,7 +834,7 @@ static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
         touched[k] = 0;
         cold[k] = 0;
         if (c->measure) {
-            long n = file_ready(t) == 0 ? cached_pages(c, t->fd, woff, hp, w) : -1;
+            long n = file_ready(c, t) == 0 ? cached_pages(c, t->fd, woff, hp, w) : -1;
             if (n == 0)
                 set_state(t, st, i, HP_COLD, HP_WHY_NONE, 0);
             else if (n != (long)(hp / HP_PAGE))
@@ -786,8 +851,8 @@ static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
                 set_state(t, st, i, HP_COLD, HP_WHY_THP_OFF, 0);
             else if (c->aware > 0)
                 set_state(t, st, i, HP_KERNEL, HP_WHY_NONE, 0);
-            else if (file_ready(t) != 0)
-                set_state(t, st, i, HP_COLD, HP_WHY_NO_FILE, 0);
+            else if (file_ready(c, t) != 0)
+                set_state(t, st, i, HP_COLD, file_problem(t), 0);
             else if (woff + hp > (uint64_t)t->size) /* faulting past the end would SIGBUS */
                 set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
             else if (t->nolarge == 1) /* found on an earlier window: reading would be for nothing */
@@ -811,6 +876,13 @@ void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
         st->windows += (uint32_t)t->nwin;
         for (uint64_t i = 0; i < t->nwin; i++)
             set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
+        release_file(t);
+        return;
+    }
+    if (t->map_proof == 2) { /* the caller knows the windows are not the file's bytes */
+        st->windows += (uint32_t)t->nwin;
+        for (uint64_t i = 0; i < t->nwin; i++)
+            set_state(t, st, i, HP_COLD, HP_WHY_NOT_MAPPED, 0);
         release_file(t);
         return;
     }

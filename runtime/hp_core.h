@@ -32,6 +32,13 @@ struct hp_page_region {
     uint64_t start, end, categories;
 };
 
+/* A file as /proc/self/maps names it: the device of the inode's superblock and the
+ * inode number (hp_map.h). */
+struct hp_file_id {
+    uint64_t inode; /* 0: not a file */
+    uint32_t dev_major, dev_minor;
+};
+
 /* The state of one window after hp_settle: the one set of states of the runtime and of
  * `hugify prefetch`/`hugify status` (which report them by the names of
  * libhugify-engine.so); docs/runtime.md "Window states". */
@@ -61,6 +68,12 @@ enum hp_why {
     HP_WHY_THP_OFF,         /* cold or small: transparent huge pages are off */
     HP_WHY_TRUNCATED,       /* cold: the window ends beyond the end of the file */
     HP_WHY_BUDGET,          /* cold or small: the run's budget of bytes to read is spent */
+    HP_WHY_REPLACED,        /* cold or small: the file at the object's path is not the inode
+                             * the caller maps (replaced since, e.g. by a package upgrade),
+                             * or that cannot be proven: nothing of it is mapped in */
+    HP_WHY_NOT_MAPPED,      /* cold or small: the caller does not map the window from the
+                             * object's file at its offset (another load overlaps it): left
+                             * as it is, not touched */
     HP_NWHY
 };
 
@@ -73,11 +86,14 @@ struct hp_window {
 struct hp_stats {
     uint32_t windows;
     uint32_t n[HP_NSTATES];
+    uint32_t why[HP_NWHY]; /* windows per reason (HP_WHY_NONE: those without one) */
 };
 
 struct hp_ctx {
     uint64_t hp;     /* huge-page (PMD) size */
     int pagemap_fd;  /* /proc/self/pagemap, opened on first use; -1 closed */
+    int maps_fd;     /* /proc/self/maps for PROCMAP_QUERY (hp_map.h), opened on first use; -1 closed */
+    int procmap;     /* PROCMAP_QUERY works: 1 yes, 0 no (read the text), -1 not tried */
     int scan;        /* PAGEMAP_SCAN works: 1 yes, 0 no, -1 not tried */
     int cachestat;   /* cachestat(2) works: 1 yes, 0 no, -1 not tried */
     int aware;       /* the kernel reads executable mappings as PMD folios by itself: 1 yes,
@@ -112,6 +128,17 @@ struct hp_target {
     long size;       /* file size, or -1: found out when the file is opened */
     const char *path;
     int (*open_file)(struct hp_target *t); /* optional; sets fd (and may set size) */
+    /* ld_mapped: the windows are the process's own mapping of the object (ld.so made
+     * it, for the audit library), not one the caller made from `fd`. A descriptor the
+     * core opens for them (open_file, path) is used only once they are proven to be one
+     * file's bytes at their offsets and the descriptor that very file (hp_map.h). A
+     * caller that mapped the windows from `fd` itself leaves it 0. */
+    int ld_mapped;
+    /* 0 not asked yet, 1 proven (`mapped` names the file), 2 not: left alone, none of
+     * them touched (the caller sets 2 when it knows: another load overlaps them) */
+    int map_proof;
+    int file_proof;  /* the same for the descriptor the core opened */
+    struct hp_file_id mapped;
     char *advise;    /* range to mark MADV_HUGEPAGE before any window is read; NULL: done */
     size_t advise_len;
     int zap_ok;      /* the caller's mapping of a window may be replaced (repair) */
@@ -127,8 +154,8 @@ struct hp_target {
 };
 
 void hp_ctx_init(struct hp_ctx *c, uint64_t hp);
-/* Closes the pagemap descriptor (the audit library does so whenever the link map is
- * consistent, so that the program never sees a descriptor it did not open). */
+/* Closes the pagemap and maps descriptors (the audit library does so whenever the link
+ * map is consistent, so that the program never sees a descriptor it did not open). */
 void hp_ctx_release(struct hp_ctx *c);
 
 /* Whether PAGEMAP_SCAN (Linux 6.7) can tell PMD-mapped windows apart; without it
@@ -191,6 +218,8 @@ struct hp_verdict hp_read_verdict(const char *dir);
 /* Small helpers, usable without libc. */
 size_t hp_strlen(const char *s);
 void hp_memzero(void *p, size_t n);
+/* Writes v in `base` (10 or 16) at out (up to 20 characters, no NUL); returns how many. */
+size_t hp_put_num(char *out, uint64_t v, unsigned base);
 
 /* Whether `s` starts with `prefix`. */
 int hp_starts_with(const char *s, const char *prefix);

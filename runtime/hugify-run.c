@@ -334,12 +334,19 @@ static int resolve(const char *name, int loader, char *found, size_t cap)
     return fd;
 }
 
-/* --- reading one object --- */
+/* --- reading one object ---
+ *
+ * Everything read of a file is bounded by what was read: the file is any file a search
+ * found, and the program runs whatever hugify-run makes of it (ld.so refuses what it
+ * cannot load). fuzz/runtime/readers.c runs these functions under libFuzzer and ASan. */
 
+/* A string of at most `max` bytes at `off`, or NULL (unreadable, or longer than a path). */
 static char *read_string(int fd, uint64_t off, uint64_t max)
 {
     char buf[PATH_MAX + 1];
     size_t want = max < sizeof buf - 1 ? (size_t)max : sizeof buf - 1;
+    if (off > (uint64_t)INT64_MAX)
+        return NULL;
     ssize_t n = pread(fd, buf, want, (off_t)off);
     if (n <= 0)
         return NULL;
@@ -352,11 +359,126 @@ static char *read_string(int fd, uint64_t off, uint64_t max)
 static int vaddr_to_off(const Elf64_Phdr *ph, unsigned phnum, uint64_t vaddr, uint64_t *off)
 {
     for (unsigned i = 0; i < phnum; i++)
-        if (ph[i].p_type == PT_LOAD && vaddr >= ph[i].p_vaddr && vaddr < ph[i].p_vaddr + ph[i].p_filesz) {
-            *off = ph[i].p_offset + (vaddr - ph[i].p_vaddr);
+        if (ph[i].p_type == PT_LOAD && vaddr >= ph[i].p_vaddr && vaddr - ph[i].p_vaddr < ph[i].p_filesz) {
+            if (__builtin_add_overflow(ph[i].p_offset, vaddr - ph[i].p_vaddr, off))
+                return -1;
             return 0;
         }
     return -1;
+}
+
+/* The program headers of the file open as fd, whose first page open_elf() read into
+ * `head` (hp_elf_ok accepted it: at most 512 entries), into out; 0, or -1 if the table
+ * is not inside the file. */
+static int read_phdrs(int fd, Elf64_Phdr *out, unsigned *phnum)
+{
+    const Elf64_Ehdr *eh = &head.eh;
+    size_t size = (size_t)eh->e_phnum * sizeof(Elf64_Phdr);
+    uint64_t end;
+    if (__builtin_add_overflow(eh->e_phoff, size, &end) || end > (uint64_t)INT64_MAX)
+        return -1;
+    if (end <= (uint64_t)head_len)
+        memcpy(out, head.bytes + eh->e_phoff, size);
+    else if (pread(fd, out, size, (off_t)eh->e_phoff) != (ssize_t)size)
+        return -1;
+    *phnum = eh->e_phnum;
+    return 0;
+}
+
+/* Whether the windows of r lie inside a file of `size` bytes (a truncated file's would
+ * fault when touched). */
+static int range_in_file(const struct hp_range *r, uint64_t size)
+{
+    return r->off <= size && r->len <= size - r->off;
+}
+
+/* What an object needs loaded with it, from its PT_INTERP and PT_DYNAMIC. */
+struct deps {
+    char *interp;  /* the program's PT_INTERP (is_main only) */
+    char *rpath, *runpath;
+    char *needed[MAX_NEEDED];
+    int nneeded;
+    int nodeflib;
+};
+
+static void free_deps(struct deps *d)
+{
+    free(d->interp);
+    free(d->rpath);
+    free(d->runpath);
+    for (int k = 0; k < d->nneeded; k++)
+        free(d->needed[k]);
+    memset(d, 0, sizeof *d);
+}
+
+/* Reads the dependencies of the object open as fd into d (zeroed first; free_deps frees
+ * them): whatever cannot be read is left out. */
+static void read_deps(int fd, const Elf64_Phdr *ph, unsigned phnum, int is_main, struct deps *d)
+{
+    memset(d, 0, sizeof *d);
+    const Elf64_Phdr *dyn = NULL, *interp = NULL;
+    for (unsigned k = 0; k < phnum; k++) {
+        if (ph[k].p_type == PT_DYNAMIC)
+            dyn = &ph[k];
+        else if (ph[k].p_type == PT_INTERP)
+            interp = &ph[k];
+    }
+    if (is_main && interp && interp->p_filesz > 1 && interp->p_filesz < PATH_MAX &&
+        interp->p_offset <= (uint64_t)INT64_MAX) {
+        char ip[PATH_MAX];
+        if (pread(fd, ip, interp->p_filesz, (off_t)interp->p_offset) == (ssize_t)interp->p_filesz) {
+            ip[interp->p_filesz - 1] = 0;
+            d->interp = xstrdup(ip);
+        }
+    }
+    if (!dyn || dyn->p_filesz == 0 || dyn->p_filesz > 65536 || dyn->p_offset > (uint64_t)INT64_MAX)
+        return;
+    Elf64_Dyn *dt = malloc(dyn->p_filesz);
+    if (!dt || pread(fd, dt, dyn->p_filesz, (off_t)dyn->p_offset) != (ssize_t)dyn->p_filesz) {
+        free(dt);
+        return;
+    }
+    size_t nd = dyn->p_filesz / sizeof *dt;
+    uint64_t strtab = 0, strsz = 0, rpath = UINT64_MAX, runpath = UINT64_MAX;
+    uint64_t needed[MAX_NEEDED];
+    int nneeded = 0;
+    for (size_t k = 0; k < nd && dt[k].d_tag != DT_NULL; k++) {
+        switch (dt[k].d_tag) {
+        case DT_NEEDED:
+            if (nneeded < MAX_NEEDED)
+                needed[nneeded++] = dt[k].d_un.d_val;
+            break;
+        case DT_STRTAB:
+            strtab = dt[k].d_un.d_ptr;
+            break;
+        case DT_STRSZ:
+            strsz = dt[k].d_un.d_val;
+            break;
+        case DT_RPATH:
+            rpath = dt[k].d_un.d_val;
+            break;
+        case DT_RUNPATH:
+            runpath = dt[k].d_un.d_val;
+            break;
+        case DT_FLAGS_1:
+            d->nodeflib = (dt[k].d_un.d_val & DF_1_NODEFLIB) != 0;
+            break;
+        }
+    }
+    free(dt);
+    uint64_t stroff, at;
+    if (vaddr_to_off(ph, phnum, strtab, &stroff) != 0)
+        return;
+    if (runpath < strsz && !__builtin_add_overflow(stroff, runpath, &at))
+        d->runpath = read_string(fd, at, strsz - runpath);
+    else if (rpath < strsz && !__builtin_add_overflow(stroff, rpath, &at))
+        d->rpath = read_string(fd, at, strsz - rpath);
+    for (int k = 0; k < nneeded; k++) {
+        char *name;
+        if (needed[k] < strsz && !__builtin_add_overflow(stroff, needed[k], &at) &&
+            (name = read_string(fd, at, strsz - needed[k])) != NULL)
+            d->needed[d->nneeded++] = name;
+    }
 }
 
 static const char *runtime_dir;
@@ -368,7 +490,7 @@ static void prefetch(int fd, const char *path, const struct hp_range *r, uint64_
         stride = hp_scan_works(&ctx) ? ctx.hp : 2 * ctx.hp;
     }
     uint64_t hp = ctx.hp, nwin = r->len / hp;
-    if (r->off + r->len > size)
+    if (!range_in_file(r, size))
         return; /* truncated file: touching it would fault */
     size_t span = (size_t)((nwin - 1) * stride + hp + hp);
     char *res = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -390,6 +512,7 @@ static void prefetch(int fd, const char *path, const struct hp_range *r, uint64_
             madvise(w, per * hp, MADV_RANDOM);
     }
     if (ok) {
+        /* The windows are mapped from fd: remapping them from it maps the same inode. */
         struct hp_target t = {.map = base, .stride = stride, .nwin = nwin, .off = r->off, .fd = fd,
                               .size = (long)size, .path = path, .zap_ok = 1,
                               .prot = PROT_READ, .random = 1};
@@ -418,28 +541,18 @@ static void add_needed(const char *name, int loader);
 
 /* Prefetches object i (open as fd, first page in `head`, size from st) and queues
  * what it needs. */
-static void process(int i, int fd, const struct stat *st_)
+static void process(int i, int fd, const struct stat *st)
 {
     struct object *o = &objs[i];
-    const struct stat *st = st_;
-    const Elf64_Ehdr *eh = &head.eh;
-    ssize_t n = head_len;
-    size_t phsize = (size_t)eh->e_phnum * sizeof(Elf64_Phdr);
-    Elf64_Phdr phbuf[512];
-    const Elf64_Phdr *ph;
-    if (eh->e_phoff + phsize <= (uint64_t)n) {
-        memcpy(phbuf, head.bytes + eh->e_phoff, phsize);
-    } else if (pread(fd, phbuf, phsize, (off_t)eh->e_phoff) != (ssize_t)phsize) {
+    static Elf64_Phdr ph[512]; /* hp_elf_ok's limit */
+    unsigned phnum;
+    if (read_phdrs(fd, ph, &phnum) != 0)
         return;
-    }
-    ph = phbuf;
-    unsigned phnum = eh->e_phnum;
-
     struct hp_range range;
     unsigned next = 0;
     int nr = 0;
     struct hp_stats stats = {0};
-    for (; hp_exec_range(ph, phnum, eh->e_type == ET_EXEC, ctx.hp, &next, &range); nr++)
+    for (; hp_exec_range(ph, phnum, head.eh.e_type == ET_EXEC, ctx.hp, &next, &range); nr++)
         prefetch(fd, o->path, &range, (uint64_t)st->st_size, &stats);
     if (debug && nr)
         /* The states of docs/runtime.md, summed: "skipped" are the windows not read in;
@@ -450,72 +563,19 @@ static void process(int i, int fd, const struct stat *st_)
             stats.n[HP_LOADED], stats.n[HP_REPAIRED], stats.n[HP_BUSY], stats.n[HP_FAILED], stats.n[HP_UNSUPPORTED],
             stats.n[HP_KERNEL] + stats.n[HP_COLD] + stats.n[HP_SMALL], stats.n[HP_UNVERIFIED]);
 
-    /* Dependencies. */
-    const Elf64_Phdr *dyn = NULL, *interp = NULL;
-    for (unsigned k = 0; k < phnum; k++) {
-        if (ph[k].p_type == PT_DYNAMIC)
-            dyn = &ph[k];
-        else if (ph[k].p_type == PT_INTERP)
-            interp = &ph[k];
-    }
-    if (i == 0 && interp && interp->p_filesz > 1 && interp->p_filesz < PATH_MAX) {
-        char ip[PATH_MAX];
-        if (pread(fd, ip, interp->p_filesz, (off_t)interp->p_offset) == (ssize_t)interp->p_filesz) {
-            ip[interp->p_filesz - 1] = 0;
-            add_needed(ip, 0);
-        }
-    }
-    if (!dyn || dyn->p_filesz == 0 || dyn->p_filesz > 65536)
-        return;
-    Elf64_Dyn *d = malloc(dyn->p_filesz);
-    if (!d || pread(fd, d, dyn->p_filesz, (off_t)dyn->p_offset) != (ssize_t)dyn->p_filesz) {
-        free(d);
-        return;
-    }
-    size_t nd = dyn->p_filesz / sizeof *d;
-    uint64_t strtab = 0, strsz = 0, rpath = UINT64_MAX, runpath = UINT64_MAX;
-    uint64_t needed[MAX_NEEDED];
-    int nneeded = 0;
-    for (size_t k = 0; k < nd && d[k].d_tag != DT_NULL; k++) {
-        switch (d[k].d_tag) {
-        case DT_NEEDED:
-            if (nneeded < MAX_NEEDED)
-                needed[nneeded++] = d[k].d_un.d_val;
-            break;
-        case DT_STRTAB:
-            strtab = d[k].d_un.d_ptr;
-            break;
-        case DT_STRSZ:
-            strsz = d[k].d_un.d_val;
-            break;
-        case DT_RPATH:
-            rpath = d[k].d_un.d_val;
-            break;
-        case DT_RUNPATH:
-            runpath = d[k].d_un.d_val;
-            break;
-        case DT_FLAGS_1:
-            o->nodeflib = (d[k].d_un.d_val & DF_1_NODEFLIB) != 0;
-            break;
-        }
-    }
-    free(d);
-    uint64_t stroff;
-    if (vaddr_to_off(ph, phnum, strtab, &stroff) != 0)
-        return;
-    if (runpath < strsz)
-        o->runpath = read_string(fd, stroff + runpath, strsz - runpath);
-    else if (rpath < strsz)
-        o->rpath = read_string(fd, stroff + rpath, strsz - rpath);
-    for (int k = 0; k < nneeded; k++) {
-        if (needed[k] >= strsz)
-            continue;
-        char *name = read_string(fd, stroff + needed[k], strsz - needed[k]);
-        if (name) {
-            add_needed(name, i);
-            free(name);
-        }
-    }
+    /* Dependencies: read before any of them is processed (which reads its own into the
+     * same static buffers). */
+    struct deps d;
+    read_deps(fd, ph, phnum, i == 0, &d);
+    o->nodeflib = d.nodeflib;
+    o->runpath = d.runpath;
+    o->rpath = d.rpath;
+    d.runpath = d.rpath = NULL;
+    if (d.interp)
+        add_needed(d.interp, 0);
+    for (int k = 0; k < d.nneeded; k++)
+        add_needed(d.needed[k], i);
+    free_deps(&d);
 }
 
 static void add_needed(const char *name, int loader)
@@ -682,7 +742,7 @@ int main(int argc, char **argv)
         ctx.smaps = 1; /* a small process: smaps is cheap where PAGEMAP_SCAN is missing */
         const char *force_smaps = getenv("HUGIFY_FORCE_SMAPS");
         if (force_smaps && *force_smaps && strcmp(force_smaps, "0"))
-            ctx.scan = 0;
+            ctx.scan = 0, ctx.procmap = 0; /* nor PROCMAP_QUERY (6.11): /proc/self/maps read */
         const char *rd = getenv("HUGIFY_RUNTIME_DIR");
         runtime_dir = rd && *rd ? rd : "/run/hugify";
         ctx.rundir = runtime_dir;

@@ -37,6 +37,12 @@ MANIFEST_DIR = "usr/lib/hugify/manifest.d"
 #: The non-PIE program (ET_EXEC) of package hugify-deb-test-exec, linked with its code
 #: on a whole 2 MiB window: dh_hugify lists it as-is and leaves it unchanged.
 EXEC = "usr/libexec/hugify-deb-exec"
+#: Package hugify-deb-test-lld, linked by lld: its program and the library it needs are
+#: shifted (the program headers out of the first page), the plugin it can dlopen as-is.
+LLD_DIR = "usr/lib/hugify-deb-test-lld"
+LLD_PROG, LLD_LIB, LLD_PLUGIN = (
+    f"{LLD_DIR}/{n}" for n in ("hugify-deb-test-lld", "libhugdebtest-lld.so", "hugtest-lld-plugin.so")
+)
 
 #: What the build environment must not inherit from whoever runs the tests.
 _SCRUBBED = (
@@ -87,6 +93,8 @@ BUILD_TOOLS = (
     "python3.11",
     "gcc-12-i686-linux-gnu",
     "libc6-dev-i386-cross",
+    "clang",
+    "lld",
 )
 
 
@@ -138,8 +146,7 @@ def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = Fal
     if build_depends:
         control = src / "debian" / "control"
         text = control.read_text()
-        old = "Build-Depends: debhelper-compat (= 13), python3:native\n"
-        assert old in text
+        old = next(line for line in text.splitlines(keepends=True) if line.startswith("Build-Depends:"))
         control.write_text(text.replace(old, f"{old[:-1]}, {build_depends}\n"))
     return src
 

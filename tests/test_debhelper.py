@@ -36,6 +36,9 @@ from deb_support import (
     EXEC,
     LIB,
     LINK,
+    LLD_LIB,
+    LLD_PLUGIN,
+    LLD_PROG,
     MANIFEST_DIR,
     PROG,
     SMALL,
@@ -80,6 +83,11 @@ def test_program_and_library_are_hugified_small_program_is_not(deb_build) -> Non
     assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in b.log
     assert "hugify: libhugdebtest1: 1 transformed, 0 as-is, 0 skipped, 0 failed" in b.log
     assert "hugify: hugify-deb-test-exec: 0 transformed, 1 as-is, 0 skipped, 0 failed" in b.log
+    # lld's layout: program and library shifted, the plugin linked on 2 MiB pages as-is.
+    assert "hugify: hugify-deb-test-lld: 2 transformed, 1 as-is, 0 skipped, 0 failed" in b.log
+    for f in (LLD_PROG, LLD_LIB):
+        assert re.search(rf"hugify: /{re.escape(f)}: transformed \(shift\)", b.log), f
+    assert f"hugify: /{LLD_PLUGIN}: as-is (already-aligned)" in b.log
 
 
 @slow
@@ -119,7 +127,10 @@ def test_non_pie_program_is_listed_as_is_and_ships_unchanged(deb_build) -> None:
 
 @slow
 def test_dh_hugify_runs_after_dh_missing_and_before_dh_dwz_and_dh_strip(deb_build) -> None:
-    steps = [line.split()[0] for line in deb_build("with").ok().log.splitlines() if line.startswith("   dh_")]
+    # A step dh runs itself ("   dh_strip -a"), or through an override target of
+    # debian/rules ("   debian/rules override_dh_strip").
+    log = deb_build("with").ok().log
+    steps = [m[1] for m in re.finditer(r"^   (?:debian/rules override_)?(dh_\w+)", log, re.M)]
     cmds = ("dh_missing", "dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_sign", "dh_gencontrol")
     order = [steps.index(cmd) for cmd in cmds]
     assert order == sorted(order), steps
@@ -208,7 +219,12 @@ def test_programs_run_correctly(deb_build) -> None:
 @slow
 def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -> None:
     b = deb_build("with").ok()
-    expect = {"hugify-deb-test": [PROG, LINK], "libhugdebtest1": [LIB], "hugify-deb-test-exec": [EXEC]}
+    expect = {
+        "hugify-deb-test": [PROG, LINK],
+        "libhugdebtest1": [LIB],
+        "hugify-deb-test-exec": [EXEC],
+        "hugify-deb-test-lld": [LLD_PROG, LLD_LIB, LLD_PLUGIN],
+    }
     # The Multi-Arch: same library's manifest names its architecture (see the i386 test below).
     names = {"hugify-deb-test": "hugify-deb-test", "libhugdebtest1": "libhugdebtest1:amd64"}
     for pkg, paths in expect.items():
@@ -223,6 +239,7 @@ def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -
             assert e.offset % e.huge_page == 0 and e.huge_page == 2 << 20
     assert sorted(p.name for p in (b.root / MANIFEST_DIR).iterdir()) == [
         "hugify-deb-test-exec.list",
+        "hugify-deb-test-lld.list",
         "hugify-deb-test.list",
         "libhugdebtest1:amd64.list",
     ]

@@ -1,6 +1,8 @@
-"""A short bounded run of every fuzz target (bench/fuzz.py; cargo-fuzz + libFuzzer on
-the nightly toolchain): 30 s each on a corpus that grows across runs. A crash fails
-the test and names the saved input (see bench/fuzz.py for what to do with it)."""
+"""A short bounded run of every fuzz target (bench/fuzz.py): the core's (cargo-fuzz +
+libFuzzer on the nightly toolchain) and the C runtime's ELF readers (libFuzzer + ASan,
+clang): 30 s each on a corpus that grows across runs, the runtime's saved regressions
+first. A crash fails the test and names the saved input (see bench/fuzz.py for what to
+do with it)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ def test_fuzz_targets_survive_a_bounded_run() -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr[-5000:]
     lines = res.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["inspect", "transform", "dwarf"], res.stdout
+    targets = ["inspect", "transform", "dwarf", "audit-phdrs", "run-reader"]
+    assert [line.split(":")[0] for line in lines] == targets, res.stdout
     for line in lines:
         runs = int(line.split(": ")[1].split(" runs")[0])
         assert runs > 100, line  # the target really ran

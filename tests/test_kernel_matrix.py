@@ -25,6 +25,12 @@ sysfs), cold and with the files cached in small folios:
   (windows left to the kernel, state `kernel`) is what a plain cold run gets, and
   khugepaged makes a held program's code huge exactly where and when it collapses
   file-backed code.
+lld's objects (issue 32, item 1; package hugify-deb-test-lld: a program and its library
+shifted, their program headers past the first page, and a plugin as-is that the program
+opens with dlopen), in the THP mode booted, cold and in small folios: where the
+filesystem gives large folios exactly their whole windows are PMD-mapped after prefetch,
+through hugify-run and through the audit library, whose debug line says so per object;
+where it does not, none is, and the anonymous-copy mode copies every window of each.
 The non-PIE program the test package ships as-is (not rewritten: only its whole
 windows can be PMD-mapped, not its whole executable mapping), run the same ways: where
 the filesystem gives large folios, exactly its whole windows (those of its manifest
@@ -44,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deb_support import EXEC, MANIFEST_DIR, build_variant
+from deb_support import EXEC, LLD_LIB, LLD_PLUGIN, LLD_PROG, MANIFEST_DIR, build_variant
 from helpers import HP, REPO, readelf_windows, window_offsets
 from vm_boot import BootResult, GuestPanic, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
 from vm_kernels import KernelUnavailable, kernel
@@ -480,3 +486,45 @@ def test_a_panicking_guest_shows_its_console_last_lines(trixie_ext4: dict[str, A
     with pytest.raises(GuestPanic, match=r"the guest panicked; console:\n") as e:
         boot_uncached(**trixie_ext4, final=tmp_path / "boot", extra="rdinit=/no-such-init", timeout=300)
     assert "Kernel panic" in str(e.value) and "VFS" in str(e.value), e.value
+
+
+# --- lld's objects (issue 32, item 1) -------------------------------------------------------
+
+LLD_WAYS = ("lld-prefetch", "lld-hugify-run", "lld-audit", "lld-anonymous")
+#: The audit library's verdict line for one object (runtime/audit.c debug_settled).
+SETTLED = re.compile(r"^hugify-audit: (\S+): (\d+) windows: (\d+) huge .*, (\d+) replaced, (\d+) not-mapped$", re.M)
+
+
+def test_lld_objects_get_their_windows_huge_or_copied(booted: BootResult) -> None:
+    root = build_variant("with").ok().root
+    windows = {
+        "/" + p: len(window_offsets(readelf_windows(root / p, fixed=False))) for p in (LLD_PROG, LLD_LIB, LLD_PLUGIN)
+    }
+    assert all(windows.values()), windows
+    mode = booted.results["boot_thp"]
+    wrong = []
+    for cache in CACHES:
+        for way in LLD_WAYS:
+            at = where(booted, mode, cache, way)
+            step = booted.results["thp"][mode]["lld"][cache][way]["steps"][-1]
+            if step["rc"] != 0 or not step["stdout"].startswith("hugify-deb-test-lld: "):
+                wrong.append(f"{at}: exit {step['rc']}: {step['stdout'][-300:]} {step['stderr'][-1000:]}")
+                continue
+            pmd = {p: step["maps"].get(p, {"pmd": -1})["pmd"] for p in windows}
+            if way == "lld-anonymous":
+                got = anonymous_copies(step)["objects"]
+                copied = {"/" + p: got.get(Path(p).name, (None,))[0] for p in (LLD_PROG, LLD_LIB, LLD_PLUGIN)}
+                want = {p: 0 if supported(booted) else n for p, n in windows.items()}
+                if copied != want:
+                    wrong.append(f"{at}: windows copied {copied}, not {want}: {step['debug']}")
+                if not supported(booted) and anonymous_copies(step)["anon_pmd"] < sum(windows.values()) * HP:
+                    wrong.append(f"{at}: {anonymous_copies(step)['anon_pmd'] >> 10} KiB anonymous PMD-mapped")
+                continue
+            want_pmd = {p: n * HP if supported(booted) else 0 for p, n in windows.items()}
+            if pmd != want_pmd:
+                wrong.append(f"{at}: PMD-mapped {pmd}, not {want_pmd}")
+            if way != "lld-prefetch":
+                lines = {m[1]: (int(m[2]), int(m[4]), int(m[5])) for m in SETTLED.finditer("\n".join(step["debug"]))}
+                if {p: lines.get(p) for p in windows} != {p: (n, 0, 0) for p, n in windows.items()}:
+                    wrong.append(f"{at}: the audit library's lines {lines}, not one per lld object: {step['debug']}")
+    assert not wrong, "\n".join(wrong)

@@ -65,8 +65,8 @@ WANTED_MODULES = (
     "btrfs",
 )
 #: The test package's binaries installed in the guest (its hugified program and library,
-#: and its non-PIE program listed as-is).
-GUEST_DEBS = ("libhugdebtest1", "hugify-deb-test", "hugify-deb-test-exec")
+#: its non-PIE program listed as-is, and lld's program, library and plugin).
+GUEST_DEBS = ("libhugdebtest1", "hugify-deb-test", "hugify-deb-test-exec", "hugify-deb-test-lld")
 UNIT_NAME = "hugify-matrix.service"
 #: The kernel's command line besides the filesystem and THP mode (part of a boot's key).
 KERNEL_ARGS = "console=ttyS0 panic=-1 loglevel=5"

@@ -150,6 +150,8 @@ reasons! {
     FilesChanged => (Invalid, "files-changed", "hugify try: a file under test changed while the comparison ran (the command rebuilds a program it also runs, or a package was upgraded), so its hugified copy no longer matches it."),
     BehaviourDiffers => (Differs, "behaviour-differs", "hugify try: the command behaved differently on the hugified files than on the originals (exit status, standard output or a --compare-files file): a program that depends on its code's addresses or layout, or a bug; the message says where the outputs part."),
     TryCache => (Io, "try-cache", "hugify try: its cache of hugified copies cannot be written (read-only, full, not permitted, or on a noexec mount); the message names the directory. --cache-dir picks another."),
+    Replaced => (Info, "replaced", "A window stays as the process mapped it: the file now at the object's path is not the inode the process mapped (another version renamed over it since it was loaded, e.g. by a package upgrade), or that could not be proven; nothing of the other file is mapped in or copied."),
+    NotMapped => (Info, "not-mapped", "A window stays as it is, cold or small, untouched: the process does not map it from the object's file at the window's offset (another load of a malformed object overlaps it)."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
 }

@@ -25,6 +25,9 @@ preloaded probe, tests/vm/probe.c):
   collapsed meanwhile (its pages_collapsed counter, any process's);
 - the same for the non-PIE program listed as-is (as_is_ways: plain, prefetch,
   hugify-run, audit), whose whole windows alone can be PMD-mapped;
+- in the THP mode the guest booted with, cold and small, the lld package's program with
+  its library and its dlopen'ed plugin (lld_ways: prefetch, hugify-run, audit,
+  anonymous);
 - pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
   the audit library, each series starting from the files cached in
   small folios (in the THP mode the guest booted with only);
@@ -61,6 +64,14 @@ PROG = "/usr/bin/hugify-deb-test"
 LIB = "/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"
 #: The non-PIE program (ET_EXEC) that dh_hugify listed as-is, without a rewrite.
 EXEC = "/usr/libexec/hugify-deb-exec"
+#: Package hugify-deb-test-lld, linked by lld: program and library shifted (their program
+#: headers past the first page), the plugin the program opens with dlopen as-is.
+LLD_DIR = "/usr/lib/hugify-deb-test-lld"
+LLD_PROG, LLD_LIB, LLD_PLUGIN = (
+    f"{LLD_DIR}/{n}" for n in ("hugify-deb-test-lld", "libhugdebtest-lld.so", "hugtest-lld-plugin.so")
+)
+#: The hugified files whose mappings the probe's reports are kept of.
+OBJECTS = (PROG, LIB, EXEC, LLD_PROG, LLD_LIB, LLD_PLUGIN)
 AUDIT_LIB = "/usr/lib/hugify/libhugify-audit.so"
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 STARTS = 20
@@ -132,7 +143,7 @@ def drop_caches() -> None:
 def read_plainly() -> None:
     """The files in small folios: read() in 64 KiB pieces after a drop."""
     drop_caches()
-    for path in (PROG, LIB, EXEC):
+    for path in OBJECTS:
         with open(path, "rb", buffering=0) as f:
             while f.read(65536):
                 pass
@@ -171,7 +182,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
                 anon["vmas"] += 1
                 anon["size"] += m["size"]
                 anon["pmd"] += m["pmd"]
-            elif m["path"] in (PROG, LIB, EXEC):
+            elif m["path"] in OBJECTS:
                 cur = maps.setdefault(m["path"], {"size": 0, "pmd": 0})
                 cur["size"] += m["size"]
                 cur["pmd"] += m["pmd"]
@@ -210,6 +221,20 @@ def as_is_ways() -> dict[str, list[dict[str, Any]]]:
         ]
         for name, steps in ways().items()
         if name in AS_IS_WAYS
+    }
+
+
+def lld_ways() -> dict[str, list[dict[str, Any]]]:
+    """The lld package's program, with its library (DT_NEEDED) and its plugin (dlopen),
+    run the ways the program of ways() is (issue 32: lld's hugified objects were invisible
+    to the audit library)."""
+    argv = [LLD_PROG, LLD_PLUGIN]
+    audit = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1"}
+    return {
+        "lld-prefetch": [{"prefetch": True}, {"run": argv}],
+        "lld-hugify-run": [{"run": ["hugify-run", *argv], "env": {"HUGIFY_DEBUG": "1"}}],
+        "lld-audit": [{"run": argv, "env": audit}],
+        "lld-anonymous": [{"run": argv, "env": {**audit, "HUGIFY_ANONYMOUS": "1", "HUGIFY_PERF_MAP": "0"}}],
     }
 
 
@@ -464,6 +489,10 @@ def main() -> dict[str, Any]:
         entry["cases"]["cold"]["held"] = held_case()
         if mode == boot_mode:  # the I/O check does not depend on the THP mode: measured once per boot
             entry["pgpgin_kib"] = io_check()
+            entry["lld"] = {
+                cache: {name: one_case(cache, steps) for name, steps in lld_ways().items()}
+                for cache in ("cold", "small")
+            }
             results["anonymous_checks"] = anonymous_checks()
         results["thp"][mode] = entry
     results["driver_seconds"] = round(time.monotonic() - started, 1)

@@ -1,0 +1,62 @@
+/* What the process maps, for the hugify runtime: the mapping at an address and the file
+ * behind it, whether a descriptor holds the very file a mapping maps, and the program
+ * headers of an object ld.so mapped. The runtime replaces mappings of code (repair) and
+ * copies them (anonymous mode): what it puts there must come from the inode the process
+ * mapped, never from another file that now has the object's path (a package upgrade
+ * renames the new version over it at any moment), and what it reads of a mapped object
+ * must lie inside what is mapped.
+ *
+ * Like hp_core, raw system calls only (hp_sys.h): the audit library has no libc. */
+#ifndef HUGIFY_HP_MAP_H
+#define HUGIFY_HP_MAP_H
+
+#include <elf.h>
+#include <stdint.h>
+
+#include "hp_core.h"
+
+/* One mapping (VMA) of the process. Device and inode are the kernel's view of the
+ * mapped file (/proc/self/maps: the inode's superblock device), which differs from
+ * fstat(2)'s on btrfs (a device per subvolume) and is the same for any two mappings. */
+struct hp_vma {
+    uint64_t start, end; /* [start, end) */
+    uint64_t offset;     /* file offset mapped at start */
+    struct hp_file_id file; /* inode 0: not a file mapping */
+    int prot;            /* PROT_READ, PROT_WRITE, PROT_EXEC */
+};
+
+/* The mapping that holds `addr`: 0; -ENOENT if none does; -1 if the kernel does not say
+ * (no /proc). PROCMAP_QUERY on /proc/self/maps (Linux 6.11; its descriptor is kept in
+ * c->maps_fd until hp_ctx_release), else one read of /proc/self/maps. */
+int hp_vma_at(struct hp_ctx *c, uintptr_t addr, struct hp_vma *out);
+
+/* Whether the mappings at `a` and `b` map the same file at the same offset (device,
+ * inode and offset): 1 yes, 0 no (another file or offset, or not a file mapping), -1
+ * the kernel does not say. */
+int hp_same_file_mapped(struct hp_ctx *c, uintptr_t a, uintptr_t b);
+
+/* Whether [at, at + len) is mapped from one file with protections `prot` (of PROT_READ,
+ * PROT_WRITE, PROT_EXEC), with file offset `off` at `at` and on from there (several
+ * mappings of it, such as a window repaired in place, count as one): 1 yes, and *file
+ * names it; 0 no (unmapped, other protections, another file or offset in between: a
+ * load of a malformed object overlapping another); -1 not known. */
+int hp_range_maps_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t off, int prot,
+                       struct hp_file_id *file);
+
+/* Whether the open descriptor `fd` holds `file`: 1 proven, 0 another file, -1 not known.
+ * One page of fd is mapped aside (never faulted) and looked up like any mapping: the
+ * same view of device and inode on both sides, on every filesystem (fstat's device
+ * differs from /proc/self/maps' on btrfs). */
+int hp_fd_is_file(struct hp_ctx *c, int fd, const struct hp_file_id *file);
+
+/* The program headers of an ELF object whose file offset 0 ld.so mapped at `base`
+ * (l_addr of a PIE or library whose first PT_LOAD starts at address 0), read in place,
+ * wherever e_phoff puts them inside the object's first PT_LOAD, and never outside what
+ * is mapped readable from the object's file at `base`: NULL if the header is not usable
+ * (hp_elf_ok), the table is misaligned, overflows, or does not lie inside that first
+ * load and that mapping. Costs a mincore(2) when the table is in the first page, and
+ * one hp_vma_at when it is further in (hugified lld output: a rodata-first shift puts it
+ * past the moved sections). `c` is needed only for the latter. */
+const Elf64_Phdr *hp_mapped_phdrs(struct hp_ctx *c, uintptr_t base, unsigned *phnum);
+
+#endif
