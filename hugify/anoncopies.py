@@ -2,9 +2,11 @@
 "Anonymous copies"), found in /proc/PID/maps: for `hugify status`.
 
 A copy is an anonymous executable VMA of whole 2 MiB windows at a 2 MiB-aligned address,
-named ``[anon:hugify:PATH]`` where the kernel names anonymous VMAs
-(CONFIG_ANON_VMA_NAME), otherwise recognised by its place: inside the mapping of a
-file, which continues on one side of it at the file offsets that match.
+recognised by its place: inside the mapping of a file, which continues on one side of it
+at the file offsets that match. (Earlier runtimes named their copies
+``[anon:hugify:PATH]`` where the kernel names anonymous VMAs, CONFIG_ANON_VMA_NAME;
+the runtime names none now, since perf takes a named one for a file: those are still
+recognised by the name.)
 The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps."""
 
 from __future__ import annotations

@@ -7,9 +7,25 @@ HUGIFY_REASON_LOG for the whole run)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 
+from hugify.exitcodes import Exit
+
 LOG_ENV = "HUGIFY_REASON_LOG"
+
+
+class ReasonError(Exception):
+    """A refusal with a reason id of the table and a one-line detail; its exit
+    status follows the reason's kind."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+    @property
+    def exit(self) -> Exit:
+        return Exit.for_kind(table()[self.reason][0])
 
 
 def table() -> dict[str, tuple[str, str]]:
@@ -32,3 +48,14 @@ def io_detail(e: OSError) -> str:
     """The detail an io-error is reported with: the file, if the error names one, and
     the system's message."""
     return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+
+
+def report(e: ReasonError | OSError) -> Exit:
+    """Says why a run stopped, in one line with its reason id on stderr; its exit status."""
+    if isinstance(e, ReasonError):
+        printed([e.reason])
+        print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
+        return e.exit
+    printed(["io-error"])
+    print(f"hugify: {io_detail(e)} (io-error)", file=sys.stderr)
+    return Exit.IO

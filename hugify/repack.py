@@ -25,6 +25,7 @@ with this module is in hugify.repack_package.
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import os
 import sys
@@ -144,14 +145,8 @@ def run(opts: Options) -> Exit:
             for f in built:
                 os.replace(f, opts.outdir / f.name)
                 print(f"hugify: wrote {opts.outdir / f.name}", file=out)
-    except RepackError as e:
-        reasons.printed([e.reason])
-        print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
-        return e.exit
-    except OSError as e:
-        reasons.printed(["io-error"])
-        print(f"hugify: {reasons.io_detail(e)} (io-error)", file=sys.stderr)
-        return Exit.IO
+    except (RepackError, OSError) as e:
+        return reasons.report(e)
     return Exit.OK
 
 
@@ -285,10 +280,11 @@ def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:
         install=True,
         output=None,
         file_list=None,
+        stem=pkg.stem,
     )
     if not signing.sign(req, pkg.log.append):
         raise RepackError("tool-failed", f"signing the statement of {pkg.name} failed (signing.mode = required)")
-    for f in (pkg.root / "usr/share/hugify/attestations").glob(f"{pkg.name}.*"):
+    for f in (pkg.root / "usr/share/hugify/attestations").glob(f"{glob.escape(pkg.stem)}.*"):
         os.utime(f, (epoch, epoch))
 
 

@@ -15,20 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from hugify import _core, reasons, tree
-from hugify.exitcodes import Exit
 from hugify.rewrite import copy_metadata
 
 
-class RepackError(Exception):
+class RepackError(reasons.ReasonError):
     """A package cannot be repacked: a reason id and a one-line detail."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
-    @property
-    def exit(self) -> Exit:
-        return Exit.for_kind(reasons.table()[self.reason][0])
 
 
 def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -73,9 +64,15 @@ class Package:
     coinstallable: bool = False
 
     @property
+    def stem(self) -> str:
+        """The file name (without suffix) of what hugify adds: the runtime manifest
+        and the statement, NAME:ARCH for a co-installable package."""
+        return f"{self.name}:{self.arch}" if self.coinstallable else self.name
+
+    @property
     def manifest_name(self) -> str:
         """The name of the runtime manifest hugify adds (in manifest.MANIFEST_DIR)."""
-        return f"{self.name}:{self.arch}.list" if self.coinstallable else f"{self.name}.list"
+        return f"{self.stem}.list"
 
 
 @dataclass

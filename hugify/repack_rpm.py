@@ -205,7 +205,8 @@ def dependency_lines(h: dict[str, list[Any]], name: str, versions: dict[str, tup
                 continue
             if kind == "Provides" and dep == name and ver == versions[name][0]:
                 continue  # rpmbuild provides the package's name at its new version
-            version = _followed(ver, versions.get(subject(dep))) if fl & EQUAL else ver
+            exact = fl & (LESS | GREATER | EQUAL) == EQUAL  # not >= or <= (docs/packaging-rpm.md)
+            version = _followed(ver, versions.get(subject(dep))) if exact else ver
             quals = ",".join(q for bit, q in QUALIFIERS if fl & bit)
             op = _sense(fl)
             lines.append(f"{kind}{f'({quals})' if quals else ''}: {pct(dep)}{f' {op} {pct(version)}' if op else ''}")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hugify.files import source_date_epoch, write_text_atomic
+from hugify.policy import is_package_name
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 #: hugify's predicate, version 1 (signing/predicate-v1.md). Verifiers pin it.
@@ -44,6 +45,10 @@ PREDICATE_TYPE = "https://hugify.dev/attestation/transform/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 #: Where packages install their statement (NAME.intoto.json) and bundle (NAME.bundle).
 ATTESTATION_DIR = "/usr/share/hugify/attestations"
+#: Where signatures made after the build (`hugify sign-packages`) are installed, by a
+#: package of the distribution's own: any bundle there that signs an installed
+#: statement counts for it (docs/signing.md).
+SIGNATURE_DIR = "/usr/share/hugify/signatures"
 STATEMENT_SUFFIX = ".intoto.json"
 BUNDLE_SUFFIX = ".bundle"
 #: The cosign executable; default: `cosign` on PATH.
@@ -180,6 +185,12 @@ def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Stat
     return Statement(text, len(entries), len(subjects), missing)
 
 
+def is_statement_stem(stem: str) -> bool:
+    """A statement's file stem: a package name, or NAME:ARCH (Multi-Arch: same)."""
+    name, _, arch = stem.partition(":")
+    return is_package_name(name) and (not arch or re.fullmatch(r"[a-z0-9][a-z0-9-]*", arch) is not None)
+
+
 def read_report(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -302,6 +313,9 @@ class SignRequest(NamedTuple):
     install: bool  # into root/ATTESTATION_DIR
     output: Path | None  # also write OUTPUT.intoto.json and OUTPUT.bundle
     file_list: Path | None  # installed paths written, one a line (rpm %files -f)
+    #: STEM of the installed STEM.intoto.json, when not the name: a Multi-Arch: same
+    #: package's is NAME:ARCH, so that its builds for two architectures install together.
+    stem: str | None = None
 
 
 def _write(path: Path, text: str) -> None:
@@ -341,7 +355,7 @@ def sign(req: SignRequest, say: Callable[[str], None]) -> bool:
             say(f'{who} {what}, not signed: signing.mode = "optional" and no signing.key ({req.mode_where})')
         else:
             try:
-                bundle = _attest_text(stmt.text, req.key, req.tlog_upload)
+                bundle = attest_text(stmt.text, req.key, req.tlog_upload)
             except SigningError as e:
                 if req.mode == "required":
                     say(f'hugify: error: {req.name}: cannot sign: {e}; signing.mode = "required" ({req.mode_where})')
@@ -354,7 +368,7 @@ def sign(req: SignRequest, say: Callable[[str], None]) -> bool:
                 tlog = "uploaded to the transparency log" if req.tlog_upload else "no transparency log"
                 say(f"{who} {what}, signed with {redact(req.key)} ({req.key_where}; {tlog})")
         if req.install:
-            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / req.name, stmt.text, bundle):
+            for f in _place(req.root / ATTESTATION_DIR.lstrip("/") / (req.stem or req.name), stmt.text, bundle):
                 installed.append("/" + f.relative_to(req.root).as_posix())
                 say(f"{who} wrote {installed[-1]}")
         if req.output is not None:
@@ -365,7 +379,8 @@ def sign(req: SignRequest, say: Callable[[str], None]) -> bool:
     return True
 
 
-def _attest_text(statement: str, key: str, tlog_upload: bool) -> str:
+def attest_text(statement: str, key: str, tlog_upload: bool) -> str:
+    """The Sigstore bundle (text) of cosign's signature over exactly `statement`."""
     with tempfile.TemporaryDirectory(prefix="hugify-sign-") as tmp:
         path, bundle = Path(tmp) / "statement.json", Path(tmp) / "bundle.json"
         path.write_text(statement, encoding="utf-8")
@@ -430,15 +445,39 @@ def _subjects(data: bytes) -> dict[str, str] | None:
         return None
 
 
-class Attestation:
-    """One package's statement, its bundle if any, and (once checked) whether the
-    bundle's signature is good and signs exactly this statement."""
+class BundleIndex:
+    """Detached bundles (signatures made after the build, docs/signing.md), found by
+    the statement they sign: the payload of a bundle's DSSE envelope is the statement's
+    exact bytes, whatever the two files are called. What is not a bundle is skipped."""
 
-    def __init__(self, statement: Path) -> None:
+    def __init__(self, directories: Iterable[Path]) -> None:
+        self.directories = [d for d in directories if d.is_dir()]
+        self._by_payload: dict[bytes, Path] = {}
+        for d in self.directories:
+            for bundle in sorted(d.glob("*" + BUNDLE_SUFFIX)):
+                try:
+                    payload = signed_payload(bundle.read_bytes())
+                except (OSError, ValueError):
+                    continue
+                self._by_payload.setdefault(hashlib.sha256(payload).digest(), bundle)
+
+    def find(self, statement: bytes) -> Path | None:
+        return self._by_payload.get(hashlib.sha256(statement).digest())
+
+
+class Attestation:
+    """One package's statement, its bundle if any (beside it, NAME.bundle, as an
+    in-build signing installs it; else a detached one that signs it), and (once
+    checked) whether the bundle's signature is good and signs exactly this statement."""
+
+    def __init__(self, statement: Path, detached: BundleIndex | None = None) -> None:
         self.statement = statement
         self.name = statement.name[: -len(STATEMENT_SUFFIX)]
         self.bundle = statement.with_name(self.name + BUNDLE_SUFFIX)
         self.data = statement.read_bytes()
+        self.searched = list(detached.directories) if detached else []
+        if not self.bundle.exists() and detached is not None:
+            self.bundle = detached.find(self.data) or self.bundle
         self.payload: bytes | None = None
         self.problem: str | None = None  # with the bundle, found before any signature check
         if self.bundle.exists():
@@ -466,10 +505,10 @@ class Attestation:
         return self._checked[0]
 
 
-def load_attestations(directory: Path) -> list[Attestation]:
+def load_attestations(directory: Path, detached: BundleIndex | None = None) -> list[Attestation]:
     if not directory.is_dir():
         return []
-    return [Attestation(p) for p in sorted(directory.glob("*" + STATEMENT_SUFFIX)) if p.is_file()]
+    return [Attestation(p, detached) for p in sorted(directory.glob("*" + STATEMENT_SUFFIX)) if p.is_file()]
 
 
 class Verifier:
@@ -498,7 +537,10 @@ class Verifier:
 def _judge(path: Path, installed: str, att: Attestation, check: Callable[[Path], str | None]) -> Result:
     where = str(att.statement)
     if not att.bundle.exists():
-        return Result(installed, Verdict.UNSIGNED, f"no bundle {att.bundle.name} beside the statement", where)
+        detail = f"no bundle {att.bundle.name} beside the statement"
+        if att.searched:
+            detail += f", none in {', '.join(map(str, att.searched))} signs it"
+        return Result(installed, Verdict.UNSIGNED, detail, where)
     problem = att.signature_problem(check)
     if problem:
         return Result(installed, Verdict.BAD_SIGNATURE, problem, where)

@@ -428,8 +428,12 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
 
 EXPORT void la_activity(uintptr_t *cookie, unsigned int flag)
 {
-    (void)cookie;
     /* Loading is over: close /proc/self/pagemap before the program runs again. */
-    if (flag == LA_ACT_CONSISTENT && ctx_made)
+    if (flag == LA_ACT_CONSISTENT && ctx_made) {
         hp_ctx_release(&ctx);
+        /* The cookie is the namespace's first link map (ld.so's initial value). The C
+         * library is relocated and initialised by now, also at start-up. */
+        if (ready)
+            hp_anon_loaded((const struct link_map *)*cookie);
+    }
 }

@@ -3,18 +3,15 @@
 
 #include <elf.h>
 #include <errno.h>
+#include <link.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "hp_map.h"
 #include "hp_sys.h"
 
-#ifndef PR_SET_VMA
-#define PR_SET_VMA 0x53564d41
-#define PR_SET_VMA_ANON_NAME 0
-#endif
 #define HP_MREMAP_MAYMOVE 1
 #define HP_MREMAP_FIXED 2
-#define HP_ANON_NAME_MAX 79 /* the kernel's limit is 80 bytes with the NUL */
 
 /* --- small output helpers (no libc) --- */
 
@@ -22,12 +19,18 @@ struct out {
     char buf[8192];
     size_t n;
     int fd;
+    long err; /* the errno of the first write that failed (ENOSPC for a short one) */
 };
 
 static void out_flush(struct out *o)
 {
-    if (o->n && o->fd >= 0)
-        hp_write(o->fd, o->buf, o->n);
+    for (size_t done = 0; done < o->n && o->fd >= 0 && !o->err;) {
+        long w = hp_write(o->fd, o->buf + done, o->n - done);
+        if (w <= 0)
+            o->err = w < 0 ? -w : ENOSPC;
+        else
+            done += (size_t)w;
+    }
     o->n = 0;
 }
 
@@ -77,6 +80,16 @@ static void copy_str(char *dst, size_t cap, const char *src)
     for (; src[k] && k + 1 < cap; k++)
         dst[k] = src[k];
     dst[k] = 0;
+}
+
+/* The buffer of a debug line on stderr, empty. */
+static struct out *stderr_out(void)
+{
+    static struct out o;
+    o.n = 0;
+    o.fd = 2;
+    o.err = 0;
+    return &o;
 }
 
 /* --- settings --- */
@@ -151,7 +164,7 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     hp_memzero(&v, sizeof v);
     read_environ(&v);
     s->debug = v.debug[0] && !str_eq(v.debug, "0");
-    s->no_perf_map = str_eq(v.perf_map, "0");
+    s->perf_map = v.perf_map[0] && !str_eq(v.perf_map, "0") && !str_eq(v.perf_map, "off");
     s->force_smaps = v.force_smaps[0] && !str_eq(v.force_smaps, "0");
     copy_str(s->runtime_dir, sizeof s->runtime_dir, v.runtime_dir[0] ? v.runtime_dir : "/run/hugify");
     s->mode = HP_ANON_OFF;
@@ -246,7 +259,7 @@ static char *fresh_huge_area(uint64_t hp)
 /* Copies window `w` into anonymous memory and moves the copy over it. The copy is
  * checked to be one PMD before anything is replaced; on any failure the copy is
  * unmapped and the file mapping stays. *err gets the failing call's errno. */
-static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char *vma_name, long *err)
+static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, long *err)
 {
     uint64_t hp = c->hp;
     char *a = fresh_huge_area(hp);
@@ -257,10 +270,13 @@ static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char
     if (rc != 0) {
         why = WHY_MADVISE;
     } else {
-        /* Named where the kernel allows it (CONFIG_ANON_VMA_NAME): smaps, `hugify status`
-         * and the tests find the copies by it. */
-        HP_SYS(__NR_prctl, PR_SET_VMA, PR_SET_VMA_ANON_NAME, a, hp, vma_name, 0);
-        /* The first write faults in a whole huge page (MADV_HUGEPAGE), or one small page
+        /* Never named (prctl PR_SET_VMA_ANON_NAME, where the kernel has
+         * CONFIG_ANON_VMA_NAME): perf takes only a nameless anonymous mapping for a JIT's
+         * code, which it names from /tmp/perf-PID.map; "[anon:NAME]" in /proc/PID/maps it
+         * takes for a file of that name and names nothing in it (tools/perf/util/map.c
+         * is_anon_memory, perf 6.1 to 6.12). `hugify status` finds the copies by place.
+         *
+         * The first write faults in a whole huge page (MADV_HUGEPAGE), or one small page
          * when the kernel has none to give: checked at once, so that a failure costs 4 KiB,
          * not 2 MiB of small pages. The source is the program's own mapping, so what is
          * copied is exactly what it would run (a debugger's breakpoints included). */
@@ -284,23 +300,6 @@ static enum anon_why copy_window(struct hp_ctx *c, char *w, int prot, const char
         hp_munmap(a, hp);
     }
     return why;
-}
-
-/* "hugify:PATH", cut to the kernel's limit from the left (the file name matters most),
- * with the characters the kernel refuses in VMA names replaced by '?'. */
-static void vma_name_of(const char *path, char *out)
-{
-    static const char prefix[] = "hugify:";
-    size_t n = 0, pl = hp_strlen(path);
-    for (const char *p = prefix; *p; p++)
-        out[n++] = *p;
-    size_t room = HP_ANON_NAME_MAX - n;
-    const char *from = pl > room ? path + pl - room : path;
-    for (; *from; from++) {
-        char ch = *from;
-        out[n++] = ch < 0x20 || ch > 0x7e || ch == '\\' || ch == '`' || ch == '$' || ch == '[' || ch == ']' ? '?' : ch;
-    }
-    out[n] = 0;
 }
 
 /* --- perf's map of the copies --- */
@@ -421,7 +420,238 @@ static void perf_symbols(struct out *o, const struct elf_file *f, const Elf64_Sh
     }
 }
 
-/* perf resolves samples in anonymous executable memory through /tmp/perf-PID.map. The
+/* The map perf reads for anonymous executable memory: /tmp/perf-PID.map of the pid
+ * whose /proc/PID/maps shows that memory (tools/perf/util/map.c, map__new). Written
+ * only when asked (HUGIFY_PERF_MAP=1): perf launched with the program, or recording
+ * the whole system when it starts, names the copies through the files without it (the
+ * copy was moved over the window by mremap, of which the kernel tells perf nothing);
+ * only perf attached later needs it, and nothing may remove it at exit, since perf
+ * report reads it after the process ended. The file is the process's user's own
+ * (0600: it gives away the exact addresses of the code, which /proc/PID/maps keeps
+ * from other users), created exclusively, never through a name someone else planted,
+ * and each addition is written whole or not at all. */
+struct perf_map_state {
+    long pid; /* the pid whose map this process's copies are named by; 0: none */
+    uint64_t dev, ino; /* that file */
+    int debug;
+};
+static struct perf_map_state pm;
+
+/* The kernel's struct stat is the C library's on x86_64 and aarch64. */
+#if defined(__x86_64__)
+_Static_assert(sizeof(struct stat) == 144, "the kernel's struct stat");
+#elif defined(__aarch64__)
+_Static_assert(sizeof(struct stat) == 128, "the kernel's struct stat");
+#endif
+static long lstat_at(const char *path, struct stat *st)
+{
+    return HP_SYS(__NR_newfstatat, AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW, 0, 0);
+}
+
+static long fstat_fd(int fd, struct stat *st) { return HP_SYS(__NR_fstat, fd, st, 0, 0, 0, 0); }
+
+static unsigned euid(void) { return (unsigned)HP_SYS(__NR_geteuid, 0, 0, 0, 0, 0, 0); }
+
+static void map_name(char *out, long pid)
+{
+    static const char pre[] = "/tmp/perf-";
+    size_t n = 0;
+    char d[24];
+    int k = 0;
+    for (const char *p = pre; *p; p++)
+        out[n++] = *p;
+    do {
+        d[k++] = (char)('0' + pid % 10);
+        pid /= 10;
+    } while (pid);
+    while (k)
+        out[n++] = d[--k];
+    copy_str(out + n, 8, ".map");
+}
+
+/* "hugify-audit: perf map NAME: WHAT[ (DETAIL[ NUM])]" with HUGIFY_DEBUG. */
+static void map_debug(const char *name, const char *what, const char *detail, long num)
+{
+    if (!pm.debug)
+        return;
+    struct out *o = stderr_out();
+    out_str(o, "hugify-audit: perf map ");
+    out_str(o, name);
+    out_str(o, ": ");
+    out_str(o, what);
+    if (detail) {
+        out_str(o, " (");
+        out_str(o, detail);
+        if (num >= 0) {
+            out_str(o, " ");
+            out_num(o, (uint64_t)num, 10);
+        }
+        out_str(o, ")");
+    }
+    out_str(o, "\n");
+    out_flush(o);
+}
+
+/* Whether what is at `name` is a map of this process's user that may go: a regular
+ * file of its own is one left by an earlier process with the same pid (pids are
+ * reused), naming other code. Anything else (a symlink, a FIFO, another user's file)
+ * is left as it is, and no map is made. 0: nothing there (any more). */
+static int clear_stale(const char *name)
+{
+    struct stat st;
+    if (lstat_at(name, &st) != 0)
+        return 0;
+    if (!S_ISREG(st.st_mode) || st.st_uid != euid()) {
+        static const char left[] = "left alone, not this user's regular file";
+        const char *kind = S_ISLNK(st.st_mode)    ? "symlink"
+                           : S_ISFIFO(st.st_mode) ? "fifo"
+                           : S_ISDIR(st.st_mode)  ? "directory"
+                           : S_ISSOCK(st.st_mode) ? "socket"
+                           : !S_ISREG(st.st_mode) ? "device"
+                                                  : 0;
+        map_debug(name, left, kind ? kind : "owner", kind ? -1 : (long)st.st_uid);
+        return -1;
+    }
+    long rc = hp_unlink(name);
+    return rc == 0 || rc == -ENOENT ? 0 : -1;
+}
+
+/* A new map at `name`, 0600 whatever the umask, or -1. */
+static int create_exclusive(const char *name)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        long fd = HP_SYS(__NR_openat, AT_FDCWD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600, 0, 0);
+        if (fd >= 0) {
+            HP_SYS(__NR_fchmod, fd, 0600, 0, 0, 0, 0);
+            return (int)fd;
+        }
+        if (fd != -EEXIST) {
+            map_debug(name, "not created", "errno", -fd);
+            return -1;
+        }
+        if (clear_stale(name) != 0)
+            return -1;
+    }
+    map_debug(name, "not created", "errno", EEXIST);
+    return -1;
+}
+
+/* Whether the open `fd` is the map this process made (or was linked to at its fork). */
+static int is_our_map(int fd, struct stat *st)
+{
+    return fstat_fd(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == euid() && (uint64_t)st->st_dev == pm.dev &&
+           (uint64_t)st->st_ino == pm.ino;
+}
+
+static void copy_map(int from, struct out *o)
+{
+    for (;;) {
+        long n = hp_read(from, o->buf, sizeof o->buf);
+        if (n <= 0) {
+            if (n < 0)
+                o->err = -n;
+            break;
+        }
+        o->n = (size_t)n;
+        out_flush(o);
+        if (o->err)
+            break;
+    }
+    o->n = 0;
+}
+
+struct map_file {
+    char name[40];
+    int created; /* by this call: removed again if the addition fails */
+    long size;   /* before this addition: cut back to it if the addition fails */
+};
+
+/* Opens this process's map for an addition: o->fd, or -1 (said with HUGIFY_DEBUG). */
+static void map_open(struct map_file *m, struct out *o)
+{
+    long pid = hp_getpid();
+    int seed = -1;
+    struct stat st;
+    map_name(m->name, pid);
+    m->created = 0;
+    m->size = 0;
+    o->fd = -1;
+    o->err = 0;
+    o->n = 0;
+    if (pm.pid == pid) {
+        int fd = (int)HP_SYS(__NR_openat, AT_FDCWD, m->name, O_RDWR | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                             0, 0, 0);
+        if (fd >= 0 && !is_our_map(fd, &st)) {
+            hp_close(fd);
+            fd = -1;
+        }
+        if (fd < 0) {
+            map_debug(m->name, "not written", "no longer the file it made", -1);
+            pm.pid = 0;
+            return;
+        }
+        if (st.st_nlink == 1) {
+            o->fd = fd;
+            m->size = st.st_size;
+            return;
+        }
+        /* Shared with a process forked before or after (the fork hook links the
+         * child's name to the parent's file): what this process adds is at addresses
+         * the other may use for something else. Its own file from here on. */
+        seed = fd;
+        hp_unlink(m->name);
+    } else if (pm.pid) {
+        /* A forked child without a map of its own (no fork hook ran: vfork, clone,
+         * _Fork): its inherited copies are named by its ancestor's map. */
+        char from[40];
+        map_name(from, pm.pid);
+        seed = (int)HP_SYS(__NR_openat, AT_FDCWD, from, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0, 0, 0);
+        if (seed >= 0 && !is_our_map(seed, &st)) {
+            hp_close(seed);
+            seed = -1;
+        }
+    }
+    int fd = create_exclusive(m->name);
+    if (fd >= 0) {
+        m->created = 1;
+        o->fd = fd;
+        if (seed >= 0) {
+            hp_lseek(seed, 0, 0 /* SEEK_SET */);
+            copy_map(seed, o);
+        }
+        if (fstat_fd(fd, &st) == 0) {
+            pm.pid = pid;
+            pm.dev = (uint64_t)st.st_dev;
+            pm.ino = (uint64_t)st.st_ino;
+        }
+    } else {
+        pm.pid = 0;
+    }
+    if (seed >= 0)
+        hp_close(seed);
+}
+
+/* Ends an addition: on a failed write the file is removed if this addition made it,
+ * else cut back to where it was, so that no line of it is left cut. */
+static void map_close(struct map_file *m, struct out *o)
+{
+    out_flush(o);
+    if (o->fd < 0)
+        return;
+    if (o->err) {
+        if (m->created) {
+            hp_unlink(m->name);
+            pm.pid = 0;
+        } else {
+            HP_SYS(__NR_ftruncate, o->fd, m->size, 0, 0, 0, 0);
+        }
+        map_debug(m->name, "not written", "errno", o->err);
+    }
+    hp_close(o->fd);
+    o->fd = -1;
+}
+
+/* Appends "START SIZE NAME" lines for the functions of the copied windows of `r`. The
  * symbols come from the file's .symtab, else its build-id debug file's, else .dynsym. */
 static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, const unsigned char *copied)
 {
@@ -443,38 +673,121 @@ static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, c
         symtab = section_of_type(&f, SHT_DYNSYM);
     if (symtab) {
         static struct out o; /* 8 KiB: not on ld.so's stack */
-        char name[40];
-        size_t n = 0;
-        static const char pre[] = "/tmp/perf-";
-        for (const char *p = pre; *p; p++)
-            name[n++] = *p;
-        /* The first object of a process starts the file afresh: a map left by an earlier
-         * process with the same PID would name the wrong code. (A forked child that
-         * dlopens a hugified library starts its own.) */
-        static long written_by;
-        long pid = HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0);
-        int fresh = written_by != pid ? O_TRUNC : 0;
-        written_by = pid;
-        o.n = 0;
-        o.fd = -1;
-        out_num(&o, (uint64_t)pid, 10);
-        out_str(&o, ".map");
-        for (size_t k = 0; k < o.n; k++)
-            name[n++] = o.buf[k];
-        name[n] = 0;
-        o.n = 0;
-        /* O_NOFOLLOW: /tmp is shared; a symlink planted there is not followed. */
-        o.fd = (int)HP_SYS(__NR_openat, AT_FDCWD, name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | fresh,
-                           0644,
-                           0, 0);
+        struct map_file m;
+        map_open(&m, &o);
         if (o.fd >= 0) {
             perf_symbols(&o, from, symtab, r, hp, copied);
-            out_flush(&o);
-            hp_close(o.fd);
+            map_close(&m, &o);
         }
     }
     elf_unmap(&dbg);
     elf_unmap(&f);
+}
+
+/* --- forked children --- */
+
+/* perf attached to a forked child reads its copies from /proc/CHILD/maps and looks for
+ * /tmp/perf-CHILD.map. The child has the parent's copies at the same addresses, so
+ * its map is the parent's file, hard-linked under the child's name at the fork (one
+ * system call; a new name, no bytes); the first addition of either makes it a file of
+ * its own (map_open). Run by the C library's fork() in the child (its atfork child
+ * handler); vfork, posix_spawn and raw clone run none, and exec follows them anyway. */
+static void perf_map_after_fork(void)
+{
+    struct stat st;
+    char from[40], to[40];
+    long pid = hp_getpid();
+    if (!pm.pid || pm.pid == pid)
+        return;
+    map_name(from, pm.pid);
+    map_name(to, pid);
+    if (lstat_at(from, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_dev != pm.dev ||
+        (uint64_t)st.st_ino != pm.ino)
+        return;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        long rc = HP_SYS(__NR_linkat, AT_FDCWD, from, AT_FDCWD, to, 0, 0);
+        if (rc == 0) {
+            pm.pid = pid;
+            return;
+        }
+        if (rc != -EEXIST || clear_stale(to) != 0) {
+            if (rc != -EEXIST)
+                map_debug(to, "not created", "errno", -rc);
+            return;
+        }
+    }
+}
+
+static uint32_t gnu_hash(const char *s)
+{
+    uint32_t h = 5381;
+    for (; *s; s++)
+        h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+/* The address of the function `name` that a loaded object defines, looked up in its
+ * dynamic symbol table through DT_GNU_HASH, as ld.so would; 0 if none. */
+static void *dynamic_function(const struct link_map *l, const char *name)
+{
+    const Elf64_Sym *symtab = 0;
+    const char *strtab = 0;
+    const uint32_t *gh = 0;
+    for (const Elf64_Dyn *d = l->l_ld; d->d_tag != DT_NULL; d++) {
+        /* ld.so has relocated these in place, unless the dynamic section is read-only */
+        uintptr_t p = d->d_un.d_ptr < l->l_addr ? l->l_addr + d->d_un.d_ptr : d->d_un.d_ptr;
+        if (d->d_tag == DT_SYMTAB)
+            symtab = (const Elf64_Sym *)p;
+        else if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)p;
+        else if (d->d_tag == DT_GNU_HASH)
+            gh = (const uint32_t *)p;
+    }
+    if (!symtab || !strtab || !gh || gh[0] == 0)
+        return 0;
+    uint32_t nbuckets = gh[0], symoffset = gh[1], bloom_words = gh[2];
+    const uint32_t *buckets = gh + 4 + (size_t)bloom_words * (sizeof(Elf64_Addr) / sizeof(uint32_t));
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t h = gnu_hash(name);
+    uint32_t i = buckets[h % nbuckets];
+    if (i < symoffset)
+        return 0;
+    for (;; i++) {
+        uint32_t h2 = chain[i - symoffset];
+        const Elf64_Sym *s = &symtab[i];
+        if ((h | 1) == (h2 | 1) && s->st_shndx != SHN_UNDEF && ELF64_ST_TYPE(s->st_info) == STT_FUNC &&
+            str_eq(strtab + s->st_name, name))
+            return (void *)(l->l_addr + s->st_value);
+        if (h2 & 1)
+            return 0;
+    }
+}
+
+void hp_anon_loaded(const struct link_map *head)
+{
+    static int hooked;
+    if (hooked || !pm.pid || !head || (head->l_name && head->l_name[0]))
+        return; /* no map, or not the program's own namespace (dlmopen) */
+    typedef int register_atfork_fn(void (*)(void), void (*)(void), void (*)(void), void *);
+    register_atfork_fn *register_atfork = 0;
+    for (const struct link_map *l = head; l && !register_atfork; l = l->l_next) {
+        const char *n = l->l_name, *base = n;
+        for (; n && *n; n++)
+            if (*n == '/')
+                base = n + 1;
+        if (base && str_eq(base, "libc.so.6"))
+            register_atfork = (register_atfork_fn *)dynamic_function(l, "__register_atfork");
+    }
+    /* pthread_atfork() is __register_atfork(..., __dso_handle) in libc_nonshared.a; with
+     * no handle, the handler is never unregistered. */
+    if (register_atfork && register_atfork(0, 0, perf_map_after_fork, 0) == 0) {
+        hooked = 1;
+    } else {
+        char name[40];
+        map_name(name, pm.pid);
+        map_debug(name, "none for forked children", "no __register_atfork in the C library", -1);
+        hooked = -1;
+    }
 }
 
 /* --- one range --- */
@@ -482,32 +795,30 @@ static void write_perf_map(int fd, const struct hp_anon_range *r, uint64_t hp, c
 static void debug_line(const struct hp_anon_range *r, const char *path, uint64_t copied, uint64_t first_bad,
                        enum anon_why why, long err)
 {
-    static struct out o;
-    o.n = 0;
-    o.fd = 2;
+    struct out *o = stderr_out();
     /* One line per range, easy to match: "hugify-audit: anonymous PATH: C/N windows copied"
      * and, if not all, the first window left on its file mapping and why. */
-    out_str(&o, "hugify-audit: anonymous ");
-    out_str(&o, path);
-    out_str(&o, ": ");
-    out_num(&o, copied, 10);
-    out_str(&o, "/");
-    out_num(&o, r->nwin, 10);
-    out_str(&o, " windows copied");
+    out_str(o, "hugify-audit: anonymous ");
+    out_str(o, path);
+    out_str(o, ": ");
+    out_num(o, copied, 10);
+    out_str(o, "/");
+    out_num(o, r->nwin, 10);
+    out_str(o, " windows copied");
     if (copied < r->nwin) {
-        out_str(&o, ", window ");
-        out_num(&o, first_bad, 10);
-        out_str(&o, " ");
-        out_str(&o, why_text[why]);
+        out_str(o, ", window ");
+        out_num(o, first_bad, 10);
+        out_str(o, " ");
+        out_str(o, why_text[why]);
         if (err) {
-            out_str(&o, " (errno ");
-            out_num(&o, (uint64_t)err, 10);
-            out_str(&o, ")");
+            out_str(o, " (errno ");
+            out_num(o, (uint64_t)err, 10);
+            out_str(o, ")");
         }
-        out_str(&o, why == WHY_NOT_NEEDED ? ": file-backed" : ": file mapping kept");
+        out_str(o, why == WHY_NOT_NEEDED ? ": file-backed" : ": file mapping kept");
     }
-    out_str(&o, "\n");
-    out_flush(&o);
+    out_str(o, "\n");
+    out_flush(o);
 }
 
 /* What the copies read: the windows must be one file's bytes at their offsets (a load of
@@ -548,12 +859,10 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     long first_err = 0;
     static unsigned char done[4096];
     static char real[4096];
-    char vma_name[HP_ANON_NAME_MAX + 1];
     if (s->mode == HP_ANON_OFF || r->nwin == 0)
         return 0;
     if (str_eq(path, "/proc/self/exe") && self_exe(real, sizeof real) > 0)
         path = real;
-    vma_name_of(path, vma_name);
     uintptr_t self = (uintptr_t)&hp_anon_copy;
     struct object_file f = {fd, fd < 0, 0, WHY_COPIED, -1};
     for (uint64_t i = 0; i < r->nwin; i++) {
@@ -572,7 +881,7 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
             else if (self >= (uintptr_t)w && self < (uintptr_t)w + hp)
                 why = WHY_SELF;
             else
-                why = copy_window(c, w, r->prot, vma_name, &err);
+                why = copy_window(c, w, r->prot, &err);
         }
         if (i < sizeof done)
             done[i] = why == WHY_COPIED;
@@ -584,8 +893,11 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     /* The file's pages of the copied windows are no longer mapped by this process: the
      * kernel may reclaim them like any unmapped page cache. They are not dropped here: the
      * next process started would read them from disk again to copy them. */
-    if (copied && !s->no_perf_map)
+    /* The symbols come from the proven file: the inode the copies were made of. */
+    if (copied && s->perf_map && f.fd >= 0) {
+        pm.debug = s->debug;
         write_perf_map(f.fd, r, hp, done);
+    }
     if (f.own && f.fd >= 0)
         hp_close(f.fd);
     if (s->debug)

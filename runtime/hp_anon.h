@@ -31,7 +31,7 @@ enum hp_anon_mode {
 struct hp_anon_settings {
     int mode;  /* enum hp_anon_mode */
     int debug; /* HUGIFY_DEBUG: one line per object on stderr */
-    int no_perf_map; /* HUGIFY_PERF_MAP=0: no /tmp/perf-PID.map */
+    int perf_map; /* HUGIFY_PERF_MAP=1: /tmp/perf-PID.map, for perf attached later */
     int force_smaps; /* HUGIFY_FORCE_SMAPS=1: check copies from smaps, as before Linux 6.7 */
     char runtime_dir[512]; /* HUGIFY_RUNTIME_DIR, else /run/hugify: the per-boot records */
 };
@@ -54,14 +54,22 @@ struct hp_anon_range {
 };
 
 /* Copies the windows of `r` that the mode selects into anonymous 2 MiB pages and puts
- * them in place; writes their symbols to /tmp/perf-PID.map. `fd` is the object's file
- * (-1: opened from `path`; it is closed again), used only if it is proven to be the inode
- * mapped at r->at (hp_map.h; else no window is copied: "replaced"), for its size (no
- * window past its end is copied: "beyond-eof") and its symbols; `path` names it (in the
- * debug line, the VMA name "hugify:PATH" and perf's map; "/proc/self/exe" is resolved). Returns the
+ * them in place; with HUGIFY_PERF_MAP=1, adds their symbols to /tmp/perf-PID.map. `fd`
+ * is the object's file (-1: opened from `path`; it is closed again), used only if it is
+ * proven to be the inode mapped at r->at (hp_map.h; else no window is copied:
+ * "replaced"), for its size (no window past its end is copied: "beyond-eof") and its
+ * symbols; `path` names it (in the debug line; "/proc/self/exe" is resolved). The copies
+ * carry no VMA name (perf would take a named one for a file). Returns the
  * number of windows copied. Never fails the caller: whatever goes wrong leaves that window
  * on its file mapping, and HUGIFY_DEBUG gets one line per range saying what happened. */
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r,
                       int fd, const char *path);
+
+struct link_map;
+
+/* At the end of each load (la_activity LA_ACT_CONSISTENT; `head`: the namespace's first
+ * object): once this process has a perf map, hooks the C library's fork() so that a
+ * forked child gets /tmp/perf-CHILD.map, a link to its parent's (atfork child handler). */
+void hp_anon_loaded(const struct link_map *head);
 
 #endif

@@ -693,6 +693,8 @@ static void usage(FILE *f)
           "as 2 MiB huge pages, then runs PROGRAM with the hugify audit library (LD_AUDIT).\n"
           "--anonymous: where the filesystem gives no 2 MiB folios, the audit library copies the code\n"
           "windows into anonymous huge pages (=always: every window); sets HUGIFY_ANONYMOUS.\n"
+          "With it, HUGIFY_PERF_MAP=1 has the program and the children it forks write /tmp/perf-PID.map,\n"
+          "which perf attached later (-p PID, perf top) names the copies by (left when they exit).\n"
           "Environment: HUGIFY_DEBUG=1 reports what was done; HUGIFY_AUDIT_LIB=PATH (empty: none; default:\n"
           HUGIFY_AUDIT_PATH " for hugify-run installed in " HUGIFY_BIN_DIR ";\n"
           "elsewhere, libhugify-audit.so in hugify-run's own directory if it is there, else the former).\n",

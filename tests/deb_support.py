@@ -77,7 +77,17 @@ def tool_versions(*packages: str) -> str:
     return res.stdout
 
 
-BUILD_TOOLS = ("debhelper", "dpkg-dev", "gcc-12", "binutils", "dwz", "libc6-dev", "python3.11")
+BUILD_TOOLS = (
+    "debhelper",
+    "dpkg-dev",
+    "gcc-12",
+    "binutils",
+    "dwz",
+    "libc6-dev",
+    "python3.11",
+    "gcc-12-i686-linux-gnu",
+    "libc6-dev-i386-cross",
+)
 
 
 def files_key(files: Iterable[tuple[str, Path]], *extra: str) -> str:
@@ -128,9 +138,9 @@ def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = Fal
     if build_depends:
         control = src / "debian" / "control"
         text = control.read_text()
-        old = "Build-Depends: debhelper-compat (= 13), python3\n"
+        old = "Build-Depends: debhelper-compat (= 13), python3:native\n"
         assert old in text
-        control.write_text(text.replace(old, f"Build-Depends: debhelper-compat (= 13), python3, {build_depends}\n"))
+        control.write_text(text.replace(old, f"{old[:-1]}, {build_depends}\n"))
     return src
 
 
@@ -356,6 +366,9 @@ class Variant:
     override: bool = False  # an empty override_dh_hugify target
     env: tuple[tuple[str, str], ...] = ()
     in_tree: bool = True  # this checkout's add-on on PERL5LIB and PATH
+    #: Cross-built for this Debian architecture (dpkg-buildpackage -a) with the
+    #: installed cross toolchain; "" builds for the machine's own.
+    host_arch: str = ""
 
 
 VARIANTS = {
@@ -365,6 +378,8 @@ VARIANTS = {
     "without": Variant("--without hugify", env=(("DH_EXTRA_ADDONS", "hugify"),)),
     "override": Variant("--with hugify", override=True),
     "extra-addons": Variant(env=(("DH_EXTRA_ADDONS", "hugify"),)),
+    # Multi-Arch: same packages of two architectures must install together.
+    "with-i386": Variant("--with hugify", host_arch="i386"),
 }
 
 
@@ -377,7 +392,7 @@ def build_variant(name: str) -> DebBuild:
     def build(parent: Path, out: Path) -> tuple[int, str]:
         src = prepare_test_source(parent, dh_args=v.dh_args, override=v.override)
         env = in_tree_env(cache_root() / "debhelper" / "bin", **dict(v.env)) if v.in_tree else clean_env(**dict(v.env))
-        rc, log = dpkg_buildpackage(src, env)
+        rc, log = dpkg_buildpackage(src, env, *([f"--host-arch={v.host_arch}"] if v.host_arch else []))
         collect(parent, out)
         reports = out / "reports"
         for r in sorted((src / "debian" / ".debhelper" / "generated").glob("*/hugify-report.json")):

@@ -45,6 +45,15 @@ def _functions(prefix: str, count: int, fill: int, factor: int = 3) -> str:
     return "\n".join(out) + "\n"
 
 
+#: A function that keeps a CPU busy for a while (about a second here): what perf's
+#: samples must name, in a window of the program.
+HOT_SPIN = r"""
+__attribute__((noinline)) long hugify_hot_spin(long x) {
+    for (long i = 0; i < 300000000; i++) x = x * 6364136223846793005L + 1442695040888963407L;
+    return x;
+}
+"""
+
 MAIN = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -209,8 +209,10 @@ def test_programs_run_correctly(deb_build) -> None:
 def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -> None:
     b = deb_build("with").ok()
     expect = {"hugify-deb-test": [PROG, LINK], "libhugdebtest1": [LIB], "hugify-deb-test-exec": [EXEC]}
+    # The Multi-Arch: same library's manifest names its architecture (see the i386 test below).
+    names = {"hugify-deb-test": "hugify-deb-test", "libhugdebtest1": "libhugdebtest1:amd64"}
     for pkg, paths in expect.items():
-        m = b.pkg(pkg) / MANIFEST_DIR / f"{pkg}.list"
+        m = b.pkg(pkg) / MANIFEST_DIR / f"{names.get(pkg, pkg)}.list"
         assert m.is_file(), f"{pkg} ships no manifest"
         assert (m.stat().st_mode & 0o777) == 0o644
         entries = {e.path: e for e in manifest.parse(m.read_text())}
@@ -222,7 +224,7 @@ def test_each_package_ships_its_manifest_with_the_shipped_build_ids(deb_build) -
     assert sorted(p.name for p in (b.root / MANIFEST_DIR).iterdir()) == [
         "hugify-deb-test-exec.list",
         "hugify-deb-test.list",
-        "libhugdebtest1.list",
+        "libhugdebtest1:amd64.list",
     ]
     assert (b.dir / "reports" / "hugify-deb-test.json").is_file()
 
@@ -233,6 +235,48 @@ def test_dh_hugify_sign_records_the_shipped_files_after_dh_strip(deb_build) -> N
     statement = b.pkg("hugify-deb-test") / "usr/share/hugify/attestations/hugify-deb-test.intoto.json"
     shipped = hashlib.sha256((b.root / PROG).read_bytes()).hexdigest()
     assert shipped in statement.read_text(), "the statement must cover the stripped file that ships"
+
+
+@slow
+def test_multi_arch_same_package_installs_beside_its_other_architecture(
+    deb_build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libhugdebtest1 is Multi-Arch: same: its amd64 build and its i386 cross-build
+    (g++-i686-linux-gnu) each ship their manifest and statement under a name that says
+    the architecture, so real dpkg installs both together (into a throwaway root with
+    its own database), and the runtime reads both manifests."""
+    amd64, i386 = deb_build("with").ok(), deb_build("with-i386").ok()
+    assert "hugify: /usr/lib/i386-linux-gnu/libhugdebtest.so.1: transformed (shift)" in i386.log
+    debs = []
+    for b, arch in ((amd64, "amd64"), (i386, "i386")):
+        lib = b.pkg("libhugdebtest1")
+        assert (b.field("libhugdebtest1", "Architecture"), b.field("libhugdebtest1", "Multi-Arch")) == (arch, "same")
+        assert sorted(p.name for p in (lib / MANIFEST_DIR).iterdir()) == [f"libhugdebtest1:{arch}.list"]
+        attestations = lib / "usr/share/hugify/attestations"
+        assert sorted(p.name for p in attestations.iterdir()) == [f"libhugdebtest1:{arch}.intoto.json"]
+        debs += [b.deb("libhugdebtest1"), b.deb("libhugdebtest1-dbgsym")]
+    root = tmp_path / "root"
+    for d in ("var/lib/dpkg/updates", "var/lib/dpkg/info"):
+        (root / d).mkdir(parents=True)
+    (root / "var/lib/dpkg/status").touch()
+    (root / "var/lib/dpkg/arch").write_text("amd64\ni386\n")
+    cmd = ["dpkg", "--root", str(root), "--force-depends", "--force-not-root", "--force-script-chrootless", "-i"]
+    res = subprocess.run([*cmd, *debs], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    query = ["dpkg-query", "--admindir", str(root / "var/lib/dpkg"), "-W", "-f"]
+    query += ["${Package}:${Architecture} ${Status}\n", "libhugdebtest1"]
+    installed = subprocess.run(query, capture_output=True, text=True, check=True).stdout
+    assert sorted(installed.splitlines()) == [f"libhugdebtest1:{a} install ok installed" for a in ("amd64", "i386")]
+    # What the runtime reads: both manifests, each naming its own architecture's library.
+    from hugify import prefetch
+
+    monkeypatch.setenv("HUGIFY_STATE_DIR", str(tmp_path / "state"))  # no rpm-discovered list
+    read = prefetch.manifest_files(root / MANIFEST_DIR)
+    listed = {f.name: [e.path for e in manifest.parse(f.read_text())] for f in read}
+    assert listed == {
+        "libhugdebtest1:amd64.list": ["/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"],
+        "libhugdebtest1:i386.list": ["/usr/lib/i386-linux-gnu/libhugdebtest.so.1"],
+    }
 
 
 # --- opt-outs: byte-identical to a build without the add-on --------------------------------

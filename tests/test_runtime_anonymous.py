@@ -27,6 +27,7 @@ import pytest
 from helpers import exec_load, readelf_windows
 from runtime_support import (
     AUDIT_LIB,
+    HOT_SPIN,
     HP,
     HUGIFY_RUN,
     REPO,
@@ -41,14 +42,8 @@ THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
 
 SPIN = (
-    r"""
-#include <stdio.h>
-#include <unistd.h>
-__attribute__((noinline)) long hugify_hot_spin(long x) {
-    for (long i = 0; i < 300000000; i++) x = x * 6364136223846793005L + 1442695040888963407L;
-    return x;
-}
-"""
+    "#include <stdio.h>\n#include <unistd.h>\n"
+    + HOT_SPIN
     + _functions("spin", 200, 16384)
     + r"""
 int main(int argc, char **argv) {
@@ -328,9 +323,11 @@ def test_perf_resolves_the_copied_code_by_name(spin: Path, tmp_path: Path):
 
 def test_perf_attached_later_resolves_through_the_perf_map(spin: Path, tmp_path: Path):
     """perf attached to a running process sees the copies as anonymous memory (from
-    /proc/PID/maps): the names come from /tmp/perf-PID.map."""
+    /proc/PID/maps): the names come from /tmp/perf-PID.map, written when asked
+    (HUGIFY_PERF_MAP=1; tests/test_runtime_perfmap.py has the rest of it)."""
     data = tmp_path / "perf.data"
     env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "HUGIFY_ANONYMOUS")}
+    env["HUGIFY_PERF_MAP"] = "1"
     p = subprocess.Popen(
         [str(HUGIFY_RUN), "--anonymous=always", str(spin), "wait"],
         stdin=subprocess.PIPE,

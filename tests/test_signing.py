@@ -578,6 +578,22 @@ def test_sign_installs_and_lists_what_it_wrote(tree: Tree, tmp_path: Path) -> No
     assert not (tree.root / ATTEST / "demo.bundle").exists()
 
 
+def test_sign_names_the_statement_of_a_multi_arch_same_package_after_its_architecture(
+    tree: Tree, tmp_path: Path
+) -> None:
+    key, pub = keypair(tmp_path / "keys")
+    pol = write_policy(tmp_path / "p.toml", f'[signing]\nmode = "required"\nkey = "{key}"\n')
+    res = sign(tree, "--policy", pol, "--name", "demo:amd64")
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (tree.root / ATTEST).iterdir()) == ["demo:amd64.bundle", "demo:amd64.intoto.json"]
+    statement = json.loads((tree.root / ATTEST / "demo:amd64.intoto.json").read_text())
+    assert statement["predicate"]["package"] == "demo", "the package keeps its name"
+    assert verify(tree.root, "--all", "--key", pub).returncode == 0
+    for bad in ("../demo", "demo:AMD/64", ".demo"):
+        res = sign(tree, "--name", bad)
+        assert res.returncode == 2 and "is not a file name" in res.stderr, (bad, res.stderr)
+
+
 def test_required_signing_that_fails_fails_with_the_reason_and_writes_nothing(tree: Tree, tmp_path: Path) -> None:
     key, _ = keypair(tmp_path / "keys")
     pol = write_policy(tmp_path / "p.toml", f'[signing]\nmode = "required"\nkey = "{key}"\n')
@@ -721,10 +737,11 @@ def test_dh_hugify_sign_signs_each_package_dh_hugify_reported(tmp_path: Path) ->
     control = (DEB_DIR / "debian" / "control").read_text()
     control += "\nPackage: hugify-sign-data\nArchitecture: all\nDescription: data\n data\n"
     control += "\nPackage: hugify-sign-other\nArchitecture: any\nDescription: other\n other\n"
+    control += "\nPackage: libhugify-sign1\nArchitecture: any\nMulti-Arch: same\nDescription: lib\n lib\n"
     (src / "debian" / "control").write_text(control)
     changelog = (src / "debian" / "changelog").read_text()
     (src / "debian" / "changelog").write_text(changelog.replace("(1.0)", "(1:1.0)"))
-    for pkg in ("hugify-sign-test", "hugify-sign-data"):  # hugify-sign-other: no report
+    for pkg in ("hugify-sign-test", "hugify-sign-data", "libhugify-sign1"):  # hugify-sign-other: no report
         report = src / "debian/.debhelper/generated" / pkg / "hugify-report.json"
         report.parent.mkdir(parents=True)
         report.write_text("{}")
@@ -736,16 +753,20 @@ def test_dh_hugify_sign_signs_each_package_dh_hugify_reported(tmp_path: Path) ->
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run(["dh_hugify_sign", "--", "--policy", "p.toml"], cwd=src, env=run_env, check=True)
     report = "debian/.debhelper/generated/hugify-sign-test/hugify-report.json"
+    lib_report = "debian/.debhelper/generated/libhugify-sign1/hugify-report.json"
     assert calls.read_text().splitlines() == [
         f"sign debian/hugify-sign-test --report {report} --package hugify-sign-test "
-        f"--output ../hugify-sign-test_1.0_{arch} --policy p.toml"
+        f"--output ../hugify-sign-test_1.0_{arch} --policy p.toml",
+        # Multi-Arch: same: installed once per architecture, so named after it.
+        f"sign debian/libhugify-sign1 --report {lib_report} --package libhugify-sign1 "
+        f"--name libhugify-sign1:{arch} --output ../libhugify-sign1_1.0_{arch} --policy p.toml",
     ]
     calls.unlink()
     subprocess.run(["dh_hugify_sign", "--destdir=/pub"], cwd=src, env=run_env, check=True)
     assert f"--output /pub/hugify-sign-test_1.0_{arch}" in calls.read_text()
     calls.unlink()
     subprocess.run(["dh_hugify_sign"], cwd=src, env={**run_env, "DEB_BUILD_OPTIONS": "nohugify"}, check=True)
-    subprocess.run(["dh_hugify_sign", "-Nhugify-sign-test"], cwd=src, env=run_env, check=True)
+    subprocess.run(["dh_hugify_sign", "-Nhugify-sign-test", "-Nlibhugify-sign1"], cwd=src, env=run_env, check=True)
     assert not calls.exists()
     # A failing hugify sign fails the build.
     (tmp_path / "bin" / "hugify").write_text("#!/bin/sh\nexit 1\n")

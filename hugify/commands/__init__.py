@@ -17,6 +17,7 @@ COMMANDS = [
     "status",
     "manifest",
     "sign",
+    "sign-packages",
     "verify",
     "repack",
 ]
@@ -26,4 +27,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], only: str
     """Registers every command, or only `only`: a command imports just its own
     modules, which keeps the start-up of a per-file `hugify transform` short."""
     for name in [only] if only in COMMANDS else COMMANDS:
-        importlib.import_module(f"hugify.commands.{name}").register(sub)
+        importlib.import_module(f"hugify.commands.{name.replace('-', '_')}").register(sub)

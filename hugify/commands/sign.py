@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> Exit:
     if not isinstance(name, str) or not policy.is_package_name(name):
         print("hugify: the statement needs a package name: pass --package", file=sys.stderr)
         return Exit.USAGE
+    if args.name is not None and not signing.is_statement_stem(args.name):
+        print(f"hugify: --name {args.name!r} is not a file name (a package name, or NAME:ARCH)", file=sys.stderr)
+        return Exit.USAGE
     req = signing.SignRequest(
         root=root,
         report=report,
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> Exit:
         install=not args.no_install,
         output=Path(args.output) if args.output else None,
         file_list=Path(args.file_list) if args.file_list else None,
+        stem=args.name,
     )
     try:
         ok = signing.sign(req, lambda line: print(line, flush=True))
@@ -75,6 +79,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--package",
         metavar="NAME",
         help="the package: policy [packages.NAME], and NAME.intoto.json (default: the report's package)",
+    )
+    p.add_argument(
+        "--name",
+        metavar="STEM",
+        help="install the statement as STEM.intoto.json (default: the package's name; dh_hugify_sign gives "
+        "NAME:ARCH for Multi-Arch: same packages, so that two architectures install side by side)",
     )
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
     p.add_argument("--no-install", action="store_true", help="write nothing into ROOT (only --output)")

@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
             return Exit.USAGE
     directory = Path(args.attestations) if args.attestations else root / signing.ATTESTATION_DIR.lstrip("/")
     keys = _public_keys(args, pol.signing("key"), pol.signing("public_key"))
+    # Signatures made after the build: a package of them installs them, or they are given.
+    detached = [root / signing.SIGNATURE_DIR.lstrip("/"), *(Path(d) for d in args.bundles or [])]
     try:
-        attestations = signing.load_attestations(directory)
+        attestations = signing.load_attestations(directory, signing.BundleIndex(detached))
         with tempfile.TemporaryDirectory(prefix="hugify-verify-") as tmp:
             check = signing.Verifier(keys, pol.signing("tlog_upload"), Path(tmp))
             results = signing.verify(root, installed, attestations, check)
@@ -86,8 +88,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "verify",
         help="check installed hugified files against their package's signed statement",
         description="For each file: find the statement that lists it (ROOT/usr/share/hugify/attestations/"
-        "*.intoto.json), check the signature of the bundle beside it with cosign against the distribution's "
-        "public key, check that the statement is what was signed, and compare the file's sha256 with the "
+        "*.intoto.json), check the signature of its bundle with cosign against the distribution's public key "
+        "(the bundle beside it, signed in the build; else one signed after the build, `hugify sign-packages`, "
+        "that signs exactly this statement: in ROOT/usr/share/hugify/signatures or a --bundles directory), "
+        "check that the statement is what was signed, and compare the file's sha256 with the "
         "signed one. Verdicts and exit statuses: verified 0, no statement 10, unsigned 11, modified since "
         "signing 12, bad signature 13 (a run exits with the highest); 2 usage or no public key, 3 unusable "
         "policy, 5 I/O error. With --all, files listed but not installed (a subpackage) are reported as "
@@ -98,6 +102,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--root", default="/", metavar="DIR", help="the system (or extracted packages) to check")
     p.add_argument(
         "--attestations", metavar="DIR", help="where the statements are (default: ROOT/usr/share/hugify/attestations)"
+    )
+    p.add_argument(
+        "--bundles",
+        action="append",
+        metavar="DIR",
+        help="also look here for bundles signed after the build (`hugify sign-packages` output); repeatable",
     )
     p.add_argument(
         "--key",
