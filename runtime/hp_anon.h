@@ -34,9 +34,10 @@ struct hp_anon_settings {
     int perf_map; /* HUGIFY_PERF_MAP=1: /tmp/perf-PID.map, for perf attached later */
     int force_smaps; /* HUGIFY_FORCE_SMAPS=1: check copies from smaps, as before Linux 6.7 */
     char runtime_dir[512]; /* HUGIFY_RUNTIME_DIR, else /run/hugify: the per-boot records */
+    int shared_off; /* HUGIFY_SHARED=0 or off: no window mapped from root's shared copies (hp_shared.h) */
 };
 
-/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG, HUGIFY_PERF_MAP,
+/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG, HUGIFY_PERF_MAP, HUGIFY_SHARED,
  * HUGIFY_FORCE_SMAPS and HUGIFY_RUNTIME_DIR from
  * /proc/self/environ, else the program's entry in $HUGIFY_RUNTIME_DIR/anonymous
  * (default /run/hugify). Costs one read of environ (and of the record if the variable
