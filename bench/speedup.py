@@ -18,6 +18,12 @@ forced (docs/runtime.md, "Anonymous copies": LD_AUDIT with HUGIFY_ANONYMOUS=alwa
 this host's filesystem gives file-backed 2 MiB folios), and report the memory the copies
 held (AnonHugePages of the copied ranges, most in one process at one time).
 
+The variants NAME-shared (itlb, clang) put side B's files on a tmpfs without huge pages
+(where file-backed huge pages are unsupported, as on ext4 before Linux 6.16 or btrfs),
+let root's `hugify prefetch` make their shared copies (docs/runtime.md, "Shared copies")
+and run side B with the audit library, which maps the code from the copies; they report
+the memory the copies hold (once, whatever the number of processes). Root only.
+
 usage: bench/speedup.py [--quick] [--only W[,W...]] [--json OUT] [--max-pairs N]
                         [--min-pairs N] [--budget SECONDS] [--target FRACTION]
 """
@@ -38,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +152,8 @@ class Vma:
 
 
 def read_smaps(pid: int, names: set[str]) -> list[Vma]:
-    """The mappings of files whose base name is in `names`, with Rss and FilePmdMapped."""
+    """The mappings of files whose base name is in `names`, with Rss and FilePmdMapped
+    (ShmemPmdMapped for a shared copy, on tmpfs)."""
     out: list[Vma] = []
     cur: Vma | None = None
     with open(f"/proc/{pid}/smaps") as f:
@@ -162,8 +169,8 @@ def read_smaps(pid: int, names: set[str]) -> list[Vma]:
             elif cur is not None:
                 if line.startswith("Rss:"):
                     cur.rss = int(line.split()[1]) * 1024
-                elif line.startswith("FilePmdMapped:"):
-                    cur.pmd = int(line.split()[1]) * 1024
+                elif line.startswith(("FilePmdMapped:", "ShmemPmdMapped:")):
+                    cur.pmd += int(line.split()[1]) * 1024
     return out
 
 
@@ -200,6 +207,9 @@ class Sampler(threading.Thread):
         self.seen: dict[str, Seen] = {rel: Seen() for rel in objects}
         self.stop = threading.Event()
         self.samples = 0
+        #: Where root's shared copies are (the NAME-shared variants): a mapping of a copy
+        #: there is the object's code, mapped from its copy.
+        self.store = ""
         #: Most AnonHugePages of anonymous copies of code in one process at one time.
         self.anon_held = 0
         self.copied_in: set[int] = set()  # processes seen with copies
@@ -223,8 +233,10 @@ class Sampler(threading.Thread):
         per: dict[str, tuple[int, int]] = {}
         for v in vmas:
             rel = self.key.get(v.path) or self.by_name[v.path.rsplit("/", 1)[-1]]
-            self.seen[rel].paths.add(v.path.removesuffix(" (deleted)"))
-            if v.path not in self.key or not v.exec:
+            copied = bool(self.store) and v.path.startswith(self.store)
+            if not copied:
+                self.seen[rel].paths.add(v.path.removesuffix(" (deleted)"))
+            if (v.path not in self.key and not copied) or not v.exec:
                 continue
             pmd, rss = per.get(rel, (0, 0))
             per[rel] = (pmd + v.pmd, rss + v.rss)
@@ -320,6 +332,8 @@ class Setup:
     close: Callable[[], None] = lambda: None
     #: Side B runs with the runtime's anonymous copies (the NAME-anon variants).
     anonymous: bool = False
+    #: Side B's files are on a tmpfs without huge pages, with root's shared copies (NAME-shared).
+    shared: bool = False
 
 
 def code_key() -> str:
@@ -569,14 +583,56 @@ def anonymous(workload: Callable[[Size], Setup]) -> Callable[[Size], Setup]:
     return setup
 
 
+def shared(workload: Callable[[Size], Setup]) -> Callable[[Size], Setup]:
+    """The workload with side B's files on a tmpfs without huge pages and the code mapped
+    from root's shared copies (measure() puts them there and makes the copies)."""
+
+    def setup(size: Size) -> Setup:
+        if not AUDIT_LIB.is_file():
+            raise Unavailable(f"{AUDIT_LIB} is not built (make -C runtime)")
+        if os.geteuid() != 0:
+            raise Unavailable("the shared copies are root's to make (run as root)")
+        s = workload(size)
+        s.shared = True
+        s.command += "; hugified side: on a tmpfs without huge pages, LD_AUDIT=libhugify-audit.so, root's shared copies"
+        return s
+
+    return setup
+
+
+def files_on_tmpfs(tree: Path, scratch: Path) -> Path:
+    """A copy of the tree on a tmpfs without huge pages (unmounted by unmount_under)."""
+    size = sum(f.stat().st_size for f in tree.rglob("*") if f.is_file() and not f.is_symlink())
+    where = scratch / "files"
+    where.mkdir()
+    opts = f"size={size + (64 << 20)},mode=0755"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "speedup-files", str(where)], check=True)
+    shutil.copytree(tree, where / "tree", symlinks=True)
+    return where / "tree"
+
+
+def unmount_under(scratch: Path) -> None:
+    """Unmounts what a run mounted below its scratch directory (deepest first)."""
+    real = os.path.realpath(scratch)
+    points = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(real)
+    ]
+    for where in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", where], check=False, capture_output=True)
+
+
 WORKLOADS: dict[str, Callable[[Size], Setup]] = {
     "clang": clang,
     "clang-anon": anonymous(clang),
+    "clang-shared": shared(clang),
     "gcc": gcc,
     "postgres": postgres,
     "python": python,
     "itlb": itlb,
     "itlb-anon": anonymous(itlb),
+    "itlb-shared": shared(itlb),
 }
 
 
@@ -678,6 +734,8 @@ def run_pairs(one: Callable[[str], Run], opts: Options) -> tuple[list[dict[str, 
 
 
 def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
+    if setup.shared:
+        setup.trees = replace(setup.trees, hugified=files_on_tmpfs(setup.trees.hugified, scratch))
     real = {
         side: {rel: Path(os.path.realpath(root / rel)) for rel in setup.uses}
         for side, root in (("A", setup.trees.original), ("B", setup.trees.hugified))
@@ -733,6 +791,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     def one(side: str) -> Run:
         tree = setup.trees.original if side == "A" else setup.trees.hugified
         sampler = Sampler(real[side], window_list if side == "B" else {}, scan)
+        if side == "B" and setup.shared:
+            sampler.store = f"{rundir}/shared/"
         work = scratch / side
         work.mkdir(exist_ok=True)
         prepare(side)
@@ -740,6 +800,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         side_env.clear()
         if side == "B" and setup.anonymous:
             side_env.update(LD_AUDIT=str(AUDIT_LIB), HUGIFY_ANONYMOUS="always")
+        if side == "B" and setup.shared:
+            side_env.update(LD_AUDIT=str(AUDIT_LIB), HUGIFY_RUNTIME_DIR=str(rundir))
         try:
             with sampling(sampler):
                 r = setup.run(tree, work)
@@ -759,9 +821,11 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
     wall = [p["hugified_wall"] / p["original_wall"] for p in pairs]
 
     status: dict[str, Any] = {}
+    shared_held = None
     if listed:
         doc = json.loads(hugify("status", "--json", "--runtime-dir", rundir, *(hug[r] for r in listed)).stdout)
         status = {rel: f for rel, f in zip(listed, doc["files"], strict=True)}
+        shared_held = doc["shared_copies"]["held_bytes"] if setup.shared else None
 
     objects: dict[str, Any] = {}
     problems: list[str] = []
@@ -825,6 +889,8 @@ def measure(setup: Setup, opts: Options, scratch: Path) -> dict[str, Any]:
         "windows_prefetched_again": reloaded[0],
         "anonymous": setup.anonymous,
         "anonymous_held": anon_held[0] if setup.anonymous else None,
+        "shared": setup.shared,
+        "shared_held": shared_held,
         "runs_with_cache_drops": dropped_runs,
         "objects": objects,
         "page_cache": {
@@ -890,10 +956,20 @@ def interval(r: dict[str, Any]) -> str:
     return f"{r['median']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{r['median']:.3f} [no interval]"
 
 
+def held(r: dict[str, Any]) -> str:
+    """What the copies held: the anonymous ones (most in one process), or the shared ones
+    (once for all processes)."""
+    if r.get("anonymous"):
+        return f"{mib(r['anonymous_held'])} anon"
+    if r.get("shared") and r.get("shared_held") is not None:
+        return f"{mib(r['shared_held'])} shared"
+    return "-"
+
+
 def print_report(results: dict[str, dict[str, Any]]) -> None:
     print(
         f"{'workload':9} {'pairs':>5}  {'CPU hug/orig [95 % CI]':26} {'wall hug/orig [95 % CI]':26} "
-        f"{'orig CPU':>9}  {'seen huge':>10}  {'2M folios':>10}  {'orig code':>10}  {'growth':>9}  {'anon held':>10}"
+        f"{'orig CPU':>9}  {'seen huge':>10}  {'2M folios':>10}  {'orig code':>10}  {'growth':>9}  {'copies held':>10}"
     )
     for name, r in results.items():
         if r["status"] != "measured":
@@ -905,7 +981,7 @@ def print_report(results: dict[str, dict[str, Any]]) -> None:
             f"{name:9} {r['pairs']:5}  {interval(r['cpu_ratio']):26} {interval(r['wall_ratio']):26} "
             f"{r['original']['cpu_median_s']:8.2f}s  {mib(seen):>10}  {mib(pc['hugified_2m_folios']):>10}  "
             f"{mib(pc['original_resident_code']):>10}  {mib(pc['growth_on_disk']):>9}  "
-            f"{mib(r['anonymous_held']) if r.get('anonymous') else '-':>10}"
+            f"{held(r):>10}"
         )
     for name, r in results.items():
         if r["status"] != "measured":
@@ -975,6 +1051,7 @@ def main() -> int:
         finally:
             if setup:
                 setup.close()
+            unmount_under(scratch)
             shutil.rmtree(scratch, ignore_errors=True)
     host["loadavg_end"] = os.getloadavg()
     print_report(results)

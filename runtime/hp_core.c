@@ -348,6 +348,15 @@ int hp_window_is_pmd(struct hp_ctx *c, char *w, const char *smaps_key)
 
 int hp_anon_window_is_pmd(struct hp_ctx *c, char *w) { return hp_window_is_pmd(c, w, "AnonHugePages:"); }
 
+int hp_windows_are_pmd(struct hp_ctx *c, char *at, uint64_t n, unsigned char *huge)
+{
+    int smaps = c->smaps;
+    c->smaps = 0; /* one VMA for all: smaps cannot tell its windows apart */
+    int rc = verify_mapped(c, "", at, c->hp, 0, n, huge);
+    c->smaps = smaps;
+    return rc;
+}
+
 int hp_scan_works(struct hp_ctx *c)
 {
     if (c->scan < 0) {

@@ -186,6 +186,10 @@ int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
 /* The same for any window that is a VMA of its own, with the smaps field that counts its
  * PMD mappings where PAGEMAP_SCAN is missing ("ShmemPmdMapped:" for a shared copy). */
 int hp_window_is_pmd(struct hp_ctx *c, char *w, const char *smaps_key);
+/* Whether each of the `n` windows from `at` on (hp-aligned, adjacent, in one VMA) is
+ * mapped by one PMD: huge[i]; 0, or -1 where only PAGEMAP_SCAN could tell (then ask
+ * hp_window_is_pmd of windows that are VMAs of their own). */
+int hp_windows_are_pmd(struct hp_ctx *c, char *at, uint64_t n, unsigned char *huge);
 
 /* Whether transparent huge pages may be used (c->prepare, called once): 0 when the
  * administrator set them to never. */

@@ -266,6 +266,34 @@ static enum shared_why map_window(struct hp_ctx *c, char *w, uint64_t woff, int 
     return why;
 }
 
+#define BATCH 64
+
+/* Maps the `n` adjacent windows from `w` on (file offset `woff`) from the copy at once:
+ * one mapping aside, one PAGEMAP_SCAN, one mremap, where every window is one PMD (the
+ * common case: a few system calls for an object whatever its size). 1 done; 0 nothing
+ * replaced (a window is not huge, the kernel cannot tell them apart, or a call failed):
+ * the caller goes window by window. */
+static int map_batch(struct hp_ctx *c, char *w, uint64_t n, uint64_t woff, int prot, int copy)
+{
+    uint64_t hp = c->hp, len = n * hp;
+    unsigned char huge[BATCH];
+    int done = 0;
+    char *res = hp_mmap(0, len + hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (hp_mmap_failed(res))
+        return 0;
+    char *aside = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
+    if (!hp_mmap_failed(hp_mmap(aside, len, prot, MAP_PRIVATE | MAP_FIXED, copy, woff))) {
+        for (uint64_t i = 0; i < n; i++)
+            (void)*(const volatile char *)(aside + i * hp);
+        int all = hp_windows_are_pmd(c, aside, n, huge) == 0;
+        for (uint64_t i = 0; all && i < n; i++)
+            all = huge[i];
+        done = all && (long)hp_mremap(aside, len, len, HP_MREMAP_MAYMOVE | HP_MREMAP_FIXED, w) == (long)w;
+    }
+    hp_munmap(res, len + hp);
+    return done;
+}
+
 static void debug_line(const char *rundir, const char *key, const struct record *rec, const char *path,
                        uint64_t nwin, uint64_t mapped, uint64_t first_bad, enum shared_why why, long err)
 {
@@ -324,8 +352,20 @@ uint64_t hp_shared_map(struct hp_ctx *c, const char *rundir, int off, int debug,
         why = S_OFF;
     else
         copy = open_copy(c, rundir, r, &fd, own ? path : 0, &rec, key, &why);
+    /* Every window wanted and nothing in the way: in batches. What is left (a window
+     * the batch could not take, a debugger, ld.so's code) goes window by window below. */
+    int batch = why == S_MAPPED && wanted == r->nwin && !r->traced &&
+                !(r->keep >= (uintptr_t)r->at && r->keep - (uintptr_t)r->at < r->nwin * hp) && r->off + r->nwin * hp <= rec.size;
+    for (uint64_t i = 0; batch && i < r->nwin; i += BATCH) {
+        uint64_t n = r->nwin - i < BATCH ? r->nwin - i : BATCH;
+        if (map_batch(c, r->at + i * hp, n, r->off + i * hp, r->prot, copy))
+            for (uint64_t k = i; k < i + n; k++)
+                r->states[k].state = HP_HUGE, r->states[k].why = HP_WHY_NONE, mapped++;
+    }
     for (uint64_t i = 0; i < r->nwin; i++) {
         char *w = r->at + i * hp;
+        if (batch && r->states[i].state == HP_HUGE)
+            continue; /* mapped in its batch */
         uint64_t woff = r->off + i * hp;
         enum shared_why wwhy = why;
         long err = 0;

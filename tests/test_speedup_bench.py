@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from runtime_support import REPO, locked
 
-WORKLOADS = {"clang", "clang-anon", "gcc", "postgres", "python", "itlb", "itlb-anon"}
+WORKLOADS = {"clang", "clang-anon", "clang-shared", "gcc", "postgres", "python", "itlb", "itlb-anon", "itlb-shared"}
 
 
 def test_the_benchmark_runs_by_its_shebang():
@@ -75,6 +75,13 @@ def test_quick_run_of_every_workload(tmp_path: Path):
     anon = results["itlb-anon"]
     assert anon["status"] == "measured" and anon["anonymous"], anon
     assert anon["anonymous_held"] == anon["objects"]["itlb"]["predicted"]["windows"] * (2 << 20), anon
+    # the shared variant: every window PMD-mapped from root's copy, which holds the whole
+    # file once (its size rounded to pages)
+    shared = results["itlb-shared"]
+    obj = shared["objects"]["itlb"]
+    assert shared["status"] == "measured" and shared["shared"], shared
+    assert obj["seen"]["windows_huge"] == obj["predicted"]["windows"] and not obj["seen"]["windows_small"], obj
+    assert shared["shared_held"] >= obj["predicted"]["windows"] * (2 << 20), shared
 
 
 def test_unknown_workload_is_a_usage_error():
