@@ -55,6 +55,7 @@ install: build
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
 	sed -e 's|/usr/bin/hugify|$(BINDIR)/hugify|' systemd/hugify-prefetch.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.service
 	install -m 0644 systemd/hugify-prefetch.timer $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.timer
+	install -m 0644 systemd/run-hugify-shared.mount $(DESTDIR)$(PREFIX)/lib/systemd/system/run-hugify-shared.mount
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm

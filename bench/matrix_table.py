@@ -33,6 +33,45 @@ WAY_NAMES = {
     "audit-dlopen": "audit library (dlopen)",
 }
 FS_NAMES = {"ext4": "ext4", "xfs": "XFS", "btrfs": "btrfs"}
+#: The ways through root's shared copies (tests/vm_matrix.SHARED_WAYS).
+SHARED_NAMES = {
+    "shared-hugify-run": "hugify-run",
+    "shared-audit": "audit library",
+    "shared-audit-dlopen": "audit library (dlopen)",
+}
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def through_copies(r: dict[str, Any]) -> list[str] | None:
+    """The shared ways that got the code all PMD-mapped from the copies, THP `always`, in
+    both cache states; None for boots made before the driver had them."""
+    s = r.get("shared", {}).get("always")
+    if not s:
+        return None
+    return [w for w in SHARED_NAMES if all(s[c]["ways"][w]["huge"] and s[c]["ways"][w]["from_copies"] for c in s)]
+
+
+def shared_cell(r: dict[str, Any]) -> str:
+    """The shared copies (issue 31), THP `always`: which ways mapped the code from them, in
+    both cache states, and the memory the copies held (each once)."""
+    ways = through_copies(r)
+    if ways is None:
+        return "not measured"
+    s = r["shared"]["always"]
+    copies = {p: c for st in s.values() for p, c in st["copies"].items()}
+    if not copies:
+        return (
+            "not used: no copy made (the files get huge pages themselves)"
+            if r["large_folios_expected"]
+            else "no copy made"
+        )
+    memory = max(st["held"] for st in s.values())
+    windows = sum(c["windows"] for c in copies.values())
+    text = f"yes: {', '.join(SHARED_NAMES[w] for w in ways)}" if ways else "copies made, not mapped"
+    return f"{text}; {len(copies)} copies hold {mib(memory)} for {windows} windows ({mib(windows << 21)})"
 
 
 def ways(huge_by: dict[str, dict[str, bool]], cache: str) -> list[str]:
@@ -53,7 +92,11 @@ def cell(r: dict[str, Any]) -> str:
     modes = r["huge_by"]
     always = modes["always"]
     cold, small = ways(always, "cold"), ways(always, "small")
-    if not cold and not small:
+    shared = through_copies(r)
+    if not cold and not small and shared:
+        memory = max(st["held"] for st in r["shared"]["always"].values())
+        text = f"yes, through shared copies: {', '.join(SHARED_NAMES[w] for w in shared)} ({mib(memory)} held)"
+    elif not cold and not small:
         text = "no"
     elif cold == small:
         text = f"yes: {names(cold)}"
@@ -89,7 +132,8 @@ def as_is_cell(r: dict[str, Any]) -> str:
 
 def io_cell(r: dict[str, Any]) -> str:
     kib = r["pgpgin_kib"]
-    return f"{kib['audit'] / 1024:.1f} / {kib['plain'] / 1024:.1f}"
+    shared = f" / {kib['shared'] / 1024:.1f}" if "shared" in kib else ""
+    return f"{kib['audit'] / 1024:.1f}{shared} / {kib['plain'] / 1024:.1f}"
 
 
 def anon_cell(r: dict[str, Any]) -> str:
@@ -128,10 +172,20 @@ def table(doc: dict[str, Any]) -> str:
         f"{doc['memory_mib']} MiB): Debian's own kernel packages booted on a Debian 12 root with "
         "systemd, hugify and a package built with dh_hugify installed from their .debs. A cell "
         "says whether the program's and its library's code was 100 % PMD-mapped "
-        "(FilePmdMapped of the process's own executable mappings) with THP `always`, cold and "
-        "with the files already cached in small folios, and which ways did it.",
+        "(FilePmdMapped of the process's own executable mappings, or ShmemPmdMapped of those "
+        "mapped from root's shared copies) with THP `always`, cold and "
+        "with the files already cached in small folios, and which ways did it: the file-backed "
+        "ways first; where they give nothing, the ways through the shared copies the boot "
+        'service made (docs/runtime.md "Shared copies"), with the memory the copies hold.',
         "",
         *grid("kernel (Debian package)", cell),
+        "",
+        "The shared copies (issue 31), THP `always`: the ways that mapped the code of the "
+        "program and its library from them in both cache states (every window "
+        "ShmemPmdMapped), and what the copies the boot service made held (each once, "
+        "whatever the number of processes mapping them).",
+        "",
+        *grid("kernel", shared_cell),
         "",
         "The program the test package ships as-is (`/usr/libexec/hugify-deb-exec`: non-PIE, "
         "not rewritten, its code placed by the linker so that one whole 2 MiB window of it "
@@ -141,7 +195,8 @@ def table(doc: dict[str, Any]) -> str:
         *grid("kernel", as_is_cell),
         "",
         "What it costs: MiB read from disk (`pgpgin`) by 20 starts of the program through the "
-        "audit library / 20 plain starts, from the files cached in small folios.",
+        "audit library (file-backed way only) / through it with the shared copies (where the "
+        "run measured them) / 20 plain starts, from the files cached in small folios.",
         "",
         *grid("kernel", io_cell),
         "",

@@ -301,6 +301,12 @@ RUNTIME: dict[str, Field] = {
     "anonymous": Field(
         _check_programs, (), "programs whose code is copied into anonymous huge pages where files get none"
     ),
+    "shared": Field(
+        _choice("auto", "off"),
+        "auto",
+        "auto: root keeps one copy of each file whose filesystem gives it no huge pages on a huge-page tmpfs",
+    ),
+    "shared_budget": Field(_check_size, 256 << 20, "bytes the shared copies may hold in memory at most", is_size=True),
 }
 _PACKAGE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+~-]*\Z")
 
@@ -648,6 +654,15 @@ class Policy:
     def anonymous_programs(self) -> tuple[str, ...]:
         """[runtime] anonymous: the programs run with anonymous copies of their code."""
         return tuple(self._get("runtime", "anonymous"))
+
+    @property
+    def shared(self) -> str:
+        """[runtime] shared: "auto" (shared copies where files get no huge pages) or "off"."""
+        return str(self._get("runtime", "shared"))
+
+    @property
+    def shared_budget(self) -> int:
+        return int(self._get("runtime", "shared_budget"))
 
     def where(self, *key: str) -> str:
         return self.settings[key].where()

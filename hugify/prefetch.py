@@ -28,6 +28,7 @@ from hugify.files import write_text_atomic
 
 if TYPE_CHECKING:
     from hugify.manifest import Entry
+    from hugify.shared import Outcome
 
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 #: Where the kernel-awareness verdict is recorded (tmpfs on most systems).
@@ -384,6 +385,17 @@ class Engine:
         lib.hp_engine_set_runtime_dir.argtypes = [ctypes.c_char_p]
         lib.hp_engine_set_budget.restype = None
         lib.hp_engine_set_budget.argtypes = [ctypes.c_int64]
+        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+        lib.hp_engine_file_id.restype = ctypes.c_int
+        lib.hp_engine_file_id.argtypes = [ctypes.c_int, u32p, u32p, u64p]
+        lib.hp_engine_pmd_windows.restype = ctypes.c_int
+        lib.hp_engine_pmd_windows.argtypes = [
+            ctypes.c_int,
+            u64p,
+            ctypes.c_uint32,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int8),
+        ]
         # Where the engine reads and writes the per-boot filesystem records.
         lib.hp_engine_set_runtime_dir(os.fsencode(rdir) if rdir else b"")
         self.lib = lib
@@ -423,6 +435,27 @@ class Engine:
         if rc < 0:
             raise OSError(-rc, os.strerror(-rc))
         return [(*self._name(r.state, r.why), r.pages) for r in out], None if verdict.value < 0 else verdict.value == 1
+
+    def file_id(self, fd: int) -> tuple[int, int, int] | None:
+        """(major, minor, inode) of the open file as /proc/self/maps names a mapping of it
+        (what the audit library sees; fstat's device differs on btrfs), or None."""
+        ct = self.ct
+        major, minor, inode = ct.c_uint32(), ct.c_uint32(), ct.c_uint64()
+        if self.lib.hp_engine_file_id(fd, ct.byref(major), ct.byref(minor), ct.byref(inode)) != 0:
+            return None
+        return major.value, minor.value, inode.value
+
+    def pmd_windows(self, fd: int, offsets: list[int], measure: bool = False) -> list[bool | None]:
+        """Whether each window of the open tmpfs file is mapped by one PMD when mapped as
+        the audit library maps a shared copy (None: the kernel does not say); `measure`:
+        windows not wholly in memory (swapped out) are not faulted in, and are not huge.
+        OSError if a window cannot be mapped."""
+        ct, n = self.ct, len(offsets)
+        out = (ct.c_int8 * n)()
+        rc = self.lib.hp_engine_pmd_windows(fd, (ct.c_uint64 * n)(*offsets), n, int(measure), out)
+        if rc < 0:
+            raise OSError(-rc, os.strerror(-rc))
+        return [None if v < 0 else v == 1 for v in out]
 
     def page_regions(
         self, pagemap_fd: int, start: int, end: int, anyof: int, report: int
@@ -543,6 +576,8 @@ class Target:
     elapsed: float = 0.0
     fd: int = -1
     key: tuple[int, int] = (0, 0)
+    #: Root's shared copy of the file, where its windows are unsupported (hugify/shared.py).
+    shared: Outcome | None = None
 
     hp: int = 2 << 20
 
@@ -573,6 +608,8 @@ class Target:
         }
         if self.notes:
             out["notes"] = self.notes
+        if self.shared:
+            out["shared_copy"] = self.shared.as_json()
         return out
 
 

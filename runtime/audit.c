@@ -18,6 +18,7 @@
 #include "hp_bti.h"
 #include "hp_core.h"
 #include "hp_map.h"
+#include "hp_shared.h"
 #include "hp_sys.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -392,18 +393,29 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
         t.zap_check = not_traced;
         struct hp_stats st;
         hp_memzero(&st, sizeof st);
-        if (anon.mode != HP_ANON_OFF && t.nwin <= sizeof states / sizeof states[0])
+        /* The window states: where the file-backed way is unsupported, the shared copies
+         * and the anonymous mode take over. */
+        if (t.nwin <= sizeof states / sizeof states[0])
             t.report = states;
         hp_settle(&ctx, &t, &st);
         if (anon.debug)
             debug_settled(is_main ? 0 : name, at, &st);
-        if (anon.mode != HP_ANON_OFF) {
-            struct hp_anon_range ar = {(char *)at, t.nwin, t.off, r->vaddr, prot, t.report};
-            static char path[4096];
+        int shared = t.report && st.n[HP_UNSUPPORTED] > 0;
+        if (shared || anon.mode != HP_ANON_OFF) {
+            static char path[4096], shown[4096];
             int fd = -1;
             if (is_main)
                 fd = open_main_file(ph, phnum, at, path, sizeof path);
-            hp_anon_copy(&ctx, &anon, &ar, fd, is_main ? path : name);
+            if (shared) {
+                /* Under a debugger, windows it wrote breakpoints into stay (hp_shared.h). */
+                struct hp_shared_range sr = {(char *)at, t.nwin, t.off, prot, t.report, caller, !not_traced()};
+                const char *who = !is_main ? name : anon.debug && mapped_path(at, shown, sizeof shown) == 0 ? shown : path;
+                hp_shared_map(&ctx, anon.runtime_dir, anon.shared_off, anon.debug, &sr, fd, who);
+            }
+            if (anon.mode != HP_ANON_OFF) {
+                struct hp_anon_range ar = {(char *)at, t.nwin, t.off, r->vaddr, prot, t.report};
+                hp_anon_copy(&ctx, &anon, &ar, fd, is_main ? path : name);
+            }
             if (fd >= 0)
                 hp_close(fd);
         }

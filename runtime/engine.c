@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 
 #include "hp_core.h"
+#include "hp_map.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -16,6 +17,8 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
 EXPORT int hp_engine_set_runtime_dir(const char *dir);
 EXPORT void hp_engine_set_budget(int64_t bytes);
+EXPORT int hp_engine_file_id(int fd, uint32_t *major, uint32_t *minor, uint64_t *inode);
+EXPORT int hp_engine_pmd_windows(int fd, const uint64_t *offs, uint32_t n, int measure, int8_t *out);
 EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
                                    struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
@@ -151,4 +154,58 @@ EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end,
                                    struct hp_page_region *out, uint64_t n, uint64_t *walk_end)
 {
     return hp_page_regions(pagemap_fd, start, end, anyof, report, out, n, walk_end);
+}
+
+/* The device and inode of the open file `fd` as /proc/self/maps names a mapping of it
+ * (the key of a shared copy's record, hp_shared.h: what the audit library sees; fstat's
+ * device differs on btrfs). One page is mapped aside, never faulted. 0, or -1. */
+EXPORT int hp_engine_file_id(int fd, uint32_t *major, uint32_t *minor, uint64_t *inode)
+{
+    struct hp_vma v;
+    void *p = mmap(NULL, HP_PAGE, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    int rc = hp_vma_at(&ctx, (uintptr_t)p, &v);
+    munmap(p, HP_PAGE);
+    if (rc != 0 || !v.file.inode)
+        return -1;
+    *major = v.file.dev_major;
+    *minor = v.file.dev_minor;
+    *inode = v.file.inode;
+    return 0;
+}
+
+/* Whether each window of the open file `fd` (a shared copy on tmpfs, in memory) is mapped
+ * by one PMD when mapped as the audit library maps it (PROT_READ | PROT_EXEC, private,
+ * 2 MiB-aligned): out[i] 1 yes, 0 no, -1 the kernel gives no way to tell. Faulting a page
+ * of a tmpfs file reads nothing from a disk; `measure`: a window not wholly in memory
+ * (swapped out) is not faulted, and is 0. Returns 0, or -errno if a window cannot be
+ * mapped. */
+EXPORT int hp_engine_pmd_windows(int fd, const uint64_t *offs, uint32_t n, int measure, int8_t *out)
+{
+    uint64_t hp = ctx.hp;
+    char *res = mmap(NULL, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED)
+        return -errno;
+    char *w = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
+    int rc = 0;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        if (mmap(w, hp, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, (off_t)offs[i]) == MAP_FAILED) {
+            rc = -errno;
+            break;
+        }
+        unsigned char vec[512];
+        int resident = 1;
+        if (measure) {
+            resident = mincore(w, hp, vec) == 0;
+            for (uint64_t k = 0; resident && k < hp / HP_PAGE && k < sizeof vec; k++)
+                resident = vec[k] & 1;
+        }
+        if (resident)
+            (void)*(const volatile char *)w;
+        out[i] = resident ? (int8_t)hp_window_is_pmd(&ctx, w, "ShmemPmdMapped:") : 0;
+        mmap(w, hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    }
+    munmap(res, 2 * hp);
+    return rc;
 }

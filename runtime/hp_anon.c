@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "hp_map.h"
+#include "hp_shared.h"
 #include "hp_sys.h"
 
 #define HP_MREMAP_MAYMOVE 1
@@ -83,6 +84,7 @@ struct env_values {
     int anonymous_set;
     char debug[8];
     char perf_map[8];
+    char shared[8];
     char force_smaps[8];
     char runtime_dir[512];
 };
@@ -99,6 +101,8 @@ static int env_entry(const char *e, void *arg)
         hp_copy_str(v->force_smaps, sizeof v->force_smaps, e + 19);
     } else if (hp_starts_with(e, "HUGIFY_PERF_MAP=")) {
         hp_copy_str(v->perf_map, sizeof v->perf_map, e + 16);
+    } else if (hp_starts_with(e, HP_SHARED_ENV "=")) {
+        hp_copy_str(v->shared, sizeof v->shared, e + sizeof HP_SHARED_ENV);
     } else if (hp_starts_with(e, "HUGIFY_RUNTIME_DIR=")) {
         hp_copy_str(v->runtime_dir, sizeof v->runtime_dir, e + 19);
     }
@@ -125,6 +129,7 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
     s->debug = v.debug[0] && !str_eq(v.debug, "0");
     s->perf_map = v.perf_map[0] && !str_eq(v.perf_map, "0") && !str_eq(v.perf_map, "off");
     s->force_smaps = v.force_smaps[0] && !str_eq(v.force_smaps, "0");
+    s->shared_off = str_eq(v.shared, "0") || str_eq(v.shared, "off");
     hp_copy_str(s->runtime_dir, sizeof s->runtime_dir, v.runtime_dir[0] ? v.runtime_dir : "/run/hugify");
     s->mode = HP_ANON_OFF;
     if (v.anonymous_set) {
@@ -396,18 +401,10 @@ struct perf_map_state {
 };
 static struct perf_map_state pm;
 
-/* The kernel's struct stat is the C library's on x86_64 and aarch64. */
-#if defined(__x86_64__)
-_Static_assert(sizeof(struct stat) == 144, "the kernel's struct stat");
-#elif defined(__aarch64__)
-_Static_assert(sizeof(struct stat) == 128, "the kernel's struct stat");
-#endif
 static long lstat_at(const char *path, struct stat *st)
 {
     return HP_SYS(__NR_newfstatat, AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW, 0, 0);
 }
-
-static long fstat_fd(int fd, struct stat *st) { return HP_SYS(__NR_fstat, fd, st, 0, 0, 0, 0); }
 
 static unsigned euid(void) { return (unsigned)HP_SYS(__NR_geteuid, 0, 0, 0, 0, 0, 0); }
 
@@ -498,7 +495,7 @@ static int create_exclusive(const char *name)
 /* Whether the open `fd` is the map this process made (or was linked to at its fork). */
 static int is_our_map(int fd, struct stat *st)
 {
-    return fstat_fd(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == euid() && (uint64_t)st->st_dev == pm.dev &&
+    return hp_fstat(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == euid() && (uint64_t)st->st_dev == pm.dev &&
            (uint64_t)st->st_ino == pm.ino;
 }
 
@@ -578,7 +575,7 @@ static void map_open(struct map_file *m, struct out *o)
             hp_lseek(seed, 0, 0 /* SEEK_SET */);
             copy_map(seed, o);
         }
-        if (fstat_fd(fd, &st) == 0) {
+        if (hp_fstat(fd, &st) == 0) {
             pm.pid = pid;
             pm.dev = (uint64_t)st.st_dev;
             pm.ino = (uint64_t)st.st_ino;
@@ -800,13 +797,11 @@ static enum anon_why proven(struct hp_ctx *c, const struct hp_anon_range *r, con
     if (f->asked)
         return f->why;
     f->asked = 1;
-    if (hp_range_maps_file(c, (uintptr_t)r->at, r->nwin * c->hp, r->off, r->prot, &file) != 1)
+    int proof = hp_prove_object_file(c, (uintptr_t)r->at, r->nwin * c->hp, r->off, r->prot, &f->fd,
+                                     f->own ? path : 0, &file);
+    if (proof == 0)
         return (f->why = WHY_NOT_MAPPED);
-    if (f->fd < 0 && f->own)
-        f->fd = hp_open(path, O_RDONLY);
-    f->why = f->fd >= 0 && hp_fd_is_file(c, f->fd, &file) == 1 && (f->size = hp_lseek(f->fd, 0, 2 /* SEEK_END */)) >= 0
-                 ? WHY_COPIED
-                 : WHY_REPLACED;
+    f->why = proof > 0 && (f->size = hp_lseek(f->fd, 0, 2 /* SEEK_END */)) >= 0 ? WHY_COPIED : WHY_REPLACED;
     return f->why;
 }
 
@@ -852,6 +847,7 @@ uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const 
     /* The file's pages of the copied windows are no longer mapped by this process: the
      * kernel may reclaim them like any unmapped page cache. They are not dropped here: the
      * next process started would read them from disk again to copy them. */
+    /* The symbols come from the proven file: the inode the copies were made of. */
     if (copied && s->perf_map && f.fd >= 0) {
         pm.debug = s->debug;
         write_perf_map(f.fd, r, hp, done);

@@ -34,9 +34,10 @@ struct hp_anon_settings {
     int perf_map; /* HUGIFY_PERF_MAP=1: /tmp/perf-PID.map, for perf attached later */
     int force_smaps; /* HUGIFY_FORCE_SMAPS=1: check copies from smaps, as before Linux 6.7 */
     char runtime_dir[512]; /* HUGIFY_RUNTIME_DIR, else /run/hugify: the per-boot records */
+    int shared_off; /* HUGIFY_SHARED=0 or off: no window mapped from root's shared copies (hp_shared.h) */
 };
 
-/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG, HUGIFY_PERF_MAP,
+/* The settings of this process: HUGIFY_ANONYMOUS, HUGIFY_DEBUG, HUGIFY_PERF_MAP, HUGIFY_SHARED,
  * HUGIFY_FORCE_SMAPS and HUGIFY_RUNTIME_DIR from
  * /proc/self/environ, else the program's entry in $HUGIFY_RUNTIME_DIR/anonymous
  * (default /run/hugify). Costs one read of environ (and of the record if the variable
@@ -56,10 +57,10 @@ struct hp_anon_range {
 /* Copies the windows of `r` that the mode selects into anonymous 2 MiB pages and puts
  * them in place; with HUGIFY_PERF_MAP=1, adds their symbols to /tmp/perf-PID.map. `fd`
  * is the object's file (-1: opened from `path`; it is closed again), used only if it is
- * proven to be the inode mapped at r->at (hp_map.h; else no window is copied: "replaced"),
- * for its size (no window past its end is copied: "beyond-eof") and its symbols; `path`
- * names it (in the debug line; "/proc/self/exe" is resolved). The copies carry no VMA
- * name (perf would take a named one for a file). Returns the
+ * proven to be the inode mapped at r->at (hp_map.h; else no window is copied:
+ * "replaced"), for its size (no window past its end is copied: "beyond-eof") and its
+ * symbols; `path` names it (in the debug line; "/proc/self/exe" is resolved). The copies
+ * carry no VMA name (perf would take a named one for a file). Returns the
  * number of windows copied. Never fails the caller: whatever goes wrong leaves that window
  * on its file mapping, and HUGIFY_DEBUG gets one line per range saying what happened. */
 uint64_t hp_anon_copy(struct hp_ctx *c, const struct hp_anon_settings *s, const struct hp_anon_range *r,

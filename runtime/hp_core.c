@@ -349,14 +349,25 @@ static int verify(struct hp_ctx *c, char *map, uint64_t stride, uint64_t first, 
     return verify_mapped(c, "FilePmdMapped:", map, stride, first, count, huge);
 }
 
-int hp_anon_window_is_pmd(struct hp_ctx *c, char *w)
+int hp_window_is_pmd(struct hp_ctx *c, char *w, const char *smaps_key)
 {
     unsigned char huge = 0;
     int smaps = c->smaps;
-    c->smaps = 1; /* the caller's window is an anonymous VMA of its own */
-    int rc = verify_mapped(c, "AnonHugePages:", w, c->hp, 0, 1, &huge);
+    c->smaps = 1; /* the caller's window is a VMA of its own */
+    int rc = verify_mapped(c, smaps_key, w, c->hp, 0, 1, &huge);
     c->smaps = smaps;
     return rc == 0 ? huge : -1;
+}
+
+int hp_anon_window_is_pmd(struct hp_ctx *c, char *w) { return hp_window_is_pmd(c, w, "AnonHugePages:"); }
+
+int hp_windows_are_pmd(struct hp_ctx *c, char *at, uint64_t n, unsigned char *huge)
+{
+    int smaps = c->smaps;
+    c->smaps = 0; /* one VMA for all: smaps cannot tell its windows apart */
+    int rc = verify_mapped(c, "", at, c->hp, 0, n, huge);
+    c->smaps = smaps;
+    return rc;
 }
 
 int hp_scan_works(struct hp_ctx *c)
@@ -772,9 +783,13 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
     char *w = t->map + i * t->stride;
     if (t->zap_ok && t->zap_check)
         t->zap_ok = t->zap_check(), t->zap_check = 0;
-    enum hp_why why = !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
-                      : file_ready(c, t) != 0 ? file_problem(t)
+    /* A file in memory only has nothing to evict and read again, whoever maps it: that
+     * is said before whether this caller may replace its mapping (a traced process's
+     * windows on tmpfs are unsupported, as anyone's, not busy: the shared copies and the
+     * anonymous mode go by it). */
+    enum hp_why why = file_ready(c, t) != 0 ? file_problem(t)
                       : memory_fs(t) ? HP_WHY_MEMORY_FS
+                      : !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
                       : t->nolarge == 1 ? HP_WHY_NO_LARGE_FOLIOS /* found on an earlier window */
                       : !cold && !spend(c) ? HP_WHY_BUDGET /* a cold one was paid for when read */
                                         : HP_WHY_NONE;

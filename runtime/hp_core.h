@@ -185,6 +185,13 @@ long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyo
  * PMD: 1 yes, 0 no, -1 the kernel gives no way to tell. PAGEMAP_SCAN, else the VMA's
  * AnonHugePages in /proc/self/smaps. For the anonymous-copy mode (hp_anon.h). */
 int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
+/* The same for any window that is a VMA of its own, with the smaps field that counts its
+ * PMD mappings where PAGEMAP_SCAN is missing ("ShmemPmdMapped:" for a shared copy). */
+int hp_window_is_pmd(struct hp_ctx *c, char *w, const char *smaps_key);
+/* Whether each of the `n` windows from `at` on (hp-aligned, adjacent, in one VMA) is
+ * mapped by one PMD: huge[i]; 0, or -1 where only PAGEMAP_SCAN could tell (then ask
+ * hp_window_is_pmd of windows that are VMAs of their own). */
+int hp_windows_are_pmd(struct hp_ctx *c, char *at, uint64_t n, unsigned char *huge);
 
 /* Whether transparent huge pages may be used (c->prepare, called once): 0 when the
  * administrator set them to never. */

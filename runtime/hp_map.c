@@ -177,6 +177,16 @@ int hp_fd_is_file(struct hp_ctx *c, int fd, const struct hp_file_id *file)
     return rc != 0 ? -1 : same_file(&v.file, file);
 }
 
+int hp_prove_object_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t off, int prot, int *fd,
+                         const char *path, struct hp_file_id *file)
+{
+    if (hp_range_maps_file(c, at, len, off, prot, file) != 1)
+        return 0;
+    if (*fd < 0 && path)
+        *fd = hp_open(path, O_RDONLY);
+    return *fd >= 0 && hp_fd_is_file(c, *fd, file) == 1 ? 1 : -1;
+}
+
 const Elf64_Phdr *hp_mapped_phdrs(struct hp_ctx *c, uintptr_t base, unsigned *phnum)
 {
     unsigned char resident;

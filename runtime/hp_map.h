@@ -49,6 +49,15 @@ int hp_range_maps_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t of
  * differs from /proc/self/maps' on btrfs). */
 int hp_fd_is_file(struct hp_ctx *c, int fd, const struct hp_file_id *file);
 
+/* The file behind an object's windows, for a copy or map made from it: the windows
+ * [at, at + len) must be one file's bytes from file offset `off` on, with protections
+ * `prot` (hp_range_maps_file; *file names it), and the descriptor *fd (opened from `path`
+ * when it is -1: the caller closes it) that very inode (hp_fd_is_file). Returns 1 proven;
+ * 0 the windows are not one file's mapping ("not-mapped"); -1 the descriptor is not
+ * proven to be the inode mapped, or cannot be opened ("replaced"). */
+int hp_prove_object_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t off, int prot, int *fd,
+                         const char *path, struct hp_file_id *file);
+
 /* The program headers of an ELF object whose file offset 0 ld.so mapped at `base`
  * (l_addr of a PIE or library whose first PT_LOAD starts at address 0), read in place,
  * wherever e_phoff puts them inside the object's first PT_LOAD, and never outside what

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 
 #ifndef __NR_cachestat
@@ -57,6 +58,18 @@ static inline int hp_open(const char *path, int flags)
 {
     return (int)HP_SYS(__NR_openat, AT_FDCWD, path, flags | O_CLOEXEC, 0644, 0, 0);
 }
+/* openat(2) relative to the directory open as `dir`; nothing is created. */
+static inline int hp_openat(int dir, const char *name, int flags)
+{
+    return (int)HP_SYS(__NR_openat, dir, name, flags | O_CLOEXEC, 0, 0, 0);
+}
+/* The kernel's struct stat is the C library's on x86_64 and aarch64. */
+#if defined(__x86_64__)
+_Static_assert(sizeof(struct stat) == 144, "the kernel's struct stat");
+#elif defined(__aarch64__)
+_Static_assert(sizeof(struct stat) == 128, "the kernel's struct stat");
+#endif
+static inline long hp_fstat(int fd, struct stat *st) { return HP_SYS(__NR_fstat, fd, st, 0, 0, 0, 0); }
 static inline long hp_unlink(const char *path) { return HP_SYS(__NR_unlinkat, AT_FDCWD, path, 0, 0, 0, 0); }
 static inline long hp_close(int fd) { return HP_SYS(__NR_close, fd, 0, 0, 0, 0, 0); }
 static inline long hp_read(int fd, void *buf, size_t n) { return HP_SYS(__NR_read, fd, buf, n, 0, 0, 0); }

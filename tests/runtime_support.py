@@ -139,6 +139,16 @@ def hugify(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.C
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=full, check=False)
 
 
+def file_backed_only(directory: Path) -> Path:
+    """A policy layer (for `hugify prefetch --policy`) with the shared copies off: for the
+    tests of the file-backed way on filesystems without huge pages (tmpfs, btrfs), where
+    root's prefetch would otherwise copy the files to a huge-page tmpfs and mount one
+    (docs/runtime.md "Shared copies"; tests/test_runtime_shared.py)."""
+    path = directory / "file-backed-only.toml"
+    path.write_text('[runtime]\nshared = "off"\n')
+    return path
+
+
 def build_runtime() -> None:
     """Builds runtime/ (make is incremental; the lock keeps workers from racing)."""
     with locked(Path("/tmp/hugify-runtime-build.lock")):

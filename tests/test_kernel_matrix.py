@@ -57,6 +57,7 @@ from vm_kernels import KernelUnavailable, kernel
 from vm_matrix import (
     CACHES,
     PGPGIN_NOISE_KIB,
+    SHARED_WAYS,
     SUBSET,
     anonymous_copies,
     case,
@@ -66,6 +67,7 @@ from vm_matrix import (
     khugepaged_collapses_code,
     resolve,
     row,
+    shared_copies,
 )
 
 from hugify import manifest
@@ -284,6 +286,64 @@ def test_anonymous_copies_only_where_files_get_no_huge_pages(booted: BootResult,
     assert not wrong, "\n".join(wrong)
 
 
+# --- the shared copies (issue 31) --------------------------------------------------------------
+
+
+def page_rounded(n: int) -> int:
+    return -(-n // 4096) * 4096
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shared_copies_make_the_code_huge_where_the_files_get_no_huge_pages(booted: BootResult, mode: str) -> None:
+    """Issue 31 item 5. Where the kernel gives the filesystem no large folios, the boot
+    service (hugify-prefetch.service after run-hugify-shared.mount) made one copy of the
+    program and of the library, listed by `hugify status` at boot; through hugify-run and
+    the audit library (DT_NEEDED and dlopen), cold and with the files cached in small
+    folios, every window of both was mapped from the copies and PMD-mapped
+    (ShmemPmdMapped), the output unchanged; each copy is whole and holds its file's size
+    in memory, once. Where the filesystem gives large folios, no copy exists and the same
+    ways are file-backed huge."""
+    wrong = []
+    at_boot = {c["path"] for c in booted.results["boot_status"].get("shared_copies", {}).get("copies", [])}
+    if supported(booted) == bool(at_boot & {PROG, LIB}):
+        wrong.append(f"{booted.kernel.label} {booted.fs}: copies made at boot: {sorted(at_boot)}")
+    for cache in CACHES:
+        got = shared_copies(booted.results, mode, cache)
+        for way in SHARED_WAYS:
+            at = where(booted, mode, cache, way)
+            step = case(booted.results, mode, cache, way)["steps"][-1]
+            alone = case(booted.results, mode, cache, way.removeprefix("shared-"))["steps"][-1]
+            if step["rc"] != 0 or step["stdout"] != alone["stdout"]:
+                wrong.append(f"{at}: rc {step['rc']}, output {step['stdout'][-200:]!r}: {step['stderr'][-500:]}")
+                continue
+            if not fully_huge(step):
+                wrong.append(f"{at}: not all huge: {maps_text(step)}")
+            copied = {p: m.get("shared", 0) for p, m in step["maps"].items()}
+            if supported(booted) and any(copied.values()):
+                wrong.append(f"{at}: mapped from copies where the files give huge pages: {copied}")
+            if not supported(booted) and any(m.get("shared", 0) != m["size"] for m in step["maps"].values()):
+                wrong.append(f"{at}: not every window from the copies: {step['maps']}")
+        copies = got["copies"]
+        if supported(booted):
+            if copies:
+                wrong.append(f"{where(booted, mode, cache, 'shared')}: copies where none is needed: {copies}")
+            continue
+        for path in (PROG, LIB):
+            c = copies.get(path)
+            if not c or c["huge_windows"] != c["windows"] or c["held_bytes"] != page_rounded(c["size"]):
+                wrong.append(f"{where(booted, mode, cache, 'shared')}: {path}'s copy: {c}")
+        if got["held"] != sum(page_rounded(c["size"]) for c in copies.values()):
+            wrong.append(f"{where(booted, mode, cache, 'shared')}: held {got['held']}, copies {copies}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_starts_through_shared_copies_read_nothing_more(booted: BootResult) -> None:
+    """20 starts mapping the code from the shared copies read within noise of 20 plain
+    starts (the copies are in memory; the files' code is not read)."""
+    pgpgin = next(e["pgpgin_kib"] for e in booted.results["thp"].values() if "pgpgin_kib" in e)
+    assert pgpgin["shared"] <= pgpgin["plain"] + PGPGIN_NOISE_KIB, pgpgin
+
+
 # --- the anonymous-copy mode under perf and gdb, and with fragmented memory (issue 21) ------------
 
 #: The functions of the test package's program and library (tests/programs/gen_code.py,
@@ -450,10 +510,15 @@ def test_the_support_table_says_what_the_boot_asserts(booted: BootResult, as_is_
     every way huge, khugepaged's too where it collapses file-backed code, and the as-is
     program's whole window, where the kernel gives large folios; "no" where it does not."""
     r = row(booted)
-    code, as_is = matrix_table.cell(r), matrix_table.as_is_cell(r)
+    code, as_is, shared = matrix_table.cell(r), matrix_table.as_is_cell(r), matrix_table.shared_cell(r)
     if not supported(booted):
-        assert (code, as_is) == ("no", "no"), (code, as_is)
+        # Through the shared copies (issue 31), with what they hold.
+        ways = "hugify-run, audit library, audit library (dlopen)"
+        assert re.fullmatch(rf"yes, through shared copies: {re.escape(ways)} \([\d.]+ MiB held\)", code), code
+        assert re.fullmatch(rf"yes: {re.escape(ways)}; \d+ copies hold [\d.]+ MiB for \d+ windows .*", shared), shared
+        assert as_is == "no", as_is
         return
+    assert shared.startswith("not used: no copy made"), shared
     assert code.startswith("yes: prefetch, hugify-run, audit library, audit library (dlopen)"), code
     assert ("also khugepaged" in code) == khugepaged_collapses_code(booted.kernel, booted.fs), code
     whole = len(as_is_windows) * HP / 2**20

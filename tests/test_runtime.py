@@ -25,6 +25,7 @@ from runtime_support import (
     copy_programs,
     drop_caches,
     exec_segment_size,
+    file_backed_only,
     hugify,
     locked,
     parse_smaps,
@@ -406,7 +407,15 @@ def test_tmpfs_cannot_be_prefetched_said_once(progs: Programs, tmp_path: Path):
     try:
         for f in (progs.lib, progs.plug):
             (shm / f.name).write_bytes(f.read_bytes())
-        res = hugify("prefetch", "--runtime-dir", tmp_path, shm / "libbig.so", shm / "libplug.so")
+        res = hugify(
+            "prefetch",
+            "--runtime-dir",
+            tmp_path,
+            "--policy",
+            file_backed_only(tmp_path),
+            shm / "libbig.so",
+            shm / "libplug.so",
+        )
     finally:
         for f in shm.iterdir():
             f.unlink()

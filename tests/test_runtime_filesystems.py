@@ -29,6 +29,7 @@ from runtime_support import (
     Programs,
     copy_programs,
     drop_caches,
+    file_backed_only,
     hugify,
     locked,
     read_plainly,
@@ -140,7 +141,10 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
     # The boot service's run: cold files, read in, found small, one window evicted and
     # read again to be sure, then the verdict is recorded for this boot.
     drop_caches()
-    res = hugify("prefetch", "--json", progs.prog, progs.lib, env={"HUGIFY_RUNTIME_DIR": str(run)})
+    no_copies = file_backed_only(run.parent)
+    res = hugify(
+        "prefetch", "--json", "--policy", no_copies, progs.prog, progs.lib, env={"HUGIFY_RUNTIME_DIR": str(run)}
+    )
     assert res.returncode == 4, res.stderr
     report = json.loads(res.stdout)
     for f in report["files"]:
@@ -199,7 +203,14 @@ def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_btrfs: tuple[
         drop_caches()
         # Not skipped: the files are read in (the windows leave the "cold" state), and
         # the verdict is found again and rewritten.
-        res = hugify("prefetch", "--json", progs.prog, env={"HUGIFY_RUNTIME_DIR": str(run)})
+        res = hugify(
+            "prefetch",
+            "--json",
+            "--policy",
+            file_backed_only(run.parent),
+            progs.prog,
+            env={"HUGIFY_RUNTIME_DIR": str(run)},
+        )
         assert res.returncode == 4, res.stderr
         assert record.read_text() == f"{boot} {BTRFS_MAGIC}\n"
         with contextlib.suppress(FileNotFoundError):

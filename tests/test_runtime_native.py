@@ -67,8 +67,10 @@ def test_engine_library_states_are_the_documented_ones():
     engine = RUNTIME / "libhugify-engine.so"
     syms = subprocess.run(["nm", "-D", "--defined-only", engine], capture_output=True, text=True, check=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines() if " T " in line) == [
+        "hp_engine_file_id",
         "hp_engine_init",
         "hp_engine_page_regions",
+        "hp_engine_pmd_windows",
         "hp_engine_run",
         "hp_engine_set_budget",
         "hp_engine_set_runtime_dir",

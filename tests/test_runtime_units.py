@@ -28,6 +28,7 @@ UNITS = REPO / "systemd"
 SERVICE = UNITS / "hugify-prefetch.service"
 TIMER = UNITS / "hugify-prefetch.timer"
 TRIGGER = UNITS / "hugify-prefetch-trigger"
+MOUNT = UNITS / "run-hugify-shared.mount"
 
 
 @pytest.fixture
@@ -59,6 +60,7 @@ def installed_units(tmp_path: Path, launcher: Path) -> tuple[Path, Path]:
     d.mkdir()
     (d / SERVICE.name).write_text(SERVICE.read_text().replace("/usr/bin/hugify", str(launcher)))
     shutil.copy(TIMER, d / TIMER.name)
+    shutil.copy(MOUNT, d / MOUNT.name)
     return d / SERVICE.name, d / TIMER.name
 
 
@@ -71,9 +73,35 @@ def systemd_is_pid1() -> bool:
 
 def test_units_verify_clean(tmp_path: Path, launcher: Path):
     service, timer = installed_units(tmp_path, launcher)
-    res = subprocess.run(["systemd-analyze", "verify", service, timer], capture_output=True, text=True, check=False)
+    mount = service.parent / MOUNT.name
+    res = subprocess.run(
+        ["systemd-analyze", "verify", service, timer, mount], capture_output=True, text=True, check=False
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout + res.stderr == "", res.stdout + res.stderr
+
+
+def test_the_shared_copies_tmpfs_is_mounted_before_the_service_as_hugify_mounts_it():
+    """run-hugify-shared.mount mounts the copies' tmpfs where hugify/shared.py mounts it
+    itself (outside systemd), with the same options (root's alone, huge=within_size,
+    nosuid and nodev but executable: the copies are mapped executable) and a size of the
+    default budget and the records' room; the sandboxed service, which may not mount,
+    comes after it and may write there."""
+    from hugify import policy, shared
+
+    assert unit_value(MOUNT, "Where") == ["/run/hugify/shared"]
+    assert unit_value(MOUNT, "Type") == ["tmpfs"] and unit_value(MOUNT, "What") == [shared.MOUNT_SOURCE]
+    (options,) = unit_value(MOUNT, "Options")
+    opts = options.split(",")
+    assert set(shared.MOUNT_OPTIONS.split(",")) <= set(opts) and {"nosuid", "nodev"} <= set(opts), opts
+    assert "noexec" not in opts and "exec" not in opts
+    (size,) = [o.split("=", 1)[1] for o in opts if o.startswith("size=")]
+    budget = policy.RUNTIME["shared_budget"].default
+    assert int(size.rstrip("M")) << 20 == budget + shared.MOUNT_SLACK, size
+    assert shared.shared_dir(Path("/run/hugify")) == Path(unit_value(MOUNT, "Where")[0])
+    assert unit_value(SERVICE, "Wants") == [MOUNT.name]
+    assert MOUNT.name in unit_value(SERVICE, "After")[0].split()
+    assert unit_value(SERVICE, "ReadWritePaths") == ["-/run/hugify/shared"]
 
 
 def test_service_is_sandboxed_tightly(tmp_path: Path, launcher: Path):
@@ -220,6 +248,25 @@ def test_dpkg_trigger_prefetches_everything_and_never_fails(built: Programs, tmp
     assert broken.returncode == 0
 
 
+def test_rpm_removal_trigger_runs_over_every_manifest(built: Programs, tmp_path: Path, launcher: Path):
+    """%transfiletriggerpostun (a package's manifest removed): the helper takes the
+    removed paths from stdin and runs over every manifest, which is what drops the
+    shared copies of files no longer installed (hugify/shared.py)."""
+    progs = copy_programs(built, tmp_path / "bin")
+    mdir = tmp_path / "manifest.d"
+    manifest_for(progs, mdir)
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fake-hugify"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    env = trigger_env(tmp_path, launcher, HUGIFY=str(fake))
+    res = subprocess.run(
+        [TRIGGER, "--removed"], input=f"{mdir}/gone.list\n", capture_output=True, text=True, env=env, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert calls.read_text() == "prefetch --quiet --all\n"
+
+
 def test_trigger_declarations(tmp_path: Path):
     """The dpkg triggers file and the rpm scriptlet are accepted by dpkg-deb and rpmspec."""
     dpkg = UNITS / "dpkg"
@@ -250,4 +297,8 @@ def test_trigger_declarations(tmp_path: Path):
     assert parsed.returncode == 0, parsed.stderr
     assert (
         "%transfiletriggerin -- /usr/lib/hugify/manifest.d\n/usr/lib/hugify/prefetch-trigger --stdin" in parsed.stdout
+    )
+    assert (
+        "%transfiletriggerpostun -- /usr/lib/hugify/manifest.d\n/usr/lib/hugify/prefetch-trigger --removed"
+        in parsed.stdout
     )

@@ -33,6 +33,9 @@ KHUGEPAGED_TEXT_SINCE = (7, 2)
 #: is the fault path alone, "khugepaged" the kernel's later collapse of code that stays
 #: mapped (the guest driver's "held" run, from a cold cache only).
 WAYS = ("kernel", "khugepaged", "prefetch", "hugify-run", "audit", "audit-dlopen")
+#: The ways through root's shared copies (issue 31): the guest driver runs hugify-run and
+#: the audit library with them (every other way without: HUGIFY_SHARED=0).
+SHARED_WAYS = ("shared-hugify-run", "shared-audit", "shared-audit-dlopen")
 CACHES = ("cold", "small")
 #: A series of starts reads "nothing more than without hugify" when it reads no more
 #: than this much above the plain series (KiB): the plain series itself reads a few
@@ -125,6 +128,28 @@ def as_is_pmd(result: dict[str, Any], mode: str, cache: str) -> dict[str, dict[s
     return out
 
 
+def shared_bytes(step: dict[str, Any]) -> int:
+    """Bytes of the program's and the library's executable mappings that were mapped from
+    root's shared copies in the step's processes (the guest driver's probe)."""
+    return sum(m.get("shared", 0) for m in (step.get("maps") or {}).values())
+
+
+def shared_copies(result: dict[str, Any], mode: str, cache: str) -> dict[str, Any]:
+    """What the shared ways got in one THP mode and cache state: per way whether the code
+    was all PMD-mapped and how much of it came from the copies; the copies `hugify status`
+    listed afterwards (path -> windows, huge windows, bytes held) and what they held in
+    all (each copy once, whatever maps it)."""
+    ways = {}
+    copies: dict[str, Any] = {}
+    for way in SHARED_WAYS:
+        c = case(result, mode, cache, way)
+        step = c["steps"][-1]
+        ways[way] = {"huge": fully_huge(step), "from_copies": shared_bytes(step)}
+        for cp in c["status"].get("shared_copies", {}).get("copies", []):
+            copies[cp["path"]] = {k: cp[k] for k in ("size", "windows", "huge_windows", "held_bytes")}
+    return {"ways": ways, "copies": copies, "held": sum(cp["held_bytes"] for cp in copies.values())}
+
+
 def row(b: BootResult) -> dict[str, Any]:
     """One boot as the matrix's JSON records it."""
     r = b.results
@@ -140,6 +165,8 @@ def row(b: BootResult) -> dict[str, Any]:
         "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "as_is": {mode: {cache: as_is_pmd(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),
+        "shared": {mode: {cache: shared_copies(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
+        "boot_shared_copies": r["boot_status"].get("shared_copies", {}),
         "anonymous": {
             mode: {cache: anonymous_copies(case(r, mode, cache, "anonymous")["steps"][-1]) for cache in CACHES}
             for mode in r["thp"]

@@ -13,7 +13,8 @@ from hugify import reasons
 from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
-    from hugify.prefetch import Target
+    from hugify.policy import Policy
+    from hugify.prefetch import Run, Target
 
 
 def file_exit(t: Target) -> Exit:
@@ -23,14 +24,15 @@ def file_exit(t: Target) -> Exit:
         return Exit.for_kind(reasons.table()[t.error[0]][0])
     if t.count(pf.FAILED):
         return Exit.FAILED
-    if t.count(pf.UNSUPPORTED):
-        return Exit.REFUSED
-    return Exit.OK  # huge, left to the kernel, or busy (retried by the timer)
+    if t.count(pf.UNSUPPORTED) and not (t.shared and t.shared.state != "none"):
+        return Exit.REFUSED  # neither file-backed nor through a shared copy
+    return Exit.OK  # huge, left to the kernel, busy (retried by the timer), or a shared copy
 
 
 def file_line(t: Target) -> str:
     """One line per file: what happened, and the first problem with its reason."""
     from hugify import prefetch as pf
+    from hugify.sizes import human
 
     n = len(t.windows)
     good = t.count(*pf.GOOD_STATES)
@@ -51,6 +53,10 @@ def file_line(t: Target) -> str:
         parts.append(f"; {t.count(pf.UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
     if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
         parts.append(f"; {t.count(pf.UNSUPPORTED)} unsupported: files on {t.fs} cannot be prefetched")
+    if t.shared and t.shared.state != "none":
+        parts.append(f"; shared copy {t.shared.state} ({human(t.shared.held)} in huge pages: {t.shared.copy})")
+    elif t.shared:
+        parts.append(f"; no shared copy: {t.shared.detail} ({t.shared.reason})")
     if t.names[1:]:
         parts.append(f" (also {', '.join(t.names[1:])})")
     return "".join(parts)
@@ -105,9 +111,11 @@ def run(args: argparse.Namespace) -> Exit:
         work = pf.open_targets([t for t in targets if not t.error], r.hp)
         try:
             r.prefetch(work)
+            if pol is not None:
+                messages += _shared_copies(r, work, pol, complete=args.all)
         finally:
             pf.close_targets(work)
-        messages = [f"files on {fs}: {why}" for fs, why in r.unable_fs.items()]
+        messages += [f"files on {fs}: {why}" for fs, why in r.unable_fs.items()]
         for m in messages:
             pf.say(m)  # once per filesystem, not once per file
         reasons.printed(t.error[0] for t in targets if t.error)
@@ -135,6 +143,28 @@ def run(args: argparse.Namespace) -> Exit:
                 }
             )
     return worst(codes)
+
+
+def _shared_copies(r: Run, work: list[Target], pol: Policy, complete: bool) -> list[str]:
+    """Root's shared copies of the files whose windows are unsupported (policy
+    [runtime] shared and shared_budget; docs/runtime.md "Shared copies"): each file's
+    outcome goes to its target; returns what is said once for the run."""
+    from hugify import shared
+
+    if pol.shared == "off":
+        dropped = shared.drop_all(r.rdir)
+        return [f"shared copies off (policy runtime.shared): dropped {len(dropped)}"] if dropped else []
+    report = shared.settle(r.rdir, r.engine, work, pol.shared_budget, complete)
+    for t in work:
+        t.shared = report.outcomes.get(t.path)
+    reasons.printed(o.reason for o in report.outcomes.values() if o.reason)
+    out = []
+    if report.problem:
+        reasons.printed([report.problem[0]])
+        out.append(f"no shared copies: {report.problem[1]} ({report.problem[0]})")
+    if report.dropped:
+        out.append(f"shared copies dropped (changed, removed or no longer wanted): {', '.join(report.dropped)}")
+    return out
 
 
 def _record_anonymous(rdir: Path, programs: tuple[str, ...]) -> None:

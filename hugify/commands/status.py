@@ -35,8 +35,29 @@ def _print_copies(copies: list[Any], hp: int) -> None:
     )
 
 
+def _print_shared(held: list[Any], removed: list[Any]) -> None:
+    from hugify.sizes import human
+
+    if not held and not removed:
+        print("shared copies: none")
+        return
+    print("shared copies (one per file, held once whatever the number of processes mapping them):")
+    for h in held:
+        users = f"mapped by {len(h.mapped_by)} processes" if h.mapped_by else "mapped by no process"
+        problem = f"; not used: {h.problem[1]} ({h.problem[0]})" if h.problem else ""
+        print(
+            f"  {h.record.path}: {h.windows} windows, {h.huge_windows} in huge pages, "
+            f"{human(h.held)} held, {users}{problem}"
+        )
+    for r in removed:
+        print(
+            f"  removed {r.copy}: {human(r.mapped)} still mapped by {len(r.mapped_by)} processes (held until they exit)"
+        )
+    print(f"  total: {human(sum(h.held for h in held))} held in {len(held)} copies")
+
+
 def run(args: argparse.Namespace) -> Exit:
-    from hugify import anoncopies
+    from hugify import anoncopies, shared
     from hugify import prefetch as pf
     from hugify.sizes import human
 
@@ -69,6 +90,8 @@ def run(args: argparse.Namespace) -> Exit:
         ]
         cannot_measure = s.process_thp_disabled
         copies = anoncopies.running_copies(r.hp)
+        held, removed = shared.inventory(r.rdir, r.engine, r.hp)
+        reasons.printed(h.problem[0] for h in held if h.problem)
         work = pf.open_targets(targets, r.hp)
         try:
             if not cannot_measure:
@@ -90,6 +113,12 @@ def run(args: argparse.Namespace) -> Exit:
                 "files": files,
                 "problems": problems,
                 "anonymous_copies": [c.as_json(r.hp) for c in copies],
+                "shared_copies": {
+                    "directory": str(shared.shared_dir(r.rdir)),
+                    "copies": [h.as_json() for h in held],
+                    "held_bytes": sum(h.held for h in held),
+                    "removed_but_mapped": [x.as_json() for x in removed],
+                },
             }
             json.dump(out, sys.stdout, indent=2, sort_keys=True)
             print()
@@ -120,6 +149,7 @@ def run(args: argparse.Namespace) -> Exit:
         for p in problems:
             print(f"hugify: {p}", file=sys.stderr)
         _print_copies(copies, r.hp)
+        _print_shared(held, removed)
         if not targets:
             print("no hugified files installed (no manifests)" if not args.files else "no files")
             return Exit.OK

@@ -18,6 +18,12 @@ preloaded probe, tests/vm/probe.c):
     anonymous      through the audit library in the opt-in anonymous-copy mode
                    (HUGIFY_ANONYMOUS=1: windows the filesystem cannot give huge are
                    copied into anonymous huge pages),
+    shared-*       hugify-run and the audit library (DT_NEEDED, dlopen) with root's
+                   shared copies (issue 31: where the filesystem gives no large folios,
+                   the boot service copied the files to a huge-page tmpfs, and the
+                   processes map the code from it); every other way runs with
+                   HUGIFY_SHARED=0, so that it says what the file-backed way (or the
+                   anonymous mode) gives,
     held           (cold only) the program run plainly, its code held mapped for HOLD
                    seconds before the probe reads smaps, khugepaged scanning every
                    100 ms meanwhile: what khugepaged makes of it;
@@ -28,9 +34,9 @@ preloaded probe, tests/vm/probe.c):
 - in the THP mode the guest booted with, cold and small, the lld package's program with
   its library and its dlopen'ed plugin (lld_ways: prefetch, hugify-run, audit,
   anonymous);
-- pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts and 20 starts through
-  the audit library, each series starting from the files cached in
-  small folios (in the THP mode the guest booted with only);
+- pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts, 20 starts through
+  the audit library without shared copies and 20 with them, each series starting from
+  the files cached in small folios (in the THP mode the guest booted with only);
 - the anonymous-copy mode under the debuggers (issue 21; in the THP mode booted, mode on
   and off): PERF_RUNS runs of the program under Debian 12's `perf record -e cpu-clock`
   with `perf report`'s samples by object and symbol, and gdb stopped at a function of
@@ -73,6 +79,12 @@ LLD_PROG, LLD_LIB, LLD_PLUGIN = (
 #: The hugified files whose mappings the probe's reports are kept of.
 OBJECTS = (PROG, LIB, EXEC, LLD_PROG, LLD_LIB, LLD_PLUGIN)
 AUDIT_LIB = "/usr/lib/hugify/libhugify-audit.so"
+#: Where the boot service keeps its shared copies (run-hugify-shared.mount); a copy is
+#: named as its original is.
+SHARED_DIR = "/run/hugify/shared/"
+#: The audit library without the shared copies: the file-backed way (and the anonymous
+#: mode) as they are by themselves.
+NO_SHARED = {"HUGIFY_SHARED": "0"}
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 STARTS = 20
 #: Runs of the program under one `perf record`: it computes for milliseconds only (under
@@ -176,6 +188,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     reports = [json.loads(line) for line in PROBE_OUT.read_text().splitlines()] if PROBE_OUT.exists() else []
     maps: dict[str, dict[str, int]] = {}
     anon = {"vmas": 0, "size": 0, "pmd": 0}
+    originals = {Path(p).name: p for p in (PROG, LIB, EXEC)}
     for report in reports:
         for m in report["maps"]:
             if "anon" in m:
@@ -183,9 +196,16 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
                 anon["size"] += m["size"]
                 anon["pmd"] += m["pmd"]
             elif m["path"] in OBJECTS:
-                cur = maps.setdefault(m["path"], {"size": 0, "pmd": 0})
+                cur = maps.setdefault(m["path"], {"size": 0, "pmd": 0, "shared": 0})
                 cur["size"] += m["size"]
                 cur["pmd"] += m["pmd"]
+            elif m["path"].startswith(SHARED_DIR) and Path(m["path"]).name in originals:
+                # A window mapped from the shared copy of one of them: its code, in
+                # shared-memory huge pages (ShmemPmdMapped).
+                cur = maps.setdefault(originals[Path(m["path"]).name], {"size": 0, "pmd": 0, "shared": 0})
+                cur["size"] += m["size"]
+                cur["pmd"] += m.get("shmem", 0)
+                cur["shared"] += m["size"]
     res["maps"] = maps
     res["collapsed"] = int(COLLAPSED.read_text()) - collapsed
     res["anon_exec"] = anon
@@ -196,14 +216,18 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
 def ways() -> dict[str, list[dict[str, Any]]]:
     """How the program and the library can be run: name -> the steps after setting
     the cache state (the last step's smaps is the verdict of the row)."""
-    audit = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1"}
+    shared = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1"}
+    audit = {**shared, **NO_SHARED}
     return {
         "plain": [{"run": [PROG]}, {"run": [PROG]}],
         "prefetch": [{"prefetch": True}, {"run": [PROG]}],
-        "hugify-run": [{"run": ["hugify-run", PROG], "env": {"HUGIFY_DEBUG": "1"}}],
+        "hugify-run": [{"run": ["hugify-run", PROG], "env": {"HUGIFY_DEBUG": "1", **NO_SHARED}}],
         "audit": [{"run": [PROG], "env": audit}],
         "audit-dlopen": [{"run": [str(DLOPEN), LIB], "env": audit}],
         "anonymous": [{"run": [PROG], "env": {**audit, "HUGIFY_ANONYMOUS": "1", "HUGIFY_PERF_MAP": "0"}}],
+        "shared-hugify-run": [{"run": ["hugify-run", PROG], "env": {"HUGIFY_DEBUG": "1"}}],
+        "shared-audit": [{"run": [PROG], "env": shared}],
+        "shared-audit-dlopen": [{"run": [str(DLOPEN), LIB], "env": shared}],
     }
 
 
@@ -270,7 +294,8 @@ def io_check() -> dict[str, int]:
     cached in small folios."""
     series = {
         "plain": ([PROG], {}),
-        "audit": ([PROG], {"LD_AUDIT": AUDIT_LIB}),
+        "audit": ([PROG], {"LD_AUDIT": AUDIT_LIB, **NO_SHARED}),
+        "shared": ([PROG], {"LD_AUDIT": AUDIT_LIB}),
     }
     out = {}
     for name, (argv, env) in series.items():
@@ -287,7 +312,7 @@ def io_check() -> dict[str, int]:
 
 def anonymous_env(mode: str) -> dict[str, str]:
     """The audit library's environment with the anonymous-copy mode `mode` ("" off)."""
-    env = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1", "HUGIFY_PERF_MAP": "0"}
+    env = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1", "HUGIFY_PERF_MAP": "0", **NO_SHARED}
     return {**env, "HUGIFY_ANONYMOUS": mode} if mode else env
 
 

@@ -1,8 +1,9 @@
 /* Preloaded into every program the kernel-matrix guest runs (tests/vm/guest_driver.py):
  * when the process exits, it touches one byte of every 2 MiB of each executable file
  * mapping (so each window is faulted once and smaps shows how the page cache holds
- * it), then appends one JSON line to $HUGIFY_PROBE_OUT with the size and FilePmdMapped
- * of each executable file mapping, and the size and AnonHugePages of each executable
+ * it), then appends one JSON line to $HUGIFY_PROBE_OUT with the size, FilePmdMapped and
+ * ShmemPmdMapped (a shared copy's, on tmpfs) of each executable file mapping, and the
+ * size and AnonHugePages of each executable
  * anonymous one (the runtime's anonymous copies; path "" or "[anon:...]"), read from
  * the process's own /proc/self/smaps. With HUGIFY_PROBE_HOLD=N it first sleeps N seconds
  * with the mappings in place, as a long-running program would hold them: long enough for
@@ -42,7 +43,7 @@ __attribute__((destructor)) static void report(void) {
     if (!s || !o)
         return;
     char line[4096], path[4096] = "";
-    unsigned long size = 0;
+    unsigned long size = 0, shmem = 0;
     int exec = 0, anon = 0, first = 1;
     fprintf(o, "{\"pid\": %d, \"maps\": [", (int)getpid());
     while (fgets(line, sizeof line, s)) {
@@ -56,8 +57,12 @@ __attribute__((destructor)) static void report(void) {
             anon = perms[2] == 'x' && (p[0] == 0 || strncmp(p, "[anon:", 6) == 0);
             snprintf(path, sizeof path, "%s", p);
             size = hi - lo;
+            shmem = 0;
+        } else if (exec && sscanf(line, "ShmemPmdMapped: %lu kB", &kb) == 1) {
+            shmem = kb * 1024; /* smaps says it before FilePmdMapped */
         } else if (exec && sscanf(line, "FilePmdMapped: %lu kB", &kb) == 1) {
-            fprintf(o, "%s{\"path\": \"%s\", \"size\": %lu, \"pmd\": %lu}", first ? "" : ", ", path, size, kb * 1024);
+            fprintf(o, "%s{\"path\": \"%s\", \"size\": %lu, \"pmd\": %lu, \"shmem\": %lu}", first ? "" : ", ", path,
+                    size, kb * 1024, shmem);
             first = 0;
         } else if (anon && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
             fprintf(o, "%s{\"anon\": \"%s\", \"size\": %lu, \"pmd\": %lu}", first ? "" : ", ", path, size, kb * 1024);

@@ -1,0 +1,707 @@
+"""Root's shared copies of hugified files (docs/runtime.md, "Shared copies").
+
+Where the filesystem gives a file no 2 MiB folios (the engine's `unsupported`), `hugify
+prefetch` run by root keeps one copy of the whole file on a tmpfs mounted with
+``huge=within_size``, written at its final size so that its windows are shared-memory
+huge pages; the audit library maps the file's code windows from it in every process
+(runtime/hp_shared.h says what it proves first). Whole files, so that perf reads the
+build-id and symbols of the mapped file and core dumps name it as before.
+
+This module mounts the tmpfs where it may, writes, keeps and drops the copies and their
+records within the policy's budget, in the order it is given the files (the boot's
+order), and says what the copies hold for `hugify status`. Every file it creates is
+made under a name no reader looks at and renamed into place whole; the directory is
+locked for one run at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hugify.prefetch import Engine, Target
+
+#: The copies' directory in the runtime directory, the tmpfs hugify mounts there, the
+#: record beside each copy and its first word (runtime/hp_shared.h: one format).
+SHARED_DIR = "shared"
+RECORD = "record"
+MAGIC = "hugify-shared-1"
+#: What `mount` shows as the tmpfs's source.
+MOUNT_SOURCE = "hugify-shared"
+#: The tmpfs's options besides its size: root's, nobody else may create anything in it;
+#: nosuid and nodev, but not noexec, since the copies are mapped executable;
+#: huge=within_size gives a file written at its final size a huge page for every whole
+#: 2 MiB of it (and none for a partial tail), with no madvise.
+MOUNT_OPTIONS = "mode=0755,uid=0,gid=0,huge=within_size"
+#: Room in the tmpfs beyond the budget: each record takes a page, each directory none.
+MOUNT_SLACK = 4 << 20
+#: huge= values with which a file written at its final size gets huge pages.
+HUGE_MOUNT_VALUES = ("within_size", "always")
+TMPFS_MAGIC = 0x01021994
+_MS_NOSUID, _MS_NODEV = 2, 4
+_CHUNK = 1 << 20
+
+
+class Refused(Exception):
+    """No copy for a file: a reason id of the core's table and a one-line detail."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Record:
+    """What root writes beside a copy: the original's identity as the audit library
+    sees it (the mapping's device and inode, size, times in ns), the copy's inode and
+    change time when sealed, the SHA-256 of the bytes copied, the copy's name and the
+    original's path."""
+
+    major: int
+    minor: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    copy_inode: int
+    copy_ctime_ns: int
+    sha256: str
+    name: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        """The directory of the copy: MAJOR:MINOR:INODE of the original."""
+        return f"{self.major}:{self.minor}:{self.inode}"
+
+    def text(self) -> str:
+        numbers = (
+            self.major,
+            self.minor,
+            self.inode,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.copy_inode,
+            self.copy_ctime_ns,
+        )
+        return f"{MAGIC} {' '.join(map(str, numbers))} {self.sha256} {self.name}\n{self.path}\n"
+
+    @classmethod
+    def parse(cls, text: str) -> Record | None:
+        first, _, rest = text.partition("\n")
+        fields = first.split(" ")
+        if len(fields) != 11 or fields[0] != MAGIC or not all(f.isdigit() for f in fields[1:9]):
+            return None
+        major, minor, inode, size, mtime_ns, ctime_ns, copy_inode, copy_ctime_ns = (int(f) for f in fields[1:9])
+        return cls(
+            major,
+            minor,
+            inode,
+            size,
+            mtime_ns,
+            ctime_ns,
+            copy_inode,
+            copy_ctime_ns,
+            fields[9],
+            fields[10],
+            rest.rstrip("\n"),
+        )
+
+
+def key_of(identity: tuple[int, int, int]) -> str:
+    return "{}:{}:{}".format(*identity)
+
+
+def shared_dir(rdir: Path) -> Path:
+    return rdir / SHARED_DIR
+
+
+# --- the tmpfs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mount:
+    """The tmpfs mounted on the copies' directory, from /proc/self/mountinfo."""
+
+    source: str
+    options: dict[str, str]
+
+    @property
+    def huge(self) -> str:
+        return self.options.get("huge", "never")
+
+    @property
+    def size(self) -> int | None:
+        """Its size in bytes (tmpfs says it in KiB: size=262144k), or None: unbounded."""
+        value = self.options.get("size", "")
+        units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+        if value[:-1].isdigit() and value[-1:] in units:
+            return int(value[:-1]) * units[value[-1]]
+        return int(value) if value.isdigit() else None
+
+
+def mount_of(path: Path) -> Mount | None:
+    """The tmpfs mounted exactly on `path` (the last mount there), or None."""
+    found = None
+    real = os.path.realpath(path)
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        where = fields[4].replace("\\040", " ")
+        if where == real:
+            opts = dict(o.partition("=")[::2] for o in tail[2].split(","))
+            found = Mount(tail[1], opts) if tail[0] == "tmpfs" else None
+    return found
+
+
+def ensure_mounted(rdir: Path, size: int) -> Mount:
+    """The tmpfs of the copies, mounted now (as root with CAP_SYS_ADMIN) if it is not.
+    Refused if there is none and it cannot be mounted (the boot service's sandbox may not
+    mount: run-hugify-shared.mount does), or the one there gives no huge pages."""
+    where = shared_dir(rdir)
+    m = mount_of(where)
+    if m is None:
+        try:
+            os.makedirs(where, mode=0o755, exist_ok=True)
+        except OSError as e:
+            raise Refused("shared-unavailable", f"cannot make {where}: {e.strerror}") from e
+        libc = ctypes.CDLL(None, use_errno=True)
+        opts = f"{MOUNT_OPTIONS},size={size + MOUNT_SLACK}"
+        rc = libc.mount(MOUNT_SOURCE.encode(), os.fsencode(where), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode())
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise Refused("shared-unavailable", f"cannot mount a tmpfs on {where}: {os.strerror(err)}")
+        m = mount_of(where)
+        if m is None:
+            raise Refused("shared-unavailable", f"the tmpfs mounted on {where} is not seen in mountinfo")
+    if m.huge not in HUGE_MOUNT_VALUES:
+        raise Refused(
+            "shared-unavailable",
+            f"the tmpfs on {where} is mounted with huge={m.huge}: its files get no huge pages (needs huge=within_size)",
+        )
+    return m
+
+
+def _roots_alone(st: os.stat_result) -> bool:
+    return st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+@contextlib.contextmanager
+def opened(rdir: Path) -> Iterator[int]:
+    """The copies' directory, open and locked against other runs; checked as the audit
+    library checks it (root's alone, on tmpfs), so that a copy root writes is one the
+    runtime may use."""
+    where = shared_dir(rdir)
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise Refused("shared-unavailable", f"cannot open {where}: {e.strerror}") from e
+    try:
+        st, run = os.fstat(fd), os.stat(rdir)
+        if not (_roots_alone(st) and _roots_alone(run)):
+            raise Refused("shared-unavailable", f"{where} or {rdir} is not root's alone (owner root, mode 0755)")
+        if _fs_type(fd) != TMPFS_MAGIC:
+            raise Refused("shared-unavailable", f"{where} is not on tmpfs")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _fs_type(fd: int) -> int:
+    """statfs f_type of the open file (os.statvfs does not give it)."""
+
+    class Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_long * 15)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = Statfs()
+    if libc.fstatfs(fd, ctypes.byref(buf)) != 0:
+        return 0
+    return int(buf.f_type) & 0xFFFFFFFF
+
+
+# --- the copies -----------------------------------------------------------------------
+
+
+def _ns(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def read_record(store: int, key: str) -> Record | None:
+    try:
+        fd = os.open(f"{key}/{RECORD}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
+    except OSError:
+        return None
+    try:
+        if not _roots_alone(os.fstat(fd)):
+            return None
+        return Record.parse(os.read(fd, 16384).decode("utf-8", "surrogateescape"))
+    finally:
+        os.close(fd)
+
+
+def copy_problem(store: int, rec: Record, original: os.stat_result | None) -> tuple[str, str] | None:
+    """Why a recorded copy is of no use (reason id, detail), as the audit library would
+    find it; None if it is usable: the original unchanged since the copy (when given),
+    the copy root's alone, the inode root sealed, unwritten since."""
+    if original is not None and _ns(original) != (rec.size, rec.mtime_ns, rec.ctime_ns):
+        return "copy-stale", "the file changed since it was copied"
+    try:
+        fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
+    except OSError as e:
+        return "no-copy", f"the copy cannot be opened: {e.strerror}"
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not (_roots_alone(st) and stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+        return "copy-untrusted", "the copy is not root's alone"
+    if (st.st_ino, st.st_ctime_ns, st.st_size) != (rec.copy_inode, rec.copy_ctime_ns, rec.size):
+        return "copy-changed", "the copy was written since root sealed it"
+    return None
+
+
+def held(store: int, rec: Record) -> int:
+    """Bytes of memory the copy holds (its tmpfs blocks)."""
+    try:
+        return os.stat(f"{rec.key}/{rec.name}", dir_fd=store, follow_symlinks=False).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def copy_name(path: str) -> str:
+    """The copy's name: the original's (perf and core dumps show it), if the record can
+    hold it."""
+    name = os.path.basename(path)
+    if not name or name in (".", "..") or "\n" in name or " " in name:
+        return "copy"
+    return name
+
+
+def _remove_tree(store: int, name: str) -> None:
+    """Removes the directory `name` of the store and the files in it (a copy mapped by
+    running processes lives on for them, unlinked)."""
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
+        try:
+            for entry in os.listdir(fd):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry, dir_fd=fd)
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=store)
+
+
+def drop(store: int, key: str) -> None:
+    """Removes a copy and its record: renamed out of the runtime's way first, so that no
+    process finds a record without its copy."""
+    gone = f".old-{key}-{os.getpid()}"
+    try:
+        os.rename(key, gone, src_dir_fd=store, dst_dir_fd=store)
+    except FileNotFoundError:
+        return
+    _remove_tree(store, gone)
+
+
+@dataclass(frozen=True)
+class Original:
+    """A hugified file to copy, open: its identity as the audit library sees it (the
+    mapping's device and inode), its state before the copy, its windows' offsets."""
+
+    fd: int
+    path: str
+    identity: tuple[int, int, int]
+    offsets: tuple[int, ...]
+    before: os.stat_result
+
+
+def write_copy(store: int, engine: Engine, src: Original) -> Record:
+    """Copies the original into the store and records it: written at its final size
+    (huge=within_size needs it; the tmpfs's space is taken at once, so a full one refuses
+    before anything is written), hashed while copying, checked unchanged since (size and
+    times) and, mapped, one PMD per window; then sealed read-only and renamed into place
+    with its record. Refused, leaving nothing behind, otherwise."""
+    tmp = f".new-{key_of(src.identity)}-{os.getpid()}"
+    _remove_tree(store, tmp)
+    os.mkdir(tmp, 0o700, dir_fd=store)
+    try:
+        d = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
+        try:
+            rec = _fill(d, engine, src)
+            fd = os.open(RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=d)
+            try:
+                text = rec.text().encode("utf-8", "surrogateescape")
+                if os.write(fd, text) != len(text):
+                    raise Refused("shared-full", "the record could not be written whole")
+            finally:
+                os.close(fd)
+            os.fchmod(d, 0o755)
+        finally:
+            os.close(d)
+        drop(store, rec.key)  # a copy of an earlier state of this inode
+        os.rename(tmp, rec.key, src_dir_fd=store, dst_dir_fd=store)
+        return rec
+    except OSError as e:
+        _remove_tree(store, tmp)
+        if e.errno == errno.ENOSPC:
+            raise Refused("shared-full", "the shared copies' tmpfs is full") from e
+        raise Refused("io-error", f"cannot copy it: {e.strerror}") from e
+    except BaseException:
+        _remove_tree(store, tmp)
+        raise
+
+
+def _fill(d: int, engine: Engine, src: Original) -> Record:
+    size, name = src.before.st_size, copy_name(src.path)
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+    digest = hashlib.sha256()
+    try:
+        os.ftruncate(out, size)
+        os.posix_fallocate(out, 0, size)
+        os.posix_fadvise(src.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        done = 0
+        while done < size:
+            chunk = os.pread(src.fd, min(_CHUNK, size - done), done)
+            if not chunk:
+                raise Refused("copy-stale", "the file was truncated while it was copied")
+            digest.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.pwrite(out, view, done + len(chunk) - len(view)) :]
+            done += len(chunk)
+        os.fchmod(out, 0o444)
+    finally:
+        os.close(out)
+    if _ns(os.fstat(src.fd)) != _ns(src.before):
+        raise Refused("copy-stale", "the file changed while it was copied")
+    check = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+    try:
+        pmd = engine.pmd_windows(check, list(src.offsets))
+        if False in pmd:
+            raise Refused(
+                "shmem-not-huge",
+                f"{pmd.count(False)} of {len(pmd)} windows of the copy are not huge pages "
+                "(shared-memory huge pages refused: transparent_hugepage/shmem_enabled deny?)",
+            )
+        st = os.fstat(check)
+    finally:
+        os.close(check)
+    # The original's code windows are now held by the copy: the page cache's small folios
+    # of them are dropped where no process maps them (read back if a process needs them).
+    for off in src.offsets:
+        os.posix_fadvise(src.fd, off, 2 << 20, os.POSIX_FADV_DONTNEED)
+    return Record(
+        *src.identity,
+        size,
+        src.before.st_mtime_ns,
+        src.before.st_ctime_ns,
+        st.st_ino,
+        st.st_ctime_ns,
+        digest.hexdigest(),
+        name,
+        src.path,
+    )
+
+
+def records(store: int) -> dict[str, Record]:
+    """The copies in the store, by key; what is left of interrupted runs is removed."""
+    out: dict[str, Record] = {}
+    for entry in sorted(os.listdir(store)):
+        if entry.startswith((".new-", ".old-")):
+            pid = entry.rsplit("-", 1)[-1]
+            if not (pid.isdigit() and Path(f"/proc/{pid}").exists()) or int(pid) == os.getpid():
+                _remove_tree(store, entry)
+            continue
+        rec = read_record(store, entry)
+        if rec is None or rec.key != entry:
+            _remove_tree(store, entry)  # not a record of this format: nothing to trust
+            continue
+        out[entry] = rec
+    return out
+
+
+# --- one run of hugify prefetch -----------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What became of one file's shared copy in a run."""
+
+    state: str  # "kept", "made", "none"
+    reason: str = ""
+    detail: str = ""
+    copy: str = ""
+    held: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state}
+        for k in ("reason", "detail", "copy"):
+            if getattr(self, k):
+                out[k] = getattr(self, k)
+        if self.held:
+            out["held_bytes"] = self.held
+        return out
+
+
+@dataclass
+class Report:
+    """A run's work on the copies: per file, and what was dropped."""
+
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # by target path
+    dropped: list[str] = field(default_factory=list)  # paths of the originals
+    problem: tuple[str, str] | None = None  # the store as a whole could not be used
+
+    @property
+    def held(self) -> int:
+        return sum(o.held for o in self.outcomes.values())
+
+
+def wanted(t: Target) -> bool:
+    """Whether a file's windows are for shared copies: the engine found file-backed huge
+    pages unsupported for it."""
+    from hugify.prefetch import UNSUPPORTED
+
+    return t.fd >= 0 and any(w.state == UNSUPPORTED for w in t.windows)
+
+
+def settle(rdir: Path, engine: Engine, targets: Iterable[Target], budget: int, complete: bool) -> Report:
+    """Keeps or makes the copies of the `targets` that want one, in their order, while
+    what they hold stays within `budget`; drops the copies that are of no use (stale,
+    changed, beyond the budget) and, when the run saw every installed file (`complete`),
+    those of files it did not see or that want none. Root only: nobody else may write
+    the store."""
+    report = Report()
+    targets = list(targets)
+    want = [t for t in targets if wanted(t)]
+    if os.geteuid() != 0 or (not want and not shared_dir(rdir).is_dir()):
+        return report
+    try:
+        if want:
+            ensure_mounted(rdir, budget)
+        with opened(rdir) as store:
+            _Settling(store, rdir, engine, budget, report).run(targets, want, complete)
+    except Refused as e:
+        report.problem = (e.reason, e.detail)
+        for t in want:
+            report.outcomes[t.path] = Outcome("none", e.reason, e.detail)
+    return report
+
+
+@dataclass
+class _Settling:
+    store: int
+    rdir: Path
+    engine: Engine
+    budget: int
+    report: Report
+    used: int = 0
+
+    def run(self, targets: list[Target], want: list[Target], complete: bool) -> None:
+        have = records(self.store)
+        keep: set[str] = set()
+        for t in want:
+            identity = self.engine.file_id(t.fd)
+            if identity is None:
+                self.report.outcomes[t.path] = Outcome("none", "no-file", "its mapping names no inode")
+                continue
+            src = Original(t.fd, t.path, identity, tuple(w.offset for w in t.windows), os.fstat(t.fd))
+            outcome = self.one(src, have)
+            self.report.outcomes[t.path] = outcome
+            if outcome.state != "none":
+                keep.add(key_of(identity))
+        seen = {key_of(i) for i in (self.engine.file_id(t.fd) for t in targets if t.fd >= 0) if i}
+        for key, rec in have.items():
+            if key in keep:
+                continue
+            if key in seen or complete or copy_problem(self.store, rec, _stat_original(rec)) is not None:
+                drop(self.store, key)
+                self.report.dropped.append(rec.path)
+
+    def one(self, src: Original, have: dict[str, Record]) -> Outcome:
+        """Keeps the file's copy, or makes one."""
+        key = key_of(src.identity)
+        rec = have.get(key)
+        where = shared_dir(self.rdir) / key
+        if rec is not None and copy_problem(self.store, rec, src.before) is None and self._huge(rec, src.offsets):
+            size = held(self.store, rec)
+            if self.used + size <= self.budget:
+                self.used += size
+                return Outcome("kept", copy=str(where / rec.name), held=size)
+        if not src.before.st_mode & stat.S_IROTH:
+            return Outcome("none", "copy-private", "not readable by everyone: a copy would show it to every user")
+        need = -(-src.before.st_size // 4096) * 4096
+        if self.used + need > self.budget:
+            return Outcome(
+                "none",
+                "shared-budget",
+                f"the copies hold {self.used >> 20} MiB; {need >> 20} MiB more would pass runtime.shared_budget "
+                f"({self.budget >> 20} MiB)",
+            )
+        try:
+            rec = write_copy(self.store, self.engine, src)
+        except Refused as e:
+            return Outcome("none", e.reason, e.detail)
+        have[key] = rec
+        size = held(self.store, rec)
+        self.used += size
+        return Outcome("made", copy=str(where / rec.name), held=size)
+
+    def _huge(self, rec: Record, offsets: tuple[int, ...]) -> bool:
+        """Whether every window of a recorded copy is still one PMD (one split, or swapped
+        out and back in small pages, is made again)."""
+        fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.store)
+        try:
+            return all(self.engine.pmd_windows(fd, list(offsets)))
+        finally:
+            os.close(fd)
+
+
+def _stat_original(rec: Record) -> os.stat_result | None:
+    try:
+        return os.stat(rec.path)
+    except OSError:
+        return None
+
+
+def drop_all(rdir: Path) -> list[str]:
+    """Removes every copy (policy runtime.shared = "off"); the paths of their originals."""
+    if os.geteuid() != 0 or not shared_dir(rdir).is_dir():
+        return []
+    try:
+        with opened(rdir) as store:
+            out = []
+            for key, rec in records(store).items():
+                drop(store, key)
+                out.append(rec.path)
+            return out
+    except Refused:
+        return []
+
+
+# --- what the copies hold, for hugify status ---------------------------------------------
+
+
+@dataclass
+class Held:
+    """One copy in the store, as `hugify status` shows it."""
+
+    record: Record
+    copy: str
+    windows: int = 0
+    huge_windows: int = 0
+    held: int = 0  # bytes of memory (its tmpfs blocks), once whatever maps it
+    mapped_by: list[int] = field(default_factory=list)
+    problem: tuple[str, str] | None = None  # why the runtime would not use it now
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.record.path,
+            "key": self.record.key,
+            "copy": self.copy,
+            "size": self.record.size,
+            "sha256": self.record.sha256,
+            "windows": self.windows,
+            "huge_windows": self.huge_windows,
+            "held_bytes": self.held,
+            "mapped_by": self.mapped_by,
+        }
+        if self.problem:
+            out["problem"] = {"reason": self.problem[0], "detail": self.problem[1]}
+        return out
+
+
+@dataclass
+class Removed:
+    """A copy removed from the store (dropped, or its store unmounted) that processes
+    still map: its memory is held until the last of them exits."""
+
+    copy: str
+    inode: int
+    mapped: int  # bytes of it the processes map (the most any one maps)
+    mapped_by: list[int] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"copy": self.copy, "inode": self.inode, "bytes": self.mapped, "mapped_by": self.mapped_by}
+
+
+def _mappers(store: Path) -> tuple[dict[str, set[int]], dict[tuple[str, int], dict[int, int]]]:
+    """Who maps what of the store, from every process's maps: copy path -> pids; for
+    removed copies (path, inode) -> pid -> bytes mapped."""
+    prefix = f"{store}/"
+    live: dict[str, set[int]] = {}
+    gone: dict[tuple[str, int], dict[int, int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            text = (d / "maps").read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or not fields[5].startswith(prefix):
+                continue
+            path, pid = fields[5], int(d.name)
+            if path.endswith(" (deleted)"):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                per = gone.setdefault((path[: -len(" (deleted)")], int(fields[4])), {})
+                per[pid] = per.get(pid, 0) + hi - lo
+            else:
+                live.setdefault(path, set()).add(pid)
+    return live, gone
+
+
+def inventory(rdir: Path, engine: Engine, hp: int) -> tuple[list[Held], list[Removed]]:
+    """The copies in the store and what they hold now (reading nothing from a disk: a
+    window swapped out counts as not huge), who maps them, and the removed copies still
+    mapped."""
+    from hugify.prefetch import NotHugified, read_windows
+
+    where = shared_dir(rdir)
+    live, gone = _mappers(where)
+    out: list[Held] = []
+    try:
+        store = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        store = -1
+    try:
+        for entry in sorted(os.listdir(store)) if store >= 0 else []:
+            rec = None if entry.startswith(".") else read_record(store, entry)
+            if rec is None:
+                continue
+            h = Held(rec, str(where / rec.key / rec.name), held=held(store, rec))
+            h.problem = copy_problem(store, rec, _stat_original(rec))
+            h.mapped_by = sorted(live.get(h.copy, ()))
+            with contextlib.suppress(OSError, NotHugified):
+                fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
+                try:
+                    offsets = list(read_windows(fd, hp).offsets)
+                    h.windows = len(offsets)
+                    h.huge_windows = sum(1 for p in engine.pmd_windows(fd, offsets, measure=True) if p)
+                finally:
+                    os.close(fd)
+            out.append(h)
+    finally:
+        if store >= 0:
+            os.close(store)
+    removed = [Removed(path, ino, max(per.values()), sorted(per)) for (path, ino), per in sorted(gone.items())]
+    return out, removed
