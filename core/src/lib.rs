@@ -14,6 +14,7 @@ pub mod elf;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod glibc_thp;
 mod hazards;
 pub mod layout;
 mod leb;
