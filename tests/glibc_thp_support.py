@@ -205,6 +205,13 @@ def all_huge(run: dict[str, Any], paths: tuple[str, ...] = (PROG, LIB)) -> bool:
     return run["rc"] == 0 and all(p in maps and maps[p][0] == maps[p][1] > 0 for p in paths)
 
 
+def windows_huge(run: dict[str, Any], path: str) -> bool:
+    """Whether every whole 2 MiB window of the path's executable mapping was PMD-mapped
+    (the as-is program's mapping is more than its one window)."""
+    maps = run["maps"]
+    return run["rc"] == 0 and path in maps and maps[path][0] == maps[path][1] >> 21 << 21 > 0
+
+
 def summary(row: dict[str, Any]) -> dict[str, dict[str, bool]]:
     """read_ahead_kb -> setting -> whether the program's and the library's code was all
     PMD-mapped, DT_NEEDED and dlopen()ed alike."""
