@@ -6,12 +6,20 @@ the same guest driver as tests/test_kernel_matrix.py (tests/vm/guest_driver.py; 
 suite boots a subset). Writes one JSON document (rows as tests/vm_matrix.row) for
 bench/matrix_table.py, which regenerates docs/runtime.md's "Where it works" table.
 
+The way "glibc.elf.thp" boots each (kernel, filesystem) a second time, on the same root
+with glibc 2.44 unpacked over it (tests/glibc_thp_support.py): cold starts with the tunable off,
+in the environment and set system-wide, at the disk's default read_ahead_kb, 128 and
+8192 (tests/vm/glibc_thp_guest.py); its results go to each row's "glibc_thp".
+
 Boots are cached by their inputs (a second run only boots what changed); a cold run is
-about 12 TCG boots of a few minutes each. Must run as root (loop devices, chroot).
+about 12 TCG boots of a few minutes each per way. Must run as root (loop devices, chroot).
 
 usage: bench/kernel_matrix.py [--out FILE] [--parallel N] [--only SUITE:FS ...]
+                              [--ways matrix,glibc.elf.thp]
 
---parallel boots N guests at once (each TCG guest keeps one host core busy).
+--parallel boots N guests at once (each TCG guest keeps one host core busy). With only
+some ways, rows carry only those ways' results: bench/matrix_table.py --json takes the
+files of several runs and merges their rows per kernel and filesystem.
 """
 
 from __future__ import annotations
@@ -27,9 +35,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from glibc_thp_support import glibc_thp_row, root_extra  # noqa: E402
 from vm_boot import ACCEL, MEMORY_MIB, VmError, boot  # noqa: E402
 from vm_kernels import KernelUnavailable  # noqa: E402
-from vm_matrix import full_matrix, resolve, row  # noqa: E402
+from vm_matrix import full_matrix, kernel_fields, resolve, row  # noqa: E402
+
+WAYS = ("matrix", "glibc.elf.thp")
 
 
 def main() -> int:
@@ -37,18 +48,27 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "kernel_matrix.json")
     ap.add_argument("--parallel", type=int, default=1, help="guests booted at once (default 1)")
     ap.add_argument("--only", nargs="*", default=[], help="SUITE:FS pairs (default: the whole matrix)")
+    ap.add_argument("--ways", default=",".join(WAYS), help=f"which boots (default: {','.join(WAYS)})")
     args = ap.parse_args()
     pairs = [tuple(p.split(":", 1)) for p in args.only] or full_matrix()
+    ways = args.ways.split(",")
+    if not ways or set(ways) - set(WAYS):
+        ap.error(f"--ways takes {', '.join(WAYS)}")
+    glibc = root_extra() if "glibc.elf.thp" in ways else None
 
     def measure(pair: tuple[str, str]) -> dict[str, Any]:
         suite, fs = pair
         try:
-            b = boot(resolve(suite), fs)
+            k = resolve(suite)
+            out = row(boot(k, fs)) if "matrix" in ways else kernel_fields(k, fs)
+            if glibc:
+                b = boot(k, fs, extra=glibc)
+                out["glibc_thp"] = glibc_thp_row(b.results) | {"boot_seconds": b.seconds}
         except (KernelUnavailable, VmError) as e:
             print(f"{suite} on {fs}: {e}", file=sys.stderr)
             return {"suite": suite, "fs": fs, "error": str(e)}
-        print(f"{b.kernel.label} on {fs}: booted and measured in {b.seconds} s", file=sys.stderr)
-        return row(b)
+        print(f"{k.label} on {fs}: booted and measured", file=sys.stderr)
+        return out
 
     # Boots share their inputs (kernels, initramfs, root images) through the cache's
     # locks, so threads only wait for each other where one builds what both need.
@@ -60,6 +80,7 @@ def main() -> int:
         "date": datetime.date.today().isoformat(),
         "accel": ACCEL,
         "memory_mib": MEMORY_MIB,
+        "ways": ways,
         "rows": rows,
         "errors": errors,
     }

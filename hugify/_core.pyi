@@ -81,6 +81,18 @@ class Report(TypedDict):
 class Transformed(Report):
     result: Plan
 
+class GlibcThp(TypedDict):
+    """What glibc's loader does by itself under glibc.elf.thp=1 (core/src/glibc_thp.rs)."""
+
+    #: Bytes of the windows in loads ld.so advises (MADV_HUGEPAGE).
+    advised: int
+    #: Of them, the window holding the ELF header (read with it: never cold).
+    header: int
+    #: The largest read_ahead (bytes) up to which the kernel's reads for the other loads'
+    #: faults at start-up stay out of the other advised windows (0: none); None when
+    #: nothing read then reaches them, or there are none.
+    read_ahead_limit: int | None
+
 class Probe(TypedDict):
     """Header facts of an ELF executable or shared object (core/src/probe.rs)."""
 
@@ -98,6 +110,7 @@ class Probe(TypedDict):
     state: Literal["whole", "partial", "none"]
     #: The manifest's (offset, size), docs/manifest.md.
     manifest_span: tuple[int, int] | None
+    glibc_thp: GlibcThp
     #: Why the rest could not be read.
     problem: Refusal | None
 

@@ -177,6 +177,15 @@ def _kernel_version(release: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+def gives_large_folios(fstype: str, release: str | None = None) -> bool | None:
+    """Whether files on `fstype` get large folios on this kernel (or `release`); None
+    where hugify does not know the filesystem."""
+    if fstype not in LARGE_FOLIOS_SINCE:
+        return None
+    since = LARGE_FOLIOS_SINCE[fstype]
+    return since is not None and _kernel_version(release or os.uname().release) >= since
+
+
 def large_folios_remedy(fstype: str, release: str | None = None) -> str:
     """Which kernel would give files on `fstype` large folios, in a few words."""
     if fstype not in LARGE_FOLIOS_SINCE:

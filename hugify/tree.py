@@ -69,6 +69,7 @@ def _unprobed(problem: _core.Refusal | None) -> _core.Probe:
         "code_size": 0,
         "huge_page": _core.DEFAULT_HUGE_PAGE,
         "windows": [],
+        "glibc_thp": {"advised": 0, "header": 0, "read_ahead_limit": None},
         "huge_bytes": 0,
         "state": "none",
         "manifest_span": None,

@@ -37,6 +37,13 @@ the filesystem gives large folios, exactly its whole windows (those of its manif
 entry) are PMD-mapped after prefetch, through hugify-run and through the audit library,
 and `hugify status` says they are huge; where it does not, `unsupported`, naming the
 filesystem.
+glibc's own advice (issue 31 item 7): the newest kernel on ext4 booted once more on the
+same root with Debian's glibc 2.44 unpacked over it (tests/glibc_thp_support.py, one boot
+of a few minutes): with glibc.elf.thp set, in the environment or system-wide, a cold
+start gets the program's, the library's (DT_NEEDED and dlopen) and the as-is program's
+code all PMD-mapped exactly where the disk's read_ahead_kb is within the core's limit
+for the file (at 128, and at the disk's default 8192 only the as-is program), none of
+it without the tunable; `hugify status` there names what defeats it.
 A kernel that cannot be fetched, a qemu that cannot start, a guest that panics or does
 not finish in time fail the test with the reason (and the console's last lines).
 """
@@ -49,6 +56,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import glibc_thp_support
 import pytest
 from deb_support import EXEC, LLD_LIB, LLD_PLUGIN, LLD_PROG, MANIFEST_DIR, build_variant
 from helpers import HP, REPO, readelf_windows, window_offsets
@@ -70,7 +78,7 @@ from vm_matrix import (
     shared_copies,
 )
 
-from hugify import manifest
+from hugify import _core, manifest
 
 sys.path.insert(0, str(REPO / "bench"))
 import matrix_table
@@ -593,3 +601,115 @@ def test_lld_objects_get_their_windows_huge_or_copied(booted: BootResult) -> Non
                 if {p: lines.get(p) for p in windows} != {p: (n, 0, 0) for p, n in windows.items()}:
                     wrong.append(f"{at}: the audit library's lines {lines}, not one per lld object: {step['debug']}")
     assert not wrong, "\n".join(wrong)
+
+
+# --- glibc's own advice, glibc.elf.thp (issue 31 item 7) -------------------------------------
+
+#: The one glibc boot of the suite (bench/kernel_matrix.py boots all of the matrix): the
+#: newest kernel on ext4, where the files get large folios.
+GLIBC_SUBSET = ("newest", "ext4")
+
+
+@pytest.fixture(scope="module")
+def glibc_booted() -> BootResult:
+    suite, fs = GLIBC_SUBSET
+    try:
+        return boot(resolve(suite), fs, extra=glibc_thp_support.root_extra())
+    except (KernelUnavailable, VmError) as e:
+        pytest.fail(f"{suite} on {fs} with glibc 2.44: {e}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def glibc_limits() -> dict[str, int | None]:
+    """The read_ahead_limit the core gives each of the package's files (installed path ->
+    bytes), from the files the guest installed."""
+    root = build_variant("with").ok().root
+    out = {}
+    for path in (PROG, LIB, "/" + EXEC):
+        p = _core.probe(root / path.lstrip("/"), HP)
+        assert p is not None and p["glibc_thp"]["advised"] == HP, (path, p)
+        out[path] = p["glibc_thp"]["read_ahead_limit"]
+    return out
+
+
+def test_glibc_thp_makes_cold_code_huge_up_to_the_read_ahead_the_layout_allows(
+    glibc_booted: BootResult, glibc_limits: dict[str, int | None]
+) -> None:
+    """Debian's glibc 2.44 over the matrix's root, booted: with glibc.elf.thp set, in the
+    environment or system-wide, ld.so advises the program's, the library's and the as-is
+    program's code (LD_DEBUG=files) and a cold start gets it all PMD-mapped — the library
+    DT_NEEDED and through dlopen — exactly where the disk's read_ahead_kb is within the
+    core's limit for the file: at 128 all of them; at 8192 (the virtio disk's default
+    under this kernel) not the program and library (their writable data lies 432 KiB
+    after their window), but the as-is program, whose lies 8 MiB after. Without the
+    tunable nothing is advised and nothing is huge."""
+    r = glibc_booted.results
+    assert (
+        r["glibc"] == "glibc 2.44" and r["tunable_before"] == r["tunable_after"] == "glibc.elf.thp: 0 (min: 0, max: 1)"
+    )
+    assert {"128", "8192"} <= set(r["runs"]) and str(r["read_ahead_default"]) in r["runs"], r["runs"].keys()
+    runs = {"program": (PROG, LIB), "dlopen": (LIB,), "as-is": ("/" + EXEC,)}
+    wrong = []
+    for ra, per_ra in r["runs"].items():
+        assert per_ra["system"]["tunable"] == "glibc.elf.thp: 1 (min: 0, max: 1)", per_ra["system"]["tunable"]
+        for setting in ("off", "env", "system"):
+            for name, paths in runs.items():
+                step = per_ra[setting][name]
+                at = f"read_ahead_kb {ra}, tunable {setting}, {name}"
+                if step["rc"] != 0 or set(step["maps"]) != set(paths):
+                    wrong.append(f"{at}: rc {step['rc']}, maps {step['maps']}")
+                    continue
+                advised = sorted(int(size, 16) for _, size, rc in step["madvise"] if rc == "0")
+                for path in paths:
+                    limit = glibc_limits[path]
+                    want = setting != "off" and (limit is None or int(ra) << 10 <= limit)
+                    got = step["maps"][path]
+                    huge = glibc_thp_support.windows_huge({"rc": 0, "maps": {path: [got["pmd"], got["size"]]}}, path)
+                    if huge != want or (not want and got["pmd"]):
+                        wrong.append(f"{at}: {path} {got['pmd'] >> 10} of {got['size'] >> 10} KiB PMD-mapped")
+                if (setting == "off") != (advised == []):
+                    wrong.append(f"{at}: ld.so advised {advised}")
+    assert not wrong, "\n".join(wrong)
+    assert glibc_limits[PROG] is not None and 128 << 10 <= glibc_limits[PROG] < 8192 << 10, glibc_limits
+
+
+def test_status_in_the_glibc_root_names_the_read_ahead_that_defeats_it(
+    glibc_booted: BootResult, glibc_limits: dict[str, int | None]
+) -> None:
+    """`hugify status` in the booted glibc 2.44 root, the tunable set system-wide: on, for
+    all three files; at 8192 it names the virtio disk as defeating it for the program and
+    the library with the core's limit as the value that keeps them (the cold starts above
+    show that value right); at 128 it names nothing."""
+    row = glibc_thp_support.glibc_thp_row(glibc_booted.results)
+    head = (
+        "hint: glibc.elf.thp (glibc 2.44): on system-wide; ld.so itself asks for huge pages for the code of 3 of 3 "
+        "files"
+    )
+    low, high = row["runs"]["128"]["system"]["hint"], row["runs"]["8192"]["system"]["hint"]
+    assert low == [head], low
+    kb = min(glibc_limits[p] or 0 for p in (PROG, LIB)) >> 10
+    assert high[0] == head and high[1].startswith(
+        "hint: glibc.elf.thp: read_ahead_kb 8192 of vda defeats it for 2 of them"
+    ), high
+    assert glibc_thp_support.hint_limit(high) == kb, (high, kb)
+    advice = row["runs"]["8192"]["system"]["advice"]
+    assert advice["system_wide"] == 1 and {f["path"] for f in advice["files"] if f["defeated"]} == {PROG, LIB}, advice
+
+
+def test_the_support_table_says_what_the_glibc_boot_asserts(
+    glibc_booted: BootResult, glibc_limits: dict[str, int | None]
+) -> None:
+    """The "Where it works" cell bench/matrix_table.py writes for the glibc boot: per
+    read_ahead_kb (the disk's default first), "yes" where the program's and the library's
+    code all came PMD-mapped, which is within their limit, and none of it above; the
+    as-is program's window where it differs."""
+    row = {"glibc_thp": glibc_thp_support.glibc_thp_row(glibc_booted.results)}
+    limit = min(glibc_limits[p] or 0 for p in (PROG, LIB))
+    default = glibc_booted.results["read_ahead_default"]
+    as_is = glibc_limits["/" + EXEC]
+    parts = []
+    for ra in dict.fromkeys((default, 128, 8192)):
+        code, window = ra << 10 <= limit, as_is is None or ra << 10 <= as_is
+        text = f"{ra}{' (default)' if ra == default else ''}: {'yes' if code else '0 of 4 MiB'}"
+        parts.append(text + (f", the as-is program's window {'yes' if window else 'no'}" if window != code else ""))
+    assert matrix_table.glibc_cell(row) == "read_ahead_kb " + "; ".join(parts), row

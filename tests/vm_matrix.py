@@ -150,18 +150,24 @@ def shared_copies(result: dict[str, Any], mode: str, cache: str) -> dict[str, An
     return {"ways": ways, "copies": copies, "held": sum(cp["held_bytes"] for cp in copies.values())}
 
 
+def kernel_fields(k: Kernel, fs: str) -> dict[str, Any]:
+    """What names a row of the matrix: the kernel, the filesystem and what they give."""
+    return {
+        "suite": k.suite,
+        "package": k.package,
+        "version": k.version,
+        "release": k.release,
+        "short": k.short,
+        "fs": fs,
+        "large_folios_expected": gives_large_folios(k, fs),
+    }
+
+
 def row(b: BootResult) -> dict[str, Any]:
     """One boot as the matrix's JSON records it."""
     r = b.results
-    return {
-        "suite": b.kernel.suite,
-        "package": b.kernel.package,
-        "version": b.kernel.version,
-        "release": b.kernel.release,
-        "short": b.kernel.short,
-        "fs": b.fs,
+    return kernel_fields(b.kernel, b.fs) | {
         "boot_seconds": b.seconds,
-        "large_folios_expected": gives_large_folios(b.kernel, b.fs),
         "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "as_is": {mode: {cache: as_is_pmd(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),

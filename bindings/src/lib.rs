@@ -259,6 +259,11 @@ fn probe_dict<'py>(py: Python<'py>, p: &Probe) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("huge_bytes", p.huge_bytes())?;
     d.set_item("state", p.state().name())?;
     d.set_item("manifest_span", p.manifest_span())?;
+    let thp = PyDict::new(py);
+    thp.set_item("advised", p.glibc_thp.advised)?;
+    thp.set_item("header", p.glibc_thp.header)?;
+    thp.set_item("read_ahead_limit", p.glibc_thp.read_ahead_limit)?;
+    d.set_item("glibc_thp", thp)?;
     d.set_item("problem", p.problem.as_ref().map(|e| error_dict(py, e)).transpose()?)?;
     Ok(d)
 }

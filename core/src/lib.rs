@@ -15,6 +15,7 @@ pub mod error;
 pub mod exposure;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod glibc_thp;
 mod hazards;
 pub mod layout;
 mod leb;

@@ -7,6 +7,7 @@ use crate::arch::ArchName;
 use crate::elf::consts::*;
 use crate::elf::{notes, Elf, Phdr};
 use crate::error::{Error, Reason};
+use crate::glibc_thp::{glibc_thp, GlibcThp};
 use crate::layout::{file_kind, FileKind};
 use crate::windows::{huge_windows, WindowRun};
 
@@ -54,6 +55,8 @@ pub struct Probe {
     pub huge_page: u64,
     /// The whole huge-page windows at congruent offsets ([`huge_windows`]).
     pub windows: Vec<WindowRun>,
+    /// What glibc's loader does with them by itself under `glibc.elf.thp=1`.
+    pub glibc_thp: GlibcThp,
     /// Why the rest could not be read (the file is damaged or in a format the
     /// rewriter does not read, e.g. big-endian).
     pub problem: Option<Error>,
@@ -100,6 +103,7 @@ pub fn probe(data: &[u8], hp: u64) -> Option<Probe> {
         code_size: 0,
         huge_page: hp,
         windows: Vec::new(),
+        glibc_thp: GlibcThp { advised: 0, header: 0, read_ahead_limit: None },
         problem: None,
     };
     let Some(head) = data.get(16..20) else {
@@ -126,6 +130,7 @@ fn read(p: &mut Probe, data: &[u8]) -> Result<(), Error> {
     p.exec_load = exec().next().copied();
     p.code_size = exec().map(|l| l.p_filesz).sum();
     p.windows = huge_windows(&elf.phdrs, elf.ehdr.e_type == ET_EXEC, p.huge_page);
+    p.glibc_thp = glibc_thp(&elf.phdrs, &p.windows, p.huge_page);
     p.build_id = notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
     p.kind = Some(file_kind(&elf)?);
     Ok(())

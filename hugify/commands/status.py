@@ -57,7 +57,7 @@ def _print_shared(held: list[Any], removed: list[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> Exit:
-    from hugify import anoncopies, shared
+    from hugify import anoncopies, glibc_thp, shared
     from hugify import prefetch as pf
     from hugify.sizes import human
 
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> Exit:
                 r.measure(work)
         finally:
             pf.close_targets(work)
+        thp_advice = glibc_thp.advise([t.path for t in work], r.hp, s.thp_enabled)
         if args.json:
             files = []
             for t in targets:
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> Exit:
                 files.append(d)
             out: dict[str, Any] = {
                 "system": s.as_json()
-                | {"features": features, "problem": s.problem(), "filesystems_without_large_folios": no_large},
+                | {"features": features, "problem": s.problem(), "filesystems_without_large_folios": no_large}
+                | {"glibc_elf_thp": thp_advice.as_json()},
                 "files": files,
                 "problems": problems,
                 "anonymous_copies": [c.as_json(r.hp) for c in copies],
@@ -144,6 +146,8 @@ def run(args: argparse.Namespace) -> Exit:
                 f"note: {where}, device {fs['device']}, gives no large folios on this kernel: "
                 f"its files stay in small pages; {fs['remedy']}"
             )
+        for line in thp_advice.lines():
+            print(f"hint: {line}")
         if cannot_measure:
             print("note: coverage cannot be measured from this process")
         for p in problems:
