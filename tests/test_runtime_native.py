@@ -68,9 +68,15 @@ def test_engine_library_states_are_the_documented_ones():
     syms = subprocess.run(["nm", "-D", "--defined-only", engine], capture_output=True, text=True, check=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines() if " T " in line) == [
         "hp_engine_init",
+        "hp_engine_large_folios_since",
+        "hp_engine_may_record",
         "hp_engine_page_regions",
+        "hp_engine_record_drop",
+        "hp_engine_record_read",
+        "hp_engine_record_write",
         "hp_engine_run",
         "hp_engine_set_budget",
+        "hp_engine_set_probe_hook",
         "hp_engine_set_runtime_dir",
         "hp_engine_state_name",
         "hp_engine_why_name",

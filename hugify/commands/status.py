@@ -58,23 +58,26 @@ def run(args: argparse.Namespace) -> Exit:
             "exec_pmd_readahead": s.exec_pmd_readahead,
             "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
         }
-        no_large = [
-            {
-                "device": fs.device,
-                "type": fs.fstype,
-                "mountpoint": fs.mountpoint,
-                "remedy": pf.large_folios_remedy(fs.fstype, s.kernel),
-            }
-            for fs in pf.filesystems_without_large_folios(r.rdir)
-        ]
         cannot_measure = s.process_thp_disabled
         copies = anoncopies.running_copies(r.hp)
         work = pf.open_targets(targets, r.hp)
         try:
             if not cannot_measure:
-                r.measure(work)
+                r.measure(work)  # a window seen huge drops a record that said otherwise
         finally:
             pf.close_targets(work)
+        records = pf.without_large_folios(r.engine, r.rdir)
+        no_large = [
+            {
+                "device": fs.device,
+                "type": fs.fstype,
+                "mountpoint": fs.mountpoint,
+                "remedy": pf.large_folios_remedy(r.engine, fs.fstype, s.kernel),
+            }
+            for fs in records
+            if fs.inode is None
+        ]
+        files_no_large = [{"device": fs.device, "inode": fs.inode, "type": fs.fstype} for fs in records if fs.inode]
         if args.json:
             files = []
             for t in targets:
@@ -86,7 +89,12 @@ def run(args: argparse.Namespace) -> Exit:
                 files.append(d)
             out: dict[str, Any] = {
                 "system": s.as_json()
-                | {"features": features, "problem": s.problem(), "filesystems_without_large_folios": no_large},
+                | {
+                    "features": features,
+                    "problem": s.problem(),
+                    "filesystems_without_large_folios": no_large,
+                    "files_without_large_folios": files_no_large,
+                },
                 "files": files,
                 "problems": problems,
                 "anonymous_copies": [c.as_json(r.hp) for c in copies],
@@ -113,7 +121,13 @@ def run(args: argparse.Namespace) -> Exit:
             where = f"{fs['mountpoint']} ({fs['type']})" if fs["mountpoint"] else f"a {fs['type']} filesystem"
             print(
                 f"note: {where}, device {fs['device']}, gives no large folios on this kernel: "
-                f"its files stay in small pages; {fs['remedy']}"
+                f"its files stay in small pages; {fs['remedy']} (recorded for this boot; "
+                "`hugify prefetch --clear-records` forgets it)"
+            )
+        if files_no_large:
+            print(
+                f"note: {len(files_no_large)} files get no large folios where their filesystem may "
+                "(recorded for this boot; `hugify prefetch --clear-records` forgets them)"
             )
         if cannot_measure:
             print("note: coverage cannot be measured from this process")
