@@ -5,7 +5,10 @@ A copy is an anonymous executable VMA of whole 2 MiB windows at a 2 MiB-aligned 
 named ``[anon:hugify:PATH]`` where the kernel names anonymous VMAs
 (CONFIG_ANON_VMA_NAME), otherwise recognised by its place: inside the mapping of a
 file, which continues on one side of it at the file offsets that match.
-The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps."""
+The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps; its share
+of it is the VMA's Pss: a copy a forked process shares with its parent (copy-on-write,
+never written) counts half in each, so the shares of all processes add up to what is
+held once."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class Copy:
     size: int = 0
     anon_huge: int = 0
     rss: int = 0
+    pss: int = 0  # the proportional share: the pages divided among the processes mapping them
 
     def windows(self, hp: int) -> int:
         return self.size // hp
@@ -42,6 +46,7 @@ class Copy:
             "bytes": self.size,
             "anon_huge_bytes": self.anon_huge,
             "rss_bytes": self.rss,
+            "pss_bytes": self.pss,
         }
 
 
@@ -99,9 +104,13 @@ def copy_ranges(maps: str, hp: int) -> dict[tuple[int, int], str]:
     return out
 
 
-def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], tuple[int, int]]:
-    """(AnonHugePages, Rss) in bytes of the given VMAs."""
-    out: dict[tuple[int, int], tuple[int, int]] = {}
+#: The smaps fields read of each copy, in the order _smaps_sizes gives them.
+_FIELDS = ("AnonHugePages:", "Rss:", "Pss:")
+
+
+def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(AnonHugePages, Rss, Pss) in bytes of the given VMAs."""
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
     cur: tuple[int, int] | None = None
     for line in text.splitlines():
         m = _MAPS.match(line)
@@ -109,10 +118,11 @@ def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[in
             key = (int(m[1], 16), int(m[2], 16))
             cur = key if key in ranges else None
             continue
-        if cur and line.startswith(("AnonHugePages:", "Rss:")):
-            huge, rss = out.get(cur, (0, 0))
-            kb = int(line.split()[1]) * 1024
-            out[cur] = (kb, rss) if line.startswith("AnonHugePages:") else (huge, kb)
+        name = line.split(maxsplit=1)[0] if cur and line else ""
+        if cur and name in _FIELDS:
+            sizes = list(out.get(cur, (0,) * len(_FIELDS)))
+            sizes[_FIELDS.index(name)] = int(line.split()[1]) * 1024
+            out[cur] = tuple(sizes)
     return out
 
 
@@ -131,9 +141,10 @@ def running_copies(hp: int, pids: Iterable[int] | None = None) -> list[Copy]:
         per_file: dict[str, Copy] = {}
         for (lo, hi), path in ranges.items():
             c = per_file.setdefault(path, Copy(int(d.name), command, path))
-            huge, rss = sizes.get((lo, hi), (0, 0))
+            huge, rss, pss = sizes.get((lo, hi), (0, 0, 0))
             c.size += hi - lo
             c.anon_huge += huge
             c.rss += rss
+            c.pss += pss
         found.extend(per_file.values())
     return found

@@ -23,15 +23,15 @@ def _print_copies(copies: list[Any], hp: int) -> None:
     if not copies:
         print("anonymous copies: none")
         return
-    print("anonymous copies (held per process, shared with forked children):")
+    print("anonymous copies (per process; shared with forked children, so each counts its share):")
     for c in copies:
         print(
             f"  pid {c.pid} ({c.command}): {c.path}: {c.windows(hp)} windows, "
-            f"{human(c.anon_huge)} in anonymous huge pages"
+            f"{human(c.anon_huge)} in anonymous huge pages, its share {human(c.pss)}"
         )
     print(
-        f"  total: {len({c.pid for c in copies})} processes, {human(sum(c.anon_huge for c in copies))} "
-        "in anonymous huge pages"
+        f"  total: {len({c.pid for c in copies})} processes hold {human(sum(c.pss for c in copies))} "
+        "(the sum of their shares: a copy shared by forked processes counts once)"
     )
 
 
