@@ -481,3 +481,38 @@ def hugify_as_nobody(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """The hugify CLI of this checkout run as nobody."""
     cli = [sys.executable, "-m", "hugify.cli", *map(str, args)]
     return subprocess.run([*AS_NOBODY, *cli], capture_output=True, text=True, cwd=REPO, env=nobody_env(), check=False)
+
+
+def evict(paths: list[Path]) -> None:
+    """Drops the files from the page cache (POSIX_FADV_DONTNEED; nothing may map them),
+    leaving every other file cached."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def starts_read(argv: list[str], times: int, env: dict[str, str], files: list[Path], cache: str) -> int:
+    """Bytes read from storage by `times` starts of argv (the children's I/O accounting,
+    so that other processes on the machine do not count), the first one included: the
+    tools (hugify-run, the audit library, libc) are brought into the page cache first by
+    the same command line with /bin/true for the program (files[0]), and the program's
+    `files` are put "cold" (evicted) or in "small" folios (read plainly)."""
+    warm = ["/bin/true" if a == str(files[0]) else a for a in argv]
+    subprocess.run(warm, env=env, stdout=subprocess.DEVNULL, check=True)
+    evict(files)
+    if cache == "small":
+        read_plainly(files)
+    code = (
+        "import resource, subprocess, sys, json\n"
+        "argv, n, env = json.loads(sys.argv[1])\n"
+        "for _ in range(n):\n"
+        "    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([argv, times, env])], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
