@@ -29,7 +29,7 @@ EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end,
 
 /* pagemap_fd and rundir_fd -1: hp_engine_init releases the context first, and a zeroed
  * one would close descriptor 0, the caller's stdin. */
-static struct hp_ctx ctx = {.pagemap_fd = -1, .rundir_fd = -1};
+static struct hp_ctx ctx = {.pagemap_fd = -1, .rundir_fd = -1, .euid = -1};
 static char rundir[4096];
 
 /* What hp_engine_init reports about this system and process. */

@@ -93,6 +93,7 @@ void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
     c->may_record = -1;
     c->thorough = 0;
     c->kernel_version = 0;
+    c->euid = -1;
     c->nfs = 0;
     c->budget = -1;
 }

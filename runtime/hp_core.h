@@ -86,7 +86,7 @@ struct hp_stats {
 /* What one process learnt of one filesystem (hp_verdict.h). */
 struct hp_fs_note {
     uint32_t major, minor; /* st_dev */
-    long magic;            /* statfs f_type */
+    long magic;            /* statfs f_type; -1 not asked yet */
     int8_t large;          /* 1 gives 2 MiB folios (a window was seen in one), -1 gives none, 0 not known */
     uint8_t source;        /* why, when large < 0: HP_WHY_NO_LARGE_FOLIOS or HP_WHY_KERNEL_VERSION */
     uint8_t looked;        /* its record was looked for */
@@ -122,6 +122,7 @@ struct hp_ctx {
     int may_record;     /* -1 not known yet, 0 no, 1 this process writes records */
     int thorough;       /* windows seen huge drop the records of their files too (prefetch, status) */
     int kernel_version; /* major * 1000 + minor; 0 not read yet, -1 unknown */
+    long euid;          /* the process's effective uid; -1 not asked yet */
     int64_t budget;             /* bytes this run may still read in (cold or repaired
                                  * windows); negative: no bound */
     uint32_t nfs;

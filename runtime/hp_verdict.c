@@ -80,11 +80,18 @@ int hp_record_open(struct hp_ctx *c, const char *name)
     return dfd >= 0 ? open_record(dfd, name) : -1;
 }
 
+static long euid(struct hp_ctx *c)
+{
+    if (c->euid < 0)
+        c->euid = hp_geteuid();
+    return c->euid;
+}
+
 int hp_may_record(struct hp_ctx *c)
 {
     if (c->may_record < 0) {
         c->may_record = 0;
-        if (c->rundir && hp_geteuid() == 0) {
+        if (c->rundir && euid(c) == 0) {
             if (rundir(c) < 0 && c->rundir_state == -1 && hp_mkdir(c->rundir, 0755) == 0)
                 c->rundir_state = 0; /* made now: open and check it */
             c->may_record = rundir(c) >= 0;
@@ -129,39 +136,49 @@ int hp_record_drop(struct hp_ctx *c, const char *name)
 
 /* --- what is known of a file and its filesystem ---------------------------------------- */
 
-/* Fills t's identity (device, inode, ctime, size) and its filesystem's entry. */
+/* Fills t's identity (device, inode, ctime, size) and its filesystem's entry (one statx;
+ * the filesystem's type is asked for when a record or the hint needs it). */
 static struct hp_fs_note *identify(struct hp_ctx *c, struct hp_target *t)
 {
     if (t->ident == 0) {
         struct hp_statx st;
-        long type = 0;
         t->ident = -1;
         t->fs = -1;
         if (t->fd < 0 && t->open_file && t->open_file(t) >= 0)
             t->own_fd = 1; /* the main program: its path is found with its descriptor */
-        if (t->fd >= 0 ? hp_statx(t->fd, 0, &st) != 0 || hp_fstatfs_type(t->fd, &type) != 0
-                       : !t->path || hp_statx(-1, t->path, &st) != 0 || hp_statfs_type(t->path, &type) != 0)
+        if (t->fd >= 0 ? hp_statx(t->fd, 0, &st) != 0 : !t->path || hp_statx(-1, t->path, &st) != 0)
             return 0;
         t->ident = 1;
-        long euid = hp_geteuid();
-        t->knowable = euid == 0 || (uint64_t)euid == st.uid;
+        t->knowable = euid(c) == 0 || (uint64_t)euid(c) == st.uid;
         t->ino = st.ino;
         t->fsize = st.size;
         t->ctime_sec = st.ctime.sec;
         t->ctime_nsec = st.ctime.nsec;
         for (uint32_t i = 0; i < c->nfs && t->fs < 0; i++)
-            if (c->fs[i].major == st.dev_major && c->fs[i].minor == st.dev_minor && c->fs[i].magic == type)
+            if (c->fs[i].major == st.dev_major && c->fs[i].minor == st.dev_minor)
                 t->fs = (int)i;
         if (t->fs < 0 && c->nfs < HP_MAX_FS) {
             struct hp_fs_note *n = &c->fs[c->nfs];
             hp_memzero(n, sizeof *n);
             n->major = st.dev_major;
             n->minor = st.dev_minor;
-            n->magic = type;
+            n->magic = -1;
             t->fs = (int)c->nfs++;
         }
     }
     return t->ident == 1 && t->fs >= 0 ? &c->fs[t->fs] : 0;
+}
+
+/* The filesystem's type (statfs f_type), asked of t's file the first time; 0 unknown. */
+static long fs_magic(struct hp_fs_note *fs, const struct hp_target *t)
+{
+    if (fs->magic < 0) {
+        long type = 0;
+        if (t->fd >= 0 ? hp_fstatfs_type(t->fd, &type) != 0 : !t->path || hp_statfs_type(t->path, &type) != 0)
+            type = 0;
+        fs->magic = type;
+    }
+    return fs->magic;
 }
 
 /* "no-large-folios-MAJ:MIN", and "-INODE" for the file's record. */
@@ -180,14 +197,17 @@ static void record_name(const struct hp_fs_note *fs, const struct hp_target *fil
     out[n] = 0;
 }
 
-/* The record's text: "BOOT-ID MAGIC\n", the file's "BOOT-ID MAGIC CTIME SIZE\n". */
-static size_t record_text(const struct hp_fs_note *fs, const struct hp_target *file, char out[160])
+/* The record's text: "BOOT-ID MAGIC\n", the file's "BOOT-ID MAGIC CTIME SIZE\n"; t is the
+ * file it is about, or the one the filesystem's type is asked of (file NULL). */
+static size_t record_text(struct hp_fs_note *fs, const struct hp_target *t, const struct hp_target *file,
+                          char out[160])
 {
-    if (hp_boot_id(out) != 0)
+    long magic = fs_magic(fs, t);
+    if (!magic || hp_boot_id(out) != 0)
         return 0;
     size_t n = 36;
     out[n++] = ' ';
-    n += hp_put_num(out + n, (uint64_t)(unsigned long)fs->magic, 16);
+    n += hp_put_num(out + n, (uint64_t)(unsigned long)magic, 16);
     if (file) {
         out[n++] = ' ';
         n += hp_put_num(out + n, (uint64_t)file->ctime_sec, 10);
@@ -204,7 +224,7 @@ static size_t record_text(const struct hp_fs_note *fs, const struct hp_target *f
  * of fs (or of the file) would: the device number of a filesystem without one of its
  * own (btrfs, tmpfs) can be reused by another after an unmount, an inode number by
  * another file after a package upgrade. */
-static int recorded(struct hp_ctx *c, const struct hp_fs_note *fs, const struct hp_target *file)
+static int recorded(struct hp_ctx *c, struct hp_fs_note *fs, const struct hp_target *t, const struct hp_target *file)
 {
     char name[96], want[160], got[161];
     record_name(fs, file, name);
@@ -213,7 +233,7 @@ static int recorded(struct hp_ctx *c, const struct hp_fs_note *fs, const struct 
         return 0; /* the common case: nothing recorded */
     long r = hp_read(fd, got, sizeof got - 1);
     hp_close(fd);
-    size_t n = record_text(fs, file, want);
+    size_t n = record_text(fs, t, file, want);
     if (!n || r != (long)n)
         return 0;
     for (size_t i = 0; i < n; i++)
@@ -222,12 +242,12 @@ static int recorded(struct hp_ctx *c, const struct hp_fs_note *fs, const struct 
     return 1;
 }
 
-static void look_up_fs(struct hp_ctx *c, struct hp_fs_note *fs)
+static void look_up_fs(struct hp_ctx *c, struct hp_fs_note *fs, const struct hp_target *t)
 {
     if (fs->looked)
         return;
     fs->looked = 1;
-    if (fs->large == 0 && recorded(c, fs, 0)) {
+    if (fs->large == 0 && recorded(c, fs, t, 0)) {
         fs->large = -1;
         fs->source = HP_WHY_NO_LARGE_FOLIOS;
         fs->recorded = 1;
@@ -239,7 +259,7 @@ static void look_up_file(struct hp_ctx *c, struct hp_fs_note *fs, struct hp_targ
     if (t->file_looked)
         return;
     t->file_looked = 1;
-    if (recorded(c, fs, t)) {
+    if (recorded(c, fs, t, t)) {
         t->file_none = t->file_recorded = 1;
         if (fs->large == 0 && !fs->small_ino)
             fs->small_ino = t->ino; /* one file's evidence, found by an earlier process */
@@ -286,7 +306,7 @@ enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t)
     struct hp_fs_note *fs = identify(c, t);
     if (!fs)
         return HP_WHY_NONE; /* nothing known: go ahead */
-    look_up_fs(c, fs);
+    look_up_fs(c, fs, t);
     if (fs->large < 0)
         return (enum hp_why)fs->source;
     look_up_file(c, fs, t);
@@ -296,7 +316,7 @@ enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t)
      * start, evicting and reading a window each time: it takes the kernel's version and
      * the filesystem's type for it instead, until a window is seen in a 2 MiB folio. */
     if (fs->large == 0 && !hp_may_record(c)) {
-        int since = hp_large_folios_since(fs->magic), version = hp_kernel_version(c);
+        int since = hp_large_folios_since(fs_magic(fs, t)), version = hp_kernel_version(c);
         if (since == 0 || (since > 0 && version > 0 && version < since)) {
             fs->large = -1;
             fs->source = HP_WHY_KERNEL_VERSION;
@@ -308,6 +328,8 @@ enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t)
 
 int hp_residency_knowable(struct hp_ctx *c, struct hp_target *t)
 {
+    if (euid(c) == 0)
+        return 1; /* CAP_FOWNER, or the owner of root's files */
     identify(c, t);
     return t->ident != 1 || t->knowable;
 }
@@ -325,7 +347,7 @@ void hp_saw_large(struct hp_ctx *c, struct hp_target *t)
         return;
     char name[96];
     if (c->thorough) {
-        look_up_fs(c, fs);
+        look_up_fs(c, fs, t);
         look_up_file(c, fs, t);
     }
     if (fs->recorded) {
@@ -488,20 +510,20 @@ enum hp_why hp_small_read(struct hp_ctx *c, struct hp_target *t)
         return HP_WHY_FILE_NO_LARGE_FOLIOS;
     char name[96], text[160];
     size_t n;
-    look_up_fs(c, fs);
+    look_up_fs(c, fs, t);
     if (fs->large == 0 && fs->small_ino && fs->small_ino != t->ino) {
         /* A second file of the filesystem: the filesystem's verdict. */
         fs->large = -1;
         fs->source = HP_WHY_NO_LARGE_FOLIOS;
         record_name(fs, 0, name);
-        if ((n = record_text(fs, 0, text)) != 0)
+        if ((n = record_text(fs, t, 0, text)) != 0)
             hp_record_write(c, name, text, n);
         return HP_WHY_NO_LARGE_FOLIOS;
     }
     if (fs->large == 0)
         fs->small_ino = t->ino;
     record_name(fs, t, name);
-    if ((n = record_text(fs, t, text)) != 0)
+    if ((n = record_text(fs, t, t, text)) != 0)
         hp_record_write(c, name, text, n);
     return HP_WHY_FILE_NO_LARGE_FOLIOS;
 }
