@@ -100,6 +100,16 @@ int hp_may_record(struct hp_ctx *c)
     return c->may_record;
 }
 
+/* Whether this process would keep a record it wrote: root, with a runtime directory of
+ * root's or none yet (made when a record is written). Creates nothing. */
+static int could_record(struct hp_ctx *c)
+{
+    if (!c->rundir || euid(c) != 0)
+        return 0;
+    rundir(c);
+    return c->rundir_state == 1 || c->rundir_state == -1;
+}
+
 int hp_record_write(struct hp_ctx *c, const char *name, const char *text, size_t n)
 {
     static unsigned serial;
@@ -315,7 +325,7 @@ enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t)
     /* A process that cannot keep what it finds out would find it out again at every
      * start, evicting and reading a window each time: it takes the kernel's version and
      * the filesystem's type for it instead, until a window is seen in a 2 MiB folio. */
-    if (fs->large == 0 && !hp_may_record(c)) {
+    if (fs->large == 0 && !could_record(c)) {
         int since = hp_large_folios_since(fs_magic(fs, t)), version = hp_kernel_version(c);
         if (since == 0 || (since > 0 && version > 0 && version < since)) {
             fs->large = -1;

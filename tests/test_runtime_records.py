@@ -273,3 +273,25 @@ def test_a_symlink_at_a_records_name_never_redirects_a_root_write(built: Program
     # What could be written was: the records not kept from their names by a planted link.
     assert (run / "kernel-exec-pmd").is_file() and not (run / "kernel-exec-pmd").is_symlink()
     assert (run / "anonymous").read_text().splitlines()[1:] == [str(progs.prog)]
+
+
+def test_no_runtime_directory_is_made_by_what_keeps_nothing(progs: Programs, tmp_path: Path):
+    """`hugify status`, and hugify-run and the audit library run as root on a filesystem
+    that gives large folios (nothing to record there), make no runtime directory where
+    there is none: only a record written makes one (root's prefetch, which records the
+    kernel verdict, does: mode 0755, root's)."""
+    run = tmp_path / "run"
+    with locked():
+        drop_caches()
+        status = hugify("status", "--runtime-dir", run, progs.prog)
+        drop_caches()
+        dispatched = subprocess.run(
+            [str(HUGIFY_RUN), str(progs.prog), "-"], capture_output=True, text=True, env=clean_env(run), check=False
+        )
+        made_before_prefetch = run.exists()
+        prefetch = hugify("prefetch", "--runtime-dir", run, progs.lib)
+    assert status.returncode == 0 and dispatched.returncode == 0, status.stderr + dispatched.stderr
+    assert not made_before_prefetch
+    assert prefetch.returncode == 0, prefetch.stderr
+    st = run.stat()
+    assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o755)
