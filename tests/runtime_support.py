@@ -352,11 +352,10 @@ def loop_fs(
 # --- cost ----------------------------------------------------------------------------
 
 
-def blocks_read_by(argv: list[str], times: int, env: dict[str, str]) -> int:
-    """Bytes read from storage by `times` runs of argv (the children's I/O accounting,
-    so that other processes on the machine do not count), after one run that brings
-    the tools themselves (hugify-run, the audit library, libc) into the page cache."""
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+def children_read(argv: list[str], times: int, env: dict[str, str]) -> int:
+    """Bytes read from storage by `times` runs of argv, in a process of their own whose
+    children's I/O accounting (ru_inblock) counts them alone, not other processes on the
+    machine."""
     code = (
         "import resource, subprocess, sys, json\n"
         "argv, n, env = json.loads(sys.argv[1])\n"
@@ -368,6 +367,13 @@ def blocks_read_by(argv: list[str], times: int, env: dict[str, str]) -> int:
         [sys.executable, "-c", code, json.dumps([argv, times, env])], capture_output=True, text=True, check=True
     )
     return int(out.stdout)
+
+
+def blocks_read_by(argv: list[str], times: int, env: dict[str, str]) -> int:
+    """Bytes read from storage by `times` runs of argv, after one run that brings the
+    tools themselves (hugify-run, the audit library, libc) into the page cache."""
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+    return children_read(argv, times, env)
 
 
 def clean_env(run: Path, **extra: str) -> dict[str, str]:
@@ -505,14 +511,4 @@ def starts_read(argv: list[str], times: int, env: dict[str, str], files: list[Pa
     evict(files)
     if cache == "small":
         read_plainly(files)
-    code = (
-        "import resource, subprocess, sys, json\n"
-        "argv, n, env = json.loads(sys.argv[1])\n"
-        "for _ in range(n):\n"
-        "    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps([argv, times, env])], capture_output=True, text=True, check=True
-    )
-    return int(out.stdout)
+    return children_read(argv, times, env)
