@@ -756,6 +756,13 @@ class Run:
             return "read in again as small folios with nothing in the way: this file gets no large folios"
         if why == "fragmented":
             return "no free 2 MiB block of memory (fragmented); try again later"
+        if why == "not-owner":
+            return (
+                "small folios this user does not evict (the kernel tells only root, the file's owner or a writer "
+                "what is cached); the boot service and its timer repair them"
+            )
+        if why == "madvise-refused":
+            return "MADV_HUGEPAGE is refused to this process (a seccomp filter?): nothing read or evicted"
         if why == "cgroup-limit":
             return "read in small while this process's memory cgroup was near its limit; try from outside it"
         return reasons.table()[why][1]

@@ -180,6 +180,7 @@ def test_an_unprivileged_process_never_writes_a_record(built: Programs, owner: s
                 [*AS_NOBODY, HUGIFY_RUN, progs.prog, "-"], capture_output=True, text=True, env=env, check=False
             )
             written = sorted(p.name for p in run.iterdir())
+            told = hugify_as_nobody("prefetch", "--runtime-dir", run, progs.prog)  # the windows small now
             # root's record of the filesystem, honoured by nobody's processes
             root_run = public / "root-run"
             drop_caches()
@@ -192,6 +193,11 @@ def test_an_unprivileged_process_never_writes_a_record(built: Programs, owner: s
     prog_line = f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, {small}"
     lib_line = f"{progs.lib}: 2 windows: 0 huge (0 loaded, 0 repaired), 0 busy, " + small.replace("3", "2")
     assert prog_line in res.stderr and lib_line in res.stderr, res.stderr
+    if owner == "root":  # said so, with the reason, and not an error
+        assert told.returncode == 0 and "3 left as they are: " in told.stdout, told.stdout + told.stderr
+        assert told.stdout.splitlines()[0].endswith("(not-owner)"), told.stdout
+    else:  # found out in its own memory: the program's file gets none
+        assert told.returncode == 4 and "file-no-large-folios" in told.stdout, told.stdout + told.stderr
     assert again.returncode == 4, again.stderr
     reasons = {f["path"]: {w["reason"] for w in f["windows"]} for f in json.loads(again.stdout)["files"]}
     assert reasons == {str(progs.prog): {"no-large-folios"}, str(progs.lib): {"no-large-folios"}}, reasons

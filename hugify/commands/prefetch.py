@@ -55,9 +55,10 @@ def file_line(t: Target) -> str:
             parts.append(f"; {len(alone)} unsupported: {alone[0].detail} ({alone[0].reason})")
         if t.count(pf.UNSUPPORTED) > len(alone):
             parts.append(f"; {t.count(pf.UNSUPPORTED) - len(alone)} unsupported: files on {t.fs} cannot be prefetched")
-    refused = [w for w in t.windows if w.reason == "madvise-refused"]
-    if refused:
-        parts.append(f"; {len(refused)} left as they are: {refused[0].detail} ({refused[0].reason})")
+    for why in ("madvise-refused", "not-owner"):  # the process's own limits, said with their reason
+        left = [w for w in t.windows if w.reason == why]
+        if left:
+            parts.append(f"; {len(left)} left as they are: {left[0].detail} ({why})")
     if t.names[1:]:
         parts.append(f" (also {', '.join(t.names[1:])})")
     return "".join(parts)
