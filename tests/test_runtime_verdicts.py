@@ -35,12 +35,15 @@ from runtime_support import (
     copy_programs,
     drop_caches,
     exec_segment_size,
+    gives_large_folios,
     hugify,
     hugify_as_nobody,
     in_cgroup,
     kernel_maps_exec_huge,
     limited_cgroup,
     locked,
+    loop_fs,
+    parse_smaps,
     public_dir,
     read_plainly,
     run_program,
@@ -226,6 +229,97 @@ def test_the_runtime_drops_a_record_that_a_huge_window_contradicts(progs: Progra
     else:
         assert "3 windows: 3 huge (0 loaded, 0 repaired)" in states[str(progs.prog)], states
         assert "2 windows: 2 huge (0 loaded, 2 repaired)" in states[str(progs.lib)], states
+
+
+# --- a file unlike its filesystem ------------------------------------------------------------
+
+EXT4_MAGIC = "ef53"
+
+
+def journal_data(mnt: Path, image: Path, path: Path) -> None:
+    """Gives `path` (on the ext4 of loop_fs's `image`, mounted at `mnt`) data journalling,
+    what chattr +j does: set offline with debugfs, as chattr +j needs CAP_SYS_RESOURCE,
+    which a container's root may lack. Checked with lsattr after mounting again."""
+    inside = "/" + str(path.relative_to(mnt))
+    subprocess.run(["umount", str(mnt)], check=True)
+    stat = subprocess.run(["debugfs", "-R", f"stat {inside}", str(image)], capture_output=True, text=True, check=True)
+    flags = int(stat.stdout.split("Flags: ")[1].split()[0], 16)
+    cmd = f"set_inode_field {inside} flags {flags | 0x4000:#x}"  # EXT4_JOURNAL_DATA_FL
+    subprocess.run(["debugfs", "-w", "-R", cmd, str(image)], capture_output=True, check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    attrs = subprocess.run(["lsattr", str(path)], capture_output=True, text=True, check=True).stdout.split()[0]
+    assert "j" in attrs, attrs
+
+
+def test_a_file_unlike_its_filesystem_gets_a_verdict_of_its_own(built: Programs, tmp_path: Path):
+    """ext4 decides large folios per inode from Linux 6.16 on: a file whose data is
+    journalled (chattr +j) gets none where its neighbours get 2 MiB folios. Two copies of
+    the library on a fresh ext4, the first with data journalling, each measured without hugify
+    (a cold window read through MADV_HUGEPAGE), then prefetched cold together, the
+    journalled one first: one that gets no large folios where the other does is the
+    file's verdict alone (file-no-large-folios, recorded for its inode with its ctime and
+    size), never the filesystem's, so the plain copy is loaded, `hugify status` says
+    each for what it is, and hugify-run still makes the code of the program beside them
+    huge. Where neither gets them (ext4 before 6.16) the second file makes it the
+    filesystem's. On main 5e7ab4b the journalled file's small window recorded the whole
+    filesystem: the plain copy and the program were left small."""
+    with loop_fs(tmp_path, "ext4", "", built) as mnt, locked():
+        progs = Programs(mnt / "bin", built.orig)
+        files = mnt / "files"
+        files.mkdir()
+        journalled, plain = files / "journalled.so", files / "plain.so"
+        for f in (journalled, plain):
+            f.write_bytes(progs.lib.read_bytes())
+        journal_data(mnt, tmp_path / "ext4.img", journalled)
+        large = {f: gives_large_folios(f) for f in (journalled, plain, progs.prog)}
+        by_itself = kernel_maps_exec_huge(plain)
+        run = tmp_path / "run"
+        drop_caches()
+        code, got = prefetch(run, journalled, plain)
+        status = json.loads(hugify("status", "--json", "--runtime-dir", run, journalled, plain).stdout)
+        drop_caches()
+        dispatched = subprocess.run(
+            [HUGIFY_RUN, progs.prog, "-"], capture_output=True, text=True, env=clean_env(run), check=False
+        )
+        verdicts_after = verdicts(run)
+        texts = {n: (run / n).read_text() for n in verdicts_after}
+        fs = fs_record(plain)
+        inode = {f: os.stat(f).st_ino for f in (journalled, plain)}
+        code_size = {p: exec_segment_size(p) for p in (progs.prog, progs.lib)}
+    at = f"ext4 on Linux {os.uname().release}: large folios {large}, by itself {by_itself}"
+    assert large[plain] == large[progs.prog], at  # the same filesystem, the same answer
+    states = {p: {(w["state"], w.get("reason", "")) for w in ws} for p, ws in got.items()}
+    coverage = {f["path"]: f["coverage"] for f in status["files"]}
+    assert dispatched.returncode == 0, (at, dispatched.stderr)
+    maps = parse_smaps(dispatched.stdout)
+    read_in = ("kernel", "") if by_itself else ("loaded", "")  # left to the kernel, or read by prefetch
+    if large[journalled]:  # chattr +j took nothing from the file
+        assert states == {str(journalled): {read_in}, str(plain): {read_in}}, (at, states)
+        assert code == 0 and verdicts_after == [], (at, verdicts_after)
+    elif large[plain]:
+        assert code == 4, (at, got)
+        assert states == {
+            str(journalled): {("unsupported", "file-no-large-folios")},
+            str(plain): {read_in},
+        }, (at, states)
+        name = f"{fs}-{inode[journalled]}"
+        assert verdicts_after == [name] and texts[name].split()[:2] == [BOOT, EXT4_MAGIC], (at, texts)
+        # (where the kernel reads the window huge by itself, prefetch left it cold)
+        assert coverage == {str(journalled): 0.0, str(plain): 0.0 if by_itself else 1.0}, (at, coverage)
+        assert status["system"]["filesystems_without_large_folios"] == [], (at, status["system"])
+        assert [f["inode"] for f in status["system"]["files_without_large_folios"]] == [inode[journalled]], at
+        for p in (progs.prog, progs.lib):
+            assert maps[str(p)].pmd == code_size[p], (at, p, maps[str(p)])
+    else:
+        assert code == 4, (at, got)
+        assert states == {
+            str(journalled): {("unsupported", "file-no-large-folios")},
+            str(plain): {("unsupported", "no-large-folios")},
+        }, (at, states)
+        assert verdicts_after == sorted([fs, f"{fs}-{inode[journalled]}"]), (at, verdicts_after)
+        assert coverage == {str(journalled): 0.0, str(plain): 0.0}, (at, coverage)
+        for p in (progs.prog, progs.lib):
+            assert maps[str(p)].pmd == 0, (at, p, maps[str(p)])
 
 
 # --- the kernel verdict ------------------------------------------------------------------------
