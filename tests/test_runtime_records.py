@@ -281,6 +281,50 @@ def test_a_symlink_at_a_records_name_never_redirects_a_root_write(built: Program
     assert (run / "anonymous").read_text().splitlines()[1:] == [str(progs.prog)]
 
 
+def test_the_policys_record_is_never_written_through_a_planted_symlink(progs: Programs, tmp_path: Path):
+    """The policy's record (the programs of [runtime] anonymous, which `hugify prefetch`
+    keeps for the audit library) was written by path through a predictable temporary name,
+    `.anonymous.PID` in the runtime directory: a symlink planted there made root's prefetch
+    overwrite the file it points at (main 5e7ab4b). Now the engine writes it under a fresh
+    name (O_CREAT|O_EXCL|O_NOFOLLOW relative to the directory's descriptor): the root's
+    file a symlink at the old name points at is byte-identical, with its mode and owner,
+    and the record is a regular file of root's holding the program."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's file\n")
+    victim.chmod(0o600)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[runtime]\nanonymous = ["{progs.prog}"]\n')
+    with locked():
+        res = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'ln -s {victim} "{run}/.anonymous.$$" && exec "$@"',  # the pid prefetch keeps
+                "sh",
+                sys.executable,
+                "-m",
+                "hugify.cli",
+                "prefetch",
+                "--runtime-dir",
+                str(run),
+                str(progs.prog),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "HUGIFY_POLICY_PATH": f"{REPO / 'policy' / 'policy.toml'}:{policy}"},
+            check=False,
+        )
+    assert res.returncode == 0, res.stderr
+    st = victim.lstat()
+    assert (victim.read_bytes(), st.st_mode & 0o7777, st.st_uid) == (b"root's file\n", 0o600, 0)
+    record = run / "anonymous"
+    assert record.is_file() and not record.is_symlink() and record.stat().st_uid == 0
+    assert record.read_text().splitlines()[1:] == [str(progs.prog)]
+
+
 def test_no_runtime_directory_is_made_by_what_keeps_nothing(progs: Programs, tmp_path: Path):
     """`hugify status`, and hugify-run and the audit library run as root on a filesystem
     that gives large folios (nothing to record there), make no runtime directory where
