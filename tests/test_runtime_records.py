@@ -203,6 +203,21 @@ def test_an_unprivileged_process_never_writes_a_record(built: Programs, owner: s
     assert reasons == {str(progs.prog): {"no-large-folios"}, str(progs.lib): {"no-large-folios"}}, reasons
 
 
+def prefetch_after(plant: str, run: Path, prog: Path, policy: Path) -> subprocess.CompletedProcess[str]:
+    """Root's `hugify prefetch --runtime-dir RUN PROG`, the policy's anonymous programs
+    from `policy`, in a shell that first runs `plant` with $$ the pid prefetch then keeps
+    (it execs)."""
+    cli = [sys.executable, "-m", "hugify.cli", "prefetch", "--runtime-dir", str(run), str(prog)]
+    return subprocess.run(
+        ["sh", "-c", f'{plant} && exec "$@"', "sh", *cli],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "HUGIFY_POLICY_PATH": f"{REPO / 'policy' / 'policy.toml'}:{policy}"},
+        check=False,
+    )
+
+
 def test_a_symlink_at_a_records_name_never_redirects_a_root_write(built: Programs, tmp_path: Path):
     """Symlinks to root's files planted at every name root's runtime writes a record under
     (the records' own names and the temporary names beside them, of the engine's C writer
@@ -247,26 +262,7 @@ def test_a_symlink_at_a_records_name_never_redirects_a_root_write(built: Program
                 env=clean_env(run),
                 check=False,
             )
-            prefetch = subprocess.run(
-                [
-                    "sh",
-                    "-c",
-                    f'{plant} && exec "$@"',
-                    "sh",
-                    sys.executable,
-                    "-m",
-                    "hugify.cli",
-                    "prefetch",
-                    "--runtime-dir",
-                    str(run),
-                    str(progs.prog),
-                ],
-                capture_output=True,
-                text=True,
-                cwd=REPO,
-                env={**os.environ, "HUGIFY_POLICY_PATH": f"{REPO / 'policy' / 'policy.toml'}:{policy}"},
-                check=False,
-            )
+            prefetch = prefetch_after(plant, run, progs.prog, policy)
     assert dispatched.returncode == 0, dispatched.stderr
     assert prefetch.returncode == 4, prefetch.stderr
     for v, data in before.items():
@@ -297,26 +293,7 @@ def test_the_policys_record_is_never_written_through_a_planted_symlink(progs: Pr
     policy = tmp_path / "policy.toml"
     policy.write_text(f'[runtime]\nanonymous = ["{progs.prog}"]\n')
     with locked():
-        res = subprocess.run(
-            [
-                "sh",
-                "-c",
-                f'ln -s {victim} "{run}/.anonymous.$$" && exec "$@"',  # the pid prefetch keeps
-                "sh",
-                sys.executable,
-                "-m",
-                "hugify.cli",
-                "prefetch",
-                "--runtime-dir",
-                str(run),
-                str(progs.prog),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "HUGIFY_POLICY_PATH": f"{REPO / 'policy' / 'policy.toml'}:{policy}"},
-            check=False,
-        )
+        res = prefetch_after(f'ln -s {victim} "{run}/.anonymous.$$"', run, progs.prog, policy)
     assert res.returncode == 0, res.stderr
     st = victim.lstat()
     assert (victim.read_bytes(), st.st_mode & 0o7777, st.st_uid) == (b"root's file\n", 0o600, 0)
