@@ -7,7 +7,10 @@ at the file offsets that match. (Earlier runtimes named their copies
 ``[anon:hugify:PATH]`` where the kernel names anonymous VMAs, CONFIG_ANON_VMA_NAME;
 the runtime names none now, since perf takes a named one for a file: those are still
 recognised by the name.)
-The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps."""
+The memory it holds is the VMA's AnonHugePages (and Rss) in /proc/PID/smaps; its share
+of it is the VMA's Pss: a copy a forked process shares with its parent (copy-on-write,
+never written) counts half in each, so the shares of all processes add up to what is
+held once."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ class Copy:
     size: int = 0
     anon_huge: int = 0
     rss: int = 0
+    pss: int = 0  # the proportional share: the pages divided among the processes mapping them
 
     def windows(self, hp: int) -> int:
         return self.size // hp
@@ -44,6 +48,7 @@ class Copy:
             "bytes": self.size,
             "anon_huge_bytes": self.anon_huge,
             "rss_bytes": self.rss,
+            "pss_bytes": self.pss,
         }
 
 
@@ -101,9 +106,13 @@ def copy_ranges(maps: str, hp: int) -> dict[tuple[int, int], str]:
     return out
 
 
-def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], tuple[int, int]]:
-    """(AnonHugePages, Rss) in bytes of the given VMAs."""
-    out: dict[tuple[int, int], tuple[int, int]] = {}
+#: The smaps fields read of each copy, in the order _smaps_sizes gives them.
+_FIELDS = ("AnonHugePages:", "Rss:", "Pss:")
+
+
+def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(AnonHugePages, Rss, Pss) in bytes of the given VMAs."""
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
     cur: tuple[int, int] | None = None
     for line in text.splitlines():
         m = _MAPS.match(line)
@@ -111,10 +120,11 @@ def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[in
             key = (int(m[1], 16), int(m[2], 16))
             cur = key if key in ranges else None
             continue
-        if cur and line.startswith(("AnonHugePages:", "Rss:")):
-            huge, rss = out.get(cur, (0, 0))
-            kb = int(line.split()[1]) * 1024
-            out[cur] = (kb, rss) if line.startswith("AnonHugePages:") else (huge, kb)
+        name = line.split(maxsplit=1)[0] if cur and line else ""
+        if cur and name in _FIELDS:
+            sizes = list(out.get(cur, (0,) * len(_FIELDS)))
+            sizes[_FIELDS.index(name)] = int(line.split()[1]) * 1024
+            out[cur] = tuple(sizes)
     return out
 
 
@@ -133,9 +143,10 @@ def running_copies(hp: int, pids: Iterable[int] | None = None) -> list[Copy]:
         per_file: dict[str, Copy] = {}
         for (lo, hi), path in ranges.items():
             c = per_file.setdefault(path, Copy(int(d.name), command, path))
-            huge, rss = sizes.get((lo, hi), (0, 0))
+            huge, rss, pss = sizes.get((lo, hi), (0, 0, 0))
             c.size += hi - lo
             c.anon_huge += huge
             c.rss += rss
+            c.pss += pss
         found.extend(per_file.values())
     return found

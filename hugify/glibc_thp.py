@@ -19,7 +19,10 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hugify.prefetch import Engine
 
 TUNABLE = "glibc.elf.thp"
 #: The first glibc with the tunable.
@@ -196,9 +199,10 @@ def _names(files: list[FileFacts]) -> str:
     return shown + (f" and {len(files) - 2} more" if len(files) > 2 else "")
 
 
-def advise(paths: list[str], hp: int, thp_enabled: str | None) -> Advice:
+def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -> Advice:
     """The advice for the files `paths` (hugified, one per inode), with transparent
-    huge pages `thp_enabled` (always, madvise, never; None: none in this kernel)."""
+    huge pages `thp_enabled` (always, madvise, never; None: none in this kernel);
+    `engine` knows which filesystems give large folios on which kernel."""
     from hugify import _core
     from hugify import prefetch as pf
 
@@ -228,6 +232,6 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None) -> Advice:
         if ra:
             facts.device, facts.device_read_ahead_kb = ra
         fs = pf.filesystem_of(path, mounted)
-        facts.large_folios = pf.gives_large_folios(fs.fstype) if fs else None
+        facts.large_folios = pf.gives_large_folios(engine, fs.fstype) if fs else None
         out.files.append(facts)
     return out

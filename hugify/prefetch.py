@@ -24,29 +24,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
-from hugify.files import write_text_atomic
 
 if TYPE_CHECKING:
     from hugify.manifest import Entry
     from hugify.shared import Outcome
 
 THP = Path("/sys/kernel/mm/transparent_hugepage")
-#: Where the kernel-awareness verdict is recorded (tmpfs on most systems).
+#: The runtime directory, where this boot's records are kept (tmpfs on most systems).
+#: Every record is read, written and removed through the engine, which honours only
+#: root's records in a directory of root's and lets only root write (runtime/hp_verdict.h).
 RUNTIME_DIR = Path("/run/hugify")
 VERDICT_FILE = "kernel-exec-pmd"
-#: Per filesystem that gives no large folios, this boot (hp_core.h HP_NO_LARGE_FOLIOS_PREFIX):
-#: "no-large-folios-MAJOR:MINOR" holding "BOOT-ID FS-MAGIC", written by the engine.
+#: What gives no large folios, this boot (hp_core.h HP_NO_LARGE_FOLIOS_PREFIX), written by
+#: the engine: "no-large-folios-MAJOR:MINOR" (a filesystem) holding "BOOT-ID FS-MAGIC",
+#: "no-large-folios-MAJOR:MINOR-INODE" (a file) holding "BOOT-ID FS-MAGIC CTIME SIZE".
 NO_LARGE_FOLIOS_PREFIX = "no-large-folios-"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-#: Filesystem type -> since which Linux version it gives the page cache large folios
-#: for regular files (which is what 2 MiB folios of a file's code need); None: not in
-#: any kernel Debian ships (tested up to 7.3, docs/runtime.md "Where it works").
-LARGE_FOLIOS_SINCE: dict[str, tuple[int, int] | None] = {
-    "xfs": (5, 18),
-    "ext4": (6, 16),
-    "btrfs": None,
-}
 
 #: The engine, next to the package: runtime/ in the source tree, /usr/lib/hugify installed.
 ENGINE_LIB = "libhugify-engine.so"
@@ -88,9 +81,9 @@ def runtime_dir(explicit: str | None = None) -> Path:
     return Path(explicit or os.environ.get("HUGIFY_RUNTIME_DIR") or RUNTIME_DIR)
 
 
-def _record(directory: Path) -> list[str] | None:
-    """The fields of this boot's record in DIR/kernel-exec-pmd, or None."""
-    text = _read(directory / VERDICT_FILE)
+def _record(engine: Engine) -> list[str] | None:
+    """The fields of this boot's kernel-verdict record, or None."""
+    text = engine.record_read(VERDICT_FILE)
     bid = boot_id()
     fields = (text or "").split()
     if not bid or len(fields) < 2 or fields[0] != bid:
@@ -98,62 +91,66 @@ def _record(directory: Path) -> list[str] | None:
     return fields
 
 
-def first_run_this_boot(directory: Path) -> bool:
-    """Whether no prefetch has run yet this boot (every run records the boot it ran in)."""
-    return _record(directory) is None
+def first_run_this_boot(engine: Engine) -> bool:
+    """Whether no prefetch has run yet this boot (every root run records the boot it ran in)."""
+    return _record(engine) is None
 
 
-def read_verdict(directory: Path) -> bool | None:
+def read_verdict(engine: Engine) -> bool | None:
     """The recorded answer to "does the kernel read executable mappings as PMD folios
     by itself?" for this boot, or None if nobody found out yet."""
-    fields = _record(directory)
+    fields = _record(engine)
     if not fields or fields[1] not in ("0", "1"):
         return None
     return fields[1] == "1"
 
 
-def write_record(directory: Path, aware: bool | None, thp: str | None) -> bool:
+def write_record(engine: Engine, aware: bool | None, thp: str | None) -> bool:
     """Records, for this boot, the kernel verdict and the THP mode, for later runs and
     for the C runtime (the audit library reads this instead of sysfs):
-    "BOOT-ID 0|1|- MODE". Rewritten only when it changes; False if not writable."""
+    "BOOT-ID 0|1|- MODE". Rewritten only when it changes; False if this process writes
+    no records (not root, or no runtime directory of root's)."""
     bid = boot_id()
     if not bid:
         return False
     text = f"{bid} {'-' if aware is None else int(aware)} {thp or 'none'}\n"
-    if _read(directory / VERDICT_FILE) == text.strip():
+    if engine.record_read(VERDICT_FILE) == text:
         return True
-    try:
-        write_text_atomic(directory / VERDICT_FILE, text)
-        return True
-    except OSError:
-        return False
+    return engine.record_write(VERDICT_FILE, text)
 
 
 #: The programs of the policy's [runtime] anonymous, for the audit library (hp_anon.h).
 ANONYMOUS_FILE = "anonymous"
 
 
-def write_anonymous_record(directory: Path, programs: Iterable[str]) -> bool:
+def write_anonymous_record(engine: Engine, programs: Iterable[str]) -> bool:
     """Records the programs whose code the audit library copies into anonymous huge
     pages, one real path a line (the audit library compares /proc/self/exe); without
-    programs the record is removed. Rewritten only when it changes; False if not
-    writable."""
+    programs the record is removed. Rewritten only when it changes; False if this
+    process writes no records."""
     paths = sorted({os.path.realpath(p) for p in programs})
-    path = directory / ANONYMOUS_FILE
-    try:
-        if not paths:
-            path.unlink(missing_ok=True)
-            return True
-        text = "# hugify prefetch, from the policy's [runtime] anonymous\n" + "".join(f"{p}\n" for p in paths)
-        if _read(path) == text.strip():
-            return True
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{ANONYMOUS_FILE}.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.replace(path)
+    if not paths:
+        return engine.record_read(ANONYMOUS_FILE) is None or engine.record_drop(ANONYMOUS_FILE)
+    text = "# hugify prefetch, from the policy's [runtime] anonymous\n" + "".join(f"{p}\n" for p in paths)
+    if engine.record_read(ANONYMOUS_FILE) == text:
         return True
+    return engine.record_write(ANONYMOUS_FILE, text)
+
+
+def verdict_records(directory: Path) -> list[str]:
+    """The names of this boot's verdicts in the runtime directory, whoever wrote them:
+    the kernel's and those of what gives no large folios (not the policy's record)."""
+    try:
+        names = os.listdir(directory)
     except OSError:
-        return False
+        return []
+    return sorted(n for n in names if n == VERDICT_FILE or n.startswith(NO_LARGE_FOLIOS_PREFIX))
+
+
+def clear_records(engine: Engine, directory: Path) -> list[str]:
+    """Removes the verdicts of this boot (hugify prefetch --clear-records): the next
+    runs find them out again. The names it could not remove (not root)."""
+    return [n for n in verdict_records(directory) if not engine.record_drop(n)]
 
 
 def kernel_config(option: str) -> bool | None:
@@ -177,26 +174,36 @@ def _kernel_version(release: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def gives_large_folios(fstype: str, release: str | None = None) -> bool | None:
+def _large_folios_since(engine: Engine, fstype: str) -> int:
+    """Since which Linux version (major * 1000 + minor) files on `fstype` get large
+    folios, from the runtime's table (hp_large_folios_since); 0 in no kernel hugify
+    knows, -1 where hugify does not know the filesystem."""
+    magic = next((m for m, name in FS_MAGIC.items() if name == fstype), None)
+    return -1 if magic is None else engine.large_folios_since(magic)
+
+
+def gives_large_folios(engine: Engine, fstype: str, release: str | None = None) -> bool | None:
     """Whether files on `fstype` get large folios on this kernel (or `release`); None
     where hugify does not know the filesystem."""
-    if fstype not in LARGE_FOLIOS_SINCE:
+    since = _large_folios_since(engine, fstype)
+    if since < 0:
         return None
-    since = LARGE_FOLIOS_SINCE[fstype]
-    return since is not None and _kernel_version(release or os.uname().release) >= since
+    return since > 0 and _kernel_version(release or os.uname().release) >= divmod(since, 1000)
 
 
-def large_folios_remedy(fstype: str, release: str | None = None) -> str:
-    """Which kernel would give files on `fstype` large folios, in a few words."""
-    if fstype not in LARGE_FOLIOS_SINCE:
+def large_folios_remedy(engine: Engine, fstype: str, release: str | None = None) -> str:
+    """Which kernel would give files on `fstype` large folios, in a few words (from the
+    runtime's table, hp_large_folios_since)."""
+    since = _large_folios_since(engine, fstype)
+    if since < 0:
         return f"whether a newer kernel gives {fstype} large folios is not known to hugify"
-    since = LARGE_FOLIOS_SINCE[fstype]
-    if since is None:
+    if since == 0:
         return f"no kernel Debian ships gives {fstype} large folios yet (up to Linux 7.3)"
-    if _kernel_version(release or os.uname().release) >= since:
-        return f"{fstype} has large folios from Linux {since[0]}.{since[1]}, yet this kernel gave none"
-    hint = " (on Debian 13: the kernel of trixie-backports)" if since >= (6, 13) else ""
-    return f"{fstype} has them from Linux {since[0]}.{since[1]}{hint}"
+    major, minor = divmod(since, 1000)
+    if _kernel_version(release or os.uname().release) >= (major, minor):
+        return f"{fstype} has large folios from Linux {major}.{minor}, yet this kernel gave none"
+    hint = " (on Debian 13: the kernel of trixie-backports)" if (major, minor) >= (6, 13) else ""
+    return f"{fstype} has them from Linux {major}.{minor}{hint}"
 
 
 #: statfs f_type -> filesystem name, for the engine's records (linux/magic.h).
@@ -247,27 +254,30 @@ def filesystem_of(path: str, mounted: list[Filesystem]) -> Filesystem | None:
 
 @dataclass(frozen=True)
 class NoLargeFolios:
-    """A filesystem the engine found, this boot, to give no large folios."""
+    """A filesystem (or one file of it: `inode`) that the runtime found, this boot, to
+    give no large folios, by a record that is honoured."""
 
     device: str  # st_dev of the files it was found on, "MAJOR:MINOR"
     fstype: str
     mountpoint: str | None
+    inode: int | None = None
 
 
-def filesystems_without_large_folios(directory: Path) -> list[NoLargeFolios]:
-    """The engine's records in the runtime directory for this boot."""
+def without_large_folios(engine: Engine, directory: Path) -> list[NoLargeFolios]:
+    """The engine's records of this boot in the runtime directory (only those it honours)."""
     bid = boot_id()
     by_device = {fs.device: fs for fs in mounts()}
     out = []
-    for rec in sorted(directory.glob(NO_LARGE_FOLIOS_PREFIX + "*")):
-        fields = (_read(rec) or "").split()
-        if not bid or len(fields) != 2 or fields[0] != bid:
+    for name in verdict_records(directory):
+        fields = (engine.record_read(name) or "").split() if name.startswith(NO_LARGE_FOLIOS_PREFIX) else []
+        if not bid or len(fields) not in (2, 4) or fields[0] != bid:
             continue
-        device = rec.name[len(NO_LARGE_FOLIOS_PREFIX) :]
+        device, _, inode = name[len(NO_LARGE_FOLIOS_PREFIX) :].partition("-")
         with contextlib.suppress(ValueError):
             fstype = FS_MAGIC.get(int(fields[1], 16), f"type {fields[1]}")
             mount = by_device.get(device)
-            out.append(NoLargeFolios(device, fstype, mount.mountpoint if mount else None))
+            where = mount.mountpoint if mount else None
+            out.append(NoLargeFolios(device, fstype, where, int(inode) if inode else None))
     return out
 
 
@@ -405,6 +415,16 @@ class Engine:
             ctypes.c_int,
             ctypes.POINTER(ctypes.c_int8),
         ]
+        lib.hp_engine_large_folios_since.restype = ctypes.c_int
+        lib.hp_engine_large_folios_since.argtypes = [ctypes.c_long]
+        lib.hp_engine_record_read.restype = ctypes.c_long
+        lib.hp_engine_record_read.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.hp_engine_record_write.restype = ctypes.c_int
+        lib.hp_engine_record_write.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.hp_engine_record_drop.restype = ctypes.c_int
+        lib.hp_engine_record_drop.argtypes = [ctypes.c_char_p]
+        lib.hp_engine_may_record.restype = ctypes.c_int
+        lib.hp_engine_may_record.argtypes = []
         # Where the engine reads and writes the per-boot filesystem records.
         lib.hp_engine_set_runtime_dir(os.fsencode(rdir) if rdir else b"")
         self.lib = lib
@@ -421,6 +441,31 @@ class Engine:
         """Bounds the bytes the following runs read in, together (windows past it stay
         cold or small, reason "budget")."""
         self.lib.hp_engine_set_budget(size)
+
+    def large_folios_since(self, magic: int) -> int:
+        """Since which Linux version (major * 1000 + minor) a filesystem type gives
+        large folios; 0 in no kernel hugify knows; -1 no opinion (hp_verdict.h)."""
+        return int(self.lib.hp_engine_large_folios_since(magic))
+
+    def record_read(self, name: str) -> str | None:
+        """A record of the runtime directory, if it is honoured (root's, in a directory of
+        root's that nobody else may write, no symlink); None otherwise."""
+        buf = self.ct.create_string_buffer(4096)
+        n = self.lib.hp_engine_record_read(name.encode(), buf, len(buf))
+        return None if n < 0 else buf.raw[:n].decode(errors="replace")
+
+    def record_write(self, name: str, text: str) -> bool:
+        """Replaces a record whole (a fresh file renamed over it, no symlink followed);
+        False if this process writes no records (not root, or no directory of root's)."""
+        data = text.encode()
+        return int(self.lib.hp_engine_record_write(name.encode(), data, len(data))) == 0
+
+    def record_drop(self, name: str) -> bool:
+        """Removes a record; True if it is gone."""
+        return int(self.lib.hp_engine_record_drop(name.encode())) == 0
+
+    def may_record(self) -> bool:
+        return bool(self.lib.hp_engine_may_record())
 
     def _name(self, state: int, why: int) -> tuple[str, str]:
         key = (state, why)
@@ -501,7 +546,7 @@ def system_info(engine: Engine, hp: int, rdir: Path) -> System:
         page_size=os.sysconf("SC_PAGE_SIZE"),
         process_thp_disabled=engine.has(Engine.THP_DISABLED),
         cachestat=engine.has(Engine.CACHESTAT),
-        exec_pmd_readahead=read_verdict(rdir),
+        exec_pmd_readahead=read_verdict(engine),
     )
 
 
@@ -735,13 +780,13 @@ class Run:
     unable_fs: dict[str, str] = field(default_factory=dict)
 
     def record(self) -> None:
-        write_record(self.rdir, self.system.exec_pmd_readahead, self.system.thp_enabled)
+        write_record(self.engine, self.system.exec_pmd_readahead, self.system.thp_enabled)
 
     def _settle(self, t: Target, measure: bool) -> None:
         """Runs the engine over t's windows; the states and reason ids go to t.windows."""
         before = self.system.exec_pmd_readahead
         got, aware = self.engine.run(t.fd, [w.offset for w in t.windows], measure, before)
-        if aware is not None and before is None:  # probed on a cold window of t
+        if aware is not None and aware != before:  # probed on a cold window of t (or contradicted)
             self.system.exec_pmd_readahead = aware
             self.record()
         reasons.printed(why for _, why, _ in got)
@@ -764,10 +809,28 @@ class Run:
             return self.unable_fs.setdefault(
                 t.fs,
                 f"the {t.fs} filesystem gives no large folios on Linux {self.system.kernel}, so nothing is read "
-                f"or evicted for it this boot; {large_folios_remedy(t.fs, self.system.kernel)}",
+                f"or evicted for it this boot; {large_folios_remedy(self.engine, t.fs, self.system.kernel)}",
             )
+        if why == "kernel-version":
+            return self.unable_fs.setdefault(
+                t.fs,
+                f"by its version, Linux {self.system.kernel} gives the {t.fs} filesystem no large folios (taken "
+                "without a record, as this process keeps none), so nothing is read or evicted for it; "
+                f"{large_folios_remedy(self.engine, t.fs, self.system.kernel)}",
+            )
+        if why == "file-no-large-folios":
+            return "read in again as small folios with nothing in the way: this file gets no large folios"
         if why == "fragmented":
             return "no free 2 MiB block of memory (fragmented); try again later"
+        if why == "not-owner":
+            return (
+                "small folios this user does not evict (the kernel tells only root, the file's owner or a writer "
+                "what is cached); the boot service and its timer repair them"
+            )
+        if why == "madvise-refused":
+            return "MADV_HUGEPAGE is refused to this process (a seccomp filter?): nothing read or evicted"
+        if why == "cgroup-limit":
+            return "read in small while this process's memory cgroup was near its limit; try from outside it"
         return reasons.table()[why][1]
 
     def prefetch(self, targets: list[Target]) -> None:

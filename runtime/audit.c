@@ -41,9 +41,10 @@ EXPORT unsigned int la_version(unsigned int version)
  * (reading sysfs costs about 20 us); without one, from sysfs. */
 static int prepare(struct hp_ctx *c)
 {
-    struct hp_verdict v = hp_read_verdict(c->rundir);
+    struct hp_verdict v = hp_read_verdict(c);
     if (v.valid) {
         c->aware = v.aware;
+        c->aware_recorded = v.aware; /* a "yes" is checked once against a cold window */
         return v.thp_never ? -1 : 0;
     }
     char buf[128];

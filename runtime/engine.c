@@ -8,6 +8,8 @@
 
 #include "hp_core.h"
 #include "hp_map.h"
+#include "hp_sys.h"
+#include "hp_verdict.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -17,14 +19,20 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force);
 EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, int *aware, struct hp_window *out);
 EXPORT int hp_engine_set_runtime_dir(const char *dir);
 EXPORT void hp_engine_set_budget(int64_t bytes);
+EXPORT int hp_engine_large_folios_since(long magic);
+EXPORT long hp_engine_record_read(const char *name, char *buf, size_t cap);
+EXPORT int hp_engine_record_write(const char *name, const char *text, size_t n);
+EXPORT int hp_engine_record_drop(const char *name);
+EXPORT int hp_engine_may_record(void);
+EXPORT void hp_engine_set_probe_hook(void (*hook)(int fd, uint64_t off));
 EXPORT int hp_engine_file_id(int fd, uint32_t *major, uint32_t *minor, uint64_t *inode);
 EXPORT int hp_engine_pmd_windows(int fd, const uint64_t *offs, uint32_t n, int measure, int8_t *out);
 EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
                                    struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
 
-/* pagemap_fd and maps_fd -1: hp_engine_init releases the context first, and a zeroed
+/* pagemap_fd, maps_fd and rundir_fd -1: hp_engine_init releases the context first, and a zeroed
  * one would close descriptor 0, the caller's stdin. */
-static struct hp_ctx ctx = {.pagemap_fd = -1, .maps_fd = -1};
+static struct hp_ctx ctx = {.pagemap_fd = -1, .maps_fd = -1, .rundir_fd = -1, .euid = -1};
 static char rundir[4096];
 
 /* What hp_engine_init reports about this system and process. */
@@ -54,6 +62,12 @@ static const char *const why_names[HP_NWHY] = {
     [HP_WHY_BUDGET] = "budget",
     [HP_WHY_REPLACED] = "replaced",
     [HP_WHY_NOT_MAPPED] = "not-mapped",
+    [HP_WHY_FILE_NO_LARGE_FOLIOS] = "file-no-large-folios",
+    [HP_WHY_KERNEL_VERSION] = "kernel-version",
+    [HP_WHY_CGROUP_LIMIT] = "cgroup-limit",
+    [HP_WHY_NO_HUGE_PAGE] = "no-huge-page",
+    [HP_WHY_MADVISE_REFUSED] = "madvise-refused",
+    [HP_WHY_NOT_OWNER] = "not-owner",
 };
 
 EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? state_names[s] : "?"; }
@@ -71,6 +85,7 @@ EXPORT unsigned hp_engine_init(uint64_t hp, unsigned force)
     hp_ctx_init(&ctx, hp);
     ctx.rundir = rundir[0] ? rundir : 0;
     ctx.smaps = 1; /* each window is a VMA of its own (see hp_engine_run) */
+    ctx.thorough = 1; /* a window seen huge drops its file's record too */
     if (force & HP_ENGINE_CACHESTAT)
         ctx.cachestat = 0;
     if (force & HP_ENGINE_PAGEMAP_SCAN)
@@ -94,6 +109,7 @@ EXPORT int hp_engine_set_runtime_dir(const char *dir)
         return -ENAMETOOLONG;
     for (size_t i = 0; i <= n; i++)
         rundir[i] = dir[i];
+    hp_ctx_release(&ctx); /* the directory's descriptor is of the one before */
     ctx.rundir = n ? rundir : 0;
     return 0;
 }
@@ -102,6 +118,38 @@ EXPORT int hp_engine_set_runtime_dir(const char *dir)
  * again), together; windows beyond it stay `cold` or `small` with reason `budget`.
  * Negative: no bound (the default). */
 EXPORT void hp_engine_set_budget(int64_t bytes) { ctx.budget = bytes; }
+
+/* The records of the runtime directory, for hugify/prefetch.py: read only where they
+ * are honoured, written and removed only by root in a directory of root's
+ * (hp_verdict.h). Read: the bytes read into buf, or -1 (none, or not honoured). */
+EXPORT long hp_engine_record_read(const char *name, char *buf, size_t cap)
+{
+    int fd = hp_record_open(&ctx, name);
+    if (fd < 0)
+        return -1;
+    long n = hp_read(fd, buf, cap);
+    hp_close(fd);
+    return n;
+}
+
+/* 0 written (replaced whole), -1 not: this process does not write records. */
+EXPORT int hp_engine_record_write(const char *name, const char *text, size_t n)
+{
+    return hp_record_write(&ctx, name, text, n);
+}
+
+/* 0 removed (or there was none), -1 not. */
+EXPORT int hp_engine_record_drop(const char *name) { return hp_record_drop(&ctx, name); }
+
+/* Whether this process writes records (root, a runtime directory of root's). */
+EXPORT int hp_engine_may_record(void) { return hp_may_record(&ctx); }
+
+/* For the tests only: a function the kernel probe calls between its check that the
+ * window is cold and its fault (NULL: none, the default). */
+EXPORT void hp_engine_set_probe_hook(void (*hook)(int fd, uint64_t off)) { hp_probe_hook = hook; }
+
+/* hp_large_folios_since for hugify status's words on a filesystem without them. */
+EXPORT int hp_engine_large_folios_since(long magic) { return hp_large_folios_since(magic); }
 
 /* Settles (`measure` 0) or measures (1: reads nothing in) the windows of the open file
  * `fd` at the file offsets offs[0..n), each a multiple of the huge-page size and inside
@@ -126,12 +174,11 @@ EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, 
         if (mmap(w, hp, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, (off_t)offs[i]) == MAP_FAILED)
             rc = -errno;
         else {
-            /* MADV_HUGEPAGE: a fault reads a whole PMD folio; MADV_RANDOM: just that one.
+            /* MADV_RANDOM: a fault reads just the window (hp_settle marks the windows
+             * MADV_HUGEPAGE before it reads one: a fault then reads a whole PMD folio).
              * Measuring faults only wholly cached windows, yet without MADV_RANDOM a fault
              * on a page marked for readahead would start the kernel's async readahead
              * past the window: `hugify status` would read code in. */
-            if (!measure)
-                madvise(w, hp, MADV_HUGEPAGE);
             madvise(w, hp, MADV_RANDOM);
         }
     }
@@ -139,7 +186,15 @@ EXPORT int hp_engine_run(int fd, const uint64_t *offs, uint32_t n, int measure, 
         struct hp_target t = {.map = base, .stride = 2 * hp, .nwin = n, .offs = offs, .fd = fd, .size = -1,
                               .zap_ok = 1, .prot = PROT_READ, .random = 1, .report = out};
         struct hp_stats st = {0};
+        if (!measure) {
+            t.advise = base;
+            t.advise_len = (size_t)(2 * (uint64_t)n - 1) * hp;
+        }
         ctx.measure = measure;
+        /* A "yes" passed in comes from the record (or this session's probe): checked once
+         * per session against a cold window. */
+        if (*aware != ctx.aware)
+            ctx.aware_recorded = *aware == 1;
         ctx.aware = *aware;
         hp_settle(&ctx, &t, &st);
         *aware = ctx.aware;

@@ -10,6 +10,7 @@
 #include "hp_map.h"
 #include "hp_shared.h"
 #include "hp_sys.h"
+#include "hp_verdict.h"
 
 #define HP_MREMAP_MAYMOVE 1
 #define HP_MREMAP_FIXED 2
@@ -139,22 +140,16 @@ void hp_anon_read_settings(struct hp_anon_settings *s)
             s->mode = HP_ANON_UNSUPPORTED;
         return;
     }
-    /* The policy's programs, as `hugify prefetch` recorded them (real paths); most
-     * systems have none, and the record is then absent. */
-    char exe[4096], path[600];
-    const char *dir = s->runtime_dir;
-    size_t dl = hp_strlen(dir);
-    if (dl + sizeof HP_ANON_RECORD + 2 > sizeof path)
-        return;
-    hp_copy_str(path, sizeof path, dir);
-    path[dl] = '/';
-    hp_copy_str(path + dl + 1, sizeof path - dl - 1, HP_ANON_RECORD);
-    int fd = hp_open(path, O_RDONLY);
+    /* The policy's programs, as `hugify prefetch` recorded them (real paths), honoured
+     * as every record is (hp_verdict.h: root's, in root's directory); most systems have
+     * none, and the record is then absent. */
+    char exe[4096];
+    int fd = hp_record_open_in(s->runtime_dir, HP_ANON_RECORD);
     if (fd < 0)
         return;
-    hp_close(fd);
-    if (self_exe(exe, sizeof exe) > 0 && hp_each_line(path, record_line, exe) == 1)
+    if (self_exe(exe, sizeof exe) > 0 && hp_each_line_fd(fd, record_line, exe) == 1)
         s->mode = HP_ANON_UNSUPPORTED;
+    hp_close(fd);
 }
 
 /* --- the copy of one window --- */

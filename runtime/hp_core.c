@@ -7,6 +7,7 @@
 
 #include "hp_map.h"
 #include "hp_sys.h"
+#include "hp_verdict.h"
 
 /* PAGEMAP_SCAN (Linux 6.7, include/uapi/linux/fs.h); Debian 12's headers predate it. */
 struct hp_pm_scan_arg {
@@ -37,8 +38,7 @@ void hp_memzero(void *p, size_t n)
         *b++ = 0;
 }
 
-/* dir + "/" + name (+ suffix) into out; 0, or -1 if it does not fit. */
-static int join(char *out, size_t cap, const char *dir, const char *name, const char *suffix)
+int hp_join(char *out, size_t cap, const char *dir, const char *name, const char *suffix)
 {
     size_t n = 0;
     for (const char *parts[] = {dir, "/", name, suffix}, **p = parts; p < parts + 4; p++)
@@ -51,8 +51,7 @@ static int join(char *out, size_t cap, const char *dir, const char *name, const 
     return 0;
 }
 
-/* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; 0 or -1. */
-static int boot_id(char out[37])
+int hp_boot_id(char out[37])
 {
     int fd = hp_open("/proc/sys/kernel/random/boot_id", O_RDONLY);
     if (fd < 0)
@@ -63,8 +62,7 @@ static int boot_id(char out[37])
     return b == 36 ? 0 : -1;
 }
 
-/* Writes v in `base` (10 or 16) at out; returns the number of characters. */
-static size_t put_num(char *out, uint64_t v, unsigned base)
+size_t hp_put_num(char *out, uint64_t v, unsigned base)
 {
     char d[24];
     size_t k = 0, n = 0;
@@ -76,8 +74,6 @@ static size_t put_num(char *out, uint64_t v, unsigned base)
         out[n++] = d[--k];
     return n;
 }
-
-size_t hp_put_num(char *out, uint64_t v, unsigned base) { return put_num(out, v, base); }
 
 void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
 {
@@ -92,7 +88,15 @@ void hp_ctx_init(struct hp_ctx *c, uint64_t hp)
     c->smaps = 0;
     c->prepare = 0;
     c->prepared = 0;
+    c->aware_recorded = 0;
+    c->aware_checked = 0;
     c->rundir = 0;
+    c->rundir_fd = -1;
+    c->rundir_state = 0;
+    c->may_record = -1;
+    c->thorough = 0;
+    c->kernel_version = 0;
+    c->euid = -1;
     c->nfs = 0;
     c->budget = -1;
 }
@@ -105,6 +109,11 @@ void hp_ctx_release(struct hp_ctx *c)
     if (c->maps_fd >= 0)
         hp_close(c->maps_fd);
     c->maps_fd = -1;
+    if (c->rundir_state == 1 && c->rundir_fd >= 0)
+        hp_close(c->rundir_fd);
+    c->rundir_fd = -1;
+    c->rundir_state = 0; /* looked at again when needed (the audit library, at a dlopen) */
+    c->may_record = -1;
 }
 
 int hp_elf_ok(const Elf64_Ehdr *eh)
@@ -151,8 +160,7 @@ int hp_exec_range(const Elf64_Phdr *ph, unsigned phnum, int fixed, uint64_t hp, 
 
 static void touch(const char *p) { (void)*(const volatile char *)p; }
 
-/* Pages of [off, off + len) of fd in the page cache; -1 if unknown. */
-static long cached_pages(struct hp_ctx *c, int fd, uint64_t off, uint64_t len, char *window)
+long hp_cached_pages(struct hp_ctx *c, int fd, uint64_t off, uint64_t len, char *window)
 {
     if (c->cachestat != 0) {
         struct hp_cachestat_range r = {off, len};
@@ -206,14 +214,12 @@ static int hexval(char ch)
     return -1;
 }
 
-int hp_each_record(const char *path, char end, int (*each)(const char *record, void *arg), void *arg)
+/* The records of the open descriptor fd that end in the byte `end` (hp_each_record). */
+static int each_record_fd(int fd, char end, int (*each)(const char *record, void *arg), void *arg)
 {
     char buf[4096], line[4096 + 128];
     size_t ll = 0;
     int stop = 0;
-    int fd = hp_open(path, O_RDONLY);
-    if (fd < 0)
-        return -1;
     while (!stop) {
         long n = hp_read(fd, buf, sizeof buf);
         if (n <= 0)
@@ -229,8 +235,22 @@ int hp_each_record(const char *path, char end, int (*each)(const char *record, v
             stop = each(line, arg);
         }
     }
+    return stop;
+}
+
+int hp_each_record(const char *path, char end, int (*each)(const char *record, void *arg), void *arg)
+{
+    int fd = hp_open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    int stop = each_record_fd(fd, end, each, arg);
     hp_close(fd);
     return stop;
+}
+
+int hp_each_line_fd(int fd, int (*each)(const char *line, void *arg), void *arg)
+{
+    return each_record_fd(fd, '\n', each, arg);
 }
 
 int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg)
@@ -477,12 +497,16 @@ static void release_file(struct hp_target *t)
     }
 }
 
-static void advise(struct hp_target *t)
+/* Marks the caller's mapping MADV_HUGEPAGE (once); whether the kernel took it (a
+ * seccomp filter may refuse it: then no read can give a 2 MiB folio, and a window read
+ * in small says nothing about the file). */
+static int advise(struct hp_target *t)
 {
     if (t->advise) {
-        hp_madvise(t->advise, t->advise_len, MADV_HUGEPAGE);
+        t->advised = hp_madvise(t->advise, t->advise_len, MADV_HUGEPAGE) == 0 ? 1 : -1;
         t->advise = 0;
     }
+    return t->advised >= 0;
 }
 
 int hp_cachestat_works(struct hp_ctx *c)
@@ -490,7 +514,7 @@ int hp_cachestat_works(struct hp_ctx *c)
     if (c->cachestat < 0) {
         int fd = hp_open("/proc/self/exe", O_RDONLY);
         if (fd >= 0) {
-            cached_pages(c, fd, 0, HP_PAGE, 0);
+            hp_cached_pages(c, fd, 0, HP_PAGE, 0);
             hp_close(fd);
         }
     }
@@ -519,115 +543,6 @@ static int memory_fs(struct hp_target *t)
     return t->memfs == 1;
 }
 
-/* --- filesystems that give no large folios: found once per boot ---------------------
- *
- * Whether a filesystem gives the page cache 2 MiB folios depends on the filesystem and
- * the kernel (XFS from Linux 5.18, ext4 from 6.16, btrfs not in Debian's kernels), not
- * on the file. The first window that is read in again as small folios with free 2 MiB
- * blocks at hand proves it; from then on nothing of that filesystem is evicted, read
- * or marked MADV_HUGEPAGE (which would only widen readahead) by anyone, this boot:
- * the process remembers it and, where it may write the runtime directory, records it
- * for the others. */
-
-/* The record's path for device `dev` in c->rundir; 0 or -1. */
-static int fs_record_path(const struct hp_ctx *c, uint64_t dev, char *out, size_t cap)
-{
-    char name[64];
-    /* The kernel's encoding of dev_t (include/linux/kdev_t.h, new_decode_dev). */
-    uint64_t major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~0xfffULL);
-    uint64_t minor = (dev & 0xff) | ((dev >> 12) & ~0xffULL);
-    size_t n = put_num(name, major, 10);
-    name[n++] = ':';
-    n += put_num(name + n, minor, 10);
-    name[n] = 0;
-    return c->rundir ? join(out, cap, c->rundir, HP_NO_LARGE_FOLIOS_PREFIX, name) : -1;
-}
-
-/* The filesystem type of the target's file (fstatfs, else statfs of its path). */
-static long fs_magic(const struct hp_target *t)
-{
-    long type = 0;
-    if (t->fd >= 0 ? hp_fstatfs_type(t->fd, &type) : t->path ? hp_statfs_type(t->path, &type) : -1)
-        return 0;
-    return type;
-}
-
-/* Whether this boot's record for t's filesystem exists and names its type. */
-static int fs_recorded(struct hp_ctx *c, const struct hp_target *t)
-{
-    char path[4096], rec[64], boot[37];
-    if (fs_record_path(c, t->dev, path, sizeof path) != 0)
-        return 0;
-    int fd = hp_open(path, O_RDONLY);
-    if (fd < 0)
-        return 0; /* the common case: nothing recorded */
-    long r = hp_read(fd, rec, sizeof rec - 1);
-    hp_close(fd);
-    if (r < 38 || rec[36] != ' ' || boot_id(boot) != 0)
-        return 0;
-    for (int i = 0; i < 36; i++)
-        if (rec[i] != boot[i])
-            return 0;
-    /* The device number of a filesystem without one of its own (btrfs, tmpfs) can be
-     * reused by another after an unmount: the type must match too. */
-    char magic[24];
-    size_t m = put_num(magic, (uint64_t)(unsigned long)fs_magic(t), 16);
-    for (size_t i = 0; i < m; i++)
-        if (37 + (long)i >= r || rec[37 + i] != magic[i])
-            return 0;
-    return 37 + (long)m < r && rec[37 + m] == '\n';
-}
-
-/* Whether t's filesystem is known to give no large folios this boot (the process's
- * memory, else the record). Costs a stat and a failed open when nothing is known. */
-static int fs_without_large_folios(struct hp_ctx *c, struct hp_target *t)
-{
-    if (t->nolarge)
-        return t->nolarge == 1;
-    t->nolarge = 2;
-    if (hp_stat_dev(t->fd, t->fd >= 0 ? 0 : t->path, &t->dev) != 0) {
-        if (!t->open_file || file_open(t) != 0 || hp_stat_dev(t->fd, 0, &t->dev) != 0)
-            return 0;
-    }
-    for (uint32_t i = 0; i < c->nfs; i++)
-        if (c->nolarge[i] == t->dev)
-            return (t->nolarge = 1);
-    if (fs_recorded(c, t)) {
-        if (c->nfs < HP_MAX_FS)
-            c->nolarge[c->nfs++] = t->dev;
-        return (t->nolarge = 1);
-    }
-    return 0;
-}
-
-/* Remembers that t's filesystem gives no large folios, and records it for this boot
- * where the runtime directory is writable (root: the service, hugify-run). */
-static void fs_mark_without_large_folios(struct hp_ctx *c, struct hp_target *t)
-{
-    if (t->nolarge == 1 || (!t->nolarge && hp_stat_dev(t->fd, 0, &t->dev) != 0))
-        return;
-    t->nolarge = 1;
-    if (c->nfs < HP_MAX_FS)
-        c->nolarge[c->nfs++] = t->dev;
-    char path[4096], tmp[4096 + 32], rec[64], pid[24];
-    if (fs_record_path(c, t->dev, path, sizeof path) != 0 || boot_id(rec) != 0)
-        return;
-    size_t n = 36;
-    rec[n++] = ' ';
-    n += put_num(rec + n, (uint64_t)(unsigned long)fs_magic(t), 16);
-    rec[n++] = '\n';
-    pid[put_num(pid, (uint64_t)hp_getpid(), 10)] = 0;
-    if (join(tmp, sizeof tmp, c->rundir, ".tmp-", pid) != 0)
-        return;
-    int fd = hp_open(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    if (fd < 0)
-        return; /* not ours to write: this process alone remembers it */
-    long w = hp_write(fd, rec, n);
-    hp_close(fd);
-    if (w != (long)n || hp_rename(tmp, path) != 0)
-        hp_unlink(tmp);
-}
-
 /* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). ZONE_DMA
  * (the first 16 MiB) does not count: what its reserve for the zones above leaves of it is
  * no use to huge pages, and blocks stay listed free there when every other zone has none. */
@@ -652,8 +567,8 @@ static int buddy_line(const char *line, void *arg)
     return 0;
 }
 
-/* A window read in again as small folios while some zone has a free block of a huge page
- * or more says the filesystem gives none, not that memory is fragmented. */
+/* A window read in again as small folios while no zone has a free block of a huge page
+ * or more says memory is fragmented (hp_verdict.h, hp_circumstances). */
 int hp_free_huge_blocks(struct hp_ctx *c)
 {
     unsigned order = 0;
@@ -668,7 +583,12 @@ int hp_free_huge_blocks(struct hp_ctx *c)
  * readahead), checked right after it: khugepaged's collapse of file-backed code (Linux
  * 7.2 on, THP `always`) comes seconds later, only to processes that keep the window
  * mapped, and is no reason to leave a cold window unread (docs/runtime.md, "What the
- * kernel does by itself"). */
+ * kernel does by itself"). Only a window the probe itself reads in tells: one that
+ * another process is reading meanwhile (through MADV_HUGEPAGE: one 2 MiB folio) would
+ * show that process's doing, so a window with any page cached when the probe maps it
+ * gives no answer. */
+void (*hp_probe_hook)(int fd, uint64_t off);
+
 static int probe_exec(struct hp_ctx *c, int fd, uint64_t woff)
 {
     uint64_t hp = c->hp;
@@ -677,9 +597,12 @@ static int probe_exec(struct hp_ctx *c, int fd, uint64_t woff)
         return -1;
     char *w = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
     int aware = -1;
-    if (!hp_mmap_failed(hp_mmap(w, hp, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, woff))) {
+    if (!hp_mmap_failed(hp_mmap(w, hp, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, woff)) &&
+        hp_cached_pages(c, fd, woff, hp, w) == 0) {
         unsigned char huge = 0;
         int smaps = c->smaps;
+        if (hp_probe_hook)
+            hp_probe_hook(fd, woff);
         touch(w);
         c->smaps = 1; /* a VMA of its own */
         if (verify(c, w, hp, 0, 1, &huge) == 0)
@@ -701,7 +624,12 @@ static int first_page_cold(const struct hp_target *t, uint64_t i)
     return hp_mincore(t->map + i * t->stride, HP_PAGE, &v) == 0 && !(v & 1);
 }
 
-/* Where the verdict is not known: probes it on the first cold window. On a "no", the
+/* Probes the kernel verdict on the first cold window: where it is not known, and where
+ * it came from a record saying "yes" (checked once per process: a record never stands
+ * against what a process sees). A new "yes" counts only when seen twice, the window
+ * evicted in between (a race with another reader would have to happen twice); a "no"
+ * drops the record only when nothing in the process's way explains it (a memory cgroup
+ * at its limit gives small folios to the kernel's own readahead too). On a "no", the
  * small folios the probe read are evicted again (the fault's readaround may have
  * reached the next window too). */
 static void probe_verdict(struct hp_ctx *c, struct hp_target *t)
@@ -713,11 +641,26 @@ static void probe_verdict(struct hp_ctx *c, struct hp_target *t)
         if (file_ready(c, t) != 0 || woff + c->hp > (uint64_t)t->size)
             return;
         int next_cold = i + 1 < t->nwin && first_page_cold(t, i + 1);
-        c->aware = probe_exec(c, t->fd, woff);
-        if (c->aware == 0) {
+        int checking = c->aware_recorded && !c->aware_checked;
+        int seen = probe_exec(c, t->fd, woff);
+        if (seen == 1 && !checking) {
+            hp_fadvise(t->fd, woff, c->hp, 4 /* POSIX_FADV_DONTNEED */);
+            seen = probe_exec(c, t->fd, woff); /* no answer if it could not be evicted */
+        }
+        if (seen == 0) {
             hp_fadvise(t->fd, woff, c->hp, 4 /* POSIX_FADV_DONTNEED */);
             if (next_cold)
                 hp_fadvise(t->fd, window_off(t, i + 1, c->hp), c->hp, 4);
+        }
+        if (!checking)
+            c->aware = seen;
+        else {
+            c->aware_checked = 1;
+            if (seen == 0 && hp_circumstances(c) == HP_WHY_NONE) {
+                c->aware = 0;
+                c->aware_recorded = 0;
+                hp_record_drop(c, HP_KERNEL_RECORD);
+            }
         }
         return;
     }
@@ -756,13 +699,37 @@ static int remap_window(struct hp_ctx *c, struct hp_target *t, char *w, uint64_t
     if (ok && hp_same_file_mapped(c, (uintptr_t)aside, (uintptr_t)w) != 1)
         ok = -1;
     if (ok > 0) {
-        hp_madvise(aside, hp, MADV_HUGEPAGE);
+        if (hp_madvise(aside, hp, MADV_HUGEPAGE) != 0)
+            t->advised = -1;
         if (t->random)
             hp_madvise(aside, hp, MADV_RANDOM);
         ok = !hp_mmap_failed(hp_mremap(aside, hp, hp, 1 /* MREMAP_MAYMOVE */ | 2 /* MREMAP_FIXED */, w));
     }
     hp_munmap(res, 2 * hp); /* what is left of the reservation */
     return ok > 0 ? 0 : ok < 0 ? -2 : -1;
+}
+
+/* Waits until the reads of the window at `woff` that are in flight are done: pages under
+ * read are locked, and eviction passes them by. A fault waits for its page: each page of
+ * an aside mapping is faulted (fault-around maps cached neighbours at once). A page is
+ * unlocked before the read's last reference to it is dropped, and a referenced page is
+ * not evicted either: the caller tries again for a few milliseconds. */
+static void wait_for_reads(struct hp_ctx *c, int fd, uint64_t woff)
+{
+    char *m = hp_mmap(0, c->hp, PROT_READ, MAP_PRIVATE, fd, woff);
+    if (hp_mmap_failed(m))
+        return;
+    hp_madvise(m, c->hp, MADV_RANDOM); /* no readahead beyond what is cached */
+    unsigned char vec[512];
+    for (uint64_t o = 0; o < c->hp; o += sizeof vec * HP_PAGE) {
+        uint64_t chunk = c->hp - o < sizeof vec * HP_PAGE ? c->hp - o : sizeof vec * HP_PAGE;
+        if (hp_mincore(m + o, chunk, vec) != 0)
+            break;
+        for (uint64_t i = 0; i < chunk / HP_PAGE; i++)
+            if (vec[i] & 1)
+                touch(m + o + i * HP_PAGE); /* only cached pages: nothing is read in */
+    }
+    hp_munmap(m, c->hp);
 }
 
 /* Takes one window's worth from the run's budget of bytes to read; 0 if it is spent. */
@@ -776,7 +743,8 @@ static int spend(struct hp_ctx *c)
     return 1;
 }
 
-/* Evicts window i (held in small folios) and reads it in again as one 2 MiB folio. */
+/* Evicts window i (held in small folios, or read in small just now: `cold`) and reads it
+ * in again as one 2 MiB folio. */
 static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold)
 {
     uint64_t hp = c->hp, woff = window_off(t, i, hp);
@@ -787,17 +755,21 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
      * is said before whether this caller may replace its mapping (a traced process's
      * windows on tmpfs are unsupported, as anyone's, not busy: the shared copies and the
      * anonymous mode go by it). */
-    enum hp_why why = file_ready(c, t) != 0 ? file_problem(t)
+    enum hp_why none = hp_known_none(c, t); /* e.g. found on an earlier window of the file */
+    enum hp_why why = none != HP_WHY_NONE ? none
+                      : file_ready(c, t) != 0 ? file_problem(t)
                       : memory_fs(t) ? HP_WHY_MEMORY_FS
                       : !t->zap_ok ? HP_WHY_LOADER /* e.g. ld.so's own code, running */
-                      : t->nolarge == 1 ? HP_WHY_NO_LARGE_FOLIOS /* found on an earlier window */
+                      : !advise(t) ? HP_WHY_MADVISE_REFUSED
                       : !cold && !spend(c) ? HP_WHY_BUDGET /* a cold one was paid for when read */
                                         : HP_WHY_NONE;
     if (why != HP_WHY_NONE) {
         set_state(t, st, i,
                   why == HP_WHY_LOADER    ? HP_BUSY
                   : why == HP_WHY_NO_FILE ? HP_FAILED
-                  : why == HP_WHY_BUDGET || why == HP_WHY_REPLACED || why == HP_WHY_NOT_MAPPED ? HP_SMALL
+                  : why == HP_WHY_BUDGET || why == HP_WHY_MADVISE_REFUSED || why == HP_WHY_REPLACED ||
+                          why == HP_WHY_NOT_MAPPED
+                      ? HP_SMALL
                                           : HP_UNSUPPORTED,
                   why, 0);
         return;
@@ -805,7 +777,6 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
     /* A fresh mapping of the window, write back what was just written (a package
      * upgrade: dirty pages are not evicted), evict what nobody else maps, and read the
      * window in again through the MADV_HUGEPAGE mapping. */
-    advise(t);
     int remapped = remap_window(c, t, w, woff);
     if (remapped == -2) {
         set_state(t, st, i, HP_SMALL, HP_WHY_REPLACED, 0);
@@ -813,10 +784,23 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
     }
     if (remapped != 0)
         hp_madvise(w, hp, MADV_DONTNEED); /* the best left: at least the entries go */
+    if (t->advised < 0) { /* the fresh mapping's MADV_HUGEPAGE was refused */
+        set_state(t, st, i, HP_SMALL, HP_WHY_MADVISE_REFUSED, 0);
+        return;
+    }
     if (dirty(c, t->fd, woff, hp))
         hp_fdatasync(t->fd);
     hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
-    long left = cached_pages(c, t->fd, woff, hp, w);
+    long left = hp_cached_pages(c, t->fd, woff, hp, w);
+    if (left > 0 && cold) { /* read by this process just now: its readahead may not be done */
+        wait_for_reads(c, t->fd, woff);
+        for (int tries = 0; tries < 10 && left > 0; tries++) {
+            if (tries)
+                hp_nanosleep(1000000);
+            hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
+            left = hp_cached_pages(c, t->fd, woff, hp, w);
+        }
+    }
     if (left != 0) { /* unknown (-1): assume nothing left the cache */
         set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, left > 0 ? left : (long)(hp / HP_PAGE));
         return;
@@ -825,75 +809,225 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
     unsigned char again = 0;
     if (verify(c, t->map, t->stride, i, 1, &again) != 0)
         set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
-    else if (again)
+    else if (again) {
         set_state(t, st, i, cold ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
-    else if (hp_free_huge_blocks(c)) {
-        /* Nothing of it was cached, nothing maps it, 2 MiB blocks are free, the mapping
-         * asked for a PMD folio: the filesystem gave small ones. */
-        set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
-        fs_mark_without_large_folios(c, t);
-    } else
-        set_state(t, st, i, HP_FAILED, HP_WHY_FRAGMENTED, 0);
+        hp_saw_large(c, t);
+    } else {
+        /* Nothing of it was cached, nothing maps it, the mapping asked for a PMD folio
+         * and the kernel accepted: what the process's circumstances do not explain, the
+         * file (or its filesystem) did. */
+        why = hp_small_read(c, t);
+        set_state(t, st, i, why == HP_WHY_FILE_NO_LARGE_FOLIOS || why == HP_WHY_NO_LARGE_FOLIOS ? HP_UNSUPPORTED
+                                                                                                 : HP_FAILED,
+                  why, 0);
+    }
 }
 
-/* Which windows of a chunk to fault: measuring, only those entirely cached (a fault
- * of any other would read the rest in); otherwise all but the cold ones that are left
- * alone. Sets the state of those not faulted. */
-static void choose(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t first, uint64_t count,
-                   unsigned char *cold, unsigned char *touched)
+/* What a window needs after the first look. */
+enum { NEED_NOTHING, NEED_COLD, NEED_SMALL, NEED_UNVERIFIED, NEED_UNKNOWN };
+
+/* The first look, which reads nothing in: each window whose first page is cached (when
+ * measuring: each wholly cached one) is faulted and checked; those huge are done. Where
+ * the process may not tell what is cached (`knowable` 0), nothing is looked at: every
+ * window is left NEED_UNKNOWN (a fault of a cold one before MADV_HUGEPAGE would read it in
+ * small folios). */
+static void look(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t first, uint64_t count,
+                 int knowable, unsigned char *need)
 {
     uint64_t hp = c->hp;
+    unsigned char touched[CHUNK], huge[CHUNK];
+    int any = 0;
     for (uint64_t k = 0; k < count; k++) {
         uint64_t i = first + k, woff = window_off(t, i, hp);
         char *w = t->map + i * t->stride;
         touched[k] = 0;
-        cold[k] = 0;
+        need[k] = NEED_NOTHING;
         if (c->measure) {
-            long n = file_ready(c, t) == 0 ? cached_pages(c, t->fd, woff, hp, w) : -1;
-            if (n == 0)
-                set_state(t, st, i, HP_COLD, HP_WHY_NONE, 0);
-            else if (n != (long)(hp / HP_PAGE))
-                set_state(t, st, i, HP_SMALL, HP_WHY_NONE, 0);
+            /* Faulting a window not wholly cached would read the rest in. */
+            long n = file_ready(c, t) == 0 ? hp_cached_pages(c, t->fd, woff, hp, w) : -1;
+            if (n == (long)(hp / HP_PAGE))
+                touched[k] = 1;
             else
-                touched[k] = 1;
+                need[k] = n == 0 ? NEED_COLD : NEED_SMALL;
+        } else if (!knowable) {
+            need[k] = NEED_UNKNOWN;
+        } else if (first_page_cold(t, i)) {
+            need[k] = NEED_COLD;
         } else {
-            /* Cheap: is the first page of the window cached at all? A cached page is
-             * inside the file, so faulting it is safe without knowing the file size. */
-            cold[k] = (unsigned char)first_page_cold(t, i);
-            if (!cold[k])
-                touched[k] = 1;
-            else if (!prepared(c))
-                set_state(t, st, i, HP_COLD, HP_WHY_THP_OFF, 0);
-            else if (c->aware > 0)
+            touched[k] = 1; /* a cached page is inside the file: faulting it is safe */
+        }
+        if (touched[k])
+            touch(w), any = 1;
+    }
+    if (!any)
+        return;
+    int verified = verify(c, t->map, t->stride, first, count, huge) == 0;
+    for (uint64_t k = 0; k < count; k++) {
+        if (!touched[k])
+            continue;
+        if (!verified)
+            need[k] = NEED_UNVERIFIED;
+        else if (!huge[k])
+            need[k] = NEED_SMALL;
+        else {
+            set_state(t, st, first + k, HP_HUGE, HP_WHY_NONE, 0);
+            hp_saw_large(c, t);
+        }
+    }
+}
+
+/* Reads window i in through a fresh mapping of the target's own descriptor (PROT_READ,
+ * MADV_HUGEPAGE, MADV_RANDOM: one PMD-order folio, nothing beyond) where the caller's
+ * mapping is the program's own (t->random 0): a first fault there can come in small
+ * folios where a mapping of the runtime's own gets one 2 MiB folio (seen on Linux 7.3
+ * with ext4, for the program's and its libraries' windows alike). The caller's mapping
+ * is faulted afterwards, onto what is cached. */
+static void read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
+{
+    uint64_t hp = c->hp;
+    if (!t->random && file_ready(c, t) == 0) {
+        char *res = hp_mmap(0, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (!hp_mmap_failed(res)) {
+            char *aside = (char *)(((uintptr_t)res + hp - 1) & ~(uintptr_t)(hp - 1));
+            if (!hp_mmap_failed(hp_mmap(aside, hp, PROT_READ, MAP_PRIVATE | MAP_FIXED, t->fd, window_off(t, i, hp)))) {
+                if (hp_madvise(aside, hp, MADV_HUGEPAGE) != 0)
+                    t->advised = -1;
+                hp_madvise(aside, hp, MADV_RANDOM);
+                touch(aside);
+            }
+            hp_munmap(res, 2 * hp);
+        }
+    }
+    touch(t->map + i * t->stride);
+}
+
+/* Whether window i, read in just now, is one 2 MiB folio; if not, evicted and read once
+ * more (repair), to be sure. */
+static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int verified,
+                        int huge)
+{
+    if (!verified)
+        set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+    else if (huge) {
+        set_state(t, st, i, HP_LOADED, HP_WHY_NONE, 0);
+        hp_saw_large(c, t);
+    } else
+        repair(c, t, st, i, 1);
+}
+
+/* A window of a file whose cached pages the process may not see (NEED_UNKNOWN), faulted
+ * through the MADV_HUGEPAGE mapping (reading it if it was cold): huge, or small. Small,
+ * it is evicted and faulted again only where a window of the same filesystem was seen
+ * in a 2 MiB folio already: the process cannot make sure an eviction worked, and where
+ * the filesystem gives none it would read the window again at every start. */
+static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int verified,
+                           int huge)
+{
+    uint64_t woff = window_off(t, i, c->hp);
+    char *w = t->map + i * t->stride;
+    unsigned char again = 0;
+    int remapped = 0;
+    if (!verified)
+        set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+    else if (huge) {
+        set_state(t, st, i, HP_HUGE, HP_WHY_NONE, 0);
+        hp_saw_large(c, t);
+    } else if (!hp_known_large(c, t))
+        set_state(t, st, i, HP_SMALL, HP_WHY_NOT_OWNER, 0);
+    else if (!t->zap_ok || (t->zap_check && !(t->zap_ok = t->zap_check(), t->zap_check = 0, t->zap_ok)))
+        set_state(t, st, i, HP_BUSY, HP_WHY_LOADER, 0);
+    else if (file_ready(c, t) != 0 && file_problem(t) != HP_WHY_NO_FILE)
+        set_state(t, st, i, HP_SMALL, file_problem(t), 0); /* not the file mapped: left alone */
+    else if (file_ready(c, t) != 0 || (remapped = remap_window(c, t, w, woff)) == -1 || t->advised < 0)
+        set_state(t, st, i, HP_SMALL, HP_WHY_NOT_OWNER, 0);
+    else if (remapped == -2)
+        set_state(t, st, i, HP_SMALL, HP_WHY_REPLACED, 0);
+    else {
+        hp_fadvise(t->fd, woff, c->hp, 4 /* POSIX_FADV_DONTNEED */);
+        touch(w);
+        if (verify(c, t->map, t->stride, i, 1, &again) != 0)
+            set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+        else if (again)
+            set_state(t, st, i, HP_REPAIRED, HP_WHY_NONE, 0);
+        else /* not evicted (mapped elsewhere), or this file gets no large folios: cannot tell */
+            set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, (long)(c->hp / HP_PAGE));
+    }
+}
+
+/* The windows the first look left: nothing is read or evicted where what is known of
+ * the file says it gets no 2 MiB folios (hp_verdict.h); otherwise cold windows are read
+ * through the MADV_HUGEPAGE mapping (or left to the kernel, by its verdict) and small
+ * ones evicted and read again. Until a window of the filesystem is seen in a 2 MiB
+ * folio, cold windows are read one at a time: on a filesystem without large folios the
+ * first one settles it, and the rest are not read at all. */
+static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t first, uint64_t count,
+                 unsigned char *need)
+{
+    uint64_t hp = c->hp;
+    int go = c->measure || prepared(c);
+    unsigned char read[CHUNK], huge[CHUNK];
+    int any = 0, probed = 0;
+    for (uint64_t k = 0; k < count; k++) {
+        uint64_t i = first + k, woff = window_off(t, i, hp);
+        int cold = need[k] == NEED_COLD;
+        read[k] = 0;
+        if (need[k] == NEED_NOTHING)
+            continue;
+        enum hp_why none = go ? hp_known_none(c, t) : HP_WHY_NONE;
+        if (none != HP_WHY_NONE)
+            set_state(t, st, i, HP_UNSUPPORTED, none, 0); /* what every process gets there */
+        else if (need[k] == NEED_UNVERIFIED)
+            set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+        else if (c->measure)
+            set_state(t, st, i, cold ? HP_COLD : HP_SMALL, HP_WHY_NONE, 0);
+        else if (!go)
+            set_state(t, st, i, cold ? HP_COLD : HP_SMALL, HP_WHY_THP_OFF, 0);
+        else if (need[k] == NEED_SMALL)
+            repair(c, t, st, i, 0);
+        else if (need[k] == NEED_UNKNOWN) {
+            if (file_ready(c, t) != 0)
+                set_state(t, st, i, HP_COLD, file_problem(t), 0);
+            else if (woff + hp > (uint64_t)t->size) /* faulting past the end would SIGBUS */
+                set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
+            else if (c->aware <= 0 && !advise(t))
+                set_state(t, st, i, HP_SMALL, HP_WHY_MADVISE_REFUSED, 0);
+            else
+                read_in(c, t, i), read[k] = 1, any = 1;
+        } else {
+            if (!probed && (c->aware < 0 || (c->aware_recorded && !c->aware_checked)))
+                probe_verdict(c, t), probed = 1;
+            if (c->aware > 0)
                 set_state(t, st, i, HP_KERNEL, HP_WHY_NONE, 0);
             else if (file_ready(c, t) != 0)
                 set_state(t, st, i, HP_COLD, file_problem(t), 0);
             else if (woff + hp > (uint64_t)t->size) /* faulting past the end would SIGBUS */
                 set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
-            else if (t->nolarge == 1) /* found on an earlier window: reading would be for nothing */
-                set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
+            else if (!advise(t))
+                set_state(t, st, i, HP_COLD, HP_WHY_MADVISE_REFUSED, 0);
             else if (!spend(c))
                 set_state(t, st, i, HP_COLD, HP_WHY_BUDGET, 0);
-            else
-                touched[k] = 1, advise(t);
+            else if (hp_known_large(c, t))
+                read_in(c, t, i), read[k] = 1, any = 1; /* checked together below */
+            else {
+                unsigned char one = 0;
+                read_in(c, t, i);
+                int verified = verify(c, t->map, t->stride, i, 1, &one) == 0;
+                settle_read(c, t, st, i, verified, one);
+            }
         }
-        if (touched[k])
-            touch(w);
     }
+    if (!any)
+        return;
+    int verified = verify(c, t->map, t->stride, first, count, huge) == 0;
+    for (uint64_t k = 0; k < count; k++)
+        if (read[k] && need[k] == NEED_UNKNOWN)
+            settle_unknown(c, t, st, first + k, verified, huge[k]);
+        else if (read[k])
+            settle_read(c, t, st, first + k, verified, huge[k]);
 }
 
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
 {
-    /* On a filesystem known to give no large folios nothing is read, evicted or
-     * advised: the windows are what the kernel makes of them, small; and that is what
-     * a measurement (hugify status) says of them too. */
-    if ((c->measure || prepared(c)) && fs_without_large_folios(c, t)) {
-        st->windows += (uint32_t)t->nwin;
-        for (uint64_t i = 0; i < t->nwin; i++)
-            set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_NO_LARGE_FOLIOS, 0);
-        release_file(t);
-        return;
-    }
     if (t->map_proof == 2) { /* the caller knows the windows are not the file's bytes */
         st->windows += (uint32_t)t->nwin;
         for (uint64_t i = 0; i < t->nwin; i++)
@@ -901,50 +1035,41 @@ void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)
         release_file(t);
         return;
     }
-    /* Later faults of this mapping (after memory pressure evicted it) read 2 MiB folios
-     * too, unless the kernel does that for executable mappings by itself. */
-    if (!c->measure && t->advise && prepared(c) && c->aware <= 0)
-        advise(t);
-    if (!c->measure && c->aware < 0 && prepared(c))
-        probe_verdict(c, t);
+    int all_huge = 1;
+    /* Which pages of the file are cached the kernel tells only the file's owner, root or
+     * a writer (cachestat refuses, mincore says every page is): another user's process
+     * cannot tell a cold window, nor whether an eviction worked. */
+    int knowable = hp_residency_knowable(c, t);
     for (uint64_t first = 0; first < t->nwin; first += CHUNK) {
         uint64_t count = t->nwin - first < CHUNK ? t->nwin - first : CHUNK;
-        unsigned char cold[CHUNK], huge[CHUNK], touched[CHUNK];
+        unsigned char need[CHUNK];
+        int left = 0;
         st->windows += (uint32_t)count;
-        choose(c, t, st, first, count, cold, touched);
-        int verified = verify(c, t->map, t->stride, first, count, huge) == 0;
-        for (uint64_t k = 0; k < count; k++) {
-            uint64_t i = first + k;
-            if (!touched[k])
-                continue;
-            if (!verified)
-                set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
-            else if (huge[k])
-                set_state(t, st, i, cold[k] ? HP_LOADED : HP_HUGE, HP_WHY_NONE, 0);
-            else if (c->measure)
-                set_state(t, st, i, HP_SMALL, HP_WHY_NONE, 0);
-            else if (!prepared(c))
-                set_state(t, st, i, HP_SMALL, HP_WHY_THP_OFF, 0);
-            else
-                repair(c, t, st, i, cold[k]);
-        }
+        look(c, t, st, first, count, knowable, need);
+        for (uint64_t k = 0; k < count; k++)
+            left |= need[k] != NEED_NOTHING;
+        if (left)
+            work(c, t, st, first, count, need), all_huge = 0;
     }
+    /* Where every window was in place: later faults of this mapping (after memory
+     * pressure evicted it) read 2 MiB folios too, unless the kernel does that for
+     * executable mappings by itself. */
+    if (all_huge && !c->measure && t->advise && prepared(c) && c->aware <= 0)
+        advise(t);
     release_file(t);
 }
 
-struct hp_verdict hp_read_verdict(const char *dir)
+struct hp_verdict hp_read_verdict(struct hp_ctx *c)
 {
     struct hp_verdict v = {0, 0, 0};
-    char path[4096], rec[128], boot[37];
-    if (join(path, sizeof path, dir, "kernel-exec-pmd", 0) != 0)
-        return v;
-    int fd = hp_open(path, O_RDONLY);
+    char rec[128], boot[37];
+    int fd = hp_record_open(c, HP_KERNEL_RECORD);
     if (fd < 0)
         return v;
     long r = hp_read(fd, rec, sizeof rec - 1);
     hp_close(fd);
     /* "<boot id, 36 characters> <0|1|-> <mode>\n" */
-    if (r < 40 || rec[36] != ' ' || rec[38] != ' ' || boot_id(boot) != 0)
+    if (r < 40 || rec[36] != ' ' || rec[38] != ' ' || hp_boot_id(boot) != 0)
         return v;
     rec[r] = 0;
     for (int i = 0; i < 36; i++)

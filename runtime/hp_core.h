@@ -14,9 +14,11 @@
 
 #define HP_DEFAULT_SIZE (2UL << 20)
 #define HP_PAGE 4096UL /* smallest base page; only used to size probes */
-#define HP_MAX_FS 8 /* filesystems one process remembers as giving no large folios */
-/* The per-boot record of a filesystem that gives no large folios, in the runtime
- * directory: "no-large-folios-MAJOR:MINOR" holding "BOOT-ID FS-MAGIC\n" (hex). */
+#define HP_MAX_FS 8 /* filesystems one process keeps what it learnt of (hp_verdict.h) */
+/* The per-boot records of what gives no large folios, in the runtime directory:
+ * "no-large-folios-MAJOR:MINOR" (a filesystem) holding "BOOT-ID FS-MAGIC\n" and
+ * "no-large-folios-MAJOR:MINOR-INODE" (a file) holding "BOOT-ID FS-MAGIC CTIME SIZE\n"
+ * (magic in hex, ctime as SECONDS.NANOSECONDS); hp_verdict.h. */
 #define HP_NO_LARGE_FOLIOS_PREFIX "no-large-folios-"
 
 /* The whole huge-page windows of one executable PT_LOAD: file offset and link-time
@@ -74,6 +76,12 @@ enum hp_why {
     HP_WHY_NOT_MAPPED,      /* cold or small: the caller does not map the window from the
                              * object's file at its offset (another load overlaps it): left
                              * as it is, not touched */
+    HP_WHY_FILE_NO_LARGE_FOLIOS, /* unsupported: this file was read in small, nothing in the way */
+    HP_WHY_KERNEL_VERSION,  /* unsupported: the kernel's version says its filesystem gives none */
+    HP_WHY_CGROUP_LIMIT,    /* failed: small, and the memory cgroup was near its limit */
+    HP_WHY_NO_HUGE_PAGE,    /* failed: small, and the process got no 2 MiB page of its own either */
+    HP_WHY_MADVISE_REFUSED, /* cold or small: MADV_HUGEPAGE refused to the process (seccomp) */
+    HP_WHY_NOT_OWNER,       /* small: the process may not see what is cached, and knows no better */
     HP_NWHY
 };
 
@@ -89,6 +97,18 @@ struct hp_stats {
     uint32_t why[HP_NWHY]; /* windows per reason (HP_WHY_NONE: those without one) */
 };
 
+/* What one process learnt of one filesystem (hp_verdict.h). */
+struct hp_fs_note {
+    uint32_t major, minor; /* st_dev */
+    long magic;            /* statfs f_type; -1 not asked yet */
+    int8_t large;          /* 1 gives 2 MiB folios (a window was seen in one), -1 gives none, 0 not known */
+    uint8_t source;        /* why, when large < 0: HP_WHY_NO_LARGE_FOLIOS or HP_WHY_KERNEL_VERSION */
+    uint8_t looked;        /* its record was looked for */
+    uint8_t recorded;      /* a record of this boot says it gives none (dropped when contradicted) */
+    uint64_t small_ino;    /* a file of it read in small with nothing in the way: a second file makes it
+                            * the filesystem's verdict */
+};
+
 struct hp_ctx {
     uint64_t hp;     /* huge-page (PMD) size */
     int pagemap_fd;  /* /proc/self/pagemap, opened on first use; -1 closed */
@@ -98,6 +118,8 @@ struct hp_ctx {
     int cachestat;   /* cachestat(2) works: 1 yes, 0 no, -1 not tried */
     int aware;       /* the kernel reads executable mappings as PMD folios by itself: 1 yes,
                       * 0 no, -1 not known (then probed on the first cold window) */
+    int aware_recorded; /* `aware` 1 came from a record: checked once against a cold window */
+    int aware_checked;  /* that check was made */
     int measure;     /* read nothing in: cold windows stay cold, small ones small */
     int smaps;       /* without PAGEMAP_SCAN, verify windows that are VMAs of their own
                       * from /proc/self/smaps (small processes only) */
@@ -106,15 +128,21 @@ struct hp_ctx {
      * page cache alone (transparent huge pages disabled). NULL: nothing to check. */
     int (*prepare)(struct hp_ctx *c);
     int prepared; /* 0 not yet, 1 go on, -1 leave alone */
-    /* Where the per-boot records are kept (/run/hugify; NULL: nowhere). A filesystem
-     * found to give no large folios is recorded there, so that no later caller of
-     * this boot (the service, hugify-run, the audit library in every process) evicts
-     * or reads a window for it again; HP_NO_LARGE_FOLIOS_PREFIX above. */
+    /* Where the per-boot records are kept (/run/hugify; NULL: nowhere): the kernel
+     * verdict, and what gives no large folios, so that no later caller of this boot
+     * (the service, hugify-run, the audit library in every process) evicts or reads a
+     * window for it again (hp_verdict.h). */
     const char *rundir;
+    int rundir_fd;      /* rundir, opened and checked; -1 not open */
+    int rundir_state;   /* 0 not looked at, 1 honoured (rundir_fd), -1 missing, -2 not to be honoured */
+    int may_record;     /* -1 not known yet, 0 no, 1 this process writes records */
+    int thorough;       /* windows seen huge drop the records of their files too (prefetch, status) */
+    int kernel_version; /* major * 1000 + minor; 0 not read yet, -1 unknown */
+    long euid;          /* the process's effective uid; -1 not asked yet */
     int64_t budget;             /* bytes this run may still read in (cold or repaired
                                  * windows); negative: no bound */
-    uint32_t nfs;               /* devices in `nolarge` */
-    uint64_t nolarge[HP_MAX_FS]; /* st_dev of filesystems known to give no large folios */
+    uint32_t nfs;
+    struct hp_fs_note fs[HP_MAX_FS];
 };
 
 /* The windows of one object and its file. */
@@ -148,8 +176,17 @@ struct hp_target {
     int random;      /* the caller's mapping carries MADV_RANDOM */
     int own_fd;      /* set when the core opened fd (it closes it) */
     int memfs;       /* 0 not known yet, 1 on a memory filesystem, 2 not */
-    int nolarge;     /* 0 not known yet, 1 its filesystem gives no large folios, 2 not known to */
-    uint64_t dev;    /* st_dev of the file, when nolarge != 0 */
+    int advised;     /* MADV_HUGEPAGE on the windows: 0 not asked yet, 1 accepted, -1 refused */
+    /* The file's identity and what is known of it (hp_verdict.c). */
+    int ident;       /* 0 not looked at, 1 known (below), -1 cannot be */
+    int knowable;    /* the kernel tells this process which of its pages are cached */
+    int fs;          /* its filesystem's entry in the context's notes, or -1 */
+    uint64_t ino, fsize;
+    int64_t ctime_sec;
+    uint32_t ctime_nsec;
+    int file_looked; /* its record was looked for */
+    int file_none;   /* 1: it gets no large folios (seen, or recorded) */
+    int file_recorded; /* a record of this boot says so (dropped when contradicted) */
     struct hp_window *report; /* optional: window i's state goes to report[i] */
 };
 
@@ -212,15 +249,28 @@ int hp_cachestat_works(struct hp_ctx *c);
  * window's state to `st` (and t->report). */
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st);
 
-/* What `hugify prefetch` recorded in DIR/kernel-exec-pmd for the current boot:
- * "BOOT-ID AWARE THP", AWARE 1 if the kernel reads executable mappings as PMD folios
- * by itself (0 no, - not known), THP the transparent_hugepage/enabled mode. */
+/* Called, where set, between the kernel probe's check that its window is cold and its
+ * fault: the tests make a racing reader there (hp_engine_set_probe_hook). */
+extern void (*hp_probe_hook)(int fd, uint64_t off);
+
+/* What `hugify prefetch` recorded in c->rundir/kernel-exec-pmd for the current boot
+ * (honoured only as hp_verdict.h says): "BOOT-ID AWARE THP", AWARE 1 if the kernel reads
+ * executable mappings as PMD folios by itself (0 no, - not known), THP the
+ * transparent_hugepage/enabled mode. */
 struct hp_verdict {
     int valid; /* a record of this boot was found */
     int aware;
     int thp_never;
 };
-struct hp_verdict hp_read_verdict(const char *dir);
+struct hp_verdict hp_read_verdict(struct hp_ctx *c);
+
+/* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; 0 or -1. */
+int hp_boot_id(char out[37]);
+/* dir + "/" + name (+ suffix) into out; 0, or -1 if it does not fit. */
+int hp_join(char *out, size_t cap, const char *dir, const char *name, const char *suffix);
+/* Pages of [off, off + len) of fd in the page cache (cachestat, else mincore of the
+ * unfaulted `window` mapping it, if not NULL); -1 if unknown. */
+long hp_cached_pages(struct hp_ctx *c, int fd, uint64_t off, uint64_t len, char *window);
 
 /* Small helpers, usable without libc. */
 size_t hp_strlen(const char *s);
@@ -241,6 +291,8 @@ void hp_copy_str(char *dst, size_t cap, const char *src);
  * ld.so's audit namespace has no environ variable for). */
 int hp_each_record(const char *path, char end, int (*each)(const char *record, void *arg), void *arg);
 int hp_each_line(const char *path, int (*each)(const char *line, void *arg), void *arg);
+/* The same over the open descriptor fd (not closed). */
+int hp_each_line_fd(int fd, int (*each)(const char *line, void *arg), void *arg);
 
 /* The "start-end" address range heading a /proc/PID/maps or smaps line: the rest of
  * the line after it, or 0 if the line does not start with one. */

@@ -151,7 +151,7 @@ static int open_copy(struct hp_ctx *c, const char *rundir, const struct hp_share
     run = hp_open(rundir, O_RDONLY | O_DIRECTORY);
     if (run < 0)
         goto out; /* no runtime directory: no copies on this system */
-    dir = hp_openat(run, HP_SHARED_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    dir = hp_openat(run, HP_SHARED_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
     if (dir < 0)
         goto out;
     *why = S_UNTRUSTED;
@@ -163,7 +163,7 @@ static int open_copy(struct hp_ctx *c, const char *rundir, const struct hp_share
                            &file) != 1)
         goto out;
     key_name(key, &file);
-    obj = hp_openat(dir, key, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    obj = hp_openat(dir, key, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
     if (obj < 0) {
         *why = obj == -ENOENT ? S_NO_COPY : S_UNTRUSTED; /* ELOOP: a symbolic link */
         goto out;
@@ -174,7 +174,7 @@ static int open_copy(struct hp_ctx *c, const char *rundir, const struct hp_share
         *fd = hp_open(path, O_RDONLY);
     if (*fd < 0 || hp_fd_is_file(c, *fd, &file) != 1)
         goto out;
-    rfd = hp_openat(obj, HP_SHARED_RECORD, O_RDONLY | O_NOFOLLOW);
+    rfd = hp_openat(obj, HP_SHARED_RECORD, O_RDONLY | O_NOFOLLOW, 0);
     if (rfd < 0 || !roots_alone(obj, 1, &st) || !roots_alone(rfd, 0, &st)) {
         *why = rfd == -ENOENT ? S_NO_COPY : S_UNTRUSTED;
         goto out;
@@ -193,7 +193,7 @@ static int open_copy(struct hp_ctx *c, const char *rundir, const struct hp_share
     if (hp_fstat(*fd, &st) != 0 || (uint64_t)st.st_size != rec->size || ns(&st.st_mtim) != rec->mtime_ns ||
         ns(&st.st_ctim) != rec->ctime_ns)
         goto out;
-    copy = hp_openat(obj, rec->name, O_RDONLY | O_NOFOLLOW);
+    copy = hp_openat(obj, rec->name, O_RDONLY | O_NOFOLLOW, 0);
     if (copy < 0) {
         *why = copy == -ENOENT ? S_NO_COPY : S_UNTRUSTED;
         goto out;

@@ -58,11 +58,6 @@ static inline int hp_open(const char *path, int flags)
 {
     return (int)HP_SYS(__NR_openat, AT_FDCWD, path, flags | O_CLOEXEC, 0644, 0, 0);
 }
-/* openat(2) relative to the directory open as `dir`; nothing is created. */
-static inline int hp_openat(int dir, const char *name, int flags)
-{
-    return (int)HP_SYS(__NR_openat, dir, name, flags | O_CLOEXEC, 0, 0, 0);
-}
 /* The kernel's struct stat is the C library's on x86_64 and aarch64. */
 #if defined(__x86_64__)
 _Static_assert(sizeof(struct stat) == 144, "the kernel's struct stat");
@@ -104,6 +99,13 @@ static inline long hp_lseek(int fd, long off, int whence)
 {
     return HP_SYS(__NR_lseek, fd, off, whence, 0, 0, 0);
 }
+static inline long hp_nanosleep(long ns)
+{
+    struct {
+        long sec, nsec;
+    } ts = {ns / 1000000000L, ns % 1000000000L};
+    return HP_SYS(__NR_nanosleep, &ts, 0, 0, 0, 0, 0);
+}
 static inline long hp_fdatasync(int fd) { return HP_SYS(__NR_fdatasync, fd, 0, 0, 0, 0, 0); }
 /* Only f_type is read; the buffer is at least the kernel's struct statfs (120 bytes). */
 static inline long hp_fstatfs_type(int fd, long *type)
@@ -111,15 +113,6 @@ static inline long hp_fstatfs_type(int fd, long *type)
     long buf[16];
     long rc = HP_SYS(__NR_fstatfs, fd, buf, 0, 0, 0, 0);
     *type = buf[0];
-    return rc;
-}
-/* Only st_dev is read: the first field of the kernel's struct stat on both
- * architectures; the buffer is larger than that struct (144 bytes on x86_64). */
-static inline long hp_stat_dev(int fd, const char *path, uint64_t *dev)
-{
-    unsigned long buf[32];
-    long rc = path ? HP_SYS(__NR_newfstatat, AT_FDCWD, path, buf, 0, 0, 0) : HP_SYS(__NR_fstat, fd, buf, 0, 0, 0, 0);
-    *dev = buf[0];
     return rc;
 }
 /* Only f_type, as hp_fstatfs_type, of the filesystem holding `path`. */
@@ -134,10 +127,58 @@ static inline void *hp_mremap(void *old, size_t old_len, size_t new_len, int fla
 {
     return (void *)HP_SYS(__NR_mremap, old, old_len, new_len, flags, new_addr, 0);
 }
-/* renameat2 with no flags: aarch64 has no plain rename or renameat. */
-static inline long hp_rename(const char *from, const char *to)
+/* Relative to a directory descriptor (the runtime directory's records); renameat2
+ * with no flags: aarch64 has no plain renameat. */
+static inline int hp_openat(int dirfd, const char *name, int flags, int mode)
 {
-    return HP_SYS(__NR_renameat2, AT_FDCWD, from, AT_FDCWD, to, 0, 0);
+    return (int)HP_SYS(__NR_openat, dirfd, name, flags | O_CLOEXEC, mode, 0, 0);
+}
+static inline long hp_unlinkat(int dirfd, const char *name)
+{
+    return HP_SYS(__NR_unlinkat, dirfd, name, 0, 0, 0, 0);
+}
+static inline long hp_renameat(int dirfd, const char *from, const char *to)
+{
+    return HP_SYS(__NR_renameat2, dirfd, from, dirfd, to, 0, 0);
+}
+static inline long hp_mkdir(const char *path, int mode) { return HP_SYS(__NR_mkdirat, AT_FDCWD, path, mode, 0, 0, 0); }
+static inline long hp_geteuid(void) { return HP_SYS(__NR_geteuid, 0, 0, 0, 0, 0, 0); }
+
+/* struct statx (include/uapi/linux/stat.h, Linux 4.11): the same layout on every
+ * architecture, unlike struct stat. */
+struct hp_statx_time {
+    int64_t sec;
+    uint32_t nsec;
+    int32_t reserved;
+};
+struct hp_statx {
+    uint32_t mask, blksize;
+    uint64_t attributes;
+    uint32_t nlink, uid, gid;
+    uint16_t mode, pad1;
+    uint64_t ino, size, blocks, attributes_mask;
+    struct hp_statx_time atime, btime, ctime, mtime;
+    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+    uint64_t spare[14];
+};
+#define HP_STATX_BASIC 0x7ffU /* STATX_BASIC_STATS */
+#define HP_AT_EMPTY_PATH 0x1000
+/* Of the open descriptor fd (path NULL), or of the file at path. */
+static inline long hp_statx(int fd, const char *path, struct hp_statx *st)
+{
+    return path ? HP_SYS(__NR_statx, AT_FDCWD, path, 0, HP_STATX_BASIC, st, 0)
+                : HP_SYS(__NR_statx, fd, "", HP_AT_EMPTY_PATH, HP_STATX_BASIC, st, 0);
+}
+static inline long hp_fchmod(int fd, int mode) { return HP_SYS(__NR_fchmod, fd, mode, 0, 0, 0, 0); }
+/* The kernel release ("6.12.117+deb13-amd64"): the third field of struct utsname. */
+static inline long hp_uname_release(char out[65])
+{
+    char u[6 * 65];
+    long rc = HP_SYS(__NR_uname, u, 0, 0, 0, 0, 0);
+    for (int i = 0; i < 65; i++)
+        out[i] = rc == 0 ? u[2 * 65 + i] : 0;
+    out[64] = 0;
+    return rc;
 }
 static inline long hp_prctl(int option) { return HP_SYS(__NR_prctl, option, 0, 0, 0, 0, 0); }
 static inline long hp_getpid(void) { return HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0); }

@@ -486,7 +486,7 @@ static const char *runtime_dir;
 static void prefetch(int fd, const char *path, const struct hp_range *r, uint64_t size, struct hp_stats *st)
 {
     if (!stride) { /* first hugified object: find out what this kernel offers */
-        ctx.aware = hp_read_verdict(runtime_dir).aware;
+        ctx.aware = ctx.aware_recorded = hp_read_verdict(&ctx).aware;
         stride = hp_scan_works(&ctx) ? ctx.hp : 2 * ctx.hp;
     }
     uint64_t hp = ctx.hp, nwin = r->len / hp;
@@ -505,17 +505,15 @@ static void prefetch(int fd, const char *path, const struct hp_range *r, uint64_
         char *w = base + i * stride;
         if (mmap(w, per * hp, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, (off_t)(r->off + i * hp)) == MAP_FAILED)
             ok = 0;
-        /* MADV_HUGEPAGE: a fault reads a whole PMD folio; MADV_RANDOM: just that one */
-        else if (madvise(w, per * hp, MADV_HUGEPAGE) != 0)
-            ok = 0;
-        else
+        else /* a fault reads just the window (hp_settle marks it MADV_HUGEPAGE if it reads) */
             madvise(w, per * hp, MADV_RANDOM);
     }
     if (ok) {
         /* The windows are mapped from fd: remapping them from it maps the same inode. */
         struct hp_target t = {.map = base, .stride = stride, .nwin = nwin, .off = r->off, .fd = fd,
                               .size = (long)size, .path = path, .zap_ok = 1,
-                              .prot = PROT_READ, .random = 1};
+                              .prot = PROT_READ, .random = 1, .advise = base,
+                              .advise_len = (size_t)((nwin - 1) * stride + hp)};
         hp_settle(&ctx, &t, st);
     }
     munmap(res, span);
@@ -740,6 +738,7 @@ int main(int argc, char **argv)
     if (!thp_never()) {
         hp_ctx_init(&ctx, read_sysfs_u64("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", HP_DEFAULT_SIZE));
         ctx.smaps = 1; /* a small process: smaps is cheap where PAGEMAP_SCAN is missing */
+        ctx.thorough = 1; /* it maps whole files' windows: their records are looked at too */
         const char *force_smaps = getenv("HUGIFY_FORCE_SMAPS");
         if (force_smaps && *force_smaps && strcmp(force_smaps, "0"))
             ctx.scan = 0, ctx.procmap = 0; /* nor PROCMAP_QUERY (6.11): /proc/self/maps read */

@@ -3,6 +3,10 @@ rpmbuild, dpkg-buildpackage, brp-hugify and dh_hugify, notes the reason ids it
 prints in one log (hugify/reasons.py); when the run ends, each must be one that
 `hugify explain` knows, or the run fails.
 
+No test touches the host's runtime directory: each runs with HUGIFY_RUNTIME_DIR set to
+a directory of its own (what every component reads and writes records in), and the run
+fails if /run/hugify is not exactly as it was before it.
+
 Fixtures more than one test file uses live here too."""
 
 from __future__ import annotations
@@ -11,14 +15,40 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import Programs, build_programs, build_runtime
+from runtime_support import Programs, build_programs, build_runtime, gives_large_folios, locked, loop_fs
 
 from hugify.reasons import LOG_ENV
 
 REPO = Path(__file__).resolve().parent.parent
+#: The host's runtime directory, which the suite must leave as it found it.
+HOST_RUNTIME_DIR = Path("/run/hugify")
+
+
+def runtime_dir_state(directory: Path = HOST_RUNTIME_DIR) -> list[tuple[str, int, int, int, str]] | None:
+    """What the directory holds: (name, mode, owner, modification time, content or link
+    target) of each entry, itself first; None if it does not exist."""
+    try:
+        st = directory.lstat()
+    except FileNotFoundError:
+        return None
+    out = [(".", st.st_mode, st.st_uid, st.st_mtime_ns, "")]
+    for entry in sorted(directory.iterdir()):
+        est = entry.lstat()
+        if entry.is_symlink():
+            what = "-> " + os.readlink(entry)
+        elif entry.is_file():
+            what = entry.read_bytes().decode(errors="replace")
+        else:
+            what = ""
+        out.append((entry.name, est.st_mode, est.st_uid, est.st_mtime_ns, what))
+    return out
+
+
+_HOST_RUN = pytest.StashKey[list[tuple[str, int, int, int, str]] | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,11 +61,28 @@ def pytest_configure(config: pytest.Config) -> None:
         fd, path = tempfile.mkstemp(prefix="hugify-reasons-", suffix=".log")
         os.close(fd)
         os.environ[LOG_ENV] = path
+    if not hasattr(config, "workerinput"):
+        config.stash[_HOST_RUN] = runtime_dir_state()
+
+
+@pytest.fixture(autouse=True)
+def own_runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test runs with a runtime directory of its own (root's, mode 0700, empty): the
+    records one test's runs keep never steer another's, nor the host's services."""
+    rdir = tmp_path_factory.mktemp("run")
+    monkeypatch.setenv("HUGIFY_RUNTIME_DIR", str(rdir))
+    return rdir
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         return
+    before, after = session.config.stash.get(_HOST_RUN, None), runtime_dir_state()
+    if before != after:
+        report = session.config.pluginmanager.get_plugin("terminalreporter")
+        say = report.write_line if report else print
+        say(f"the run changed the host's {HOST_RUNTIME_DIR}: before {before}, after {after}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     log = Path(os.environ.get(LOG_ENV, ""))
     if not log.is_file():
         return
@@ -59,6 +106,21 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
     build_runtime()
     return build_programs(tmp_path_factory.mktemp(f"{request.module.__name__}-programs"))
+
+
+@pytest.fixture(scope="module")
+def large_folio_dir(built: Programs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory on a filesystem whose files get 2 MiB folios whatever kernel runs the
+    suite: XFS (large folios since Linux 5.18; Debian 12 ships 6.1), on a loop device.
+    The runtime tests keep their files there, so that what they assert does not hang on
+    the filesystem of the host's /tmp (ext4 has large folios only from 6.16; the
+    verdicts there are tests/test_runtime_host.py's, whatever they are). That XFS gives
+    them is measured first (runtime_support.gives_large_folios), not assumed."""
+    work = tmp_path_factory.mktemp("xfs")
+    with loop_fs(work, "xfs", programs=built, size=4 << 30) as mnt:
+        with locked():
+            assert gives_large_folios(mnt / "bin" / "prog"), "XFS gave no 2 MiB folio (the tests need Linux 5.18 on)"
+        yield mnt
 
 
 @pytest.fixture

@@ -11,11 +11,13 @@ byte of every 2 MiB of each executable mapping, and prints /proc/self/smaps.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,9 +241,12 @@ def drop_caches() -> None:
 
 def read_plainly(paths: list[Path]) -> None:
     """Reads files with read() in 64 KiB pieces: the page cache then holds them in
-    small folios (the pollution hugify prefetch has to repair)."""
+    small folios (the pollution hugify prefetch has to repair). Without readahead
+    (POSIX_FADV_RANDOM): on a filesystem with large folios (XFS, ext4 from 6.16) the
+    kernel's readahead of a sequential read grows its folios up to 2 MiB."""
     for p in paths:
         with p.open("rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
             while f.read(65536):
                 pass
 
@@ -313,3 +318,262 @@ def cached_pages(path: Path) -> int:
             libc.munmap(addr, size)
     finally:
         os.close(fd)
+
+
+# --- what the kernel does, measured without hugify ----------------------------------------
+#
+# The runtime tests derive what hugify must report from these, not from the runtime under
+# test: whether the host's kernel gives a file's filesystem 2 MiB folios, and whether it
+# maps a cold executable window huge by itself, differ between kernels and filesystems.
+
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+
+
+def cold_window(path: Path, advice: int | None) -> tuple[int, int]:
+    """Maps the first 2 MiB window of the file's code like the ELF loader (PROT_READ |
+    PROT_EXEC, MAP_PRIVATE, 2 MiB-aligned) in a child process, from a cold cache, gives it
+    `advice` (if any), reads one byte, and returns (the madvise errno, 0 if it worked;
+    FilePmdMapped of that mapping in KiB, from its smaps)."""
+    code = r"""
+import ctypes, os, re, sys
+path, off, advice = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+hp = 2 << 20
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+res = libc.mmap(None, 2 * hp, 0, 0x22 | 0x4000, -1, 0)  # PROT_NONE, PRIVATE|ANONYMOUS|NORESERVE
+at = (res + hp - 1) & ~(hp - 1)
+fd = os.open(path, os.O_RDONLY)
+assert libc.mmap(at, hp, 5, 0x12, fd, off) == at  # PROT_READ|PROT_EXEC, MAP_PRIVATE|MAP_FIXED
+err = 0
+if advice >= 0 and libc.madvise(ctypes.c_void_p(at), ctypes.c_size_t(hp), advice) != 0:
+    err = ctypes.get_errno()
+ctypes.string_at(at, 1)
+smaps = open("/proc/self/smaps").read()
+block = smaps.split(f"{at:x}-", 1)[1]
+print(err, int(re.search(r"FilePmdMapped:\s+(\d+)", block).group(1)))
+"""
+    phdrs = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
+    (offset,) = [int(f[1], 16) for f in map(str.split, phdrs.splitlines()) if f[:1] == ["LOAD"] and "E" in f[6:-1]]
+    drop_caches()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path), str(offset), str(-1 if advice is None else advice)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    err, kb = out.stdout.split()
+    return int(err), int(kb)
+
+
+def gives_large_folios(path: Path) -> bool:
+    """Whether the file's first window, read through a MADV_HUGEPAGE mapping, got a PMD."""
+    return cold_window(path, MADV_HUGEPAGE)[1] > 0
+
+
+def kernel_maps_exec_huge(path: Path) -> bool:
+    """Whether the kernel made the file's first window one PMD at the first fault of a
+    mapping made as the ELF loader makes it (no madvise): its PMD exec readahead."""
+    return cold_window(path, None)[1] > 0
+
+
+@contextlib.contextmanager
+def loop_fs(
+    work: Path, fs: str, options: str = "", programs: Programs | None = None, size: int = 320 << 20
+) -> Iterator[Path]:
+    """A fresh `fs` filesystem on a loop device (a sparse image of `size` bytes: mkfs.xfs
+    wants 300 MiB), mounted with `options`; its mount point. With `programs`, they are
+    copied to bin/ first and the filesystem mounted again, so that nothing of them is
+    left in the page cache (ext4 with data=journal keeps written pages pinned by the
+    journal until then)."""
+    image, mnt = work / f"{fs}.img", work / f"{fs}-mnt"
+    with image.open("wb") as f:
+        f.truncate(size)
+    force = "-F" if fs.startswith("ext") else "-f"
+    subprocess.run([f"mkfs.{fs}", "-q", force, str(image)], check=True, capture_output=True)
+    mnt.mkdir()
+    mount = ["mount", "-o", ",".join(["loop", *filter(None, [options])]), str(image), str(mnt)]
+    subprocess.run(mount, check=True)
+    try:
+        if programs:
+            copy_programs(programs, mnt / "bin")
+            subprocess.run(["umount", str(mnt)], check=True)
+            subprocess.run(mount, check=True)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+# --- cost ----------------------------------------------------------------------------
+
+
+def children_read(argv: list[str], times: int, env: dict[str, str]) -> int:
+    """Bytes read from storage by `times` runs of argv, in a process of their own whose
+    children's I/O accounting (ru_inblock) counts them alone, not other processes on the
+    machine."""
+    code = (
+        "import resource, subprocess, sys, json\n"
+        "argv, n, env = json.loads(sys.argv[1])\n"
+        "for _ in range(n):\n"
+        "    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([argv, times, env])], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+def blocks_read_by(argv: list[str], times: int, env: dict[str, str]) -> int:
+    """Bytes read from storage by `times` runs of argv, after one run that brings the
+    tools themselves (hugify-run, the audit library, libc) into the page cache."""
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+    return children_read(argv, times, env)
+
+
+def clean_env(run: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD", "HUGIFY_DEBUG")}
+    return env | {"HUGIFY_RUNTIME_DIR": str(run)} | extra
+
+
+def cachestat_works() -> bool:
+    """Whether this kernel has cachestat(2) (Linux 6.5), asked of the kernel directly."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open("/proc/self/exe", os.O_RDONLY)
+    try:
+        rng, out = (ctypes.c_uint64 * 2)(0, 4096), (ctypes.c_uint64 * 5)()
+        return int(libc.syscall(451, fd, rng, out, 0)) == 0
+    finally:
+        os.close(fd)
+
+
+def memory_cgroup(tmp_name: str) -> Path:
+    """A child of this process's cgroup v1 memory controller (or of cgroup v2's)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/") / tmp_name
+    own = Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
+    return Path("/sys/fs/cgroup") / own.lstrip("/") / tmp_name
+
+
+@contextlib.contextmanager
+def limited_cgroup(limit: int) -> Iterator[Path]:
+    """A fresh memory cgroup with `limit` bytes (cgroup v1 or v2); its cgroup.procs."""
+    cg = memory_cgroup(f"hugify-test-{os.getpid()}")
+    cg.mkdir()
+    try:
+        name = "memory.limit_in_bytes" if (cg / "memory.limit_in_bytes").exists() else "memory.max"
+        (cg / name).write_text(f"{limit}\n")
+        yield cg / "cgroup.procs"
+    finally:
+        cg.rmdir()
+
+
+def in_cgroup(procs: Path, argv: list[str | Path]) -> list[str]:
+    """argv run inside the cgroup whose cgroup.procs is `procs` (by a shell that moves
+    itself there, then execs it)."""
+    return ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(procs), *map(str, argv)]
+
+
+def seccomp_program(syscall: dict[str, int], arg: int, value: int, action: int) -> str:
+    """A Python program (for `python3 -c PROGRAM ARGV…`) that runs ARGV under a seccomp
+    filter: the system call numbered syscall[machine] whose argument word at offset `arg`
+    of struct seccomp_data (16: args[0], 32: args[2]; the low half) is `value` gets the
+    filter's return `action`; every other call is allowed."""
+    return rf"""
+import ctypes, os, platform, struct, sys
+nr = {syscall!r}[platform.machine()]
+insns = [
+    struct.pack("HBBI", 0x20, 0, 0, 0),  # ld [0]: the system call number
+    struct.pack("HBBI", 0x15, 0, 3, nr),  # jeq nr, else allow
+    struct.pack("HBBI", 0x20, 0, 0, {arg}),  # ld the argument's low half
+    struct.pack("HBBI", 0x15, 0, 1, {value}),  # jeq value, else allow
+    struct.pack("HBBI", 0x06, 0, 0, {action}),  # ret action
+    struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
+]
+prog = ctypes.create_string_buffer(b"".join(insns))
+buf = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog)))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.addressof(buf), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
+#: Runs argv[1:] with MADV_HUGEPAGE (14, the advice: args[2]) refused with EPERM by a
+#: seccomp filter on madvise, every other madvise allowed: what a service's
+#: SystemCallFilter can do to the runtime.
+NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, 32, 14, 0x00050001)
+
+
+def build_idle(work: Path) -> Path:
+    """A hugified program of two whole windows of code that it never runs: it exits at
+    once, so that it runs as quickly in a memory cgroup of 2 MiB as anywhere."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "idle.c").write_text(_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
+    _run(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
+    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle")
+    assert res.returncode == 0, res.stderr
+    return work / "idle"
+
+
+@contextlib.contextmanager
+def public_dir() -> Iterator[Path]:
+    """A directory that every user may enter (pytest's are root's alone): for the runs as
+    another user."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="hugify-test-", dir="/tmp"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+#: Runs argv as the user nobody (no groups): a process that may not keep records.
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+
+
+def nobody_env(**extra: str) -> dict[str, str]:
+    """The environment for hugify run as nobody: the suite's log of reason ids is root's
+    (conftest), which nobody may not append to."""
+    from hugify.reasons import LOG_ENV
+
+    return {k: v for k, v in os.environ.items() if k != LOG_ENV} | {"PYTHONDONTWRITEBYTECODE": "1"} | extra
+
+
+def hugify_as_nobody(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The hugify CLI of this checkout run as nobody."""
+    cli = [sys.executable, "-m", "hugify.cli", *map(str, args)]
+    return subprocess.run([*AS_NOBODY, *cli], capture_output=True, text=True, cwd=REPO, env=nobody_env(), check=False)
+
+
+def evict(paths: list[Path]) -> None:
+    """Drops the files from the page cache (POSIX_FADV_DONTNEED; nothing may map them),
+    leaving every other file cached."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def starts_read(argv: list[str], times: int, env: dict[str, str], files: list[Path], cache: str) -> int:
+    """Bytes read from storage by `times` starts of argv (the children's I/O accounting,
+    so that other processes on the machine do not count), the first one included: the
+    tools (hugify-run, the audit library, libc) are brought into the page cache first by
+    the same command line with /bin/true for the program (files[0]), and the program's
+    `files` are put "cold" (evicted) or in "small" folios (read plainly)."""
+    warm = ["/bin/true" if a == str(files[0]) else a for a in argv]
+    subprocess.run(warm, env=env, stdout=subprocess.DEVNULL, check=True)
+    evict(files)
+    if cache == "small":
+        read_plainly(files)
+    return children_read(argv, times, env)

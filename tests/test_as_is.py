@@ -37,12 +37,14 @@ def _gcc(cwd: Path, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def as_is(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def as_is(large_folio_dir: Path) -> Path:
     """usr/bin/prog: a non-PIE executable with about 9 MiB of code; usr/lib/libplug.so:
-    a library linked with 2 MiB pages (its code on whole windows as linked)."""
+    a library linked with 2 MiB pages (its code on whole windows as linked). On XFS
+    (conftest.large_folio_dir), which gives them 2 MiB folios whatever the kernel."""
     assert os.geteuid() == 0, "the runtime part drops the page cache and needs root (CI runs as root)"
     build_runtime()
-    work = tmp_path_factory.mktemp("as-is")
+    work = large_folio_dir / "as-is"
+    work.mkdir()
     (work / "main.c").write_text(_functions("exe", 600, 16384) + "long lib_all(long x) { return x; }\n" + MAIN)
     (work / "plug.c").write_text(_functions("plug", 300, 16384))
     _gcc(work, "-O1", "-no-pie", "-fno-pie", "-o", "prog", "main.c", "-ldl")
@@ -149,7 +151,7 @@ def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: P
     constructed corners and real programs."""
     driver = tmp_path / "hp_windows"
     src = Path(__file__).parent / "programs/hp_windows.c"
-    runtime = [str(RUNTIME / f) for f in ("hp_core.c", "hp_map.c")]
+    runtime = [str(RUNTIME / f) for f in ("hp_core.c", "hp_verdict.c", "hp_map.c")]
     _gcc(tmp_path, "-O1", f"-I{RUNTIME}", "-o", str(driver), str(src), *runtime)
     corners = []
     for name, (e_type, loads) in CORNERS.items():

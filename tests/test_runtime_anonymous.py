@@ -5,8 +5,9 @@ program's output is the same, the real perf and gdb still name and break in the 
 code, and every fault leaves the program running on its file mapping with one
 HUGIFY_DEBUG line.
 
-This host (Linux 6.18, ext4) gives file-backed 2 MiB folios, so the copies are forced
-here with `always`, and the default mode must do nothing on ext4; it is seen copying on
+The programs live on XFS (conftest.large_folio_dir), which gives file-backed 2 MiB
+folios on every kernel since 5.18 (measured, not assumed), so the copies are forced
+here with `always`, and the default mode must do nothing there; it is seen copying on
 tmpfs, where hp_settle finds file-backed huge pages unsupported.
 "No free 2 MiB block" proper (memory fragmentation) is provoked in the kernel matrix's
 guests (tests/test_kernel_matrix.py); here a memory cgroup's limit refuses the huge page
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from runtime_support import (
     copy_programs,
     hugify,
     locked,
+    memory_cgroup,
 )
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -56,8 +60,10 @@ int main(int argc, char **argv) {
 
 
 @pytest.fixture
-def progs(built: Programs, tmp_path: Path) -> Programs:
-    return copy_programs(built, tmp_path / "bin")
+def progs(built: Programs, large_folio_dir: Path, tmp_path: Path) -> Iterator[Programs]:
+    copy = copy_programs(built, large_folio_dir / tmp_path.name)
+    yield copy
+    shutil.rmtree(copy.dir)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +254,7 @@ def test_policy_reaches_the_audit_library(progs: Programs, tmp_path: Path):
     assert record[1:] == [os.path.realpath(progs.prog)]
     audit = {**DEBUG, "LD_AUDIT": str(AUDIT_LIB), "HUGIFY_RUNTIME_DIR": str(rdir)}
     lines = copy_lines(run([progs.prog, progs.plug], audit).stderr)
-    # on: only where unsupported, which ext4 here is not
+    # on: only where unsupported, which XFS is not
     assert lines[os.path.realpath(progs.prog)] == (0, nwin(progs.prog), ", window 0 not-needed: file-backed")
     # a program that is not listed: off
     other = progs.dir / "other"
@@ -474,16 +480,6 @@ BUDDYINFO = {
     "fragmented": "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3\n"
     "Node 0, zone    DMA32  90000  40000   9000   2000    500    100     30     10      2      0      0\n",
 }
-
-
-def memory_cgroup(tmp_name: str) -> Path:
-    """A child of this process's cgroup v1 memory controller (or of cgroup v2's)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/") / tmp_name
-    own = Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
-    return Path("/sys/fs/cgroup") / own.lstrip("/") / tmp_name
 
 
 @pytest.mark.parametrize("buddyinfo,why", [("fragmented", "fragmented"), ("free", "not-huge")])

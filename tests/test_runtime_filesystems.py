@@ -1,11 +1,12 @@
-"""The runtime on a filesystem that gives the page cache no large folios: found once,
-then nothing is read, evicted or re-read for it by anyone this boot.
+"""The runtime on a filesystem that gives the page cache no large folios: found on two of
+its files, then nothing is read, evicted or re-read for it by anyone this boot.
 
-A btrfs image on a loop device stands in for every such filesystem (no Debian kernel up
-to 7.3 gives btrfs large folios; ext4 before 6.16 is the other common case, booted for
-real in tests/test_kernel_matrix.py). Whether this kernel gives btrfs large folios is
-first observed independently of hugify: a file read through a MADV_HUGEPAGE mapping,
-and the FilePmdMapped of that mapping in smaps.
+An ext4 image mounted with data=journal stands in for every such filesystem: ext4 gives
+no large folios to files whose data is journalled on any kernel (before 6.16 it gives
+none at all), so the premise holds whatever kernel runs the suite; it is still observed
+first, independently of hugify: a file read through a MADV_HUGEPAGE mapping, and the
+FilePmdMapped of that mapping in smaps (runtime_support.gives_large_folios). ext4 before
+6.16 and btrfs are booted for real in tests/test_kernel_matrix.py.
 
 Every component is pointed at a private runtime directory (HUGIFY_RUNTIME_DIR, which
 the audit library reads from the process's environment too); the tests hold the runtime
@@ -14,7 +15,6 @@ tests' lock like every test that touches the page cache."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import subprocess
@@ -26,37 +26,36 @@ import pytest
 from runtime_support import (
     AUDIT_LIB,
     HUGIFY_RUN,
+    MADV_COLLAPSE,
     Programs,
+    blocks_read_by,
+    clean_env,
+    cold_window,
     copy_programs,
     drop_caches,
     file_backed_only,
+    gives_large_folios,
     hugify,
+    kernel_maps_exec_huge,
     locked,
+    loop_fs,
     read_plainly,
 )
 
-BTRFS_MAGIC = "9123683e"
+EXT4_MAGIC = "ef53"
 
 
-def on_loop_fs(built: Programs, tmp_path: Path, fs: str) -> Iterator[tuple[Programs, Path]]:
+def on_loop_fs(built: Programs, tmp_path: Path, fs: str, options: str = "") -> Iterator[tuple[Programs, Path]]:
     """The hugified programs on a fresh `fs` filesystem (loop device), and an empty
     runtime directory; the runtime tests' lock held throughout."""
-    image, mnt = tmp_path / f"{fs}.img", tmp_path / "mnt"
-    with image.open("wb") as f:
-        f.truncate(320 << 20)  # mkfs.xfs wants 300 MiB
-    subprocess.run([f"mkfs.{fs}", "-q", "-f", str(image)], check=True, capture_output=True)
-    mnt.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
-    try:
-        with locked():
-            yield copy_programs(built, mnt / "bin"), tmp_path / "run"
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    with loop_fs(tmp_path, fs, options, built) as mnt, locked():
+        yield Programs(mnt / "bin", built.orig), tmp_path / "run"
 
 
 @pytest.fixture
-def on_btrfs(built: Programs, tmp_path: Path) -> Iterator[tuple[Programs, Path]]:
-    yield from on_loop_fs(built, tmp_path, "btrfs")
+def on_journalled(built: Programs, tmp_path: Path) -> Iterator[tuple[Programs, Path]]:
+    """On ext4 with data=journal: no large folios on any kernel."""
+    yield from on_loop_fs(built, tmp_path, "ext4", "data=journal")
 
 
 @pytest.fixture
@@ -64,97 +63,41 @@ def on_xfs(built: Programs, tmp_path: Path) -> Iterator[tuple[Programs, Path]]:
     yield from on_loop_fs(built, tmp_path, "xfs")
 
 
-MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+def records(run: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in run.glob("no-large-folios-*")} if run.is_dir() else {}
 
 
-def cold_window(path: Path, advice: int | None) -> tuple[int, int]:
-    """Maps the first 2 MiB window of the file's code like the ELF loader (PROT_READ |
-    PROT_EXEC, MAP_PRIVATE, 2 MiB-aligned) in a child process, from a cold cache, gives it
-    `advice` (if any), reads one byte, and returns (the madvise errno, 0 if it worked;
-    FilePmdMapped of that mapping in KiB, from its smaps)."""
-    code = r"""
-import ctypes, os, re, sys
-path, off, advice = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-hp = 2 << 20
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-res = libc.mmap(None, 2 * hp, 0, 0x22 | 0x4000, -1, 0)  # PROT_NONE, PRIVATE|ANONYMOUS|NORESERVE
-at = (res + hp - 1) & ~(hp - 1)
-fd = os.open(path, os.O_RDONLY)
-assert libc.mmap(at, hp, 5, 0x12, fd, off) == at  # PROT_READ|PROT_EXEC, MAP_PRIVATE|MAP_FIXED
-err = 0
-if advice >= 0 and libc.madvise(ctypes.c_void_p(at), ctypes.c_size_t(hp), advice) != 0:
-    err = ctypes.get_errno()
-ctypes.string_at(at, 1)
-smaps = open("/proc/self/smaps").read()
-block = smaps.split(f"{at:x}-", 1)[1]
-print(err, int(re.search(r"FilePmdMapped:\s+(\d+)", block).group(1)))
-"""
-    phdrs = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
-    (offset,) = [int(f[1], 16) for f in map(str.split, phdrs.splitlines()) if f[:1] == ["LOAD"] and "E" in f[6:-1]]
-    drop_caches()
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(path), str(offset), str(-1 if advice is None else advice)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    err, kb = out.stdout.split()
-    return int(err), int(kb)
+def test_a_filesystem_without_large_folios_is_found_on_two_files_then_left_alone(
+    on_journalled: tuple[Programs, Path],
+):
+    progs, run = on_journalled
+    # The premise, seen without hugify: this filesystem gives its files no PMD folios.
+    assert not gives_large_folios(progs.prog), "ext4 with data=journal gave a 2 MiB folio"
 
-
-def gives_large_folios(path: Path) -> bool:
-    """Whether the file's first window, read through a MADV_HUGEPAGE mapping, got a PMD."""
-    return cold_window(path, MADV_HUGEPAGE)[1] > 0
-
-
-def blocks_read_by(argv: list[str], times: int, env: dict[str, str]) -> int:
-    """Bytes read from storage by `times` runs of argv (the children's I/O accounting,
-    so that other processes on the machine do not count), after one run that brings
-    the tools themselves (hugify-run, the audit library, libc) into the page cache."""
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
-    code = (
-        "import resource, subprocess, sys, json\n"
-        "argv, n, env = json.loads(sys.argv[1])\n"
-        "for _ in range(n):\n"
-        "    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps([argv, times, env])], capture_output=True, text=True, check=True
-    )
-    return int(out.stdout)
-
-
-def clean_env(run: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD", "HUGIFY_DEBUG")}
-    return env | {"HUGIFY_RUNTIME_DIR": str(run)} | extra
-
-
-def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(on_btrfs: tuple[Programs, Path]):
-    progs, run = on_btrfs
-    # The premise, seen without hugify: this kernel gives btrfs files no PMD folios.
-    assert not gives_large_folios(progs.prog), "this kernel gives btrfs large folios: the test needs another fs"
-
-    # The boot service's run: cold files, read in, found small, one window evicted and
-    # read again to be sure, then the verdict is recorded for this boot.
+    # The boot service's run: cold files, read in one window at a time, found small, the
+    # window evicted and read again to be sure: that is the program's verdict. The
+    # library's window does the same: a second file, so it is the filesystem's, recorded
+    # for this boot; the rest of the library's windows are not read at all.
     drop_caches()
     no_copies = file_backed_only(run.parent)
     res = hugify(
         "prefetch", "--json", "--policy", no_copies, progs.prog, progs.lib, env={"HUGIFY_RUNTIME_DIR": str(run)}
     )
     assert res.returncode == 4, res.stderr
-    report = json.loads(res.stdout)
-    for f in report["files"]:
-        assert {(w["state"], w["reason"], w["detail"][:40]) for w in f["windows"]} == {
-            ("unsupported", "no-large-folios", "the btrfs filesystem gives no large foli")
-        }, f
-    dev = os.stat(progs.prog).st_dev
-    record = run / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
+    by_path = {f["path"]: f for f in json.loads(res.stdout)["files"]}
+    assert {(w["state"], w["reason"]) for w in by_path[str(progs.prog)]["windows"]} == {
+        ("unsupported", "file-no-large-folios")
+    }, by_path[str(progs.prog)]
+    lib = by_path[str(progs.lib)]["windows"]
+    assert {(w["state"], w["reason"]) for w in lib} == {("unsupported", "no-large-folios")}, lib
+    assert all(w["detail"].startswith("the ext4 filesystem gives no large folios") for w in lib), lib
+    dev, st = os.stat(progs.prog).st_dev, os.stat(progs.prog)
+    fs_record = f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    assert record.read_text() == f"{boot} {BTRFS_MAGIC}\n"
+    file_text = f"{boot} {EXT4_MAGIC} {st.st_ctime_ns // 10**9}.{st.st_ctime_ns % 10**9} {st.st_size}\n"
+    assert records(run) == {fs_record: f"{boot} {EXT4_MAGIC}\n", f"{fs_record}-{st.st_ino}": file_text}
+    for rec in run.glob("no-large-folios-*"):  # root's, for every process to read
+        assert (rec.stat().st_uid, rec.stat().st_mode & 0o777) == (0, 0o644), rec
 
     # From then on: hugify-run and the audit library read and evict nothing. The files
     # are cached (small) now, so plain starts read nothing either; with the old engine
@@ -177,44 +120,53 @@ def test_the_filesystem_without_large_folios_is_found_once_and_then_left_alone(o
     line = f"{progs.prog}: 3 windows: 0 huge (0 loaded, 0 repaired), 0 busy, 0 failed, 3 unsupported, 0 skipped"
     assert line in debug.stderr
 
-    # hugify status says it once, naming the filesystem and what would do it.
+    # hugify status measures (the windows are small) and says it once, naming the
+    # filesystem and what would do it.
     status = hugify("status", "--runtime-dir", run, progs.prog)
     notes = [line for line in status.stdout.splitlines() if "gives no large folios" in line]
     assert len(notes) == 1, status.stdout
-    assert "btrfs" in notes[0] and f"{os.major(dev)}:{os.minor(dev)}" in notes[0]
+    assert "ext4" in notes[0] and f"{os.major(dev)}:{os.minor(dev)}" in notes[0]
+    assert "--clear-records" in notes[0]
     js = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog).stdout)
-    (fs,) = [x for x in js["system"]["filesystems_without_large_folios"] if x["device"] == record.name[16:]]
-    assert fs["type"] == "btrfs" and "btrfs" in fs["remedy"]
+    (fs,) = [x for x in js["system"]["filesystems_without_large_folios"] if x["device"] == fs_record[16:]]
+    assert fs["type"] == "ext4" and "ext4" in fs["remedy"]
+    assert js["system"]["files_without_large_folios"] == [
+        {"device": fs_record[16:], "inode": st.st_ino, "type": "ext4"}
+    ]
     # And each window is what every process gets there: unsupported, not cold or small.
     (f,) = js["files"]
     assert {(w["state"], w["reason"]) for w in f["windows"]} == {("unsupported", "no-large-folios")}, f
+    assert records(run) == {fs_record: f"{boot} {EXT4_MAGIC}\n", f"{fs_record}-{st.st_ino}": file_text}
 
 
-def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_btrfs: tuple[Programs, Path]):
+def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_journalled: tuple[Programs, Path]):
     """A stale record (another boot, or a filesystem of another type that had the same
     device number) must not keep files from being tried."""
-    progs, run = on_btrfs
+    progs, run = on_journalled
     dev = os.stat(progs.prog).st_dev
     record = run / f"no-large-folios-{os.major(dev)}:{os.minor(dev)}"
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    for stale in ("00000000-0000-0000-0000-000000000000 " + BTRFS_MAGIC, f"{boot} ef53"):
+    for stale in ("00000000-0000-0000-0000-000000000000 " + EXT4_MAGIC, f"{boot} 9123683e"):
         run.mkdir(exist_ok=True)
+        for old in run.iterdir():
+            old.unlink()
         record.write_text(stale + "\n")
         drop_caches()
         # Not skipped: the files are read in (the windows leave the "cold" state), and
-        # the verdict is found again and rewritten.
+        # the verdict is found again on two files and rewritten.
         res = hugify(
             "prefetch",
             "--json",
             "--policy",
             file_backed_only(run.parent),
             progs.prog,
+            progs.lib,
             env={"HUGIFY_RUNTIME_DIR": str(run)},
         )
         assert res.returncode == 4, res.stderr
-        assert record.read_text() == f"{boot} {BTRFS_MAGIC}\n"
-        with contextlib.suppress(FileNotFoundError):
-            record.unlink()
+        (prog,) = [f for f in json.loads(res.stdout)["files"] if f["path"] == str(progs.prog)]
+        assert {w["reason"] for w in prog["windows"]} == {"file-no-large-folios"}, prog
+        assert record.read_text() == f"{boot} {EXT4_MAGIC}\n"
 
 
 def test_a_process_without_huge_pages_records_nothing(built: Programs, tmp_path: Path):
@@ -254,29 +206,30 @@ def thp_enabled(mode: str) -> Iterator[None]:
         knob.write_text(before)
 
 
-def test_cold_code_is_loaded_where_the_kernel_makes_none_huge_by_itself(on_xfs: tuple[Programs, Path]):
-    """Issue 20 item 5 on this kernel (6.18), on XFS, with THP `always`: the kernel would
-    never make a cold program's code huge by itself here, so prefetch's probe says "no"
-    and prefetch loads the windows itself (`loaded`, never `kernel`). The kernel's two
-    ways, each seen not to happen:
-    - PMD exec readahead, what the probe looks for: a cold window mapped like the ELF
-      loader and faulted is not PMD-mapped (while the same read through MADV_HUGEPAGE is);
-    - khugepaged's collapse of file-backed code, which 7.2 and 7.3 do for a program that
-      stays mapped (tests/test_kernel_matrix.py, the "held" run): MADV_COLLAPSE, the same
-      collapse asked for at once, is refused for this file (EINVAL:
-      CONFIG_READ_ONLY_THP_FOR_FS is off), so khugepaged leaves it small however long
-      it stays mapped."""
+def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(on_xfs: tuple[Programs, Path]):
+    """Issue 20 item 5 on whatever kernel runs the suite, on XFS (large folios from 5.18),
+    with THP `always`: prefetch's probe must say what the kernel does by itself, and
+    prefetch loads the windows itself (`loaded`) where it does not, or leaves them to it
+    (`kernel`) where it does. What the kernel does is measured first without hugify:
+    - XFS gives this file 2 MiB folios (a cold window read through MADV_HUGEPAGE);
+    - PMD exec readahead, what the probe looks for: whether a cold window mapped like the
+      ELF loader maps it, and faulted, is PMD-mapped;
+    - khugepaged's collapse of file-backed code (7.2 and 7.3 do it for a program that
+      stays mapped, tests/test_kernel_matrix.py's "held" run) is not the fault's doing:
+      whatever MADV_COLLAPSE, the same collapse asked for at once, does here (refused with
+      EINVAL where CONFIG_READ_ONLY_THP_FOR_FS is off, as on 6.18), the verdict follows
+      the fault alone."""
     progs, run = on_xfs
     with thp_enabled("always"):
-        assert cold_window(progs.prog, MADV_HUGEPAGE) == (0, 2048)  # XFS gives 2 MiB folios here
-        assert cold_window(progs.prog, None) == (0, 0)
-        assert cold_window(progs.prog, MADV_COLLAPSE) == (errno.EINVAL, 0)
+        assert gives_large_folios(progs.prog), "XFS gave no 2 MiB folio"
+        by_itself = kernel_maps_exec_huge(progs.prog)
+        cold_window(progs.prog, MADV_COLLAPSE)  # whatever it does, it changes nothing below
         drop_caches()
         res = hugify("prefetch", "--json", "--runtime-dir", run, progs.prog, progs.lib)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
-    assert report["system"]["exec_pmd_readahead"] is False and report["system"]["thp_enabled"] == "always"
+    assert report["system"]["exec_pmd_readahead"] is by_itself and report["system"]["thp_enabled"] == "always"
     for f in report["files"]:
-        assert {w["state"] for w in f["windows"]} == {"loaded"}, f
+        assert {w["state"] for w in f["windows"]} == ({"kernel"} if by_itself else {"loaded"}), f
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    assert (run / "kernel-exec-pmd").read_text() == f"{boot} 0 always\n"
+    assert (run / "kernel-exec-pmd").read_text() == f"{boot} {int(by_itself)} always\n"

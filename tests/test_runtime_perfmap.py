@@ -32,7 +32,17 @@ from pathlib import Path
 
 import pytest
 from helpers import exec_load, readelf_windows
-from runtime_support import HOT_SPIN, HP, HUGIFY_RUN, Programs, _functions, build_runtime, copy_programs, hugify
+from runtime_support import (
+    HOT_SPIN,
+    HP,
+    HUGIFY_RUN,
+    Programs,
+    _functions,
+    build_runtime,
+    copy_programs,
+    hugify,
+    seccomp_program,
+)
 
 NOBODY = pwd.getpwnam("nobody")
 #: What the audit library says about the map with HUGIFY_DEBUG=1.
@@ -446,25 +456,9 @@ def test_map_is_written_completely_or_not_at_all(files: Files, rundir: Path):
 
 # --- VMA names -------------------------------------------------------------------------------
 
-SECCOMP_KILL_PR_SET_VMA = r"""
-import ctypes, os, platform, struct, sys
-nr = {"x86_64": 157, "aarch64": 167}[platform.machine()]  # prctl
-insns = [
-    struct.pack("HBBI", 0x20, 0, 0, 0),  # ld [0]: the system call number
-    struct.pack("HBBI", 0x15, 0, 3, nr),  # jeq prctl, else allow
-    struct.pack("HBBI", 0x20, 0, 0, 16),  # ld [16]: args[0], low half
-    struct.pack("HBBI", 0x15, 0, 1, 0x53564D41),  # jeq PR_SET_VMA, else allow
-    struct.pack("HBBI", 0x06, 0, 0, 0x80000000),  # ret KILL_PROCESS
-    struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
-]
-prog = ctypes.create_string_buffer(b"".join(insns))
-buf = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog)))
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-assert libc.prctl(22, 2, ctypes.addressof(buf), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
-os.execv(sys.argv[1], sys.argv[1:])
-"""
+#: Runs argv[1:] killed by a seccomp filter at prctl(PR_SET_VMA, …) (args[0]), every
+#: other prctl allowed.
+SECCOMP_KILL_PR_SET_VMA = seccomp_program({"x86_64": 157, "aarch64": 167}, 16, 0x53564D41, 0x80000000)
 
 
 def test_copies_carry_no_vma_name(files: Files, rundir: Path):

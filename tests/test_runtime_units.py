@@ -128,11 +128,12 @@ def test_service_is_sandboxed_tightly(tmp_path: Path, launcher: Path):
     assert unit_value(TIMER, "OnUnitInactiveSec")
 
 
-def test_service_runs_for_real(built: Programs, tmp_path: Path, launcher: Path):
+def test_service_runs_for_real(built: Programs, large_folio_dir: Path, tmp_path: Path, launcher: Path):
     """Where systemd is PID 1 the service is started with systemctl; otherwise its
     ExecStart runs directly, with the unit's capability bounding set, no new privileges,
-    no network, and its CPU and I/O priority (what can be applied without systemd)."""
-    progs = copy_programs(built, tmp_path / "bin")
+    no network, and its CPU and I/O priority (what can be applied without systemd). The
+    files on XFS (conftest.large_folio_dir): 2 MiB folios whatever the kernel."""
+    progs = copy_programs(built, large_folio_dir / tmp_path.name / "bin")
     mdir = tmp_path / "manifest.d"
     manifest_for(progs, mdir)
     rdir = tmp_path / "run"
@@ -203,11 +204,13 @@ def trigger_env(tmp_path: Path, launcher: Path, **extra: str) -> dict[str, str]:
     return {"PATH": str(tools), "HUGIFY": str(launcher), **extra}
 
 
-def test_rpm_file_trigger_prefetches_the_new_manifests(built: Programs, tmp_path: Path, launcher: Path):
-    progs = copy_programs(built, tmp_path / "bin")
+def test_rpm_file_trigger_prefetches_the_new_manifests(
+    built: Programs, large_folio_dir: Path, tmp_path: Path, launcher: Path
+):
+    progs = copy_programs(built, large_folio_dir / tmp_path.name / "bin")
     mdir = tmp_path / "manifest.d"
     m = manifest_for(progs, mdir, "pkg-a.list")
-    other = copy_programs(built, tmp_path / "other")
+    other = copy_programs(built, large_folio_dir / tmp_path.name / "other")
     manifest_for(other, mdir, "pkg-b.list")  # installed earlier: not in this transaction
     # what %transfiletriggerin gets on stdin: every installed path under the prefix
     stdin = f"{mdir}\n{m}\n"
@@ -229,8 +232,10 @@ def test_rpm_file_trigger_prefetches_the_new_manifests(built: Programs, tmp_path
     assert untouched[str(other.prog)].pmd == 0
 
 
-def test_dpkg_trigger_prefetches_everything_and_never_fails(built: Programs, tmp_path: Path, launcher: Path):
-    progs = copy_programs(built, tmp_path / "bin")
+def test_dpkg_trigger_prefetches_everything_and_never_fails(
+    built: Programs, large_folio_dir: Path, tmp_path: Path, launcher: Path
+):
+    progs = copy_programs(built, large_folio_dir / tmp_path.name / "bin")
     mdir = tmp_path / "manifest.d"
     manifest_for(progs, mdir)
     (mdir / "broken.list").write_text("# hugify manifest v1\n/nonexistent/file\t-\t0x200000\t0x200000\t0x200000\n")

@@ -24,6 +24,8 @@ def file_exit(t: Target) -> Exit:
         return Exit.for_kind(reasons.table()[t.error[0]][0])
     if t.count(pf.FAILED):
         return Exit.FAILED
+    if any(w.reason == "madvise-refused" for w in t.windows):
+        return Exit.REFUSED
     if t.count(pf.UNSUPPORTED) and not (t.shared and t.shared.state != "none"):
         return Exit.REFUSED  # neither file-backed nor through a shared copy
     return Exit.OK  # huge, left to the kernel, busy (retried by the timer), or a shared copy
@@ -52,21 +54,38 @@ def file_line(t: Target) -> str:
     if t.count(pf.UNVERIFIED):
         parts.append(f"; {t.count(pf.UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
     if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
-        parts.append(f"; {t.count(pf.UNSUPPORTED)} unsupported: files on {t.fs} cannot be prefetched")
+        alone = [w for w in t.windows if w.reason == "file-no-large-folios"]
+        if alone:
+            parts.append(f"; {len(alone)} unsupported: {alone[0].detail} ({alone[0].reason})")
+        if t.count(pf.UNSUPPORTED) > len(alone):
+            parts.append(f"; {t.count(pf.UNSUPPORTED) - len(alone)} unsupported: files on {t.fs} cannot be prefetched")
     if t.shared and t.shared.state != "none":
         parts.append(f"; shared copy {t.shared.state} ({human(t.shared.held)} in huge pages: {t.shared.copy})")
     elif t.shared:
         parts.append(f"; no shared copy: {t.shared.detail} ({t.shared.reason})")
+    for why in ("madvise-refused", "not-owner"):  # the process's own limits, said with their reason
+        left = [w for w in t.windows if w.reason == why]
+        if left:
+            parts.append(f"; {len(left)} left as they are: {left[0].detail} ({why})")
     if t.names[1:]:
         parts.append(f" (also {', '.join(t.names[1:])})")
     return "".join(parts)
 
 
 def run(args: argparse.Namespace) -> Exit:
-    if args.all == bool(args.files) or (args.manifests and args.all):
-        print("hugify prefetch: give --all, or FILE arguments (with --manifests: manifest files)", file=sys.stderr)
+    alone = args.clear_records and not args.all and not args.files
+    if not alone and (args.all == bool(args.files) or (args.manifests and args.all)):
+        print(
+            "hugify prefetch: give --all, or FILE arguments (with --manifests: manifest files), or --clear-records",
+            file=sys.stderr,
+        )
         return Exit.USAGE
     from hugify import prefetch as pf
+
+    if args.clear_records:
+        code = _clear_records(args.runtime_dir, say_done=alone)
+        if alone or code != Exit.OK:
+            return code
 
     problems: list[str] = []
     if args.all:
@@ -93,11 +112,11 @@ def run(args: argparse.Namespace) -> Exit:
     if pol is None and args.boot:
         return Exit.USAGE
     with pf.session(args.runtime_dir) as r:
-        if pol is not None and args.boot and pf.first_run_this_boot(r.rdir):
+        if pol is not None and args.boot and pf.first_run_this_boot(r.engine):
             r.engine.set_budget(pol.boot_budget)  # the boot's run: bounded (policy runtime.boot_budget)
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
         if pol is not None:
-            _record_anonymous(r.rdir, pol.anonymous_programs)
+            _record_anonymous(r, pol.anonymous_programs)
         problem = r.system.problem()
         if problem:
             pf.say(problem)
@@ -167,12 +186,37 @@ def _shared_copies(r: Run, work: list[Target], pol: Policy, complete: bool) -> l
     return out
 
 
-def _record_anonymous(rdir: Path, programs: tuple[str, ...]) -> None:
-    """Passes the policy's [runtime] anonymous programs to the audit library."""
+def _record_anonymous(r: Run, programs: tuple[str, ...]) -> None:
+    """Passes the policy's [runtime] anonymous programs to the audit library (records
+    are root's: another user's run says so only when the record would change)."""
     from hugify import prefetch as pf
 
-    if not pf.write_anonymous_record(rdir, programs):
-        pf.say(f"cannot write {rdir / pf.ANONYMOUS_FILE}")
+    if not pf.write_anonymous_record(r.engine, programs):
+        why = "" if r.engine.may_record() else ": records are written by root only, in a directory of root's"
+        pf.say(f"cannot write {r.rdir / pf.ANONYMOUS_FILE}{why}")
+
+
+def _clear_records(runtime_dir: str | None, say_done: bool) -> Exit:
+    """hugify prefetch --clear-records: forgets this boot's verdicts (what gives no large
+    folios, the kernel's), so that the next runs find them out again."""
+    from hugify import prefetch as pf
+
+    missing = pf.engine_missing()
+    if missing:
+        reasons.printed(["no-engine"])
+        pf.say(missing)
+        return Exit.REFUSED
+    with pf.session(runtime_dir) as r:
+        if not r.engine.may_record():
+            pf.say(f"only root clears the records in {r.rdir} (a directory of root's that nobody else may write)")
+            return Exit.REFUSED
+        names = pf.verdict_records(r.rdir)
+        left = pf.clear_records(r.engine, r.rdir)
+    for n in left:
+        pf.say(f"cannot remove {r.rdir / n}")
+    if not left and say_done:
+        print(f"{len(names)} records cleared in {r.rdir}")
+    return Exit.IO if left else Exit.OK
 
 
 def _dump(obj: dict[str, Any]) -> None:
@@ -212,6 +256,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--runtime-dir",
         metavar="DIR",
         help="where the kernel verdict is recorded (default: $HUGIFY_RUNTIME_DIR or /run/hugify)",
+    )
+    p.add_argument(
+        "--clear-records",
+        action="store_true",
+        help="first forget this boot's verdicts in the runtime directory (which filesystems and files give no "
+        "large folios, whether the kernel makes exec code huge by itself), so that they are found out again; "
+        "alone: only that (root only)",
     )
     p.add_argument(
         "--boot",

@@ -23,15 +23,15 @@ def _print_copies(copies: list[Any], hp: int) -> None:
     if not copies:
         print("anonymous copies: none")
         return
-    print("anonymous copies (held per process, shared with forked children):")
+    print("anonymous copies (per process; shared with forked children, so each counts its share):")
     for c in copies:
         print(
             f"  pid {c.pid} ({c.command}): {c.path}: {c.windows(hp)} windows, "
-            f"{human(c.anon_huge)} in anonymous huge pages"
+            f"{human(c.anon_huge)} in anonymous huge pages, its share {human(c.pss)}"
         )
     print(
-        f"  total: {len({c.pid for c in copies})} processes, {human(sum(c.anon_huge for c in copies))} "
-        "in anonymous huge pages"
+        f"  total: {len({c.pid for c in copies})} processes hold {human(sum(c.pss for c in copies))} "
+        "(the sum of their shares: a copy shared by forked processes counts once)"
     )
 
 
@@ -79,15 +79,6 @@ def run(args: argparse.Namespace) -> Exit:
             "exec_pmd_readahead": s.exec_pmd_readahead,
             "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
         }
-        no_large = [
-            {
-                "device": fs.device,
-                "type": fs.fstype,
-                "mountpoint": fs.mountpoint,
-                "remedy": pf.large_folios_remedy(fs.fstype, s.kernel),
-            }
-            for fs in pf.filesystems_without_large_folios(r.rdir)
-        ]
         cannot_measure = s.process_thp_disabled
         copies = anoncopies.running_copies(r.hp)
         held, removed = shared.inventory(r.rdir, r.engine, r.hp)
@@ -95,10 +86,22 @@ def run(args: argparse.Namespace) -> Exit:
         work = pf.open_targets(targets, r.hp)
         try:
             if not cannot_measure:
-                r.measure(work)
+                r.measure(work)  # a window seen huge drops a record that said otherwise
         finally:
             pf.close_targets(work)
-        thp_advice = glibc_thp.advise([t.path for t in work], r.hp, s.thp_enabled)
+        thp_advice = glibc_thp.advise([t.path for t in work], r.hp, s.thp_enabled, r.engine)
+        records = pf.without_large_folios(r.engine, r.rdir)
+        no_large = [
+            {
+                "device": fs.device,
+                "type": fs.fstype,
+                "mountpoint": fs.mountpoint,
+                "remedy": pf.large_folios_remedy(r.engine, fs.fstype, s.kernel),
+            }
+            for fs in records
+            if fs.inode is None
+        ]
+        files_no_large = [{"device": fs.device, "inode": fs.inode, "type": fs.fstype} for fs in records if fs.inode]
         if args.json:
             files = []
             for t in targets:
@@ -110,7 +113,12 @@ def run(args: argparse.Namespace) -> Exit:
                 files.append(d)
             out: dict[str, Any] = {
                 "system": s.as_json()
-                | {"features": features, "problem": s.problem(), "filesystems_without_large_folios": no_large}
+                | {
+                    "features": features,
+                    "problem": s.problem(),
+                    "filesystems_without_large_folios": no_large,
+                    "files_without_large_folios": files_no_large,
+                }
                 | {"glibc_elf_thp": thp_advice.as_json()},
                 "files": files,
                 "problems": problems,
@@ -144,7 +152,13 @@ def run(args: argparse.Namespace) -> Exit:
             where = f"{fs['mountpoint']} ({fs['type']})" if fs["mountpoint"] else f"a {fs['type']} filesystem"
             print(
                 f"note: {where}, device {fs['device']}, gives no large folios on this kernel: "
-                f"its files stay in small pages; {fs['remedy']}"
+                f"its files stay in small pages; {fs['remedy']} (recorded for this boot; "
+                "`hugify prefetch --clear-records` forgets it)"
+            )
+        if files_no_large:
+            print(
+                f"note: {len(files_no_large)} files get no large folios where their filesystem may "
+                "(recorded for this boot; `hugify prefetch --clear-records` forgets them)"
             )
         for line in thp_advice.lines():
             print(f"hint: {line}")

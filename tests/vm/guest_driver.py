@@ -34,9 +34,17 @@ preloaded probe, tests/vm/probe.c):
 - in the THP mode the guest booted with, cold and small, the lld package's program with
   its library and its dlopen'ed plugin (lld_ways: prefetch, hugify-run, audit,
   anonymous);
-- pgpgin (/proc/vmstat, KiB read from disk) for 20 plain starts, 20 starts through
-  the audit library without shared copies and 20 with them, each series starting from
-  the files cached in small folios (in the THP mode the guest booted with only);
+- pgpgin (/proc/vmstat, KiB read from disk) for 20 starts of the program each way:
+  plainly; through the audit library as root, with the records the boot's service kept, without
+  the shared copies and with them;
+  through the audit library and through hugify-run as a user who is not root, with no
+  runtime directory (moved away for the series: what a boot without the service, a
+  container or a chroot gives); each series from the program's files cached in small
+  folios and from them cold, the tools cached (in the THP mode the guest booted with
+  only); and after each user's cold series, the program's code as a plain run maps it;
+- a file unlike its filesystem: two copies of the library, one with data journalling
+  (chattr +j, which ext4 from 6.16 gives no large folios), each measured without hugify
+  (a cold window read through MADV_HUGEPAGE) and prefetched, with the records written;
 - the anonymous-copy mode under the debuggers (issue 21; in the THP mode booted, mode on
   and off): PERF_RUNS runs of the program under Debian 12's `perf record -e cpu-clock`
   with `perf report`'s samples by object and symbol, and gdb stopped at a function of
@@ -54,6 +62,7 @@ import contextlib
 import json
 import mmap
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -97,6 +106,7 @@ PERF_PERIOD_NS = 50000
 #: dispatchers (tests/programs/gen_code.py), which run once per start.
 GDB_BREAKS = ("exe_dispatch", "lib_dispatch")
 HUGE_ORDER = 9  # a 2 MiB block is 2^9 pages of 4 KiB
+HP = 2 << 20
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 FRAGMENT_SETTINGS = {
     # No compaction in a THP fault, none in the background, none for the hugetlb pages
@@ -289,22 +299,145 @@ def rerun_prefetch_service() -> dict[str, Any]:
     return service("hugify-prefetch.service")
 
 
-def io_check() -> dict[str, int]:
-    """KiB read from disk by STARTS starts of the program, each series from the files
-    cached in small folios."""
-    series = {
-        "plain": ([PROG], {}),
-        "audit": ([PROG], {"LD_AUDIT": AUDIT_LIB, **NO_SHARED}),
-        "shared": ([PROG], {"LD_AUDIT": AUDIT_LIB}),
+#: Runs argv as the user nobody: a process that may not keep records, and to which the
+#: kernel does not tell which pages of root's files are cached.
+AS_USER = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+RUNTIME_DIR = Path("/run/hugify")
+
+
+def evict(paths: tuple[str, ...]) -> None:
+    """The files dropped from the page cache (nothing maps them), every other file kept."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def small_folios(paths: tuple[str, ...]) -> None:
+    """The files evicted and read again with read(), no readahead (POSIX_FADV_RANDOM):
+    small folios also where the filesystem has large ones (its readahead grows them)."""
+    evict(paths)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+            while f.read(65536):
+                pass
+
+
+@contextlib.contextmanager
+def no_runtime_dir() -> Iterator[None]:
+    """No runtime directory for the block: what the runtime sees where no service ran."""
+    away = RUNTIME_DIR.with_name("hugify.away")
+    RUNTIME_DIR.rename(away)
+    try:
+        yield
+    finally:
+        away.rename(RUNTIME_DIR)
+
+
+def io_check() -> dict[str, Any]:
+    """KiB read from disk by STARTS starts of the program each way, each series from the
+    program's files cached in small folios or cold, after one start of the same command
+    line on /bin/true (the tools cached: hugify-run, the audit library, libc)."""
+    series: dict[str, tuple[list[str], dict[str, str], bool]] = {
+        "plain": ([PROG], {}, False),
+        "audit": ([PROG], {"LD_AUDIT": AUDIT_LIB, **NO_SHARED}, False),
+        "shared": ([PROG], {"LD_AUDIT": AUDIT_LIB}, False),
+        "audit-user": ([*AS_USER, PROG], {"LD_AUDIT": AUDIT_LIB}, True),
+        "hugify-run-user": ([*AS_USER, "hugify-run", PROG], {}, True),
     }
-    out = {}
-    for name, (argv, env) in series.items():
-        read_plainly()
-        before = pgpgin()
-        for _ in range(STARTS):
-            run(*argv, env=env)
-        out[name] = pgpgin() - before
+    files = (PROG, LIB)
+    out: dict[str, Any] = {}
+    for cache in ("small", "cold"):
+        got: dict[str, Any] = {}
+        for name, (argv, env, user) in series.items():
+            with no_runtime_dir() if user else contextlib.nullcontext():
+                run(*["/bin/true" if a == PROG else a for a in argv], env=env)
+                if cache == "small":
+                    small_folios(files)
+                else:
+                    evict(files)
+                before = pgpgin()
+                for _ in range(STARTS):
+                    run(*argv, env=env)
+                got[name] = pgpgin() - before
+            if user and cache == "cold":  # what the page cache holds afterwards
+                got[f"{name}-maps"] = probed(PROG)["maps"]
+        out[cache] = got
     return out
+
+
+def elf_windows(path: str) -> list[int]:
+    """File offsets of the whole 2 MiB windows of the executable PT_LOADs at offsets
+    congruent to their addresses (ELF64, little-endian): read here, not by hugify."""
+    import struct
+
+    data = Path(path).read_bytes()
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    out = []
+    for i in range(phnum):
+        p_type, p_flags, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 1 and p_flags & 1 and (p_vaddr - p_offset) % HP == 0:
+            start = (p_offset + HP - 1) // HP * HP
+            out += list(range(start, (p_offset + p_filesz) // HP * HP, HP))
+    return out
+
+
+def cold_window_pmd_kib(path: str, offset: int) -> int:
+    """FilePmdMapped (KiB) of a window of the file read from a cold cache through a
+    MADV_HUGEPAGE mapping (2 MiB-aligned, PROT_READ): what the filesystem gives, seen
+    without hugify."""
+    import ctypes
+    import re
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    evict((path,))
+    res = libc.mmap(None, 2 * HP, 0, 0x22 | 0x4000, -1, 0)  # PROT_NONE, PRIVATE|ANONYMOUS|NORESERVE
+    at = (res + HP - 1) & ~(HP - 1)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.mmap(at, HP, 1, 0x12, fd, offset) != at:  # PROT_READ, MAP_PRIVATE|MAP_FIXED
+            return -1
+        libc.madvise(ctypes.c_void_p(at), ctypes.c_size_t(HP), 14)  # MADV_HUGEPAGE
+        ctypes.string_at(at, 1)
+        block = Path("/proc/self/smaps").read_text().split(f"{at:x}-", 1)[1]
+        found = re.search(r"FilePmdMapped:\s+(\d+)", block)
+        return int(found.group(1)) if found else -1
+    finally:
+        libc.munmap(ctypes.c_void_p(res), ctypes.c_size_t(2 * HP))
+        os.close(fd)
+
+
+def file_verdict_check() -> dict[str, Any]:
+    """Two copies of the library on the root's filesystem, the second with its data
+    journalled (chattr +j: ext4 from 6.16 gives such a file no large folios, and refuses
+    the flag on other filesystems); what each gets, measured without hugify, and what
+    `hugify prefetch` of both reports and records in a runtime directory of its own."""
+    d = Path("/var/lib/hugify-matrix-files")
+    d.mkdir(exist_ok=True)
+    plain, journalled = str(d / "plain.so"), str(d / "journalled.so")
+    for path in (plain, journalled):
+        Path(path).write_bytes(Path(LIB).read_bytes())
+    chattr = run("chattr", "+j", journalled) if shutil.which("chattr") else {"rc": 127, "stderr": "no chattr"}
+    os.sync()
+    (window,) = elf_windows(LIB)[:1]
+    measured = {path: cold_window_pmd_kib(path, window) for path in (plain, journalled)}
+    rdir = Path("/run/hugify-matrix-files")
+    subprocess.run(["rm", "-rf", str(rdir)], check=False)
+    evict((plain, journalled))
+    report = json_of("hugify", "prefetch", "--json", "--runtime-dir", str(rdir), plain, journalled)
+    return {
+        "chattr": chattr,
+        "lsattr": run("lsattr", journalled)["stdout"] if shutil.which("lsattr") else "",
+        "measured_pmd_kib": measured,
+        "prefetch": report,
+        "records": sorted(p.name for p in rdir.iterdir()) if rdir.is_dir() else [],
+        "inodes": {path: os.stat(path).st_ino for path in (plain, journalled)},
+        "device": f"{os.major(os.stat(plain).st_dev)}:{os.minor(os.stat(plain).st_dev)}",
+    }
 
 
 # --- the anonymous-copy mode under perf and gdb, and with fragmented memory --------------
@@ -519,6 +652,7 @@ def main() -> dict[str, Any]:
                 for cache in ("cold", "small")
             }
             results["anonymous_checks"] = anonymous_checks()
+            results["file_verdicts"] = file_verdict_check()
         results["thp"][mode] = entry
     results["driver_seconds"] = round(time.monotonic() - started, 1)
     return results

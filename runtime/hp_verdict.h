@@ -1,0 +1,81 @@
+/* What the hugify runtime knows of whether a file can be held in 2 MiB folios, and the
+ * records it keeps of that for the boot (docs/runtime.md, "Filesystems without large
+ * folios" and "The runtime directory").
+ *
+ * Knowledge has three sources, strongest first: what this process saw (a window in a
+ * 2 MiB folio; a window read in again small with nothing in the process's way), the
+ * records root kept in the runtime directory this boot, and a hint from the kernel's
+ * version and the filesystem's type, used only by a process that cannot keep records.
+ * A record is written only on evidence that the filesystem (or the file) refuses, never
+ * from the process's circumstances, and is dropped by the first window seen in a 2 MiB
+ * folio; only root writes records, and only records root wrote in a root-owned
+ * directory that nobody else may write are honoured.
+ *
+ * Like hp_core it uses only the raw system calls of hp_sys.h. */
+#ifndef HUGIFY_HP_VERDICT_H
+#define HUGIFY_HP_VERDICT_H
+
+#include "hp_core.h"
+
+/* The record of the kernel verdict (written by `hugify prefetch`, hugify/prefetch.py). */
+#define HP_KERNEL_RECORD "kernel-exec-pmd"
+/* Room a memory cgroup must have below its limit for a small read to say anything about
+ * the filesystem, in huge pages. */
+#define HP_CGROUP_ROOM 4
+
+/* Opens record `name` of the runtime directory `dir` for reading, only if it is to be
+ * honoured: `dir` a directory owned by root that neither group nor others may write,
+ * the record a regular file owned by root that neither group nor others may write,
+ * neither reached through a symlink at its last component. A descriptor, or -1. */
+int hp_record_open_in(const char *dir, const char *name);
+/* The same in c->rundir, whose checked descriptor the context keeps until released. */
+int hp_record_open(struct hp_ctx *c, const char *name);
+/* Whether this process writes records: root, with a runtime directory that passes the
+ * checks above (made, mode 0755, when it is missing). */
+int hp_may_record(struct hp_ctx *c);
+/* Replaces record `name` with `text` (n bytes): a new file made with
+ * O_CREAT|O_EXCL|O_NOFOLLOW beside it and renamed over it, both relative to the
+ * directory's descriptor, so a symlink planted at either name is replaced, never
+ * followed. Only where hp_may_record. 0 written, -1 not. */
+int hp_record_write(struct hp_ctx *c, const char *name, const char *text, size_t n);
+/* Removes record `name` (a contradicted verdict). Only where hp_may_record. 0 done (or
+ * there was none), -1 not. */
+int hp_record_drop(struct hp_ctx *c, const char *name);
+
+/* Why nothing is to be read or evicted for t's windows, by what is known of its file and
+ * filesystem: HP_WHY_NONE (go ahead: nothing known against it), HP_WHY_NO_LARGE_FOLIOS
+ * (the filesystem gives none: evidence or record), HP_WHY_FILE_NO_LARGE_FOLIOS (this
+ * file gets none), HP_WHY_KERNEL_VERSION (the hint, for a process without records).
+ * Looks the records up once per filesystem and file. */
+enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t);
+/* Whether the kernel tells this process which pages of t's file are cached: to the
+ * file's owner, root (CAP_FOWNER) or a process that may write it (cachestat(2) refuses
+ * others, mincore(2) says every page is). 1 also where the file cannot be looked at. */
+int hp_residency_knowable(struct hp_ctx *c, struct hp_target *t);
+/* Whether t's filesystem was seen giving 2 MiB folios in this process. */
+int hp_known_large(struct hp_ctx *c, struct hp_target *t);
+/* A window of t was seen in a 2 MiB folio: its filesystem gives large folios. Drops
+ * what contradicts it: the filesystem's record (and the file's, with c->thorough). */
+void hp_saw_large(struct hp_ctx *c, struct hp_target *t);
+/* A window of t was read through a mapping with MADV_HUGEPAGE accepted and came in small
+ * folios. Returns why: HP_WHY_FRAGMENTED, HP_WHY_CGROUP_LIMIT or HP_WHY_NO_HUGE_PAGE
+ * (the process's circumstances: nothing concluded, nothing recorded), else the file's
+ * verdict HP_WHY_FILE_NO_LARGE_FOLIOS, or HP_WHY_NO_LARGE_FOLIOS when a second file of
+ * the same filesystem did the same (then the filesystem's); recorded where
+ * hp_may_record. */
+enum hp_why hp_small_read(struct hp_ctx *c, struct hp_target *t);
+/* Whether nothing in the process's way keeps it from a 2 MiB page now: HP_WHY_NONE, or
+ * HP_WHY_FRAGMENTED (no free 2 MiB block), HP_WHY_CGROUP_LIMIT (its memory cgroup or
+ * one above it near its limit), HP_WHY_NO_HUGE_PAGE (an anonymous MADV_HUGEPAGE page of
+ * its own came small: a memory policy, cpuset, zone watermarks). */
+enum hp_why hp_circumstances(struct hp_ctx *c);
+
+/* Since which Linux version a filesystem type (statfs f_type) gives regular files large
+ * folios, as major * 1000 + minor; 0: in none of the kernels hugify knows (btrfs: only
+ * under CONFIG_BTRFS_EXPERIMENTAL, which Debian does not set); -1: no opinion. The one
+ * table of it: hugify status asks the engine (hp_engine_large_folios_since). */
+int hp_large_folios_since(long magic);
+/* This kernel's version, major * 1000 + minor (uname), or -1. */
+int hp_kernel_version(struct hp_ctx *c);
+
+#endif
