@@ -154,11 +154,12 @@ def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
     assert not wrong, "\n".join(wrong[:5])
     assert not prefetch_failures, prefetch_failures[0]
     assert starts >= STARTS and upgrades >= UPGRADES and seen["version 1"] and seen["version 2"]
-    # Nothing left behind: the runtime directory holds the per-boot records only (no
-    # half-written record), /tmp no perf map of a start, and the host's /run/hugify
-    # nothing new (every component was pointed at the private directory).
+    # Nothing left behind: the runtime directory holds the per-boot records only (a
+    # filesystem's or a file's; no half-written record), /tmp no perf map of a start,
+    # and the host's /run/hugify nothing new (every component was pointed at the
+    # private directory).
     left = os.listdir(rundir)
-    assert all(re.fullmatch(r"kernel-exec-pmd|no-large-folios-\d+:\d+", f) for f in left), left
+    assert all(re.fullmatch(r"kernel-exec-pmd|no-large-folios-\d+:\d+(-\d+)?", f) for f in left), left
     maps = [Path(f"/tmp/perf-{pid}.map") for pid in pids]
     assert not [m for m in maps if m.exists() and m.stat().st_mtime >= began], "perf maps left in /tmp"
     assert (set(os.listdir("/run/hugify")) if Path("/run/hugify").is_dir() else set()) <= host_run
