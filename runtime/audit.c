@@ -9,8 +9,8 @@
  *
  * It implements no la_symbind*, and la_objopen returns 0: symbol binding is never
  * audited or changed; la_objsearch returns the name it is given (it only notes how much
- * the thread had read from storage when the search began). It is linked without libc (see hp_sys.h) so that ld.so has to
- * load nothing else into the audit namespace. */
+ * the thread had read from storage when the search began). It is linked without libc
+ * (see hp_sys.h) so that ld.so has to load nothing else into the audit namespace. */
 #define _GNU_SOURCE
 #include <link.h>
 #include <sys/mman.h>

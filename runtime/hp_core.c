@@ -825,8 +825,8 @@ static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *
  * through the MADV_HUGEPAGE mapping (reading it if it was cold): huge, or small. Small,
  * it is evicted and faulted again only where a window of the same filesystem was seen
  * in a 2 MiB folio already, or where this process read part of it just now, or read
- * from storage while ld.so loaded the object (`fresh`):
- * the process cannot make sure an eviction worked, and where the filesystem gives none
+ * from storage while ld.so loaded the object (`fresh`): the process cannot make sure an
+ * eviction worked, and where the filesystem gives none
  * a window found cached small would be read again at every start; one that was not
  * wholly cached is read again at most once (the next start finds it cached). That is
  * the case of a cold start through the audit library: ld.so's own faults on the
