@@ -8,8 +8,9 @@
  * and before it relocates or runs any of it.
  *
  * It implements no la_symbind*, and la_objopen returns 0: symbol binding is never
- * audited or changed. It is linked without libc (see hp_sys.h) so that ld.so has to
- * load nothing else into the audit namespace. */
+ * audited or changed; la_objsearch returns the name it is given (it only notes how much
+ * the thread had read from storage when the search began). It is linked without libc
+ * (see hp_sys.h) so that ld.so has to load nothing else into the audit namespace. */
 #define _GNU_SOURCE
 #include <link.h>
 #include <sys/mman.h>
@@ -59,6 +60,23 @@ static int prepare(struct hp_ctx *c)
         if (buf[i] == '[' && buf[i + 1] == 'n' && buf[i + 2] == 'e' && buf[i + 3] == 'v')
             return -1; /* "[never]": the administrator turned huge pages off */
     return 0;
+}
+
+/* Bytes this thread had read from storage when ld.so began looking for the object being
+ * loaded (la_objsearch with the name asked for); 0 for the main program (the count
+ * starts at the fork). What ld.so reads between then and la_objopen (the object's
+ * headers, and around its faults on the loads it touches) says the file was not wholly
+ * cached: a process that may not see the page cache takes it for leave to evict what
+ * of the windows came in small folios and read them once more (hp_core.c,
+ * settle_unknown). */
+static long read_at_search;
+
+EXPORT char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag)
+{
+    (void)cookie;
+    if (flag == LA_SER_ORIG)
+        read_at_search = hp_thread_read_bytes();
+    return (char *)name;
 }
 
 /* The program headers of the main program, from the auxiliary vector. */
@@ -350,6 +368,8 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
 
     /* arm64: the replaced windows keep PROT_BTI where ld.so gave it (hp_bti.h). */
     int bti = hp_bti_prot(ph, phnum, map->l_addr);
+    long read_now = hp_thread_read_bytes();
+    int loaded_read = read_at_search >= 0 && read_now > read_at_search; /* before any window is read */
     do {
         uintptr_t at = map->l_addr + r->vaddr;
         if ((at & (HP_DEFAULT_SIZE - 1)) || !r->readable)
@@ -391,6 +411,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
          * window would drop the breakpoints it wrote there (gdb inserts them in the
          * program's code before ld.so runs, and does not write them again). */
         t.zap_ok = !(caller >= at && caller < at + r->len);
+        t.loaded_read = loaded_read;
         t.zap_check = not_traced;
         struct hp_stats st;
         hp_memzero(&st, sizeof st);

@@ -881,10 +881,13 @@ static void look(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
  * mapping is the program's own (t->random 0): a first fault there can come in small
  * folios where a mapping of the runtime's own gets one 2 MiB folio (seen on Linux 7.3
  * with ext4, for the program's and its libraries' windows alike). The caller's mapping
- * is faulted afterwards, onto what is cached. */
-static void read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
+ * is faulted afterwards, onto what is cached. Returns whether this thread read anything
+ * from storage meanwhile (1), nothing (0), or cannot tell (-1): a window with pages
+ * read just now was not wholly cached, whatever the process may see of the cache. */
+static int read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
 {
     uint64_t hp = c->hp;
+    long before = hp_thread_read_bytes();
     if (!t->random && file_ready(c, t) == 0) {
         char *res = hp_mmap(0, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (!hp_mmap_failed(res)) {
@@ -899,6 +902,8 @@ static void read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
         }
     }
     touch(t->map + i * t->stride);
+    long after = before < 0 ? -1 : hp_thread_read_bytes();
+    return after < 0 ? -1 : after > before;
 }
 
 /* Whether window i, read in just now, is one 2 MiB folio; if not, evicted and read once
@@ -918,10 +923,18 @@ static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *
 /* A window of a file whose cached pages the process may not see (NEED_UNKNOWN), faulted
  * through the MADV_HUGEPAGE mapping (reading it if it was cold): huge, or small. Small,
  * it is evicted and faulted again only where a window of the same filesystem was seen
- * in a 2 MiB folio already: the process cannot make sure an eviction worked, and where
- * the filesystem gives none it would read the window again at every start. */
+ * in a 2 MiB folio already, or where this process read part of it just now, or read
+ * from storage while ld.so loaded the object (`fresh`): the process cannot make sure an
+ * eviction worked, and where the filesystem gives none
+ * a window found cached small would be read again at every start; one that was not
+ * wholly cached is read again at most once (the next start finds it cached). That is
+ * the case of a cold start through the audit library: ld.so's own faults on the
+ * object's other loads (its dynamic section, its relocations) read around them before
+ * la_objopen, into the window next to them, and a PMD-order folio cannot be made over
+ * a range that holds small ones (seen on Linux 6.18 with a 2560 KiB readahead and 7.3,
+ * on ext4, for a program and a library of one window each). */
 static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int verified,
-                           int huge)
+                           int huge, int fresh)
 {
     uint64_t woff = window_off(t, i, c->hp);
     char *w = t->map + i * t->stride;
@@ -932,7 +945,7 @@ static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stat
     else if (huge) {
         set_state(t, st, i, HP_HUGE, HP_WHY_NONE, 0);
         hp_saw_large(c, t);
-    } else if (!hp_known_large(c, t))
+    } else if (!hp_known_large(c, t) && !fresh)
         set_state(t, st, i, HP_SMALL, HP_WHY_NOT_OWNER, 0);
     else if (!t->zap_ok || (t->zap_check && !(t->zap_ok = t->zap_check(), t->zap_check = 0, t->zap_ok)))
         set_state(t, st, i, HP_BUSY, HP_WHY_LOADER, 0);
@@ -943,12 +956,14 @@ static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stat
     else if (remapped == -2)
         set_state(t, st, i, HP_SMALL, HP_WHY_REPLACED, 0);
     else {
+        if (fresh) /* its reads may be in flight yet, and eviction passes them by */
+            wait_for_reads(c, t->fd, woff);
         hp_fadvise(t->fd, woff, c->hp, 4 /* POSIX_FADV_DONTNEED */);
         touch(w);
         if (verify(c, t->map, t->stride, i, 1, &again) != 0)
             set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
         else if (again)
-            set_state(t, st, i, HP_REPAIRED, HP_WHY_NONE, 0);
+            set_state(t, st, i, fresh ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
         else /* not evicted (mapped elsewhere), or this file gets no large folios: cannot tell */
             set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, (long)(c->hp / HP_PAGE));
     }
@@ -965,12 +980,12 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
 {
     uint64_t hp = c->hp;
     int go = c->measure || prepared(c);
-    unsigned char read[CHUNK], huge[CHUNK];
+    unsigned char read[CHUNK], huge[CHUNK], fresh[CHUNK];
     int any = 0, probed = 0;
     for (uint64_t k = 0; k < count; k++) {
         uint64_t i = first + k, woff = window_off(t, i, hp);
         int cold = need[k] == NEED_COLD;
-        read[k] = 0;
+        read[k] = fresh[k] = 0;
         if (need[k] == NEED_NOTHING)
             continue;
         enum hp_why none = go ? hp_known_none(c, t) : HP_WHY_NONE;
@@ -992,7 +1007,8 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
             else if (c->aware <= 0 && !advise(t))
                 set_state(t, st, i, HP_SMALL, HP_WHY_MADVISE_REFUSED, 0);
             else
-                read_in(c, t, i), read[k] = 1, any = 1;
+                /* hugify-run's mapping (t->random) is read ahead of everything else */
+                fresh[k] = (read_in(c, t, i) > 0 && !t->random) || t->loaded_read, read[k] = 1, any = 1;
         } else {
             if (!probed && (c->aware < 0 || (c->aware_recorded && !c->aware_checked)))
                 probe_verdict(c, t), probed = 1;
@@ -1021,7 +1037,7 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
     int verified = verify(c, t->map, t->stride, first, count, huge) == 0;
     for (uint64_t k = 0; k < count; k++)
         if (read[k] && need[k] == NEED_UNKNOWN)
-            settle_unknown(c, t, st, first + k, verified, huge[k]);
+            settle_unknown(c, t, st, first + k, verified, huge[k], fresh[k]);
         else if (read[k])
             settle_read(c, t, st, first + k, verified, huge[k]);
 }

@@ -174,6 +174,9 @@ struct hp_target {
     int prot;        /* protections of the caller's mapping (0: PROT_READ), PROT_BTI
                       * included where it has it (hp_bti.h): a repaired window keeps them */
     int random;      /* the caller's mapping carries MADV_RANDOM */
+    int loaded_read; /* this thread read from storage while the object was being loaded
+                      * (the audit library: ld.so's reads and faults before la_objopen),
+                      * so small folios in its windows may be its own readahead's */
     int own_fd;      /* set when the core opened fd (it closes it) */
     int memfs;       /* 0 not known yet, 1 on a memory filesystem, 2 not */
     int advised;     /* MADV_HUGEPAGE on the windows: 0 not asked yet, 1 accepted, -1 refused */

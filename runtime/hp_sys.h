@@ -180,6 +180,16 @@ static inline long hp_uname_release(char out[65])
     out[64] = 0;
     return rc;
 }
+/* Bytes this thread has read from storage (getrusage(RUSAGE_THREAD) ru_inblock, in
+ * 512-byte blocks: the task's I/O accounting), or -1. Linux's struct rusage: two
+ * struct timevals, then 14 longs of which ru_inblock is the eighth. */
+static inline long hp_thread_read_bytes(void)
+{
+    long ru[4 + 14];
+    if (HP_SYS(__NR_getrusage, 1 /* RUSAGE_THREAD */, ru, 0, 0, 0, 0) != 0)
+        return -1;
+    return ru[4 + 7] * 512;
+}
 static inline long hp_prctl(int option) { return HP_SYS(__NR_prctl, option, 0, 0, 0, 0, 0); }
 static inline long hp_getpid(void) { return HP_SYS(__NR_getpid, 0, 0, 0, 0, 0, 0); }
 static inline long hp_ioctl(int fd, unsigned long req, void *arg)

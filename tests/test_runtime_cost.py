@@ -188,3 +188,40 @@ def test_the_anonymous_mode_works_with_no_verdict_kept(built: Programs, fs: str,
     for p, n in nwin.items():
         want = f"{n}/{n} windows copied" if not large else f"0/{n} windows copied, window 0 not-needed: file-backed"
         assert f"hugify-audit: anonymous {p}: {want}" in lines, (large, lines)
+
+
+def test_a_user_gets_cold_windows_huge_through_the_audit_library_after_ld_so_read_into_them(built: Programs):
+    """As nobody without a runtime directory, from cold files, through the audit library,
+    with a large readahead on the files' device (read_ahead_kb 16 MiB, what RAID arrays
+    and some virtual disks have; Debian's 7.3 under qemu reads the test package's files
+    whole at a plain cold start): before la_objopen, ld.so's own faults on the objects'
+    other loads (their dynamic sections) read around them into every window, in small
+    folios, and a process that may not see the page cache cannot tell that from windows
+    another process left small. It takes what its own thread read while the object was
+    loaded for the evidence (the file was not wholly cached): the windows are evicted and
+    read once more, and the code is PMD-mapped afterwards (it stayed small before: the
+    kernel matrix's newest ext4 boot and this test); each window is read at most once
+    more than by plain starts, and from files cached small not a byte more."""
+    with public_dir() as public, loop_fs(public, "xfs", "", built) as mnt, locked():
+        mnt.chmod(0o755)
+        device = subprocess.run(["findmnt", "-no", "SOURCE", str(mnt)], capture_output=True, text=True, check=True)
+        Path(f"/sys/block/{Path(device.stdout.strip()).name}/queue/read_ahead_kb").write_text("16384\n")
+        progs = Programs(mnt / "bin", built.orig)
+        assert gives_large_folios(progs.prog)
+        env = clean_env(NO_RUNTIME_DIR, LD_AUDIT=str(AUDIT_LIB))
+        files = [progs.prog, progs.lib]
+        got = {
+            (way, cache): starts_read([*AS_NOBODY, str(progs.prog)], STARTS, e, files, cache) >> 10
+            for cache in ("small", "cold")
+            for way, e in (("plain", clean_env(NO_RUNTIME_DIR)), ("audit", env))
+        }
+        print(f"{progs.dir}: KiB read by {STARTS} starts, nobody, read_ahead_kb 16384: {got}")
+        starts_read([*AS_NOBODY, str(progs.prog)], 1, env, files, "cold")
+        res = subprocess.run([*AS_NOBODY, str(progs.prog)], capture_output=True, text=True, env=env, check=False)
+        maps = parse_smaps(res.stdout)
+        once, sizes = windows(progs), {str(p): exec_segment_size(p) for p in files}
+    noise = NOISE >> 10
+    assert got["audit", "small"] <= got["plain", "small"] + noise, got
+    assert got["audit", "cold"] <= got["plain", "cold"] + once + noise, got
+    for p, size in sizes.items():
+        assert maps[p].pmd == size, (p, maps[p], got)
