@@ -147,10 +147,10 @@ def write_anonymous_record(directory: Path, programs: Iterable[str]) -> bool:
         text = "# hugify prefetch, from the policy's [runtime] anonymous\n" + "".join(f"{p}\n" for p in paths)
         if _read(path) == text.strip():
             return True
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{ANONYMOUS_FILE}.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.replace(path)
+        # Through the root-safe writer: a new file of a name no one can guess, renamed in
+        # (a predictable temporary name in a directory others could write let a planted
+        # symlink redirect root's write).
+        write_text_atomic(path, text)
         return True
     except OSError:
         return False

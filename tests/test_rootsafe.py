@@ -666,3 +666,23 @@ def test_sign_never_writes_its_statement_through_a_symlink(tmp_path: Path, progr
     assert snapshot(outside) == before
     assert res.returncode == UNSAFE, (res.stdout, res.stderr)
     one_line(res.stderr, "symlink")
+
+
+def test_the_policys_anonymous_record_is_never_written_through_a_planted_symlink(tmp_path: Path) -> None:
+    """`hugify prefetch` (root) writes the policy's anonymous programs into the runtime
+    directory. A symlink planted where its temporary file used to be made (the pid's
+    name) to a file of root's: that file stays byte-identical, and the record is a
+    regular file of its own."""
+    from hugify import prefetch
+
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "shadow"
+    victim.write_bytes(b"root:secret\n")
+    victim.chmod(0o600)
+    (run / f".{prefetch.ANONYMOUS_FILE}.{os.getpid()}").symlink_to(victim)
+    assert prefetch.write_anonymous_record(run, ["/usr/bin/true"])
+    assert victim.read_bytes() == b"root:secret\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    record = run / prefetch.ANONYMOUS_FILE
+    assert stat.S_ISREG(os.lstat(record).st_mode)
+    assert record.read_text().splitlines()[1:] == [os.path.realpath("/usr/bin/true")]
