@@ -666,4 +666,3 @@ def test_sign_never_writes_its_statement_through_a_symlink(tmp_path: Path, progr
     assert snapshot(outside) == before
     assert res.returncode == UNSAFE, (res.stdout, res.stderr)
     one_line(res.stderr, "symlink")
-
