@@ -24,7 +24,18 @@ from hugify import _core, tree
 
 STUB = REPO / "hugify" / "_core.pyi"
 #: The stub's TypedDicts exist for mypy only: the binding returns plain dicts.
-TYPES_ONLY = ("Segment", "WindowRun", "Refusal", "PlanRefused", "Plan", "Plans", "Report", "Transformed", "Probe")
+TYPES_ONLY = (
+    "Segment",
+    "WindowRun",
+    "Refusal",
+    "PlanRefused",
+    "Plan",
+    "Plans",
+    "Report",
+    "Transformed",
+    "GlibcThp",
+    "Probe",
+)
 
 
 def test_stubtest_finds_the_stub_and_the_binding_alike(tmp_path: Path) -> None:
