@@ -30,7 +30,7 @@ sysfs), cold and with the files cached in small folios:
   (windows left to the kernel, state `kernel`) is what a plain cold run gets, and
   khugepaged makes a held program's code huge exactly where and when it collapses
   file-backed code.
-lld's objects (issue 32, item 1; package hugify-deb-test-lld: a program and its library
+lld's objects (package hugify-deb-test-lld: a program and its library
 shifted, their program headers past the first page, and a plugin as-is that the program
 opens with dlopen), in the THP mode booted, cold and in small folios: where the
 filesystem gives large folios exactly their whole windows are PMD-mapped after prefetch,
@@ -623,7 +623,7 @@ def test_a_panicking_guest_shows_its_console_last_lines(trixie_ext4: dict[str, A
     assert "Kernel panic" in str(e.value) and "VFS" in str(e.value), e.value
 
 
-# --- lld's objects (issue 32, item 1) -------------------------------------------------------
+# --- lld's objects ------------------------------------------------------------------------
 
 LLD_WAYS = ("lld-prefetch", "lld-hugify-run", "lld-audit", "lld-anonymous")
 #: The audit library's verdict line for one object (runtime/audit.c debug_settled).

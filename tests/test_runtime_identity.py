@@ -1,4 +1,4 @@
-"""The runtime never maps in or copies another file's code (issue 32, item 3).
+"""The runtime never maps in or copies another file's code.
 
 The audit library opens an object's file again by the name ld.so loaded it by (l_name)
 to repair a window held in small folios (the file's fresh mapping is moved over the

@@ -1,4 +1,4 @@
-"""The runtime sees lld's hugified objects too (issue 32, item 1). lld's rodata-first
+"""The runtime sees lld's hugified objects too. lld's rodata-first
 shift moves the program header table out of the first page, into the load that stays;
 the audit library read the table only from the first 4 KiB of an object and so did
 nothing for such a library: no MADV_HUGEPAGE, no repair, no anonymous copy, loaded by

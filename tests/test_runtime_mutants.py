@@ -1,4 +1,4 @@
-"""Malformed objects through the runtime (issue 32, item 8): a program whose hugified
+"""Malformed objects through the runtime: a program whose hugified
 library is replaced by a mutant (truncated; program headers pointing outside the file,
 the first load or the mapping, misaligned, too many; loads overlapping the code, past the
 end of the file, without protections; ...) runs, or is refused by ld.so, exactly as

@@ -1,4 +1,4 @@
-"""Reliability under real package upgrades (issue 32, item 3): a hugified program and its
+"""Reliability under real package upgrades: a hugified program and its
 hugified library started in a loop through the audit library and through hugify-run,
 while real dpkg upgrades and downgrades the library's package between two versions whose
 code and output differ, with `hugify prefetch` runs between the upgrades.
