@@ -54,6 +54,10 @@ PACKAGES = sorted(
         "rustc",
         "g++-aarch64-linux-gnu",
         "g++-i686-linux-gnu",
+        # i386's libc where dpkg-shlibdeps looks in the i386 cross-build of the Multi-Arch:
+        # same test package (/lib32, Debian's multilib path; it does not search the -cross
+        # packages' /usr/i686-linux-gnu)
+        "libc6-i386",
         "qemu-user",
         # packaging
         "rpm",
