@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deb_support import LIB, LINK, PROG, build_variant
+from deb_support import LIB, LINK, LLD_LIB, LLD_PLUGIN, LLD_PROG, PROG, build_variant
 from helpers import hugify
 from test_signing import ATTEST, PASSWORD, RPM_FILES, cosign_verify, env, keypair, verdicts, verify
 from test_signing import built as built_signing
@@ -26,10 +26,14 @@ from test_signing import built as built_signing
 from hugify import signing
 
 slow = pytest.mark.slow
-DEB_FILES = {"prog": PROG, "link": LINK, "lib": LIB}
-#: What the Debian build signs: a statement in two of its packages (the library's
-#: named after its architecture, Multi-Arch: same).
-DEB_SIGNED = {"hugify-deb-test_1.0_amd64": "hugify-deb-test", "libhugdebtest1_1.0_amd64": "libhugdebtest1:amd64"}
+DEB_FILES = {"prog": PROG, "link": LINK, "lib": LIB, "lld-prog": LLD_PROG, "lld-lib": LLD_LIB}
+#: What the Debian build signs: a statement in three of its packages (the library's
+#: named after its architecture, Multi-Arch: same; the lld package's, amd64 only).
+DEB_SIGNED = {
+    "hugify-deb-test_1.0_amd64": "hugify-deb-test",
+    "libhugdebtest1_1.0_amd64": "libhugdebtest1:amd64",
+    "hugify-deb-test-lld_1.0_amd64": "hugify-deb-test-lld",
+}
 
 
 def sha256(path: Path) -> str:
@@ -71,8 +75,9 @@ def test_debian_upload_signed_after_the_build_verifies_every_way(debs: Path, tmp
     before = {p.name: sha256(p) for p in debs.iterdir()}
     res = sign_packages(changes(debs), "--key", key)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "hugify: sign-packages: 2 statement(s) signed" in res.stdout
+    assert "hugify: sign-packages: 3 statement(s) signed" in res.stdout
     assert "/usr/libexec/hugify-deb-exec is hugified but in no statement" in res.stdout, "the as-is file is named"
+    assert f"/{LLD_PLUGIN} is hugified but in no statement" in res.stdout, "the as-is plugin is named"
     assert PASSWORD not in res.stdout + res.stderr and f"signed with {key} (--key; no transparency log)" in res.stdout
     # Detached: the packages (and so the .changes) are untouched; beside them, per
     # signed package, the bundle and the statement it signs, exactly as it ships.
@@ -94,7 +99,7 @@ def test_debian_upload_signed_after_the_build_verifies_every_way(debs: Path, tmp
     assert verdicts(res) == {"/" + f: "verified" for f in DEB_FILES.values()}
     # ... or checking against the published statements...
     res = verify(b.root, "--all", "--key", pub, "--attestations", debs)
-    assert res.returncode == 0 and res.stdout.count(": verified ") == 3, res.stdout + res.stderr
+    assert res.returncode == 0 and res.stdout.count(": verified ") == 5, res.stdout + res.stderr
     # ... or with the bundles installed where a package of signatures puts them.
     root = tmp_path / "root"
     for f in [*DEB_FILES.values(), *(f"{ATTEST}/{n}{signing.STATEMENT_SUFFIX}" for n in DEB_SIGNED.values())]:
@@ -105,9 +110,15 @@ def test_debian_upload_signed_after_the_build_verifies_every_way(debs: Path, tmp
     for stem in DEB_SIGNED:
         shutil.copy(debs / f"{stem}{signing.BUNDLE_SUFFIX}", installed)
     res = verify(root, "--all", "--key", pub)
-    assert res.returncode == 0 and res.stdout.count(": verified ") == 3, res.stdout + res.stderr
+    assert res.returncode == 0 and res.stdout.count(": verified ") == 5, res.stdout + res.stderr
     # cosign alone, as an administrator would run it.
-    stems = {PROG: "hugify-deb-test_1.0_amd64", LINK: "hugify-deb-test_1.0_amd64", LIB: "libhugdebtest1_1.0_amd64"}
+    stems = {
+        PROG: "hugify-deb-test_1.0_amd64",
+        LINK: "hugify-deb-test_1.0_amd64",
+        LIB: "libhugdebtest1_1.0_amd64",
+        LLD_PROG: "hugify-deb-test-lld_1.0_amd64",
+        LLD_LIB: "hugify-deb-test-lld_1.0_amd64",
+    }
     for f, stem in stems.items():
         bundle = tmp_path / "cosign" / f"{stem}{signing.BUNDLE_SUFFIX}"
         bundle.parent.mkdir(exist_ok=True)
@@ -117,7 +128,7 @@ def test_debian_upload_signed_after_the_build_verifies_every_way(debs: Path, tmp
     # Another key's signature is no signature of the distribution's.
     _, other = keypair(tmp_path / "other")
     res = verify(b.root, "--all", "--key", other, "--bundles", debs)
-    assert res.returncode == signing.Verdict.BAD_SIGNATURE.status and res.stdout.count(": bad signature ") == 3
+    assert res.returncode == signing.Verdict.BAD_SIGNATURE.status and res.stdout.count(": bad signature ") == 5
 
 
 @slow
