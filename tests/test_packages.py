@@ -166,7 +166,7 @@ def test_hugify_deb_is_built_with_cargo_locked_and_ships_everything(hugify_deb: 
     for m in MAN_PAGES:
         assert (root / "usr/share/man/man1" / f"{m}.gz").is_file(), m
     units = {p.name for d in ("lib/systemd/system", "usr/lib/systemd/system") for p in (root / d).glob("*")}
-    assert units == {"hugify-prefetch.service", "hugify-prefetch.timer"}
+    assert units == {"hugify-prefetch.service", "hugify-prefetch.timer", "run-hugify-shared.mount"}
     assert (root / MANIFEST_DIR).is_dir()
     assert "dh-sequence-hugify" in b.field("hugify", "Provides")
     control = subprocess.run(
@@ -258,6 +258,7 @@ def test_hugify_rpm_is_built_with_make_install_and_ships_everything(hugify_rpm: 
         *SHIPPED,
         "usr/lib/systemd/system/hugify-prefetch.service",
         "usr/lib/systemd/system/hugify-prefetch.timer",
+        "usr/lib/systemd/system/run-hugify-shared.mount",
     ]:
         assert "/" + f in files, f
     for m in MAN_PAGES:
@@ -537,10 +538,17 @@ def test_installed_deb_provides_the_add_on_without_any_path_tricks(deb_session: 
     assert s.text("which").split() == ["/usr/bin/hugify", "/usr/bin/dh_hugify", "/usr/bin/dh_hugify_sign"]
     log = s.text("build.log")
     assert re.search(r"^dh binary$", log, re.M), "debian/rules says only `dh $@`"
-    steps = [line.split()[0] for line in log.splitlines() if line.startswith("   dh_")]
+    # dh announces a step as "   dh_X" or, where debian/rules overrides it (the lld
+    # package's dh_strip), as "   debian/rules override_dh_X": both are step dh_X.
+    steps = [
+        re.sub(r"^debian/rules override_", "", line.strip()).split()[0]
+        for line in log.splitlines()
+        if line.startswith(("   dh_", "   debian/rules override_dh_"))
+    ]
     assert steps.index("dh_hugify") < steps.index("dh_dwz") < steps.index("dh_strip") < steps.index("dh_hugify_sign")
     assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in log
     assert "hugify: hugify-deb-test-exec: 0 transformed, 1 as-is, 0 skipped, 0 failed" in log
+    assert "hugify: hugify-deb-test-lld: 2 transformed, 1 as-is, 0 skipped, 0 failed" in log
 
 
 @slow
