@@ -292,13 +292,17 @@ class Source(_Descriptor):
         return h.hexdigest()
 
 
-def open_source(directory: Directory, name: str, *, expect: Identity | None = None, step: str = "opened") -> Source:
+def open_source(
+    directory: Directory, name: str, *, expect: Identity | None = None, step: str = "opened", follow: bool = False
+) -> Source:
     """The regular file `name` in `directory`, opened once. Refused: with `expect`,
-    another inode than the one expected (changed-meanwhile); a symbolic link;
-    anything but a regular file (looked at before it is opened: a FIFO would block,
-    a device might act). `step`: the name the race hook sees once it is open."""
+    another inode than the one expected (changed-meanwhile); a symbolic link, unless
+    `follow` (a file only read, such as the source of ``transform FILE -o OUT``, is
+    read through one as ``cp`` and ``readelf`` do); anything but a regular file
+    (looked at before it is opened: a FIFO would block, a device might act). `step`:
+    the name the race hook sees once it is open."""
     path = directory.join(name)
-    st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+    st = os.stat(name, dir_fd=directory.fd, follow_symlinks=follow)
     if expect is not None and identity(st) != expect:
         what = describe(st.st_mode) if not stat.S_ISREG(st.st_mode) else "another file"
         raise UnsafeFile("changed-meanwhile", path, f"replaced by {what} since hugify found it")
@@ -307,9 +311,9 @@ def open_source(directory: Directory, name: str, *, expect: Identity | None = No
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile("not-regular", path, f"{describe(st.st_mode)}, not a regular file")
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=directory.fd)
+        fd = os.open(name, _READ_FLAGS & ~os.O_NOFOLLOW if follow else _READ_FLAGS, dir_fd=directory.fd)
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if e.errno == errno.ELOOP and not follow:
             raise UnsafeFile("changed-meanwhile", path, "swapped for a symbolic link as it was opened") from None
         raise
     try:

@@ -116,10 +116,11 @@ def rewrite(
 ) -> Rewritten:
     """Transforms `src` into `dst` (or in place when `dst` is None) atomically.
 
-    In place, the directory of `src` is opened without following a symlink and
-    `src` is replaced there only if its name still is the file that was read. With
-    `dst`, `src` may be reached through symlinked directories (it is only read) but
-    is itself no symlink, and `dst`'s directory is opened like an in-place one.
+    In place, `src` is no symlink, the directory of `src` is opened without following
+    a symlink and `src` is replaced there only if its name still is the file that was
+    read. With `dst`, `src` is only read, so it may be a symlink or be reached through
+    symlinked directories (as ``cp`` and ``readelf`` read it; still never a FIFO or a
+    device), and `dst`'s directory is opened like an in-place one.
     Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid,
     unsafe or internal failures and ``OSError`` for I/O failures; in every failure
     case the target is unchanged and no temporary file remains. A file carrying an
@@ -136,7 +137,7 @@ def rewrite(
             head, name = os.path.split(os.fspath(src))
             d = files.Directory.open(head or ".", follow=True)
             out = None
-        with d, files.open_source(d, name) as source:
+        with d, files.open_source(d, name, follow=dst is not None) as source:
             if out is None:
                 out, out_name = files.Directory.containing(cast(StrPath, dst))
             try:

@@ -328,6 +328,25 @@ def test_transform_to_output_raced(
     assert_correct_output(out, s.before)
 
 
+def test_transform_to_output_reads_through_a_symlink(tmp_path: Path, program: Path, outside: Path) -> None:
+    """`transform LINK -o OUT` only reads LINK, so it reads the file LINK names, as
+    `cp` and `readelf` do (Debian's libstdc++.so.6 is such a link): OUT is that
+    file's transform with its metadata, byte for byte what naming the real path
+    gives, and neither the link nor its target changes. In place, the same link is
+    refused (test_fifo_device_and_symlinks_are_refused_without_blocking)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    os.symlink(outside / "capped", work / "link")
+    before, link = snapshot(outside), state(work / "link")
+    code, _, err = run_cli("transform", work / "link", "-o", work / "out")
+    assert code == 0, err
+    assert snapshot(outside) == before and state(work / "link") == link
+    assert_correct_output(work / "out", before["capped"])
+    code, _, err = run_cli("transform", outside / "capped", "-o", work / "direct")
+    assert code == 0, err
+    assert (work / "out").read_bytes() == (work / "direct").read_bytes()
+
+
 # --- refused inputs ----------------------------------------------------------------------------
 
 
@@ -356,8 +375,8 @@ def test_fifo_device_and_symlinks_are_refused_without_blocking(tmp_path: Path, p
     ]
     for path, reason, words in cases:
         for args in (["--in-place"], ["-o", str(work / "out")]):
-            if args[0] == "-o" and path.name == "prog":
-                continue  # -o only reads its source, which may lie in a symlinked directory
+            if args[0] == "-o" and path.name in ("prog", "link"):
+                continue  # -o only reads its source: test_transform_to_output_reads_through_a_symlink
             res = subprocess.run(
                 [sys.executable, "-m", "hugify.cli", "transform", *args, str(path)],
                 capture_output=True,

@@ -17,7 +17,9 @@
 //! the loader.
 //!
 //! **Exposed** is every byte executable in the output that is not, by where it came
-//! from, a byte executable in the input and not a trap instruction. Where a byte came
+//! from, a byte executable in the input and not trap padding (each byte of
+//! `.hugify.pad` the trap instruction's byte at its place, so that a pad starting
+//! mid-word completes the input's last word with trap bytes). Where a byte came
 //! from is read from the section headers: section `i` of the output holds section
 //! `i` of the input (the rewriter keeps the section table and appends only its trap
 //! padding, `.hugify.pad`), the ELF header and the program header table hold theirs;
@@ -159,6 +161,11 @@ fn trap_at(data: &[u8], trap: &[u8], at: u64, a: u64, b: u64) -> bool {
     unit >= a && unit + len <= b && data.get(unit as usize..(unit + len) as usize) == Some(trap)
 }
 
+/// Whether output byte `at` is the trap's byte at its place (traps repeat from offset 0).
+fn trap_byte(data: &[u8], trap: &[u8], at: u64) -> bool {
+    data.get(at as usize) == Some(&trap[(at % trap.len() as u64) as usize])
+}
+
 /// Measures what `new` (the output) maps executable that `old` (the input) did not.
 /// `trap` is the architecture's trap instruction, `page` its smallest page size.
 pub fn measure(old: &Elf, new: &Elf, trap: &[u8], page: u64) -> Exposure {
@@ -181,7 +188,11 @@ pub fn measure(old: &Elf, new: &Elf, trap: &[u8], page: u64) -> Exposure {
                     exposure.add(&o.name, outside(&was, from, from + (e - s)));
                 }
                 From::Trap => {
-                    let bad = (s..e).filter(|&i| !trap_at(new.data, trap, i, s, e)).count();
+                    // Byte by byte, as the rewriter fills it (verify checks the same): a pad
+                    // that starts or ends off an instruction boundary (the input's code load
+                    // ending mid-word, after .gcc_except_table) shares its edge unit with the
+                    // neighbour's bytes, which are measured as theirs.
+                    let bad = (s..e).filter(|&i| !trap_byte(new.data, trap, i)).count();
                     exposure.add(&o.name, bad as u64);
                 }
                 From::New => exposure.add(&o.name, e - s),
@@ -227,5 +238,38 @@ mod tests {
         assert_eq!(r, [(0, 5), (10, 30)]);
         assert_eq!(outside(&r, 0, 40), 5 + 10);
         assert_eq!(outside(&r, 12, 18), 0);
+    }
+
+    #[test]
+    fn a_pad_starting_mid_word_is_trap_padding() {
+        // Debian's arm64 libstdc++: the code load ends mid-word (.gcc_except_table's
+        // length is odd), so the trap padding after it starts mid-word too; its first
+        // bytes complete that word with the trap's last bytes. A 4-byte trap filled
+        // as the rewriter fills it, into a TextInFirst file whose load ends the same way.
+        use crate::testelf::{run, Arrangement, Dso};
+        let mut dso = Dso::new(Arrangement::TextInFirst, 0x3000);
+        (dso.eh_frame, dso.rodata_size) = (false, 0x41);
+        let (built, _, mut out) = run(&dso, crate::ModeChoice::Shift, 2 << 20);
+        let old = Elf::parse(&built.data).unwrap();
+        let pads: Vec<(u64, u64)> = Elf::parse(&out)
+            .unwrap()
+            .shdrs
+            .iter()
+            .filter(|s| s.name == PAD_SECTION)
+            .map(|s| (s.sh_offset, s.sh_size))
+            .collect();
+        assert!(pads.iter().any(|&(at, _)| at % 4 != 0), "{pads:x?}");
+        let brk: &[u8] = &[0x00, 0x00, 0x20, 0xd4];
+        for &(at, len) in &pads {
+            for i in at..at + len {
+                out[i as usize] = brk[(i % 4) as usize];
+            }
+        }
+        assert_eq!(measure(&old, &Elf::parse(&out).unwrap(), brk, 4096), Exposure::default());
+        // Any other byte there is exposed, and only it.
+        let (at, _) = pads.iter().find(|&&(at, _)| at % 4 != 0).unwrap();
+        out[*at as usize] = 0x90;
+        let exposed = measure(&old, &Elf::parse(&out).unwrap(), brk, 4096);
+        assert_eq!(exposed.sections, [(PAD_SECTION.to_owned(), 1)]);
     }
 }
