@@ -149,6 +149,10 @@ int hp_range_maps_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t of
                        struct hp_file_id *file)
 {
     uintptr_t a = at, end;
+    /* The kernel's view of a mapping (PROCMAP_QUERY's flags, the text's perms) has read,
+     * write and execute only: the caller's PROT_BTI (arm64, hp_bti.h), which ld.so gave
+     * the mapping, is not in it and does not make it another mapping. */
+    int rwx = prot & (PROT_READ | PROT_WRITE | PROT_EXEC);
     if (__builtin_add_overflow(at, len, &end))
         return 0;
     while (a < end) {
@@ -156,7 +160,7 @@ int hp_range_maps_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t of
         int rc = hp_vma_at(c, a, &v);
         if (rc != 0)
             return rc == -ENOENT ? 0 : -1;
-        if (v.prot != prot || !v.file.inode || (a > at && !same_file(&v.file, file)) ||
+        if (v.prot != rwx || !v.file.inode || (a > at && !same_file(&v.file, file)) ||
             v.offset + (a - v.start) != off + (a - at))
             return 0;
         *file = v.file;

@@ -35,11 +35,13 @@ int hp_vma_at(struct hp_ctx *c, uintptr_t addr, struct hp_vma *out);
  * the kernel does not say. */
 int hp_same_file_mapped(struct hp_ctx *c, uintptr_t a, uintptr_t b);
 
-/* Whether [at, at + len) is mapped from one file with protections `prot` (of PROT_READ,
- * PROT_WRITE, PROT_EXEC), with file offset `off` at `at` and on from there (several
- * mappings of it, such as a window repaired in place, count as one): 1 yes, and *file
- * names it; 0 no (unmapped, other protections, another file or offset in between: a
- * load of a malformed object overlapping another); -1 not known. */
+/* Whether [at, at + len) is mapped from one file with protections `prot` (PROT_READ,
+ * PROT_WRITE and PROT_EXEC are compared; other bits, such as the PROT_BTI a window
+ * keeps on arm64, are not: the kernel's view does not show them), with file offset
+ * `off` at `at` and on from there (several mappings of it, such as a window repaired in
+ * place, count as one): 1 yes, and *file names it; 0 no (unmapped, other protections,
+ * another file or offset in between: a load of a malformed object overlapping
+ * another); -1 not known. */
 int hp_range_maps_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t off, int prot,
                        struct hp_file_id *file);
 

@@ -159,8 +159,7 @@ static int open_copy(struct hp_ctx *c, const char *rundir, const struct hp_share
         goto out;
     /* The windows are one file's bytes at their offsets, and which file: the key. */
     *why = S_NOT_MAPPED;
-    if (hp_range_maps_file(c, (uintptr_t)r->at, r->nwin * c->hp, r->off, r->prot & (PROT_READ | PROT_WRITE | PROT_EXEC),
-                           &file) != 1)
+    if (hp_range_maps_file(c, (uintptr_t)r->at, r->nwin * c->hp, r->off, r->prot, &file) != 1)
         goto out;
     key_name(key, &file);
     obj = hp_openat(dir, key, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);

@@ -214,3 +214,91 @@ def test_the_runtime_reads_the_bti_marking_as_ld_so_does(bti_build: Path, tmp_pa
     # Each flavour as the compiler marks it, and hugify's rewrite keeps the marking.
     assert [int(said[str(tmp_path / f"lib-{f}.so")]) for f in ("standard", "bti", "pac-ret", "none")] == [1, 1, 0, 0]
     assert said[str(hugified)] == said[str(bti_build / "libbti.so")] == "1"
+
+
+#: dlopens a library and asks the runtime's proof (runtime/hp_map.c) whether its code
+#: segment is mapped from its file, with the protections the audit library asks with
+#: (runtime/audit.c: PROT_READ | PROT_EXEC | hp_bti_prot, or-ed with argv[2] here), by
+#: PROCMAP_QUERY where the kernel has it and by reading /proc/self/maps.
+PROOF = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include "hp_bti.h"
+#include "hp_map.h"
+
+int main(int argc, char **argv) {
+    struct link_map *map = dlopen(argv[1], RTLD_NOW);
+    unsigned phnum;
+    struct hp_ctx c;
+    if (argc != 3 || !map)
+        return 2;
+    hp_ctx_init(&c, 2 << 20);
+    const Elf64_Phdr *ph = hp_mapped_phdrs(&c, map->l_addr, &phnum);
+    if (!ph)
+        return 3;
+    int bti = hp_bti_prot(ph, phnum, map->l_addr);
+    int prot = PROT_READ | PROT_EXEC | bti | (int)strtol(argv[2], 0, 0);
+    for (unsigned i = 0; i < phnum; i++) {
+        if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_X) || !ph[i].p_filesz)
+            continue;
+        uint64_t page = 4096, skew = ph[i].p_vaddr % page, len = (ph[i].p_filesz + skew + page - 1) / page * page;
+        uintptr_t at = map->l_addr + ph[i].p_vaddr - skew;
+        for (int text = 0; text < 2; text++) {
+            struct hp_file_id file;
+            int fd = -1;
+            c.procmap = text ? 0 : -1;
+            int range = hp_range_maps_file(&c, at, len, ph[i].p_offset - skew, prot, &file);
+            int proof = hp_prove_object_file(&c, at, len, ph[i].p_offset - skew, prot, &fd, argv[1], &file);
+            int rwonly = hp_range_maps_file(&c, at, len, ph[i].p_offset - skew, PROT_READ | PROT_WRITE, &file);
+            printf("%s bti %#x range %d proof %d rw %d\n", text ? "text" : "query", bti, range, proof, rwonly);
+            hp_ctx_release(&c);
+        }
+        return 0;
+    }
+    return 4;
+}
+"""
+
+
+def _proof(cc: str, tmp_path: Path, lib: Path, extra: int, runner: list[str] | None = None) -> list[str]:
+    runtime = REPO / "runtime"
+    src, exe = tmp_path / f"proof-{cc}.c", tmp_path / f"proof-{cc}"
+    src.write_text(PROOF)
+    sources = [runtime / f for f in ("hp_core.c", "hp_verdict.c", "hp_map.c", "hp_bti.c")]
+    subprocess.run(
+        [cc, "-O1", "-Wall", "-Werror", "-D_FILE_OFFSET_BITS=64", f"-I{runtime}", "-o", exe, src, *sources],
+        check=True,
+    )
+    rc, out, err = run_program(exe, args=(str(lib), hex(extra)), runner=runner)
+    assert rc == 0, (rc, out, err)
+    return out.splitlines()
+
+
+def test_a_window_with_prot_bti_is_proven_its_files_mapping(bti_build: Path, tmp_path: Path) -> None:
+    """The audit library asks whether an object's windows are its file's mapping with the
+    protections it will give them, PROT_BTI included where ld.so gave it (arm64). The
+    kernel's view of a mapping shows read, write and execute only, so the proof compared
+    PROT_READ | PROT_EXEC | PROT_BTI with PROT_READ | PROT_EXEC and found every window of
+    a BTI-marked object "not-mapped": in the booted arm64 guest (tests/test_aarch64_boot.py)
+    none was repaired or copied. Here a hugified BTI library that Debian 12's arm64 ld.so
+    maps with PROT_BTI under qemu-user (BTI enforced), and the same proof on this machine
+    with PROT_BTI's bit (asm/mman.h: 0x10) or-ed in, where nothing has that bit; other
+    protections (read and write) are still told apart."""
+    hugified = tmp_path / "hug" / "libbti.so"
+    hugified.parent.mkdir()
+    hugify("transform", bti_build / "libbti.so", "-o", hugified, "--mode", "shift")
+    arm64 = _proof(CC, tmp_path, hugified, 0, RUNNER)
+    assert arm64 == ["query bti 0x10 range 1 proof 1 rw 0", "text bti 0x10 range 1 proof 1 rw 0"], arm64
+    host_lib = tmp_path / "libhost.so"
+    subprocess.run(
+        ["gcc", "-O2", "-fPIC", "-shared", "-o", host_lib, "-x", "c", "-"],
+        input=b"long f(long x) { return x + 1; }\n",
+        check=True,
+    )
+    host = _proof("gcc", tmp_path, host_lib, 0x10)
+    assert host == ["query bti 0 range 1 proof 1 rw 0", "text bti 0 range 1 proof 1 rw 0"], host
