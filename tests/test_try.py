@@ -515,15 +515,29 @@ def test_the_svg_stays_well_formed_for_any_command() -> None:
 
 
 def test_the_command_gets_the_signal_dispositions_a_shell_gives(tmp_path: Path) -> None:
-    """Nothing ignored and nothing blocked in the command, on either side: Python
-    ignores SIGPIPE and SIGXFSZ, and the sides' processes ignore what stops the
-    comparison; none of it may reach the command (`yes | head` must end by SIGPIPE)."""
+    """The command gets, on either side, exactly the ignored and blocked signals it gets
+    started directly as a shell starts it: what hugify try was started with, SIGPIPE and
+    SIGXFSZ back to default (subprocess restores them, as a shell never ignores them on
+    its own). Python ignores SIGPIPE and SIGXFSZ, and the sides' processes ignore what
+    stops the comparison; none of it may reach the command (`yes | head` must end by
+    SIGPIPE). Whatever started the test may have left signals ignored (glibc's signal 32
+    after posix_spawn): a shell passes those on, and so must hugify try. The command is
+    run by bash, which passes on the blocked signals too (dash unblocks them all at start)."""
     build_runtime()
     script = "grep -E '^Sig(Ign|Blk)' /proc/self/status > signals.txt; yes | head -1 > /dev/null"
+    direct = tmp_path / "direct"
+    direct.mkdir()
+    subprocess.run(["bash", "-c", script], cwd=direct, check=True, timeout=60)
+    expected = (direct / "signals.txt").read_text()
+    assert expected.startswith("SigBlk:\t") and "\nSigIgn:\t" in expected, expected
+    # SIGPIPE (13) and SIGXFSZ (25) are not in the mask a shell gives
+    assert not int(expected.split("SigIgn:\t")[1], 16) & (1 << 12 | 1 << 24), expected
+    tried = tmp_path / "tried"
+    tried.mkdir()
     args = ("--json", "--cache-dir", tmp_path / "cache", "--min-rounds", "1", "--max-rounds", "1")
-    res = _hugify_try(*args, "--compare-files", "signals.txt", "--", "sh", "-c", script, cwd=tmp_path)
+    res = _hugify_try(*args, "--compare-files", "signals.txt", "--", "bash", "-c", script, cwd=tried)
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "signals.txt").read_text() == "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+    assert (tried / "signals.txt").read_text() == expected
 
 
 def test_a_terminated_comparison_leaves_nothing_behind(tmp_path: Path) -> None:
