@@ -921,12 +921,13 @@ static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *
 }
 
 /* A window of a file whose cached pages the process may not see (NEED_UNKNOWN), faulted
- * through the MADV_HUGEPAGE mapping (reading it if it was cold): huge, or small. Small,
- * it is evicted and faulted again only where a window of the same filesystem was seen
- * in a 2 MiB folio already, or where this process read part of it just now, or read
- * from storage while ld.so loaded the object (`fresh`): the process cannot make sure an
- * eviction worked, and where the filesystem gives none
- * a window found cached small would be read again at every start; one that was not
+ * through the MADV_HUGEPAGE mapping (reading it if it was cold): huge, or small. Small
+ * on a memory filesystem (tmpfs without huge pages), it is unsupported, as for any
+ * process. Small elsewhere, it is evicted and faulted again only where a window of the
+ * same filesystem was seen in a 2 MiB folio already, or where this process read part of
+ * it just now, or read from storage while ld.so loaded the object (`fresh`): the process
+ * cannot make sure an eviction worked, and where the filesystem gives none a window
+ * found cached small would be read again at every start; one that was not
  * wholly cached is read again at most once (the next start finds it cached). That is
  * the case of a cold start through the audit library: ld.so's own faults on the
  * object's other loads (its dynamic section, its relocations) read around them before
@@ -945,7 +946,13 @@ static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stat
     else if (huge) {
         set_state(t, st, i, HP_HUGE, HP_WHY_NONE, 0);
         hp_saw_large(c, t);
-    } else if (!hp_known_large(c, t) && !fresh)
+    } else if (file_ready(c, t) == 0 && memory_fs(t))
+        /* Its filesystem's type, which anyone may ask, says it all: nothing to evict or
+         * read again, whatever is cached (all of it, in memory), as repair() says for a
+         * process that sees the cache. `unsupported`, so that root's shared copies and
+         * the anonymous mode take the window over for any user. */
+        set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_MEMORY_FS, 0);
+    else if (!hp_known_large(c, t) && !fresh)
         set_state(t, st, i, HP_SMALL, HP_WHY_NOT_OWNER, 0);
     else if (!t->zap_ok || (t->zap_check && !(t->zap_ok = t->zap_check(), t->zap_check = 0, t->zap_ok)))
         set_state(t, st, i, HP_BUSY, HP_WHY_LOADER, 0);

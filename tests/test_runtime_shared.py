@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify, locked
+from runtime_support import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify, hugify_as_nobody, locked
 from shared_support import (
     ANY_COPY,
     HP,
@@ -137,6 +138,60 @@ def test_a_user_never_writes_a_copy_and_maps_root_s(built: Programs):
                 check=True,
             )
             assert_mapped_from_copies(e, got)
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied$", re.M)
+SETTLED = re.compile(
+    r"^hugify-(?:audit|run): (\S+): (\d+) windows: \d+ huge .*, (\d+) unsupported, (\d+) skipped, ", re.M
+)
+
+
+def test_a_user_s_windows_on_tmpfs_are_unsupported_as_root_s_are(built: Programs):
+    """Another user's process may not see which pages of root's files are cached, but the
+    type of a tmpfs (statfs, which anyone may ask) says its windows can never be evicted
+    and read in again, whatever is cached: the audit library, hugify-run and `hugify
+    prefetch` run as nobody find every window `unsupported` (memory-fs), as root's do,
+    never `skipped` (not-owner). It is the state the shared copies and the anonymous mode
+    take over: left `skipped`, every user's process kept its small file mapping beside
+    root's copies (the test above), and the user's anonymous mode copied nothing. No
+    shared copy is made or mapped here (HUGIFY_SHARED=0)."""
+    base = Path(tempfile_dir())
+    try:
+        with files_on_tmpfs(built, base) as e:
+            files = [os.path.realpath(f) for f in e.progs.files]
+            want = {f: (nwin(Path(f)), nwin(Path(f)), 0) for f in files}
+            audit = subprocess.run(
+                [*AS_NOBODY, str(e.progs.prog), str(e.progs.plug)],
+                capture_output=True,
+                text=True,
+                env=e.env(LD_AUDIT=str(AUDIT_LIB), HUGIFY_DEBUG="1", HUGIFY_SHARED="0"),
+                check=True,
+            )
+            by_run = subprocess.run(
+                [*AS_NOBODY, str(HUGIFY_RUN), str(e.progs.prog), str(e.progs.plug)],
+                capture_output=True,
+                text=True,
+                env=e.env(HUGIFY_DEBUG="1", HUGIFY_AUDIT_LIB=""),
+                check=True,
+            )
+            anonymous = subprocess.run(
+                [*AS_NOBODY, str(HUGIFY_RUN), "--anonymous", str(e.progs.prog), str(e.progs.plug)],
+                capture_output=True,
+                text=True,
+                env=e.env(HUGIFY_DEBUG="1", HUGIFY_SHARED="0"),
+                check=True,
+            )
+            told = hugify_as_nobody("prefetch", "--json", "--runtime-dir", e.run, *e.progs.files)
+        for res, objects in ((audit, files), (by_run, files[:2])):  # hugify-run: DT_NEEDED only
+            got = {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in SETTLED.finditer(res.stderr)}
+            assert got == {f: want[f] for f in objects}, res.stderr
+        copied = {m[1]: (int(m[2]), int(m[3])) for m in COPIED.finditer(anonymous.stderr)}
+        assert copied == {f: want[f][:2] for f in files}, anonymous.stderr  # the anonymous mode takes them
+        assert told.returncode == 4, told.stdout + told.stderr  # nothing can be prefetched
+        reasons = {f["path"]: {w["reason"] for w in f["windows"]} for f in json.loads(told.stdout)["files"]}
+        assert reasons == {str(f): {"memory-fs"} for f in e.progs.files}, told.stdout
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
