@@ -50,6 +50,9 @@ class Plan(TypedDict):
     exposed_read_only: int
     #: Where they lie: section name (or "(bytes outside sections)") -> bytes.
     exposed_sections: dict[str, int]
+    #: The program header table had to grow and nothing after it could make room at
+    #: e_phoff: it lies in a gap between sections, where dwz and eu-strip zero it.
+    phdr_table_displaced: bool
     segments: list[Segment]
     windows: list[WindowRun]
     build_id: str | None

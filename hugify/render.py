@@ -72,6 +72,13 @@ def exposure_text(plan: _core.Plan, limit: int) -> str:
     return f", {human(plan['exposed_read_only'])} made executable that was not: {where} (exposure_limit {human(limit)})"
 
 
+def displaced_text(plan: _core.Plan) -> str:
+    """A warning when a plan's program header table leaves e_phoff, or ""."""
+    if not plan.get("phdr_table_displaced"):
+        return ""
+    return "; program headers moved off e_phoff into a gap between sections (dwz and eu-strip would zero them)"
+
+
 def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chosen: str | None, limit: int) -> str:
     mark = "  <- chosen" if name == chosen else ""
     if plan["ok"] is False:
@@ -80,7 +87,7 @@ def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chose
     shared = exposure_text(plan, limit)
     return (
         f"    {name:<6} dv={plan['dv']:#x} df={plan['df']:#x} growth {human(plan['growth'])}, "
-        f"code on huge pages {cover:.1f}%{shared}{mark}"
+        f"code on huge pages {cover:.1f}%{shared}{displaced_text(plan)}{mark}"
     )
 
 
@@ -120,5 +127,5 @@ def transform_line(path: str, r: Rewritten) -> str:
     return (
         f"{path}: transformed ({res['mode']}): dv={res['dv']:#x} df={res['df']:#x}, "
         f"growth {human(res['growth'])}, code on huge pages {cover:.1f}%"
-        f"{exposure_text(res, r['exposure_limit'])}{note}"
+        f"{exposure_text(res, r['exposure_limit'])}{displaced_text(res)}{note}"
     )

@@ -336,6 +336,7 @@ def sections(path: Path) -> dict[str, dict[str, int]]:
                 "size": s["sh_size"],
                 "flags": s["sh_flags"],
                 "type": s["sh_type"],
+                "addralign": s["sh_addralign"],
             }
         return out
 

@@ -172,8 +172,9 @@ class Layout:
 
 
 GNU_LD = Layout("gnu-ld")
-#: The layouts of lld (clang -fuse-ld=lld), whose rodata-first shift moves the program
-#: header table out of the first page, into the load that stays (issue 32): the shift of
+#: The layouts of lld (clang -fuse-ld=lld), whose rodata-first shift splits the first
+#: load and grows its program header table (issue 32; at e_phoff since the metadata
+#: after it moves, tests/test_dwz_lld.py): the shift of
 #: its default layout and of --no-rosegment; the alignment-only mode, whose executable
 #: load does not start on a window boundary (its first partial window stays in small
 #: pages: whole windows are the 2 MiB-aligned ranges inside the load); and objects linked

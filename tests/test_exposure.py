@@ -227,8 +227,7 @@ def test_the_runtime_maps_the_whole_windows_of_a_load_that_starts_mid_window(tmp
     first window partial: hugify prefetch (the core's windows) and hugify-run (the C
     runtime's own reader of the program headers) load exactly its whole window as a
     2 MiB folio, which the program maps with a PMD. (The audit library is left out:
-    object_phdrs reads a loaded object's program headers only from its first page,
-    and a rodata-first shift moves the table past it.)"""
+    tests/test_runtime_lld.py covers it.)"""
     build_runtime()
     (tmp_path / "lib.c").write_text(_functions("lib", 150, 16384) + TABLE_C)  # 2.4 MiB of code
     (tmp_path / "table.bin").write_bytes(_table())

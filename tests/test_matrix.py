@@ -109,16 +109,23 @@ def _headers(path: Path) -> tuple[dict[str, int], list[Any]]:
 
 
 @pytest.mark.parametrize("recipe", RODATA_FIRST, ids=lambda r: r.name)
-def test_relocated_program_headers_reach_the_program(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """lld's first segment splits and its program header table moves: the kernel's
-    AT_PHDR points at the relocated table (and AT_PHNUM counts its headers), and ld.so
-    run as a program, which maps the file by e_phoff itself, runs it the same."""
+def test_grown_program_headers_reach_the_program(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """lld's first segment splits and its program header table gets one header more
+    where the split adds a load: it grows where it was, at e_phoff in front of every section (dwz and eu-strip zero a
+    table in a gap between sections: tests/test_dwz_lld.py), and the loader metadata
+    after it moves behind what stays. The kernel's AT_PHDR points at it (and AT_PHNUM
+    counts its headers), and ld.so run as a program, which maps the file by e_phoff
+    itself, runs it the same."""
     case = case_for(recipe, tmp_path_factory)
     prog = case.new / "prog"
     ehdr, segments = _headers(prog)
     old_ehdr, old_segments = _headers(case.orig / "prog")
     (phdr,) = [s for s in segments if s["p_type"] == "PT_PHDR"]
-    assert phdr["p_offset"] == ehdr["e_phoff"] != old_ehdr["e_phoff"]
+    assert phdr["p_offset"] == ehdr["e_phoff"] == old_ehdr["e_phoff"]
+    # One header more for each load more (the split's), all in the table's own bytes.
+    loads = [sum(s["p_type"] == "PT_LOAD" for s in segs) for segs in (old_segments, segments)]
+    assert ehdr["e_phnum"] - old_ehdr["e_phnum"] == loads[1] - loads[0] >= 0
+    assert phdr["p_filesz"] == ehdr["e_phnum"] * 56
     res = subprocess.run([prog], env={"LD_SHOW_AUXV": "1"}, capture_output=True, text=True, check=True)
     auxv = dict(line.split(":", 1) for line in res.stdout.splitlines() if line.startswith("AT_"))
     base = int(auxv["AT_ENTRY"], 16) - ehdr["e_entry"]
@@ -172,16 +179,44 @@ def test_transformation_is_deterministic(case: Case, tmp_path: Path) -> None:
         assert (tmp_path / name).read_bytes() == (case.new / name).read_bytes()
 
 
+#: Section types of the loader metadata that may make room for a grown program header
+#: table (besides .interp), as the ELF gABI and GNU extensions name them.
+METADATA_TYPES = {
+    "SHT_NOTE",
+    "SHT_HASH",
+    "SHT_GNU_HASH",
+    "SHT_DYNSYM",
+    "SHT_STRTAB",
+    "SHT_GNU_verdef",
+    "SHT_GNU_verneed",
+    "SHT_GNU_versym",
+    "SHT_REL",
+    "SHT_RELA",
+    "SHT_RELR",
+}
+
+
 class Moves:
     """The address map as seen through pyelftools: dv is how far .text moved, and
-    everything from the lowest moved section address to the end of the image moved."""
+    everything from the lowest section moved by dv to the end of the image moved. Where
+    the first load splits, the loader metadata right after the program header table may
+    move by a delta of its own, behind the metadata that stays (`relocated`), so that
+    the grown table stays at e_phoff."""
 
     def __init__(self, old: Path, new: Path) -> None:
         self.old_secs, self.new_secs = sections(old), sections(new)
         self.dv = self.new_secs[".text"]["addr"] - self.old_secs[".text"]["addr"]
         alloc = [k for k, s in self.old_secs.items() if s["flags"] & 2 and s["size"] and k in self.new_secs]
-        moved = [self.old_secs[k]["addr"] for k in alloc if self.new_secs[k]["addr"] != self.old_secs[k]["addr"]]
+        delta = {k: self.new_secs[k]["addr"] - self.old_secs[k]["addr"] for k in alloc}
+        moved = [self.old_secs[k]["addr"] for k in alloc if delta[k] == self.dv and self.dv]
         self.start = min(moved) if moved else None
+        #: (old start, old end, delta) of the sections that moved by another delta.
+        self.relocated = [
+            (self.old_secs[k]["addr"], self.old_secs[k]["addr"] + self.old_secs[k]["size"], delta[k])
+            for k in alloc
+            if delta[k] not in (0, self.dv)
+        ]
+        self.relocated_names = [k for k in alloc if delta[k] not in (0, self.dv)]
         loads = readelf_loads(old)
         self.end = max(seg.vaddr + seg.memsz for seg in loads)
         self.by_index = {s["index"]: self.new_secs[k]["addr"] - s["addr"] for k, s in self.old_secs.items()}
@@ -192,6 +227,9 @@ class Moves:
         ]
 
     def f(self, a: int) -> int:
+        for lo, hi, d in self.relocated:
+            if lo <= a < hi:
+                return a + d
         return a + self.dv if self.start is not None and self.start <= a <= self.end else a
 
 
@@ -206,6 +244,29 @@ def test_sections_move_as_one_block(case: Case) -> None:
             assert section_bytes(case.new / name, code) == section_bytes(case.orig / name, code), (name, code)
         for data in (".rodata", ".eh_frame", ".eh_frame_hdr", ".gcc_except_table"):
             assert section_bytes(case.new / name, data) == section_bytes(case.orig / name, data), (name, data)
+        if not m.relocated:
+            continue
+        # Metadata that made room for a grown table: one block, loader metadata only,
+        # below the split point, behind every section that stayed, inside the first
+        # load, each keeping its alignment; the table grew where it was.
+        (new_ehdr, _), (old_ehdr, _) = _headers(case.new / name), _headers(case.orig / name)
+        assert new_ehdr["e_phoff"] == old_ehdr["e_phoff"] and new_ehdr["e_phnum"] > old_ehdr["e_phnum"], name
+        assert len({d for _, _, d in m.relocated}) == 1, (name, m.relocated)
+        for k in m.relocated_names:
+            o, n = m.old_secs[k], m.new_secs[k]
+            assert o["type"] in METADATA_TYPES or k == ".interp", (name, k)
+            assert m.start is not None and o["addr"] < m.start, (name, k)
+            assert (n["addr"] - o["addr"]) % max(o["addralign"], 1) == 0, (name, k)
+            stayed = [
+                s
+                for j, s in m.old_secs.items()
+                if s["flags"] & 2 and s["size"] and s["addr"] < m.start and m.new_secs[j]["addr"] == s["addr"]
+            ]
+            assert all(n["addr"] >= s["addr"] + s["size"] for s in stayed), (name, k)
+            first = readelf_loads(case.new / name)[0]
+            assert first.vaddr <= n["addr"] and n["addr"] + n["size"] <= first.vaddr + first.memsz, (name, k)
+            if o["type"] in ("SHT_NOTE", "SHT_PROGBITS") and k != ".note.gnu.build-id":
+                assert section_bytes(case.new / name, k) == section_bytes(case.orig / name, k), (name, k)
 
 
 def test_symbols_move_with_their_sections(case: Case) -> None:

@@ -1,5 +1,7 @@
 """The runtime sees lld's hugified objects too. lld's rodata-first
-shift moves the program header table out of the first page, into the load that stays;
+shift used to move the program header table out of the first page, into the load that
+stays (now it grows at e_phoff: tests/test_dwz_lld.py; a table nothing after it makes
+room for still moves);
 the audit library read the table only from the first 4 KiB of an object and so did
 nothing for such a library: no MADV_HUGEPAGE, no repair, no anonymous copy, loaded by
 DT_NEEDED or by dlopen. Now it reads the table wherever it lies inside the object's first

@@ -111,6 +111,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<B
                 sections.set_item(name, bytes)?;
             }
             d.set_item("exposed_sections", sections)?;
+            d.set_item("phdr_table_displaced", s.phdr_table_displaced)?;
             d.set_item("segments", segments(py, &s.phdrs)?)?;
             d.set_item("windows", windows(py, &s.windows)?)?;
             d.set_item("build_id", s.build_id.as_deref().map(hex))?;

@@ -118,7 +118,7 @@ pub fn assemble(
             shdrs.push(n);
             continue;
         }
-        if an.section_moves[s.index] {
+        if an.section_moves[s.index] || (s.is_alloc() && plan.map.relocated.holds(s.sh_addr)) {
             n.sh_addr = plan.map.map(s.sh_addr);
         }
         n.sh_offset = match new_offset[s.index] {
@@ -148,7 +148,7 @@ pub fn assemble(
     let table: Vec<u8> = shdrs.iter().flat_map(|s| class.encode_shdr(s)).collect();
     pieces.push(Piece { dst: shoff, len: table.len() as u64, src: Source::Owned(table) });
 
-    // Program headers: in place when the count is unchanged, else the relocated table.
+    // Program headers: patched in place when the count is unchanged, else written whole.
     let phdr_bytes: Vec<u8> = plan.phdrs.iter().flat_map(|p| class.encode_phdr(p)).collect();
     match plan.phdr_table {
         Some((off, _)) => pieces.push(Piece { dst: off, len: phdr_bytes.len() as u64, src: Source::Owned(phdr_bytes) }),
@@ -237,23 +237,54 @@ mod tests {
         assert_eq!(t.output.size, out.len() as u64);
     }
 
+    /// The grown table is where it was, at e_phoff in front of every section, and the
+    /// metadata that made room for it (the build-id note and .dynsym of the test file)
+    /// lies behind what stays with its bytes, its headers and .dynamic's pointer.
+    fn assert_table_grew_in_place(old: &Elf, new: &Elf, stays_until: &str) {
+        assert_eq!((new.ehdr.e_phoff, new.ehdr.phnum), (old.ehdr.e_phoff, old.ehdr.phnum + 1));
+        let table_end = new.ehdr.e_phoff + new.ehdr.phnum * 56;
+        let first = *new.loads().next().unwrap();
+        assert_eq!(first.p_flags, PF_R);
+        let in_first: Vec<&Shdr> = new.shdrs.iter().filter(|s| s.is_alloc() && s.fend() <= first.fend()).collect();
+        assert!(in_first.iter().all(|s| s.sh_offset >= table_end), "{in_first:x?}");
+        let last_staying = old.section(stays_until).unwrap();
+        for name in [crate::testelf::NOTE, ".dynsym"] {
+            let (o, n) = (old.section(name).unwrap(), new.section(name).unwrap());
+            assert!(n.sh_offset >= last_staying.fend() && n.fend() <= first.fend(), "{name}");
+            assert_eq!(n.sh_addr - n.sh_offset, first.p_vaddr - first.p_offset, "{name}");
+            assert_eq!((n.sh_offset - o.sh_offset) % o.sh_addralign, 0, "{name}");
+            if name == ".dynsym" {
+                // Its symbols (whose values the repair moves) are read from there.
+                let names = |e: &Elf, s: &Shdr| -> Vec<String> {
+                    e.symbols(s).unwrap().iter().map(|(_, y)| e.symbol_name(s, y).unwrap_or("").to_owned()).collect()
+                };
+                assert_eq!((n.sh_size, names(new, n)), (o.sh_size, names(old, o)));
+                let symtab = new.dynamic().unwrap().iter().find(|(_, d)| d.tag == DT_SYMTAB).unwrap().1.val;
+                assert_eq!(symtab, n.sh_addr);
+            }
+        }
+        let note = new.phdrs.iter().find(|p| p.p_type == PT_NOTE).unwrap();
+        let n = new.section(crate::testelf::NOTE).unwrap();
+        assert_eq!((note.p_offset, note.p_vaddr, note.p_filesz), (n.sh_offset, n.sh_addr, n.sh_size));
+        assert_eq!(crate::elf::notes::build_id(new).unwrap().map(|b| b.1.len()), Some(20));
+        // What did not need to move stays, bytes and all.
+        let (o, n) = (old.section(".dynstr").unwrap(), new.section(".dynstr").unwrap());
+        assert_eq!((n.sh_offset, n.sh_addr, new.section_data(n)), (o.sh_offset, o.sh_addr, old.section_data(o)));
+    }
+
     #[test]
-    fn a_split_first_load_gets_a_relocated_header_table() {
-        let (built, _, out) = run(&Dso::new(Arrangement::TextInFirst, 0x3000), ModeChoice::Shift, HP);
+    fn a_split_first_load_grows_its_header_table_in_place() {
+        let (built, mut t, out) = run(&Dso::new(Arrangement::TextInFirst, 0x3000), ModeChoice::Shift, HP);
+        crate::verify(&built.data, &out, &mut t).unwrap();
         let (old, new) = (Elf::parse(&built.data).unwrap(), Elf::parse(&out).unwrap());
-        assert_eq!(new.ehdr.phnum, old.ehdr.phnum + 1);
-        assert_ne!(new.ehdr.e_phoff, old.ehdr.e_phoff);
         let loads: Vec<&Phdr> = new.loads().collect();
         assert_eq!(loads.iter().map(|l| l.p_flags).collect::<Vec<_>>(), [PF_R, PF_R | PF_X, PF_R | PF_W]);
-        // The metadata load keeps only what stays and now also holds the new table.
-        let table_end = new.ehdr.e_phoff + new.ehdr.phnum * 56;
-        assert_eq!((loads[0].p_offset, loads[0].fend()), (0, table_end));
-        assert!(table_end <= built.addr(".text") + 56 * 8);
+        assert_table_grew_in_place(&old, &new, ".rela.dyn");
         assert_eq!(&out[..64][..16], &built.data[..16]);
     }
 
     #[test]
-    fn a_rodata_first_shift_keeps_the_read_only_data_and_relocates_the_table() {
+    fn a_rodata_first_shift_keeps_the_read_only_data_and_grows_the_table_in_place() {
         // The code's first window fits in the page gap below the code: no data shares it.
         for code in [0x1ff000, 0x5ff000] {
             let (built, mut t, out) = run(&Dso::new(Arrangement::RodataFirst, code), ModeChoice::Shift, HP);
@@ -266,9 +297,7 @@ mod tests {
                 assert_eq!((n.sh_addr, new.section_data(n)), (o.sh_addr + dv, old.section_data(o)), "{name}");
             }
             assert_eq!(t.summary().covered_code, code);
-            // The header table moved into what stays, where .rodata was.
-            assert_eq!(new.ehdr.e_phoff, align_up(old.section(".rodata").unwrap().sh_offset, 8));
-            assert_eq!(new.loads().next().unwrap().fend(), new.ehdr.e_phoff + new.ehdr.phnum * 56);
+            assert_table_grew_in_place(&old, &new, ".rela.dyn");
         }
     }
 

@@ -39,7 +39,7 @@ pub fn dwarf(data: &[u8]) {
     }
     let file = elf_with(&sections);
     if let Ok(elf) = Elf::parse(&file) {
-        let _ = crate::dwarf::repair(&elf, &AddrMap { start: 0x1000, end: 1 << 40, dv: 2 << 20 });
+        let _ = crate::dwarf::repair(&elf, &AddrMap::shift(0x1000, 1 << 40, 2 << 20));
     }
 }
 

@@ -97,6 +97,10 @@ pub struct PlanSummary {
     /// Where those bytes lie: section names (or a description of bytes outside
     /// sections) with their bytes.
     pub exposed_sections: Vec<(String, u64)>,
+    /// Whether the program header table, which must grow, leaves e_phoff for a gap
+    /// between sections behind what stays ([`plan::Plan::phdr_table_displaced`]):
+    /// elfutils-based tools run after hugify (dwz, eu-strip) zero it there.
+    pub phdr_table_displaced: bool,
     /// The whole huge-page windows after the rewrite.
     pub windows: Vec<WindowRun>,
     /// The program headers after the rewrite.
@@ -201,6 +205,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
             covered_code: plan.covered_code,
             exposed: plan.exposed,
             exposed_sections: plan.exposed_sections.clone(),
+            phdr_table_displaced: plan.phdr_table_displaced,
             windows: huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page),
             phdrs: plan.phdrs.clone(),
             build_id: build_id.clone().map(|mut id| {

@@ -214,7 +214,7 @@ mod tests {
     use super::*;
     use crate::patch::{Move, Patch};
 
-    const NO_MAP: AddrMap = AddrMap { start: 0, end: 0, dv: 0 };
+    const NO_MAP: AddrMap = AddrMap::shift(0, 0, 0);
 
     #[test]
     fn edits_become_owned_blocks_and_holes_stay_zero() {
@@ -225,7 +225,7 @@ mod tests {
             Piece { dst: 200_000, len: 8, src: Source::Trap(&[0xcc]) },
         ];
         let patches = vec![Patch::new(10, &[0xaa]), Patch::new(1000 + 70_000, &[1, 2, 3, 4])];
-        let map = AddrMap { start: 1, end: u64::MAX, dv: 0x100 };
+        let map = AddrMap::shift(1, u64::MAX, 0x100);
         let moves = vec![Move::new(1000 + 140_000, 8)];
         let out = Output::new(pieces, Sorted { patches, moves }, map).unwrap();
         let v = out.to_vec(&input);

@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_move_rewrites_its_field_under_the_map() {
-        let map = AddrMap { start: 0x1000, end: 0x2000, dv: 0x10_0000 };
+        let map = AddrMap::shift(0x1000, 0x2000, 0x10_0000);
         let mut buf = [0u8; 16];
         buf[4..12].copy_from_slice(&0x1800u64.to_le_bytes());
         Move::new(0x104, 8).apply(&mut buf, 0x100, &map);

@@ -20,7 +20,7 @@ use crate::elf::{align_down, align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::exposure::OUTSIDE_SECTIONS;
 use crate::hazards;
-use crate::layout::{Analysis, FileKind, LoadPlace};
+use crate::layout::{is_loader_metadata, Analysis, FileKind, LoadPlace};
 use crate::windows::{covered, huge_placed, huge_windows};
 
 /// Which transformation a plan performs.
@@ -42,9 +42,10 @@ impl Mode {
     }
 }
 
-/// The address map `f(a) = a + dv` for `start <= a <= end`, identity elsewhere.
+/// The address map `f(a) = a + dv` for `start <= a <= end`, identity elsewhere, and
+/// the loader's notes relocated inside what stays ([`Relocated`]).
 /// The upper bound is inclusive so one-past-the-end values (`_end`, range ends) move.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct AddrMap {
     /// First address that moves.
     pub start: u64,
@@ -52,19 +53,49 @@ pub struct AddrMap {
     pub end: u64,
     /// The virtual displacement.
     pub dv: u64,
+    /// Sections that stay in front of the split point but move within it.
+    pub relocated: Relocated,
+}
+
+/// Sections right after the program header table (`.interp`, the notes) that a shift
+/// moves behind the last section that stays, so that a table that grows keeps its
+/// place at `e_phoff`: the tools that rewrite files through elfutils' libelf (dwz,
+/// eu-strip) write only what sections cover and the table the ELF header points at,
+/// and zero a table that lies in a gap between sections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Relocated {
+    /// First address of the relocated sections.
+    pub from: u64,
+    /// One past their last address (exclusive: the section after them stays).
+    pub to: u64,
+    /// Their displacement, in addresses and in file offsets alike (both grow).
+    pub delta: u64,
+}
+
+impl Relocated {
+    /// Whether `a` lies in the relocated range.
+    pub fn holds(&self, a: u64) -> bool {
+        a >= self.from && a < self.to
+    }
 }
 
 impl AddrMap {
+    /// The map of a shift by `dv` of `start..=end`, nothing relocated.
+    pub const fn shift(start: u64, end: u64, dv: u64) -> AddrMap {
+        AddrMap { start, end, dv, relocated: Relocated { from: 0, to: 0, delta: 0 } }
+    }
     /// Whether `a` lies in the moved range.
     pub fn moves(&self, a: u64) -> bool {
-        self.dv != 0 && a >= self.start && a <= self.end
+        self.dv != 0 && ((a >= self.start && a <= self.end) || self.relocated.holds(a))
     }
     /// The new value of address `a`.
     pub fn map(&self, a: u64) -> u64 {
-        if self.moves(a) {
-            a + self.dv
-        } else {
+        if !self.moves(a) {
             a
+        } else if self.relocated.holds(a) {
+            a + self.relocated.delta
+        } else {
+            a + self.dv
         }
     }
 }
@@ -95,8 +126,12 @@ pub struct Plan {
     pub copies: Vec<Placement>,
     /// Output ranges filled with trap instructions.
     pub traps: Vec<(u64, u64)>,
-    /// Output offset and address of a relocated program header table, if any.
+    /// Output offset and address of a program header table that grows, if any.
     pub phdr_table: Option<(u64, u64)>,
+    /// Whether that table had to leave e_phoff for the end of what stays, in a gap
+    /// between sections, where libelf-based tools (dwz, eu-strip) zero it: nothing
+    /// after it could make room ([`table_room`]).
+    pub phdr_table_displaced: bool,
     /// Output offset where the non-loaded tail (sections, section headers) begins.
     pub tail_start: u64,
     /// File displacement of the code.
@@ -400,8 +435,10 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
         + 1
         + (an.exec + 1..an.loads.len()).count();
 
-    // What stays: the prefix of the file, plus a relocated program header table when
-    // the first moved segment is split and its header table needs room for more headers.
+    // What stays: the prefix of the file and the program header table. When the first
+    // moved segment is split, the table gets the new load's header: it grows at
+    // e_phoff where the sections after it can make room ([`table_room`]), else it
+    // moves behind what stays ([`Plan::phdr_table_displaced`]).
     let phdr_size = elf.class.phdr_size();
     let table_size = (elf.phdrs.len() - an.loads.len() + new_load_count) as u64 * phdr_size;
     let first = an.loads[first_moved];
@@ -409,12 +446,37 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
     let mut stay_fend = start_src;
     let mut stay_vend = an.loads[..first_moved].iter().map(Phdr::vend).max().unwrap_or(0);
     let mut phdr_table = None;
+    let mut relocated = Relocated::default();
+    let mut copies = vec![Placement { src: 0, len: start_src, dst: 0 }];
+    let mut phdr_table_displaced = false;
     if split {
-        let off = align_up(start_src, elf.class.word());
-        let vaddr = off - first.p_offset + first.p_vaddr;
-        phdr_table = Some((off, vaddr));
-        stay_fend = off + table_size;
-        stay_vend = vaddr + table_size;
+        let vaddr_of = |off: u64| off - first.p_offset + first.p_vaddr;
+        stay_vend = stay_vend.max(vaddr_of(start_src));
+        let phoff = elf.ehdr.e_phoff;
+        let grows = table_size > elf.phdrs.len() as u64 * phdr_size;
+        match table_room(elf, &first, start_src, table_size) {
+            Some(room) if grows => {
+                phdr_table = Some((phoff, vaddr_of(phoff)));
+                let mut rest = phoff + table_size;
+                copies = vec![Placement { src: 0, len: phoff, dst: 0 }];
+                if let Some((r, block)) = room {
+                    relocated = r;
+                    copies.push(block);
+                    rest = rest.max(block.src + block.len);
+                    stay_fend = block.dst + block.len;
+                    stay_vend = stay_vend.max(vaddr_of(stay_fend));
+                }
+                copies.push(Placement { src: rest, len: start_src.saturating_sub(rest), dst: rest });
+            }
+            Some(_) => {}
+            None => {
+                phdr_table_displaced = true;
+                let off = align_up(start_src, elf.class.word());
+                phdr_table = Some((off, vaddr_of(off)));
+                stay_fend = off + table_size;
+                stay_vend = vaddr_of(off) + table_size;
+            }
+        }
     }
 
     // dv: congruent to dv0 and a multiple of `align`; the smallest such dv whose lowest
@@ -437,7 +499,6 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
     let df = code_dst - code_src;
     let code_len = code_end - code_start;
 
-    let mut copies = vec![Placement { src: 0, len: start_src, dst: 0 }];
     for l in &an.loads[leading.clone()] {
         let from = l.p_vaddr.max(start);
         copies.push(Placement { src: l.p_offset + (from - l.p_vaddr), len: l.vend() - from, dst: out_off(from) });
@@ -446,15 +507,14 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
     let window_file_end = file_start + (window_end - window_start);
     let traps = gaps(&copies, file_start, window_file_end);
     let mut cursor = window_file_end;
-    let map = AddrMap { start, end: an.image_end, dv };
+    let map = AddrMap { start, end: an.image_end, dv, relocated };
 
     let mut new_loads = Vec::new();
     for (i, l) in an.loads.iter().enumerate() {
         match an.places[i] {
             LoadPlace::Stays => new_loads.push(*l),
             LoadPlace::Split => {
-                let (table_off, _) = phdr_table.expect("split loads relocate the header table");
-                let filesz = table_off + table_size - l.p_offset;
+                let filesz = stay_fend - l.p_offset;
                 let memsz = stay_vend - l.p_vaddr;
                 new_loads.push(Phdr { p_flags: PF_R, p_filesz: filesz, p_memsz: memsz, ..*l });
             }
@@ -500,6 +560,7 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
         copies,
         traps,
         phdr_table,
+        phdr_table_displaced,
         tail_start: cursor,
         df,
         covered_code: 0,
@@ -508,6 +569,79 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
     };
     plan.covered_code = covered_code(elf, an, &plan);
     Ok(plan)
+}
+
+/// Room for a program header table of `table_size` bytes at e_phoff, in the load
+/// `first` whose bytes from `start_src` on move. The sections that follow the table
+/// are loader metadata (`.interp`, notes, hash and symbol tables, version tables,
+/// dynamic relocations: [`is_loader_metadata`]): only program headers, section
+/// headers and `.dynamic` pointers (and symbols, DWARF and relocations, which all
+/// follow the address map) refer to them; code that refers to them pc-relatively
+/// already refuses the shift ([`crate::hazards`]). As few of them as make room move
+/// behind what stays, together, each keeping its alignment. `Some(None)`: the table
+/// fits without moving anything; `Some(Some(..))`: it fits once those sections move
+/// (their address range and the placement of their bytes); `None`: it does not fit.
+fn table_room(elf: &Elf, first: &Phdr, start_src: u64, table_size: u64) -> Option<Option<(Relocated, Placement)>> {
+    let phoff = elf.ehdr.e_phoff;
+    let old_end = phoff + elf.phdrs.len() as u64 * elf.class.phdr_size();
+    let new_end = phoff + table_size;
+    if phoff < first.p_offset || old_end > start_src || new_end > start_src {
+        return None;
+    }
+    let movable =
+        |s: &Shdr| is_loader_metadata(s) && s.sh_flags & (SHF_WRITE | SHF_EXECINSTR) == 0 && s.sh_type != SHT_NOBITS;
+    let mut after: Vec<&Shdr> =
+        elf.shdrs[1..].iter().filter(|s| s.is_alloc() && s.sh_offset >= old_end && s.sh_offset < start_src).collect();
+    after.sort_by_key(|s| (s.sh_offset, s.index));
+    if after.first().is_none_or(|s| s.sh_offset >= new_end) {
+        return Some(None);
+    }
+    // A header other than a load describing the last section taken and the next one
+    // (one PT_NOTE over several notes) takes both.
+    let shares_header = |a: &Shdr, b: &Shdr| {
+        elf.phdrs.iter().filter(|p| p.p_type != PT_LOAD && p.p_type != PT_PHDR && p.p_filesz > 0).any(|p| {
+            let covers = |s: &Shdr| s.sh_offset >= p.p_offset && s.sh_offset < p.p_offset + p.p_filesz;
+            covers(a) && covers(b)
+        })
+    };
+    let mut taken: Vec<&Shdr> = Vec::new();
+    for s in after {
+        if s.sh_offset >= new_end && taken.last().is_none_or(|t| !shares_header(t, s)) {
+            break;
+        }
+        if !movable(s) {
+            return None;
+        }
+        taken.push(s);
+    }
+    let head = taken.first()?;
+    let (from_off, to_off) = (head.sh_offset, taken.iter().map(|s| s.fend()).max().unwrap_or(head.sh_offset));
+    // Within one load an address is its offset plus a constant; the sections keep it.
+    let bias = first.p_vaddr.wrapping_sub(first.p_offset);
+    if taken.iter().any(|s| s.sh_addr != s.sh_offset.wrapping_add(bias)) {
+        return None;
+    }
+    // Every other header describing bytes there must describe only those bytes.
+    let mut align = taken.iter().map(|s| s.sh_addralign.max(1)).max().unwrap_or(1);
+    for p in elf.phdrs.iter().filter(|p| p.p_type != PT_LOAD && p.p_type != PT_PHDR && p.p_filesz > 0) {
+        let (a, b) = (p.p_offset, p.p_offset + p.p_filesz);
+        if a < to_off && b > from_off {
+            if a < from_off || b > to_off {
+                return None;
+            }
+            align = align.max(p.p_align.max(1));
+        }
+    }
+    if !align.is_power_of_two() || align > first.p_align.max(1) {
+        return None;
+    }
+    let dst = from_off + align_up(start_src - from_off, align);
+    let delta = dst - from_off;
+    let from = from_off.wrapping_add(bias);
+    Some(Some((
+        Relocated { from, to: from + (to_off - from_off), delta },
+        Placement { src: from_off, len: to_off - from_off, dst },
+    )))
 }
 
 /// The ranges of `[from, to)` that no copy fills, in order.
@@ -586,7 +720,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
             ..*l
         });
     }
-    let map = AddrMap { start: 0, end: 0, dv: 0 };
+    let map = AddrMap::default();
     let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, None, hp)?;
     let mut plan = Plan {
         mode: Mode::Align,
@@ -596,6 +730,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
         copies,
         traps,
         phdr_table: None,
+        phdr_table_displaced: false,
         tail_start: cursor,
         df: d,
         covered_code: 0,
@@ -880,6 +1015,47 @@ mod tests {
         // A byte less allowed: the plan that exposes nothing.
         let tight = plans_with(&dso, HP, p.exposed - 1).1.shift.unwrap();
         assert_eq!((tight.exposed, tight.covered_code), (0, HP));
+    }
+
+    #[test]
+    fn the_address_map_moves_relocated_metadata_by_its_own_delta() {
+        let map = AddrMap {
+            relocated: Relocated { from: 0x2a8, to: 0x300, delta: 0x14658 },
+            ..AddrMap::shift(0x1000, 0x9000, 0x20_0000)
+        };
+        assert_eq!((map.map(0x2a8), map.map(0x2ff), map.map(0x300)), (0x14900, 0x14957, 0x300));
+        assert_eq!((map.map(0x1000), map.map(0x9000), map.map(0x9001)), (0x20_1000, 0x20_9000, 0x9001));
+        assert!(map.moves(0x2c4) && !map.moves(0x2a7));
+        // No shift, nothing moves (alignment-only plans).
+        let none = AddrMap { dv: 0, ..map };
+        assert!(!none.moves(0x2c4) && none.map(0x2c4) == 0x2c4);
+    }
+
+    #[test]
+    fn a_table_without_room_after_it_is_displaced_and_says_so() {
+        let dso = Dso::new(Arrangement::TextInFirst, 0x3000);
+        let grown = |data: &[u8]| {
+            let elf = Elf::parse(data).unwrap();
+            let an = analyse(&elf).unwrap();
+            candidates(&elf, &an, HP, 0).shift.unwrap()
+        };
+        let mut data = dso.build().data;
+        let p = grown(&data);
+        assert_eq!((p.phdr_table, p.phdr_table_displaced), (Some((64, 64)), false));
+        assert!(p.map.relocated.delta > 0);
+        // The note that made room, made a section that is no loader metadata, is where
+        // the shift starts: nothing between the table and the split point can make room,
+        // so the table goes behind what stays (here right after its old self), flagged.
+        let elf = Elf::parse(&data).unwrap();
+        let note = elf.section(crate::testelf::NOTE).unwrap();
+        let at = (elf.ehdr.e_shoff + note.index as u64 * 64 + 4) as usize;
+        let old_end = elf.ehdr.e_phoff + 56 * elf.phdrs.len() as u64;
+        drop(elf);
+        data[at..at + 4].copy_from_slice(&SHT_PROGBITS.to_le_bytes());
+        let p = grown(&data);
+        assert!(p.phdr_table_displaced);
+        assert_eq!(p.map.relocated, Relocated::default());
+        assert_eq!(p.phdr_table.unwrap().0, old_end);
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[
         if o.name != n.name || o.sh_type != n.sh_type || o.sh_flags != n.sh_flags {
             return Err(fail(format!("section {} changed identity ({} -> {})", o.index, o.name, n.name)));
         }
-        let want = if an.section_moves[o.index] { plan.map.map(o.sh_addr) } else { o.sh_addr };
+        let moves = an.section_moves[o.index] || (o.is_alloc() && plan.map.relocated.holds(o.sh_addr));
+        let want = if moves { plan.map.map(o.sh_addr) } else { o.sh_addr };
         if n.sh_addr != want {
             return Err(fail(format!("section {} ({}) is at {:#x}, planned {want:#x}", o.index, o.name, n.sh_addr)));
         }

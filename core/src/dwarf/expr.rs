@@ -279,7 +279,7 @@ mod tests {
         Ok((ed.moves_of(SecId(0)).iter().map(|m| (m.off(), m.size())).collect(), constants))
     }
 
-    const MAP: AddrMap = AddrMap { start: 0x1000, end: 0x9000, dv: 0x200000 };
+    const MAP: AddrMap = AddrMap::shift(0x1000, 0x9000, 0x200000);
 
     #[rustfmt::skip]
     #[test]

@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn range_ends_move_with_their_last_byte() {
-        let map = AddrMap { start: 0x2000, end: 0x40_0000, dv: 0x1f_e000 };
+        let map = AddrMap::shift(0x2000, 0x40_0000, 0x1f_e000);
         let end = |value, start| Field { off: 0, width: 8, value, start: Some(start) }.moved(&map);
         let start = |value| Field { off: 0, width: 8, value, start: None }.moved(&map);
         assert_eq!(start(0x2000), 0x2000 + map.dv);
