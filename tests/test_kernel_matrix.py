@@ -35,7 +35,8 @@ shifted, their program headers past the first page, and a plugin as-is that the 
 opens with dlopen), in the THP mode booted, cold and in small folios: where the
 filesystem gives large folios exactly their whole windows are PMD-mapped after prefetch,
 through hugify-run and through the audit library, whose debug line says so per object;
-where it does not, none is, and the anonymous-copy mode copies every window of each.
+where it does not, none is, the anonymous-copy mode copies every window of each, and
+through the shared copies every window is mapped from its object's copy, PMD-mapped.
 The non-PIE program the test package ships as-is (not rewritten: only its whole
 windows can be PMD-mapped, not its whole executable mapping), run the same ways: where
 the filesystem gives large folios, exactly its whole windows (those of its manifest
@@ -625,12 +626,20 @@ def test_a_panicking_guest_shows_its_console_last_lines(trixie_ext4: dict[str, A
 
 # --- lld's objects ------------------------------------------------------------------------
 
-LLD_WAYS = ("lld-prefetch", "lld-hugify-run", "lld-audit", "lld-anonymous")
+LLD_WAYS = ("lld-prefetch", "lld-hugify-run", "lld-audit", "lld-anonymous", "lld-shared")
 #: The audit library's verdict line for one object (runtime/audit.c debug_settled).
 SETTLED = re.compile(r"^hugify-audit: (\S+): (\d+) windows: (\d+) huge .*, (\d+) replaced, (\d+) not-mapped$", re.M)
 
 
 def test_lld_objects_get_their_windows_huge_or_copied(booted: BootResult) -> None:
+    """lld's three objects, every way with HUGIFY_SHARED=0 but lld-shared (as the
+    package's own program's ways): where the filesystem gives large folios exactly their
+    whole windows PMD-mapped, file-backed, and nothing copied; where it does not, none of
+    them file-backed huge, the anonymous mode copying every window, and through the
+    boot service's shared copies every window mapped from its object's copy and
+    PMD-mapped (ShmemPmdMapped). With a copy present the anonymous mode has nothing to
+    do (the window is mapped from the copy before it looks: "not-needed"), so it is
+    measured without the copies, as ways()' anonymous way is."""
     root = build_variant("with").ok().root
     windows = {
         "/" + p: len(window_offsets(readelf_windows(root / p, fixed=False))) for p in (LLD_PROG, LLD_LIB, LLD_PLUGIN)
@@ -655,9 +664,13 @@ def test_lld_objects_get_their_windows_huge_or_copied(booted: BootResult) -> Non
                 if not supported(booted) and anonymous_copies(step)["anon_pmd"] < sum(windows.values()) * HP:
                     wrong.append(f"{at}: {anonymous_copies(step)['anon_pmd'] >> 10} KiB anonymous PMD-mapped")
                 continue
-            want_pmd = {p: n * HP if supported(booted) else 0 for p, n in windows.items()}
+            from_copy = way == "lld-shared" and not supported(booted)
+            want_pmd = {p: n * HP if supported(booted) or from_copy else 0 for p, n in windows.items()}
             if pmd != want_pmd:
                 wrong.append(f"{at}: PMD-mapped {pmd}, not {want_pmd}")
+            shared = {p: step["maps"].get(p, {"shared": -1})["shared"] for p in windows}
+            if shared != {p: n * HP if from_copy else 0 for p, n in windows.items()}:
+                wrong.append(f"{at}: mapped from the shared copies {shared}: {step['debug']}")
             if way != "lld-prefetch":
                 lines = {m[1]: (int(m[2]), int(m[4]), int(m[5])) for m in SETTLED.finditer("\n".join(step["debug"]))}
                 if {p: lines.get(p) for p in windows} != {p: (n, 0, 0) for p, n in windows.items()}:
