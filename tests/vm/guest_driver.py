@@ -33,7 +33,8 @@ preloaded probe, tests/vm/probe.c):
   hugify-run, audit), whose whole windows alone can be PMD-mapped;
 - in the THP mode the guest booted with, cold and small, the lld package's program with
   its library and its dlopen'ed plugin (lld_ways: prefetch, hugify-run, audit,
-  anonymous);
+  anonymous, each with HUGIFY_SHARED=0 as the ways above; shared: through the audit
+  library with the boot service's shared copies);
 - pgpgin (/proc/vmstat, KiB read from disk) for 20 starts of the program each way:
   plainly; through the audit library as root, with the records the boot's service kept, without
   the shared copies and with them;
@@ -198,7 +199,7 @@ def probed(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     reports = [json.loads(line) for line in PROBE_OUT.read_text().splitlines()] if PROBE_OUT.exists() else []
     maps: dict[str, dict[str, int]] = {}
     anon = {"vmas": 0, "size": 0, "pmd": 0}
-    originals = {Path(p).name: p for p in (PROG, LIB, EXEC)}
+    originals = {Path(p).name: p for p in OBJECTS}
     for report in reports:
         for m in report["maps"]:
             if "anon" in m:
@@ -261,14 +262,17 @@ def as_is_ways() -> dict[str, list[dict[str, Any]]]:
 def lld_ways() -> dict[str, list[dict[str, Any]]]:
     """The lld package's program, with its library (DT_NEEDED) and its plugin (dlopen),
     run the ways the program of ways() is (issue 32: lld's hugified objects were invisible
-    to the audit library)."""
+    to the audit library); every way but lld-shared without the shared copies, as in
+    ways(), so that each says what the file-backed way (or the anonymous mode) gives."""
     argv = [LLD_PROG, LLD_PLUGIN]
-    audit = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1"}
+    shared = {"LD_AUDIT": AUDIT_LIB, "HUGIFY_DEBUG": "1"}
+    audit = {**shared, **NO_SHARED}
     return {
         "lld-prefetch": [{"prefetch": True}, {"run": argv}],
-        "lld-hugify-run": [{"run": ["hugify-run", *argv], "env": {"HUGIFY_DEBUG": "1"}}],
+        "lld-hugify-run": [{"run": ["hugify-run", *argv], "env": {"HUGIFY_DEBUG": "1", **NO_SHARED}}],
         "lld-audit": [{"run": argv, "env": audit}],
         "lld-anonymous": [{"run": argv, "env": {**audit, "HUGIFY_ANONYMOUS": "1", "HUGIFY_PERF_MAP": "0"}}],
+        "lld-shared": [{"run": argv, "env": shared}],
     }
 
 
