@@ -38,7 +38,8 @@ MANIFEST_DIR = "usr/lib/hugify/manifest.d"
 #: on a whole 2 MiB window: dh_hugify lists it as-is and leaves it unchanged.
 EXEC = "usr/libexec/hugify-deb-exec"
 #: Package hugify-deb-test-lld, linked by lld: its program and the library it needs are
-#: shifted (the program headers out of the first page), the plugin it can dlopen as-is.
+#: shifted (the program header table grown in place at e_phoff), the plugin it can dlopen
+#: as-is.
 LLD_DIR = "usr/lib/hugify-deb-test-lld"
 LLD_PROG, LLD_LIB, LLD_PLUGIN = (
     f"{LLD_DIR}/{n}" for n in ("hugify-deb-test-lld", "libhugdebtest-lld.so", "hugtest-lld-plugin.so")

@@ -31,7 +31,7 @@ sysfs), cold and with the files cached in small folios:
   khugepaged makes a held program's code huge exactly where and when it collapses
   file-backed code.
 lld's objects (package hugify-deb-test-lld: a program and its library
-shifted, their program headers past the first page, and a plugin as-is that the program
+shifted, their program header table grown in place, and a plugin as-is that the program
 opens with dlopen), in the THP mode booted, cold and in small folios: where the
 filesystem gives large folios exactly their whole windows are PMD-mapped after prefetch,
 through hugify-run and through the audit library, whose debug line says so per object;

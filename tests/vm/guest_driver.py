@@ -81,7 +81,7 @@ LIB = "/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"
 #: The non-PIE program (ET_EXEC) that dh_hugify listed as-is, without a rewrite.
 EXEC = "/usr/libexec/hugify-deb-exec"
 #: Package hugify-deb-test-lld, linked by lld: program and library shifted (their program
-#: headers past the first page), the plugin the program opens with dlopen as-is.
+#: header table grown in place at e_phoff), the plugin the program opens with dlopen as-is.
 LLD_DIR = "/usr/lib/hugify-deb-test-lld"
 LLD_PROG, LLD_LIB, LLD_PLUGIN = (
     f"{LLD_DIR}/{n}" for n in ("hugify-deb-test-lld", "libhugdebtest-lld.so", "hugtest-lld-plugin.so")

@@ -1,6 +1,6 @@
 /* hugify debhelper test: the same kind of program linked by lld (clang -fuse-ld=lld),
- * whose hugified output has its program headers outside the first page: it calls its
- * generated code, its library (DT_NEEDED, found through RUNPATH $ORIGIN) and, given a
+ * whose hugified output has its program header table grown in place at e_phoff: it calls
+ * its generated code, its library (DT_NEEDED, found through RUNPATH $ORIGIN) and, given a
  * path, a plugin it opens with dlopen. */
 #include <dlfcn.h>
 #include <stdio.h>
