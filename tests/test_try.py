@@ -116,10 +116,14 @@ def _functions(prefix: str, count: int) -> str:
 
 
 def _hugify_try(
-    *args: str | Path, cwd: Path, user: str | None = None, env: dict[str, str] | None = None
+    *args: str | Path,
+    cwd: Path,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+    launcher: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """`hugify try` of this checkout, started in `cwd` (as `user`, through setpriv and
-    the system's python3, when given)."""
+    the system's python3, when given; through `launcher`, e.g. nohup, when given)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "PYTHON"))}
     base |= {"PYTHONPATH": str(REPO), "LC_ALL": "C", **(env or {})}
     cmd = [sys.executable, "-m", "hugify.cli", "try", *map(str, args)]
@@ -128,7 +132,9 @@ def _hugify_try(
         base.pop(LOG_ENV, None)
         ids = ["--reuid", user, "--regid", str(pwd.getpwnam(user).pw_gid), "--clear-groups"]
         cmd = ["setpriv", *ids, "/usr/bin/python3", *cmd[1:]]
-    return subprocess.run(cmd, cwd=cwd, env=base, capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        [*launcher, *cmd], cwd=cwd, env=base, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 def _json(res: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -514,7 +520,8 @@ def test_the_svg_stays_well_formed_for_any_command() -> None:
     assert texts[1] == report.answer(result)[1]
 
 
-def test_the_command_gets_the_signal_dispositions_a_shell_gives(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", [(), ("nohup",)], ids=["as-started", "nohup"])
+def test_the_command_gets_the_signal_dispositions_a_shell_gives(tmp_path: Path, launcher: tuple[str, ...]) -> None:
     """The command gets, on either side, exactly the ignored and blocked signals it gets
     started directly as a shell starts it: what hugify try was started with, SIGPIPE and
     SIGXFSZ back to default (subprocess restores them, as a shell never ignores them on
@@ -522,20 +529,25 @@ def test_the_command_gets_the_signal_dispositions_a_shell_gives(tmp_path: Path) 
     stops the comparison; none of it may reach the command (`yes | head` must end by
     SIGPIPE). Whatever started the test may have left signals ignored (glibc's signal 32
     after posix_spawn): a shell passes those on, and so must hugify try. The command is
-    run by bash, which passes on the blocked signals too (dash unblocks them all at start)."""
+    run by bash, which passes on the blocked signals too (dash unblocks them all at start).
+    Under nohup, SIGHUP stays ignored in the command, as nohup promises: the sides'
+    processes handle SIGHUP only where it was not ignored already."""
     build_runtime()
     script = "grep -E '^Sig(Ign|Blk)' /proc/self/status > signals.txt; yes | head -1 > /dev/null"
     direct = tmp_path / "direct"
     direct.mkdir()
-    subprocess.run(["bash", "-c", script], cwd=direct, check=True, timeout=60)
+    subprocess.run([*launcher, "bash", "-c", script], cwd=direct, check=True, timeout=60, capture_output=True)
     expected = (direct / "signals.txt").read_text()
     assert expected.startswith("SigBlk:\t") and "\nSigIgn:\t" in expected, expected
     # SIGPIPE (13) and SIGXFSZ (25) are not in the mask a shell gives
-    assert not int(expected.split("SigIgn:\t")[1], 16) & (1 << 12 | 1 << 24), expected
+    ignored = int(expected.split("SigIgn:\t")[1], 16)
+    assert not ignored & (1 << 12 | 1 << 24), expected
+    if launcher:  # SIGHUP (1) ignored by nohup
+        assert ignored & 1, expected
     tried = tmp_path / "tried"
     tried.mkdir()
     args = ("--json", "--cache-dir", tmp_path / "cache", "--min-rounds", "1", "--max-rounds", "1")
-    res = _hugify_try(*args, "--compare-files", "signals.txt", "--", "bash", "-c", script, cwd=tried)
+    res = _hugify_try(*args, "--compare-files", "signals.txt", "--", "bash", "-c", script, cwd=tried, launcher=launcher)
     assert res.returncode == 0, res.stderr
     assert (tried / "signals.txt").read_text() == expected
 

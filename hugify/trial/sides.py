@@ -249,8 +249,11 @@ class Side:
                 os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     # the caller ends it, and the command with it; a handler (unlike
-                    # SIG_IGN) does not pass on to the command
-                    signal.signal(sig, lambda signum, frame: None)
+                    # SIG_IGN) does not pass on to the command. A signal hugify try was
+                    # started with ignored (nohup, a script's background job) stays
+                    # ignored, so that the command gets it ignored as from a shell.
+                    if signal.getsignal(sig) is not signal.SIG_IGN:
+                        signal.signal(sig, lambda signum, frame: None)
                 _serve(requests_r, replies_w, binds, parent)
             except BaseException:
                 code = 70
