@@ -292,7 +292,8 @@ ov=$W/overlay
 mkdir -p "$ov"
 mount -t tmpfs hugify-e2e "$ov"
 n=0
-for d in /usr /etc /var "$RPMDB"; do
+# /run too: the package's postinst prefetches, which writes /run/hugify.
+for d in /usr /etc /var /run "$RPMDB"; do
     [ -d "$d" ] || continue
     n=$((n + 1))
     mkdir -p "$ov/$n/upper" "$ov/$n/work"
