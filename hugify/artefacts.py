@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from hugify import manifest, repack_deb, repack_rpm, signing
+from hugify import manifest, reasons, repack_deb, repack_rpm, signing
 from hugify.reasons import ReasonError
 from hugify.repack_package import RepackError, tool
 
@@ -150,7 +150,7 @@ def read_artefact(path: Path, spool: Path) -> Artefact:
         with path.open("rb") as f:
             magic = f.read(8)
     except OSError as e:
-        raise ReasonError("not-a-package", f"{path}: cannot read it: {e.strerror or e}") from None
+        raise ReasonError("not-a-package", f"{path}: cannot read it: {reasons.io_detail(e, with_file=False)}") from None
     try:
         if magic == b"!<arch>\n":
             art = _deb(path)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hugify import _core
+from hugify import _core, reasons
 from hugify.sizes import parse_size
 
 VENDOR_POLICY = Path("/usr/lib/hugify/policy.toml")
@@ -520,7 +520,7 @@ def read_file(path: Path) -> dict[Key, Setting]:
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as e:
-        raise PolicyError([Problem(file, None, f"cannot read: {e.strerror or e}")]) from None
+        raise PolicyError([Problem(file, None, f"cannot read: {reasons.io_detail(e, with_file=False)}")]) from None
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
         raise PolicyError([Problem(file, line, "not valid UTF-8", "TOML files are UTF-8 text")]) from None

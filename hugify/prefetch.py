@@ -683,7 +683,7 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
             t.error = ("missing", f"not found{where}")
             continue
         except OSError as e:
-            t.error = ("io-error", f"{e.strerror}{where}")
+            t.error = ("io-error", f"{reasons.io_detail(e, with_file=False)}{where}")
             continue
         try:
             st = os.fstat(fd)
@@ -707,7 +707,7 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
             continue
         except OSError as e:
             os.close(fd)
-            t.error = ("io-error", f"{e.strerror}{where}")
+            t.error = ("io-error", f"{reasons.io_detail(e, with_file=False)}{where}")
             continue
         t.fd, t.key = fd, key
         t.windows = [Window(o) for o in w.offsets]
@@ -839,8 +839,9 @@ class Run:
             try:
                 self._settle(t, measure=False)
             except OSError as e:
+                why = f"cannot map it: {reasons.io_detail(e, with_file=False)}"
                 for w in t.windows:
-                    w.state, w.reason, w.detail = FAILED, "io-error", f"cannot map it: {e.strerror}"
+                    w.state, w.reason, w.detail = FAILED, "io-error", why
             t.elapsed = time.perf_counter() - started
         self._name_mappers([t for t in targets if t.count(BUSY)])
 
@@ -867,7 +868,7 @@ class Run:
             try:
                 self._settle(t, measure=True)
             except OSError as e:
-                t.error = ("io-error", f"cannot map it: {e.strerror}")
+                t.error = ("io-error", f"cannot map it: {reasons.io_detail(e, with_file=False)}")
 
 
 # --- entry points ---------------------------------------------------------------------
@@ -905,7 +906,7 @@ def targets_from_manifests(paths: Iterable[Path]) -> tuple[list[Target], list[st
         try:
             text = p.read_text(encoding="utf-8")
         except OSError as e:
-            problems.append(f"{p}: {e.strerror}")
+            problems.append(f"{p}: {reasons.io_detail(e, with_file=False)}")
             continue
         except UnicodeDecodeError:
             problems.append(f"{p}: not UTF-8 text")

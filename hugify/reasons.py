@@ -45,10 +45,13 @@ def printed(ids: Iterable[str | None]) -> None:
             f.write("".join(f"{i}\n" for i in seen))
 
 
-def io_detail(e: OSError) -> str:
+def io_detail(e: OSError, *, with_file: bool = True) -> str:
     """The detail an io-error (or an unsafe file's refusal) is reported with: the
-    file, if the error names one, and the system's message."""
-    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+    file, if the error names one, and the system's message (the error's own text when
+    it carries none, as an OSError raised with a message alone). `with_file=False`
+    where the caller's line already names the file, or names it another way."""
+    why = str(e.strerror or e)
+    return f"{e.filename}: {why}" if with_file and e.filename else why
 
 
 def report(e: ReasonError | OSError) -> Exit:

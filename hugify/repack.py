@@ -68,7 +68,7 @@ def format_of(path: Path) -> Format:
         with path.open("rb") as f:
             magic = f.read(8)
     except OSError as e:
-        raise RepackError("not-a-package", f"cannot read it: {e.strerror or e}") from e
+        raise RepackError("not-a-package", f"cannot read it: {reasons.io_detail(e, with_file=False)}") from e
     if magic == b"!<arch>\n":
         return repack_deb.Deb()
     if magic[:4] == b"\xed\xab\xee\xdb":

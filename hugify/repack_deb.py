@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from hugify import reasons
 from hugify.files import write_text_atomic
 from hugify.repack_package import Context, Package, RepackError, tool
 
@@ -173,7 +174,7 @@ class Deb:
         try:
             res = subprocess.run(["dpkg", "--compare-versions", new, "gt", old], capture_output=True, check=False)
         except OSError as e:
-            raise RepackError("tool-failed", f"cannot run dpkg: {e.strerror or e}") from e
+            raise RepackError("tool-failed", f"cannot run dpkg: {reasons.io_detail(e, with_file=False)}") from e
         if res.returncode not in (0, 1):
             raise RepackError("tool-failed", f"dpkg --compare-versions: {res.stderr.decode(errors='replace').strip()}")
         return res.returncode == 0

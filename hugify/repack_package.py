@@ -25,7 +25,7 @@ def tool(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None 
     try:
         res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     except OSError as e:
-        raise RepackError("tool-failed", f"cannot run {cmd[0]}: {e.strerror or e}") from e
+        raise RepackError("tool-failed", f"cannot run {cmd[0]}: {reasons.io_detail(e, with_file=False)}") from e
     if res.returncode != 0:
         # The last line that says something (rpmbuild ends with a heading and indented errors).
         lines = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip() and not ln.endswith(":")]

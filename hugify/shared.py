@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hugify import reasons
+
 if TYPE_CHECKING:
     from hugify.prefetch import Engine, Target
 
@@ -182,7 +184,7 @@ def ensure_mounted(rdir: Path, size: int) -> Mount:
         try:
             os.makedirs(where, mode=0o755, exist_ok=True)
         except OSError as e:
-            raise Refused("shared-unavailable", f"cannot make {where}: {e.strerror}") from e
+            raise Refused("shared-unavailable", f"cannot make {where}: {reasons.io_detail(e, with_file=False)}") from e
         libc = ctypes.CDLL(None, use_errno=True)
         opts = f"{MOUNT_OPTIONS},size={size + MOUNT_SLACK}"
         rc = libc.mount(MOUNT_SOURCE.encode(), os.fsencode(where), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode())
@@ -213,7 +215,7 @@ def opened(rdir: Path) -> Iterator[int]:
     try:
         fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        raise Refused("shared-unavailable", f"cannot open {where}: {e.strerror}") from e
+        raise Refused("shared-unavailable", f"cannot open {where}: {reasons.io_detail(e, with_file=False)}") from e
     try:
         st, run = os.fstat(fd), os.stat(rdir)
         if not (_roots_alone(st) and _roots_alone(run)):
@@ -268,7 +270,7 @@ def copy_problem(store: int, rec: Record, original: os.stat_result | None) -> tu
     try:
         fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
     except OSError as e:
-        return "no-copy", f"the copy cannot be opened: {e.strerror}"
+        return "no-copy", f"the copy cannot be opened: {reasons.io_detail(e, with_file=False)}"
     try:
         st = os.fstat(fd)
     finally:
@@ -364,7 +366,7 @@ def write_copy(store: int, engine: Engine, src: Original) -> Record:
         _remove_tree(store, tmp)
         if e.errno == errno.ENOSPC:
             raise Refused("shared-full", "the shared copies' tmpfs is full") from e
-        raise Refused("io-error", f"cannot copy it: {e.strerror}") from e
+        raise Refused("io-error", f"cannot copy it: {reasons.io_detail(e, with_file=False)}") from e
     except BaseException:
         _remove_tree(store, tmp)
         raise

@@ -91,7 +91,7 @@ def probe(directory: files.Directory, name: str, huge_page: int = _core.DEFAULT_
     except files.UnsafeFile as e:
         problem: _core.Refusal = {"reason": e.reason, "kind": "unsafe", "detail": e.detail}
     except OSError as e:
-        detail = f"{directory.join(name)}: {e.strerror or e}"
+        detail = f"{directory.join(name)}: {reasons.io_detail(e, with_file=False)}"
         problem = {"reason": "io-error", "kind": "io", "detail": detail}
     except _core.HugifyError as e:
         problem = {"reason": e.reason, "kind": e.kind, "detail": e.detail}

@@ -76,8 +76,8 @@ def failure(e: BaseException, path: str | None = None) -> tuple[Exit, dict[str, 
         return Exit.UNSAFE, {"reason": e.reason, "kind": "unsafe", "detail": e.detail}
     if isinstance(e, OSError):
         reasons.printed(["io-error"])
-        where = f"{e.filename}: " if e.filename and str(e.filename) != path else ""
-        return Exit.IO, {"reason": "io-error", "kind": "io", "detail": f"{where}{e.strerror or e}"}
+        detail = reasons.io_detail(e, with_file=str(e.filename) != path)
+        return Exit.IO, {"reason": "io-error", "kind": "io", "detail": detail}
     raise e
 
 

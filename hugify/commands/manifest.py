@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hugify import reasons
 from hugify.exitcodes import Exit
 
 
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> Exit:
     try:
         changed = act(paths, listing)
     except OSError as e:
-        print(f"hugify: {listing}: {e.strerror or e}", file=sys.stderr)
+        print(f"hugify: {listing}: {reasons.io_detail(e, with_file=False)}", file=sys.stderr)
         return Exit.IO
     if not args.quiet:
         done = "recorded in" if args.manifest_command == "record" else "forgotten from"

@@ -25,7 +25,10 @@ def run(args: argparse.Namespace) -> Exit:
     try:
         report = signing.read_report(Path(args.report))
     except OSError as e:
-        print(f"hugify: cannot read the hugify tree report {args.report}: {e.strerror or e}", file=sys.stderr)
+        print(
+            f"hugify: cannot read the hugify tree report {args.report}: {reasons.io_detail(e, with_file=False)}",
+            file=sys.stderr,
+        )
         return Exit.IO
     except signing.ReportError as e:
         print(f"hugify: {e}", file=sys.stderr)
@@ -61,8 +64,7 @@ def run(args: argparse.Namespace) -> Exit:
         print(f"hugify: error: {e}", file=sys.stderr)
         return Exit.UNSAFE
     except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"hugify: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"hugify: error: {reasons.io_detail(e)}", file=sys.stderr)
         return Exit.IO
     return Exit.OK if ok else Exit.FAILED
 

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hugify import reasons
 from hugify.commands.common import usable_policy
 from hugify.exitcodes import Exit
 
@@ -66,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hugify: verify: {e}", file=sys.stderr)
         return Exit.USAGE
     except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"hugify: verify: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"hugify: verify: {reasons.io_detail(e)}", file=sys.stderr)
         return Exit.IO
     status = signing.exit_status(results)
     if args.json:

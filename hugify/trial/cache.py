@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, files, tree
+from hugify import _core, files, reasons, tree
 from hugify.policy import Policy
 
 ROOT_CACHE = Path("/var/cache/hugify/try")
@@ -68,7 +68,7 @@ def code_key(policy: Policy) -> str:
 
 
 def _fail(root: Path, e: OSError) -> CacheError:
-    return CacheError(f"cannot write the cache of hugified copies in {root} ({e.strerror or e})")
+    return CacheError(f"cannot write the cache of hugified copies in {root} ({reasons.io_detail(e, with_file=False)})")
 
 
 @dataclass

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from hugify import reasons
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -189,7 +191,7 @@ def _spawn(req: dict[str, Any], out: TextIO) -> dict[str, Any]:
                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, process_group=0,
             )  # fmt: skip
     except OSError as e:
-        return {"error": f"cannot execute {req['program']}: {e.strerror}"}
+        return {"error": f"cannot execute {req['program']}: {reasons.io_detail(e, with_file=False)}"}
     out.write(json.dumps({"pid": proc.pid}) + "\n")
     out.flush()
     _, status, ru = os.wait4(proc.pid, 0)
