@@ -323,8 +323,8 @@ static int debug_file_path(const struct elf_file *f, char *path, size_t cap)
             const unsigned char *name = p + sizeof *nh, *desc = name + ((nh->n_namesz + 3) & ~3u);
             if (desc + nh->n_descsz > end)
                 break;
-            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && name[0] == 'G' && name[1] == 'N' &&
-                name[2] == 'U' && nh->n_descsz >= 2 && nh->n_descsz <= 64) {
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && hp_starts_with((const char *)name, "GNU") &&
+                nh->n_descsz >= 2 && nh->n_descsz <= 64) {
                 static const char dir[] = "/usr/lib/debug/.build-id/";
                 size_t n = 0;
                 if (sizeof dir + 2 * nh->n_descsz + 8 > cap)

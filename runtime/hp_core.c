@@ -555,7 +555,7 @@ static int buddy_line(const char *line, void *arg)
             p++;
         if (!*p)
             break;
-        if (field == 3 && p[0] == 'D' && p[1] == 'M' && p[2] == 'A' && (p[3] == ' ' || p[3] == '\t'))
+        if (field == 3 && hp_starts_with(p, "DMA") && (p[3] == ' ' || p[3] == '\t'))
             return 0;
         int nonzero = 0;
         for (; *p && *p != ' ' && *p != '\t'; p++)
@@ -1100,7 +1100,7 @@ struct hp_verdict hp_read_verdict(struct hp_ctx *c)
             return v;
     v.valid = 1;
     v.aware = rec[37] == '1';
-    v.thp_never = rec[39] == 'n' && rec[40] == 'e' && rec[41] == 'v';
+    v.thp_never = hp_starts_with(rec + 39, "nev");
     return v;
 }
 

@@ -96,11 +96,11 @@ static int field(const char **p, uint64_t *v)
 /* Parses the record's first line; 0, or -1 if it is not one of this format. */
 static int parse_record(const char *text, struct record *rec)
 {
-    const char *p = text, *magic = HP_SHARED_MAGIC " ";
+    static const char magic[] = HP_SHARED_MAGIC " ";
+    if (!hp_starts_with(text, magic))
+        return -1;
+    const char *p = text + sizeof magic - 1;
     uint64_t v[8];
-    while (*magic)
-        if (*p++ != *magic++)
-            return -1;
     for (int k = 0; k < 8; k++)
         if (field(&p, &v[k]) != 0)
             return -1;

@@ -405,7 +405,7 @@ static int cgroup_line(const char *line, void *arg)
         path++;
     if (!*path)
         return 0;
-    if (path == ctl && line[0] == '0' && line[1] == ':') {
+    if (path == ctl && hp_starts_with(line, "0:")) {
         copy_to(q->v2, sizeof q->v2, path + 1);
         return 0;
     }
@@ -413,7 +413,7 @@ static int cgroup_line(const char *line, void *arg)
         const char *e = p;
         while (e < path && *e != ',')
             e++;
-        if (e - p == 6 && p[0] == 'm' && p[1] == 'e' && p[2] == 'm' && p[3] == 'o' && p[4] == 'r' && p[5] == 'y') {
+        if (e - p == 6 && hp_starts_with(p, "memory")) {
             copy_to(q->v1, sizeof q->v1, path + 1);
             return 1;
         }
@@ -435,7 +435,8 @@ static int read_u64(const char *dir, const char *name, uint64_t *v)
     hp_close(fd);
     if (n <= 0)
         return -1;
-    if (buf[0] == 'm' && buf[1] == 'a' && buf[2] == 'x') {
+    buf[n] = 0;
+    if (hp_starts_with(buf, "max")) {
         *v = ~0ULL;
         return 0;
     }
