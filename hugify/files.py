@@ -281,16 +281,6 @@ class Source(_Descriptor):
         st = self.st
         return Metadata(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), tuple(xattrs), st.st_atime_ns, st.st_mtime_ns)
 
-    def sha256(self) -> str:
-        """The digest of the content, read through the descriptor."""
-        import hashlib  # only `hugify tree` hashes: `transform`'s start-up stays short
-
-        h, offset = hashlib.sha256(), 0
-        while chunk := os.pread(self.fd, 1 << 20, offset):
-            h.update(chunk)
-            offset += len(chunk)
-        return h.hexdigest()
-
 
 def open_source(
     directory: Directory, name: str, *, expect: Identity | None = None, step: str = "opened", follow: bool = False

@@ -87,12 +87,24 @@ def redact(text: str) -> str:
 # --- statements -------------------------------------------------------------------------
 
 
-def file_sha256(path: Path, *, follow: bool = True) -> str:
-    """The digest of the file at `path`; without `follow`, of the file `path` names
-    itself (a build tree's file swapped for a symlink is not followed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
-    with open(fd, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def file_sha256(file: Path | int, *, follow: bool = True) -> str:
+    """The digest of a file's content: of the file open at the descriptor `file`
+    (read from its start with pread, the descriptor's offset untouched), so that a
+    caller that opened a file once hashes that very inode (`hugify tree`, the file it
+    transforms); or of the file at the path `file`, and then without `follow` of the
+    file the path names itself (a build tree's file swapped for a symlink is not
+    followed)."""
+    if not isinstance(file, int):
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+        try:
+            return file_sha256(fd)
+        finally:
+            os.close(fd)
+    h, offset = hashlib.sha256(), 0
+    while chunk := os.pread(file, 1 << 20, offset):
+        h.update(chunk)
+        offset += len(chunk)
+    return h.hexdigest()
 
 
 def _shipped_build_id(path: Path, huge_page: int) -> str | None:

@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TextIO, TypedDict, cast
 
-from hugify import _core, files, manifest, reasons, render
+from hugify import _core, files, manifest, reasons, render, signing
 from hugify.exitcodes import Exit
 from hugify.files import source_date_epoch, write_text_atomic
 from hugify.policy import Policy, canonical_arch
@@ -372,7 +372,7 @@ def _transform(job: Job, root: files.Directory) -> Outcome:
     with d:
         try:
             with files.open_source(d, name, expect=files.identity(c.st)) as source:
-                before = source.sha256()
+                before = signing.file_sha256(source.fd)
                 report, new = replace(
                     source,
                     d,
