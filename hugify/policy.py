@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hugify import _core, reasons
-from hugify.sizes import parse_size
+from hugify.sizes import exact, parse_size
 
 VENDOR_POLICY = Path("/usr/lib/hugify/policy.toml")
 ADMIN_POLICY = Path("/etc/hugify/policy.toml")
@@ -771,10 +771,8 @@ def check_file(path: Path) -> Policy:
 
 def size_text(n: int) -> str:
     """A size as a policy file would write it: "2M", "64K", or plain bytes."""
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n and n % (1 << shift) == 0:
-            return f'"{n >> shift}{unit}"'
-    return str(n)
+    text = exact(n)
+    return text if text.lstrip("-").isdigit() else f'"{text}"'
 
 
 def toml_value(key: Key, v: Any) -> str:

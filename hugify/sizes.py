@@ -16,6 +16,16 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def exact(n: int, *, spelled: bool = False) -> str:
+    """`n` in the largest binary unit that divides it, as an option or a policy writes
+    it ("2M", "64K", "1G") or, `spelled`, as a sentence does ("2 MiB"); in bytes when
+    no unit divides it."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}iB" if spelled else f"{n >> shift}{unit}"
+    return f"{n} B" if spelled else str(n)
+
+
 def human(n: int) -> str:
     """A short human-readable size: 512 B, 4.0 KiB, 2.0 MiB."""
     sign = "-" if n < 0 else ""
