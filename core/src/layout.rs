@@ -102,8 +102,6 @@ pub struct Analysis {
     pub code_bytes: u64,
     /// Whether each section (by index) moves with the code.
     pub section_moves: Vec<bool>,
-    /// Whether the file has a `.symtab`.
-    pub has_symtab: bool,
 }
 
 impl Analysis {
@@ -225,7 +223,6 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
         image_end,
         code_bytes,
         section_moves,
-        has_symtab: elf.shdrs.iter().any(|s| s.sh_type == SHT_SYMTAB),
     })
 }
 
@@ -405,7 +402,6 @@ mod tests {
         assert_eq!((an.places.as_slice(), an.exec), ([Stays, Moves, Moves, Moves].as_slice(), 1));
         assert_eq!(an.move_start, built.addr(".text"));
         assert_eq!(an.code_bytes, 0x3000);
-        assert!(an.has_symtab);
         let moved = [".text", ".rodata", ".eh_frame_hdr", ".eh_frame", ".dynamic", ".got", ".data"];
         assert_eq!(moving(&elf, &an), moved);
     }
