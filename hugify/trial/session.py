@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, abtest, files, tree
+from hugify import _core, abtest, files, reasons, tree
 from hugify import prefetch as pf
 from hugify.policy import Policy
 from hugify.trial import discover
@@ -299,7 +299,7 @@ class Trial:
                 original, self.program, opts.argv, env=opts.env, cwd=opts.cwd, scratch=self.scratch
             )
         except OSError as e:
-            raise TryError("command-failed", str(e), self.found) from None
+            raise TryError("command-failed", reasons.io_detail(e), self.found) from None
         self.found["first_run"] = {
             "status": first.result.status,
             "cpu_s": round(first.result.cpu, 4),
