@@ -54,6 +54,18 @@ def io_detail(e: OSError, *, with_file: bool = True) -> str:
     return f"{e.filename}: {why}" if with_file and e.filename else why
 
 
+def say_error(e: OSError, what: str = "") -> Exit:
+    """Says in one line on stderr ("hugify: error: WHAT...") why a command's own
+    output failed: an unsafe file's refusal (with its reason id, exit status 6) or the
+    I/O error (5)."""
+    if isinstance(e, files.UnsafeFile):
+        printed([e.reason])
+        print(f"hugify: error: {what}{e}", file=sys.stderr)
+        return Exit.UNSAFE
+    print(f"hugify: error: {what}{io_detail(e)}", file=sys.stderr)
+    return Exit.IO
+
+
 def report(e: ReasonError | OSError) -> Exit:
     """Says why a run stopped, in one line with its reason id on stderr; its exit status."""
     if isinstance(e, ReasonError):

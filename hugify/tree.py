@@ -619,13 +619,8 @@ def run(opts: Options) -> Exit:
             write_text_atomic(opts.manifest, manifest.render(entries), epoch, tree=opts.root)
         if opts.report:
             write_text_atomic(opts.report, _report_json(opts, outcomes, code), epoch, tree=opts.root)
-    except files.UnsafeFile as e:
-        reasons.printed([e.reason])
-        print(f"hugify: error: cannot write {e}", file=sys.stderr)
-        return Exit.UNSAFE
-    except OSError as e:
-        print(f"hugify: error: cannot write {reasons.io_detail(e)}", file=sys.stderr)
-        return Exit.IO
+    except OSError as e:  # an unsafe file's refusal too
+        return reasons.say_error(e, "cannot write ")
     print(_summary(opts, outcomes, entries), file=out, flush=True)
     if failed:
         n = f"{len(failed)} file{'s' if len(failed) > 1 else ''}"

@@ -10,7 +10,6 @@ from pathlib import Path
 from hugify import reasons
 from hugify.commands.common import build_root, usable_policy
 from hugify.exitcodes import Exit
-from hugify.files import UnsafeFile
 
 
 def run(args: argparse.Namespace) -> Exit:
@@ -59,13 +58,8 @@ def run(args: argparse.Namespace) -> Exit:
     except signing.ReportError as e:
         print(f"hugify: {args.report}: {e}", file=sys.stderr)
         return Exit.INVALID
-    except UnsafeFile as e:
-        reasons.printed([e.reason])
-        print(f"hugify: error: {e}", file=sys.stderr)
-        return Exit.UNSAFE
-    except OSError as e:
-        print(f"hugify: error: {reasons.io_detail(e)}", file=sys.stderr)
-        return Exit.IO
+    except OSError as e:  # an unsafe file's refusal too
+        return reasons.say_error(e)
     return Exit.OK if ok else Exit.FAILED
 
 
