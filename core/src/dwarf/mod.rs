@@ -20,7 +20,7 @@ mod line;
 mod lists;
 mod sections;
 #[cfg(test)]
-mod testbytes;
+pub(crate) mod testbytes;
 
 use crate::elf::consts::PT_TLS;
 use crate::elf::Elf;
