@@ -219,9 +219,11 @@ pub fn walk(data: &[u8], flavour: Flavour, addr_size: u8, mut visit: impl FnMut(
             }
             if cie.has_z {
                 let aug_len = c.uleb()?;
+                // An augmentation past the record would skip its instructions unread.
                 let aug_end = c
                     .pos
                     .checked_add(aug_len)
+                    .filter(|&e| e <= c.end)
                     .ok_or_else(|| bad(format!("FDE at {pos:#x} has an impossible augmentation length")))?;
                 c.pointer(cie.lsda_enc, cie.addr_size, &mut visit)?;
                 if c.pos > aug_end {
@@ -269,6 +271,7 @@ fn parse_cie(c: &mut Cursor, addr_size: u8, visit: &mut impl FnMut(Field) -> Res
         let aug_end = c
             .pos
             .checked_add(aug_len)
+            .filter(|&e| e <= c.end)
             .ok_or_else(|| bad(format!("CIE at {at:#x} has an impossible augmentation length")))?;
         for &ch in &aug[1..] {
             match ch {
@@ -563,5 +566,19 @@ mod tests {
         for (i, (data, reason)) in cases.iter().enumerate() {
             assert_eq!(walked(data, Flavour::EhFrame).unwrap_err().reason, *reason, "case {i}");
         }
+    }
+
+    #[test]
+    fn an_augmentation_longer_than_its_record_is_an_error() {
+        // The FDE's augmentation length reaching past the record would skip its
+        // instructions, DW_CFA_set_loc included, unexamined.
+        let e = eh_frame();
+        let mut data = e.data.clone();
+        data[e.lsda as usize - 1] = 0x7f;
+        assert_eq!(walked(&data, Flavour::EhFrame).unwrap_err().reason, Reason::BadEhFrame);
+        // The same for the CIE's augmentation (and the instructions after it).
+        let mut data = e.data.clone();
+        data[e.personality as usize - 2] = 0x7f;
+        assert_eq!(walked(&data, Flavour::EhFrame).unwrap_err().reason, Reason::BadEhFrame);
     }
 }
