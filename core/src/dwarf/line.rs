@@ -187,9 +187,6 @@ mod tests {
         let a1 = set_address(&mut b, 0x1000, 8);
         b.u8(DW_LNS_advance_pc.0);
         b.uleb(0x10);
-        // Operand bytes that read as an extended opcode if not skipped.
-        b.u8(DW_LNS_fixed_advance_pc.0);
-        b.u16(0x0200);
         b.u8(DW_LNS_const_add_pc.0);
         b.u8(0x20); // a special opcode
         b.u8(DW_LNS_copy.0);
@@ -199,6 +196,10 @@ mod tests {
         b.u8(DW_LNS_set_file.0);
         b.uleb(1);
         end_sequence(&mut b);
+        // A u16 operand whose bytes, misread as opcodes, would swallow the
+        // DW_LNE_set_address after it.
+        b.u8(DW_LNS_fixed_advance_pc.0);
+        b.u16(u16::from(DW_LNS_fixed_advance_pc.0) << 8);
         let a2 = set_address(&mut b, 0x8fff, 8);
         end_sequence(&mut b);
         b.end_length(len);
