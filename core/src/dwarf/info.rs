@@ -235,7 +235,7 @@ fn uleb_len(base: Slice<'_>, at: u64) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{abbrev, patched, Bytes, DV, MAP};
+    use crate::dwarf::testbytes::{abbrev, assert_refused, framed, patched, Bytes, DV, MAP};
     use dw::*;
 
     /// The abbreviations the tests' units use.
@@ -332,11 +332,7 @@ mod tests {
     #[test]
     fn unclassified_blocks_odd_sizes_and_unknown_versions_are_errors() {
         let unit = |version: u16, address_size: u8, body: &dyn Fn(&mut Bytes)| {
-            let mut b = Bytes::new();
-            let len = unit_v4(&mut b, version, address_size);
-            body(&mut b);
-            b.end_length(len);
-            b.0
+            framed(|b| unit_v4(b, version, address_size), body)
         };
         let name_block = unit(4, 8, &|b| {
             b.uleb(7);
@@ -359,11 +355,6 @@ mod tests {
             (version_6, Reason::UnsupportedDwarf),
             (truncated, Reason::BadDwarf),
         ];
-        for (i, (data, reason)) in cases.iter().enumerate() {
-            match walk(data) {
-                Ok(_) => panic!("case {i} walked"),
-                Err(e) => assert_eq!(e.reason, *reason, "case {i}: {}", e.detail),
-            }
-        }
+        assert_refused(&cases, walk);
     }
 }

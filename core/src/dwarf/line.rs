@@ -101,7 +101,7 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{patched, Bytes, DV, MAP};
+    use crate::dwarf::testbytes::{assert_refused, framed, patched, Bytes, DV, MAP};
     use crate::dwarf::SecId;
     use gimli::constants::*;
 
@@ -220,13 +220,7 @@ mod tests {
 
     #[test]
     fn odd_address_sizes_and_truncated_opcodes_are_errors() {
-        let program = |body: &dyn Fn(&mut Bytes)| {
-            let mut b = Bytes::new();
-            let (len, _) = header_v4(&mut b);
-            body(&mut b);
-            b.end_length(len);
-            b.0
-        };
+        let program = |body: &dyn Fn(&mut Bytes)| framed(|b| header_v4(b).0, body);
         let two_bytes = program(&|b| {
             set_address(b, 0x1000, 2);
         });
@@ -239,10 +233,7 @@ mod tests {
             b.u8(DW_LNS_advance_pc.0);
             b.u8(0x80);
         });
-        for (data, reason) in
-            [(two_bytes, Reason::UnsupportedDwarf), (past_end, Reason::BadDwarf), (bad_leb, Reason::BadDwarf)]
-        {
-            assert_eq!(walk(&data).unwrap_err().reason, reason);
-        }
+        let cases = [(two_bytes, Reason::UnsupportedDwarf), (past_end, Reason::BadDwarf), (bad_leb, Reason::BadDwarf)];
+        assert_refused(&cases, walk);
     }
 }

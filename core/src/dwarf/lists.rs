@@ -292,7 +292,7 @@ fn put_uleb_same_size(c: &Ctx, ed: &mut Edits, at: u64, len: u64, value: u64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{encoding, patched, uleb, Bytes, DV, MAP};
+    use crate::dwarf::testbytes::{assert_refused, encoding, entry, framed, patched, uleb, Bytes, DV, MAP};
     use gimli::constants as dw;
 
     fn unit(version: u16, address_size: u8, low_pc: u64) -> UnitInfo {
@@ -324,6 +324,14 @@ mod tests {
         b.u8(0);
         b.u32(0);
         len
+    }
+
+    /// A DWARF 5 list section begun: its bytes, length field and first list's offset.
+    fn v5_table() -> (Bytes, u64, u64) {
+        let mut b = Bytes::new();
+        let len = v5_header(&mut b);
+        let list = b.at();
+        (b, len, list)
     }
 
     /// Walks the lists at `offsets` (each of unit 0) of section `name`; returns the
@@ -401,12 +409,8 @@ mod tests {
 
     #[test]
     fn v5_range_list_entries_of_every_kind() {
-        let mut b = Bytes::new();
-        let len = v5_header(&mut b);
-        let list = b.at();
-        b.u8(dw::DW_RLE_offset_pair.0);
-        b.uleb(0x10);
-        b.uleb(0x20);
+        let (mut b, len, list) = v5_table();
+        entry(&mut b, dw::DW_RLE_offset_pair.0, &[0x10, 0x20]);
         b.u8(dw::DW_RLE_base_address.0);
         b.u64(0x700);
         // Relative to 0x700, which stays, targets at 0x1000 and 0x1100 which move: the
@@ -421,18 +425,11 @@ mod tests {
         let start2 = b.u64(0x8ff0);
         b.uleb(0x10);
         // .debug_addr entry 1 (0x3000) as base: it moves with what is relative to it.
-        b.u8(dw::DW_RLE_base_addressx.0);
-        b.uleb(1);
-        b.u8(dw::DW_RLE_offset_pair.0);
-        b.uleb(4);
-        b.uleb(8);
+        entry(&mut b, dw::DW_RLE_base_addressx.0, &[1]);
+        entry(&mut b, dw::DW_RLE_offset_pair.0, &[4, 8]);
         // Indexed entries are .debug_addr's to move.
-        b.u8(dw::DW_RLE_startx_length.0);
-        b.uleb(0);
-        b.uleb(4);
-        b.u8(dw::DW_RLE_startx_endx.0);
-        b.uleb(0);
-        b.uleb(1);
+        entry(&mut b, dw::DW_RLE_startx_length.0, &[0, 4]);
+        entry(&mut b, dw::DW_RLE_startx_endx.0, &[0, 1]);
         b.u8(dw::DW_RLE_end_of_list.0);
         b.end_length(len);
         let (out, _) = walk(".debug_rnglists", &b.0, unit(5, 8, 0x1000), &[list]).unwrap();
@@ -444,20 +441,12 @@ mod tests {
 
     #[test]
     fn v5_lists_that_cannot_be_rewritten_in_place_are_errors() {
-        let list = |body: &dyn Fn(&mut Bytes)| {
-            let mut b = Bytes::new();
-            let len = v5_header(&mut b);
-            body(&mut b);
-            b.end_length(len);
-            b.0
-        };
+        let list = |body: &dyn Fn(&mut Bytes)| framed(v5_header, body);
         // 0x900 from a base that stays to a target that moves needs 4 bytes, not 2.
         let grows = list(&|b| {
             b.u8(dw::DW_RLE_base_address.0);
             b.u64(0x700);
-            b.u8(dw::DW_RLE_offset_pair.0);
-            b.uleb(0x900);
-            b.uleb(0x910);
+            entry(b, dw::DW_RLE_offset_pair.0, &[0x900, 0x910]);
             b.u8(dw::DW_RLE_end_of_list.0);
         });
         // DW_LLE_start_length's number, which no range list entry has.
@@ -465,8 +454,7 @@ mod tests {
             b.u8(dw::DW_LLE_start_length.0);
         });
         let index_out_of_range = list(&|b| {
-            b.u8(dw::DW_RLE_base_addressx.0);
-            b.uleb(2);
+            entry(b, dw::DW_RLE_base_addressx.0, &[2]);
         });
         let truncated = list(&|b| {
             b.u8(dw::DW_RLE_start_end.0);
@@ -478,21 +466,14 @@ mod tests {
             (index_out_of_range, Reason::BadDwarf),
             (truncated, Reason::BadDwarf),
         ];
-        for (i, (data, reason)) in cases.iter().enumerate() {
-            let e = walk(".debug_rnglists", data, unit(5, 8, 0x1000), &[12]).unwrap_err();
-            assert_eq!(e.reason, *reason, "case {i}: {}", e.detail);
-        }
+        assert_refused(&cases, |data| walk(".debug_rnglists", data, unit(5, 8, 0x1000), &[12]));
     }
 
     #[test]
     fn v5_location_list_entries_and_their_expressions() {
-        let mut b = Bytes::new();
-        let len = v5_header(&mut b);
-        let list = b.at();
-        b.u8(dw::DW_LLE_offset_pair.0);
-        b.uleb(0);
-        b.uleb(0x10);
-        b.uleb(9);
+        let (mut b, len, list) = v5_table();
+        entry(&mut b, dw::DW_LLE_offset_pair.0, &[0, 0x10]);
+        b.uleb(9); // the expression's length
         b.u8(dw::DW_OP_addr.0);
         let a1 = b.u64(0x1800);
         b.u8(dw::DW_LLE_start_length.0);
@@ -507,9 +488,7 @@ mod tests {
         b.u8(dw::DW_OP_constx.0);
         b.uleb(1);
         b.u8(dw::DW_OP_stack_value.0);
-        b.u8(dw::DW_LLE_GNU_view_pair.0);
-        b.uleb(1);
-        b.uleb(2);
+        entry(&mut b, dw::DW_LLE_GNU_view_pair.0, &[1, 2]);
         b.u8(dw::DW_LLE_base_address.0);
         let base = b.u64(0x8000);
         b.u8(dw::DW_LLE_start_end.0);

@@ -72,6 +72,38 @@ impl Bytes {
     }
 }
 
+/// A unit, list table or line program: the header `header` writes (returning its
+/// length field), then `body`, the length filled in.
+pub(crate) fn framed(header: impl FnOnce(&mut Bytes) -> u64, body: impl FnOnce(&mut Bytes)) -> Vec<u8> {
+    let mut b = Bytes::new();
+    let len = header(&mut b);
+    body(&mut b);
+    b.end_length(len);
+    b.0
+}
+
+/// A list entry: its kind, then ULEB128 operands.
+pub(crate) fn entry(b: &mut Bytes, kind: u8, ulebs: &[u64]) -> u64 {
+    let at = b.u8(kind);
+    for &v in ulebs {
+        b.uleb(v);
+    }
+    at
+}
+
+/// Asserts that `walk` refuses each input with the reason beside it.
+pub(crate) fn assert_refused<T>(
+    cases: &[(Vec<u8>, crate::error::Reason)],
+    walk: impl Fn(&[u8]) -> crate::error::Result<T>,
+) {
+    for (i, (data, reason)) in cases.iter().enumerate() {
+        match walk(data) {
+            Ok(_) => panic!("case {i} was accepted"),
+            Err(e) => assert_eq!(e.reason, *reason, "case {i}: {}", e.detail),
+        }
+    }
+}
+
 /// The ULEB128 encoding of `v`, padded to at least `len` bytes.
 pub(crate) fn uleb(mut v: u64, len: usize) -> Vec<u8> {
     let mut out = Vec::new();
