@@ -2,7 +2,7 @@
 considers (ELF by content, pruned debug trees, hard links inside and outside the
 tree, special files), what it decides for each under a policy (exclude and include
 globs, --exclude-regex, a package's architecture, the policy's threshold and mode),
-and how a policy file's values are read. The files are ELF headers written here
+and how a policy file's values and a package's opt-out are read. The files are ELF headers written here
 with the gABI's struct layout; no compiler, no transform."""
 
 from __future__ import annotations
@@ -138,23 +138,3 @@ def test_policy_values_and_package_opt_out(tmp_path: Path) -> None:
     assert (pol.huge_page("aarch64"), pol.huge_page("x86_64")) == (64 << 10, 2 << 20)
     assert policy_of(tmp_path, text, package="quiet").enabled is False
     assert policy_of(tmp_path, text, package="loud").enabled is True
-
-
-@pytest.mark.parametrize(
-    ("text", "line", "words"),
-    [
-        ('threshold = "1X"\n', 1, "threshold"),
-        ("\n\nthreshhold = 5\n", 3, "threshhold"),
-        ('[huge_page_size]\nx86_64 = "3M"\n', 2, "not a huge-page size"),
-        ('mode = "fast"\n', 1, "mode"),
-        ("exclude = 5\n", 1, "exclude"),
-    ],
-)
-def test_bad_policy_values_name_their_line(tmp_path: Path, text: str, line: int, words: str) -> None:
-    path = tmp_path / "policy.toml"
-    path.write_text(text)
-    with pytest.raises(policy.PolicyError) as e:
-        policy.check_file(path)
-    (problem,) = e.value.problems
-    assert problem.line == line
-    assert words in str(problem)
