@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from hugify import policy, tree
+from hugify import files, policy, tree
 from hugify.rewrite import Settings
 
 ELFCLASS64, ELFDATA2LSB, EV_CURRENT = 2, 1, 1
 ET_EXEC, ET_DYN = 2, 3
 EM_X86_64, EM_AARCH64 = 62, 183
 EHDR64 = "<16sHHIQQQIHHHHHH"  # Elf64_Ehdr
+PHDR64 = "<IIQQQQQQ"  # Elf64_Phdr
+PT_LOAD, PF_X, PF_R = 1, 1, 4
+HP = 2 << 20
 
 
 def elf_header(e_type: int = ET_DYN, machine: int = EM_X86_64) -> bytes:
@@ -28,6 +31,21 @@ def elf_header(e_type: int = ET_DYN, machine: int = EM_X86_64) -> bytes:
     ident = b"\x7fELF" + bytes([ELFCLASS64, ELFDATA2LSB, EV_CURRENT]) + bytes(9)
     size = struct.calcsize(EHDR64)
     return struct.pack(EHDR64, ident, e_type, machine, EV_CURRENT, 0, 0, 0, 0, size, 56, 0, 64, 0, 0)
+
+
+def elf_on_windows(code: int) -> bytes:
+    """An ELF64 executable whose one R+X PT_LOAD maps its first `code` bytes at an
+    address congruent to its offset modulo 2 MiB: code on whole huge-page windows as
+    it is (the ELF header inside it), no section headers. Zero-filled past the
+    headers."""
+    ident = b"\x7fELF" + bytes([ELFCLASS64, ELFDATA2LSB, EV_CURRENT]) + bytes(9)
+    ehsize, phentsize = struct.calcsize(EHDR64), struct.calcsize(PHDR64)
+    vaddr = 2 * HP
+    header = struct.pack(
+        EHDR64, ident, ET_EXEC, EM_X86_64, EV_CURRENT, vaddr, ehsize, 0, 0, ehsize, phentsize, 1, 64, 0, 0
+    )
+    load = struct.pack(PHDR64, PT_LOAD, PF_R | PF_X, 0, vaddr, vaddr, code, code, HP)
+    return (header + load).ljust(code, b"\0")
 
 
 def write(root: Path, rel: str, data: bytes) -> Path:
@@ -138,3 +156,29 @@ def test_policy_values_and_package_opt_out(tmp_path: Path) -> None:
     assert (pol.huge_page("aarch64"), pol.huge_page("x86_64")) == (64 << 10, 2 << 20)
     assert policy_of(tmp_path, text, package="quiet").enabled is False
     assert policy_of(tmp_path, text, package="loud").enabled is True
+
+
+def outcome(root: Path, pol: policy.Policy, manifest_only: bool) -> tree.Outcome:
+    """What tree does with the tree's only file under `pol`."""
+    (c,) = tree.candidates(root)
+    settings = tree.decide(c, tree.Options(root=root, policy=pol))
+    assert isinstance(settings, Settings)
+    with files.Directory.open(root, follow=True) as top:
+        job = tree.Job(c, settings, manifest_only, refuse_stripped=None, epoch=None, root=top)
+        return tree.process(job)
+
+
+def test_the_threshold_decides_whether_aligned_code_goes_into_the_manifest(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write(root, "usr/bin/big", elf_on_windows(2 * HP))
+    for manifest_only in (True, False):
+        listed = outcome(root, policy_of(tmp_path, 'threshold = "4M"'), manifest_only)
+        assert (listed.status, listed.entry) == ("as-is", ("-", 0, 2 * HP, HP)), manifest_only
+        assert listed.detail == "4.0 MiB of its code on whole huge-page windows as it is"
+        report = listed.as_json()
+        assert (report["path"], report["paths"], report["status"]) == ("/usr/bin/big", ["/usr/bin/big"], "as-is")
+        small = outcome(root, policy_of(tmp_path, 'threshold = "5M"'), manifest_only)
+        assert (small.status, small.entry) == ("skipped", None), manifest_only
+    # Rewriting is refused (no section headers): the core's reason is reported.
+    assert outcome(root, policy_of(tmp_path, ""), False).reason == "no-section-headers"
+    assert outcome(root, policy_of(tmp_path, 'threshold = "5M"'), False).reason == "no-section-headers"
