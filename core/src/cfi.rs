@@ -219,9 +219,11 @@ pub fn walk(data: &[u8], flavour: Flavour, addr_size: u8, mut visit: impl FnMut(
             }
             if cie.has_z {
                 let aug_len = c.uleb()?;
+                // An augmentation past the record would skip its instructions unread.
                 let aug_end = c
                     .pos
                     .checked_add(aug_len)
+                    .filter(|&e| e <= c.end)
                     .ok_or_else(|| bad(format!("FDE at {pos:#x} has an impossible augmentation length")))?;
                 c.pointer(cie.lsda_enc, cie.addr_size, &mut visit)?;
                 if c.pos > aug_end {
@@ -269,6 +271,7 @@ fn parse_cie(c: &mut Cursor, addr_size: u8, visit: &mut impl FnMut(Field) -> Res
         let aug_end = c
             .pos
             .checked_add(aug_len)
+            .filter(|&e| e <= c.end)
             .ok_or_else(|| bad(format!("CIE at {at:#x} has an impossible augmentation length")))?;
         for &ch in &aug[1..] {
             match ch {
@@ -349,4 +352,231 @@ fn expression(c: &mut Cursor, visit: &mut impl FnMut(Field) -> Result<()>) -> Re
     let off = c.pos;
     c.skip(len)?;
     visit(Field::Expression { off, len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dwarf::testbytes::{assert_refused, Bytes};
+    use gimli::constants::*;
+
+    /// A field as (kind, offset, encoding, size, value), comparable; an FDE's value
+    /// folds in its length.
+    type Flat = (char, u64, u8, u8, u64);
+
+    fn flat(f: Field) -> Flat {
+        match f {
+            Field::Pointer { off, enc, size, value } => ('p', off, enc, size, value),
+            Field::Fde { off, enc, value, len } => ('f', off, enc, 0, value ^ len.rotate_left(32)),
+            Field::Expression { off, len } => ('e', off, 0, 0, len),
+        }
+    }
+
+    fn walked(data: &[u8], flavour: Flavour) -> Result<Vec<Flat>> {
+        let mut out = Vec::new();
+        walk(data, flavour, 8, |f| {
+            out.push(flat(f));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    const PCREL_SDATA4: u8 = DW_EH_PE_pcrel.0 | DW_EH_PE_sdata4.0;
+
+    /// Where the walker must find each field of the test `.eh_frame`.
+    struct EhFrame {
+        data: Vec<u8>,
+        personality: u64,
+        initial: u64,
+        lsda: u64,
+        set_loc: u64,
+        expression: u64,
+        fde_end: u64,
+    }
+
+    /// A `.eh_frame` with a "zPLR" CIE (pc-relative sdata4 pointers), one FDE with
+    /// an LSDA, a DW_CFA_set_loc and a CFA expression, and the zero terminator.
+    fn eh_frame() -> EhFrame {
+        let mut b = Bytes::new();
+        let cie = b.length();
+        b.u32(0); // CIE id
+        b.u8(1); // version
+        b.str("zPLR");
+        b.uleb(1); // code alignment
+        b.sleb(-8); // data alignment
+        b.u8(16); // return address register
+        b.uleb(7); // augmentation data: P (1 + 4), L, R
+        b.u8(PCREL_SDATA4);
+        let personality = b.u32(0x100);
+        b.u8(PCREL_SDATA4);
+        b.u8(PCREL_SDATA4);
+        b.u8(DW_CFA_def_cfa.0);
+        b.uleb(7);
+        b.uleb(8);
+        b.u8(DW_CFA_offset.0 | 16);
+        b.uleb(1);
+        b.end_length(cie);
+        let fde = b.length();
+        let id = b.at();
+        b.u32((id - cie) as u32); // CIE pointer: back to the CIE
+        let initial = b.raw(&(-0x40i32).to_le_bytes());
+        b.u32(0x30); // pc_range
+        b.uleb(4);
+        let lsda = b.u32(0x200);
+        b.u8(DW_CFA_advance_loc.0 | 1);
+        b.u8(DW_CFA_set_loc.0);
+        let set_loc = b.u32(0x10);
+        b.u8(DW_CFA_def_cfa_expression.0);
+        b.uleb(2);
+        let expression = b.u8(DW_OP_breg7.0);
+        b.sleb(8);
+        b.u8(DW_CFA_nop.0);
+        b.end_length(fde);
+        let fde_end = b.at();
+        b.u32(0);
+        EhFrame { data: b.0, personality, initial, lsda, set_loc, expression, fde_end }
+    }
+
+    #[test]
+    fn eh_frame_pointers_are_found_with_their_encodings() {
+        let e = eh_frame();
+        let minus_0x40 = (-0x40i64) as u64;
+        let want = [
+            ('p', e.personality, PCREL_SDATA4, 4, 0x100),
+            ('p', e.initial, PCREL_SDATA4, 4, minus_0x40),
+            ('f', e.initial, PCREL_SDATA4, 0, minus_0x40 ^ 0x30u64.rotate_left(32)),
+            ('p', e.lsda, PCREL_SDATA4, 4, 0x200),
+            ('p', e.set_loc, PCREL_SDATA4, 4, 0x10),
+            ('e', e.expression, 0, 0, 2),
+        ];
+        assert_eq!(walked(&e.data, Flavour::EhFrame).unwrap(), want);
+    }
+
+    #[test]
+    fn every_cut_inside_a_record_is_an_error_not_a_panic() {
+        let e = eh_frame();
+        let cie_end = 4 + u64::from(u32::from_le_bytes(e.data[..4].try_into().unwrap()));
+        for n in 0..e.data.len() as u64 {
+            let r = walked(&e.data[..n as usize], Flavour::EhFrame);
+            if [0, cie_end, e.fde_end].contains(&n) {
+                assert!(r.is_ok(), "cut at {n:#x}, a record boundary");
+            } else {
+                assert_eq!(r.unwrap_err().reason, Reason::BadEhFrame, "cut at {n:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn pointer_encodings_have_their_sizes_and_signs() {
+        // One FDE per encoding, under a "zR" CIE using it.
+        let cases: [(DwEhPe, &[u8], u8, u64); 9] = [
+            (DW_EH_PE_absptr, &0x1122_3344_5566_7788u64.to_le_bytes(), 8, 0x1122_3344_5566_7788),
+            (DW_EH_PE_udata2, &0xfff0u16.to_le_bytes(), 2, 0xfff0),
+            (DW_EH_PE_sdata2, &0xfff0u16.to_le_bytes(), 2, (-0x10i64) as u64),
+            (DW_EH_PE_udata4, &0xffff_fff0u32.to_le_bytes(), 4, 0xffff_fff0),
+            (DW_EH_PE_sdata4, &0xffff_fff0u32.to_le_bytes(), 4, (-0x10i64) as u64),
+            (DW_EH_PE_udata8, &8u64.to_le_bytes(), 8, 8),
+            (DW_EH_PE_sdata8, &(-8i64).to_le_bytes(), 8, (-8i64) as u64),
+            (DW_EH_PE_uleb128, &[0x80, 0x01], 0, 0x80),
+            (DW_EH_PE_sleb128, &[0x40], 0, (-0x40i64) as u64),
+        ];
+        for (enc, bytes, size, value) in cases {
+            let enc = (DW_EH_PE_datarel | enc).0;
+            let mut b = Bytes::new();
+            let cie = b.length();
+            b.u32(0);
+            b.u8(1);
+            b.str("zR");
+            b.uleb(1);
+            b.sleb(-8);
+            b.u8(16);
+            b.uleb(1);
+            b.u8(enc);
+            b.end_length(cie);
+            let fde = b.length();
+            b.u32((b.at() - cie) as u32);
+            let at = b.raw(bytes);
+            b.raw(bytes); // the pc_range, in the same format
+            b.uleb(0);
+            b.end_length(fde);
+            let fields = walked(&b.0, Flavour::EhFrame).unwrap();
+            assert_eq!(fields[0], ('p', at, enc, size, value), "{enc:#x}");
+        }
+    }
+
+    #[test]
+    fn debug_frame_addresses_are_absolute_and_64_bit_records_are_read() {
+        let mut b = Bytes::new();
+        // A DWARF 4 CIE of 64-bit DWARF: 0xffffffff, a 64-bit length and CIE id.
+        b.u32(u32::MAX);
+        let len_at = b.u64(0);
+        b.u64(u64::MAX);
+        b.u8(4);
+        b.str("");
+        b.u8(8); // address size
+        b.u8(0); // segment selector size
+        b.uleb(1);
+        b.sleb(-8);
+        b.uleb(16);
+        let cie_end = b.at();
+        b.0[len_at as usize..len_at as usize + 8].copy_from_slice(&(cie_end - len_at - 8).to_le_bytes());
+        let fde = b.length();
+        b.u32(u32::MAX); // a 32-bit FDE cannot point at a 64-bit CIE's 0xffffffff id
+        b.end_length(fde);
+        assert_eq!(walked(&b.0, Flavour::DebugFrame).unwrap_err().reason, Reason::BadEhFrame);
+        b.0.truncate(cie_end as usize);
+        let fde = b.length();
+        b.u32(0); // CIE pointer: a section offset
+        let initial = b.u64(0x1000);
+        b.u64(0x20);
+        b.u8(DW_CFA_set_loc.0);
+        let set_loc = b.u64(0x1010);
+        b.u8(DW_CFA_val_expression.0);
+        b.uleb(3);
+        b.uleb(1);
+        let expression = b.u8(DW_OP_lit0.0);
+        b.end_length(fde);
+        let abs = DW_EH_PE_absptr.0;
+        let want = [
+            ('p', initial, abs, 8, 0x1000),
+            ('f', initial, abs, 0, 0x1000 ^ 0x20u64.rotate_left(32)),
+            ('p', set_loc, abs, 8, 0x1010),
+            ('e', expression, 0, 0, 1),
+        ];
+        assert_eq!(walked(&b.0, Flavour::DebugFrame).unwrap(), want);
+    }
+
+    #[test]
+    fn what_the_walker_cannot_read_is_an_error() {
+        let e = eh_frame();
+        let corrupt = |at: usize, byte: u8| {
+            let mut d = e.data.clone();
+            d[at] = byte;
+            d
+        };
+        let aug = 4 + 4 + 1; // the CIE's augmentation string
+        let cases = [
+            (corrupt(8, 2), Reason::BadEhFrame),                             // CIE version 2
+            (corrupt(aug + 1, b'X'), Reason::UnsupportedSection),            // "zXLR"
+            (corrupt(e.personality as usize - 1, 0x05), Reason::BadEhFrame), // pointer format 5
+            (corrupt(e.expression as usize - 2, 0x3f), Reason::BadEhFrame),  // no such instruction
+            (corrupt(e.initial as usize - 4, 0xff), Reason::BadEhFrame),     // CIE pointer to nowhere
+            (corrupt(0, 0xff), Reason::BadEhFrame),                          // CIE longer than the section
+        ];
+        assert_refused(&cases, |data| walked(data, Flavour::EhFrame));
+    }
+
+    #[test]
+    fn an_augmentation_longer_than_its_record_is_an_error() {
+        // The FDE's augmentation length reaching past the record would skip its
+        // instructions, DW_CFA_set_loc included, unexamined.
+        let e = eh_frame();
+        let mut data = e.data.clone();
+        data[e.lsda as usize - 1] = 0x7f;
+        assert_eq!(walked(&data, Flavour::EhFrame).unwrap_err().reason, Reason::BadEhFrame);
+        // The same for the CIE's augmentation (and the instructions after it).
+        let mut data = e.data.clone();
+        data[e.personality as usize - 2] = 0x7f;
+        assert_eq!(walked(&data, Flavour::EhFrame).unwrap_err().reason, Reason::BadEhFrame);
+    }
 }

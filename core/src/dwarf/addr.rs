@@ -79,3 +79,69 @@ pub(crate) fn repair(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dwarf::testbytes::{assert_refused, encoding, patched, Bytes, DV, MAP};
+    use crate::dwarf::SecId;
+
+    fn unit(version: u16, address_size: u8) -> UnitInfo {
+        UnitInfo { encoding: encoding(version, address_size), low_pc: 0, addr_base: 8 }
+    }
+
+    fn walk(data: &[u8], units: &[UnitInfo], refs: &Refs, tls_size: u64) -> Result<Vec<u8>> {
+        let secs = Sections::for_tests(&[(".debug_addr", data)]);
+        let mut ed = Edits::new(&secs);
+        repair(units, &secs, &MAP, refs, tls_size, &mut ed)?;
+        Ok(ed.applied(&secs, SecId(0), &MAP))
+    }
+
+    /// A DWARF 5 contribution of `entries` of `size` bytes; returns their offsets.
+    fn contribution(b: &mut Bytes, size: u8, entries: &[u64]) -> Vec<u64> {
+        let len = b.length();
+        b.u16(5);
+        b.u8(size);
+        b.u8(0);
+        let at = entries.iter().map(|&e| b.word(e, size)).collect();
+        b.end_length(len);
+        at
+    }
+
+    #[test]
+    fn v5_contributions_move_addresses_but_not_constants() {
+        let mut b = Bytes::new();
+        let wide = contribution(&mut b, 8, &[0x1000, 0x800, 0x1500]);
+        let narrow = contribution(&mut b, 4, &[0x8fff, 0x9000]);
+        let refs = Refs { addr_constants: vec![wide[2]], ..Refs::default() };
+        let out = walk(&b.0, &[unit(5, 8)], &refs, 0).unwrap();
+        assert_eq!(out, patched(&b.0, &[(wide[0], 0x1000 + DV, 8), (narrow[0], 0x8fff + DV, 4)]));
+    }
+
+    #[test]
+    fn gnu_split_dwarf_4_has_no_headers() {
+        let mut b = Bytes::new();
+        let (a, _, c) = (b.u64(0x1000), b.u64(0x800), b.u64(0x2000));
+        let refs = Refs { split_units: true, addr_constants: vec![c], ..Refs::default() };
+        let out = walk(&b.0, &[unit(4, 8)], &refs, 0).unwrap();
+        assert_eq!(out, patched(&b.0, &[(a, 0x1000 + DV, 8)]));
+        // Constants in .dwo files cannot be told apart once TLS reaches the moved range.
+        let e = walk(&b.0, &[unit(4, 8)], &refs, MAP.start + 1).unwrap_err();
+        assert_eq!(e.reason, Reason::UnsupportedDwarf);
+        let e = walk(&b.0, &[unit(4, 8), unit(5, 8)], &refs, 0).unwrap_err();
+        assert_eq!(e.reason, Reason::UnsupportedDwarf);
+    }
+
+    #[test]
+    fn bad_headers_are_errors() {
+        let mut version_4 = Bytes::new();
+        contribution(&mut version_4, 8, &[0x1000]);
+        version_4.0[4] = 4;
+        let mut overrun = Bytes::new();
+        contribution(&mut overrun, 8, &[0x1000]);
+        overrun.0[0] += 1;
+        let cases =
+            [(version_4.0, Reason::UnsupportedDwarf), (overrun.0, Reason::BadDwarf), (vec![1, 0], Reason::BadDwarf)];
+        assert_refused(&cases, |data| walk(data, &[unit(5, 8)], &Refs::default(), 0));
+    }
+}

@@ -52,3 +52,76 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dwarf::testbytes::{assert_refused, patched, Bytes, DV, MAP};
+    use crate::dwarf::SecId;
+
+    /// A set header (32-bit); the tuples start at the next multiple of their size.
+    fn set(b: &mut Bytes, version: u16, address_size: u8, segment_size: u8) -> u64 {
+        let len = b.length();
+        b.u16(version);
+        b.u32(0); // debug_info_offset
+        b.u8(address_size);
+        b.u8(segment_size);
+        while b.at() % (2 * u64::from(address_size)) != 0 {
+            b.u8(0);
+        }
+        len
+    }
+
+    fn walk(data: &[u8]) -> Result<Vec<u8>> {
+        let secs = Sections::for_tests(&[(".debug_aranges", data)]);
+        let mut ed = Edits::new(&secs);
+        repair(&secs, &MAP, &mut ed)?;
+        Ok(ed.applied(&secs, SecId(0), &MAP))
+    }
+
+    #[test]
+    fn tuple_addresses_inside_the_range_move_lengths_stay() {
+        let mut b = Bytes::new();
+        let len = set(&mut b, 2, 8, 0);
+        assert_eq!(b.at(), 16, "tuples of 16 bytes start at 16");
+        let a1 = b.u64(0x1000);
+        b.u64(0x100);
+        b.u64(0x9000);
+        b.u64(0x10);
+        b.u64(0);
+        b.u64(0);
+        b.end_length(len);
+        // A set of 4-byte addresses: its header ends at 12, its tuples start at 16.
+        let start = b.at();
+        let len = set(&mut b, 2, 4, 0);
+        assert_eq!(b.at() - start, 16);
+        let a2 = b.u32(0x2000);
+        b.u32(0x20);
+        b.u32(0);
+        b.u32(0);
+        b.end_length(len);
+        assert_eq!(walk(&b.0).unwrap(), patched(&b.0, &[(a1, 0x1000 + DV, 8), (a2, 0x2000 + DV, 4)]));
+    }
+
+    #[test]
+    fn unknown_versions_segments_and_overruns_are_errors() {
+        let one = |version: u16, address_size: u8, segment_size: u8, extra: u32| {
+            let mut b = Bytes::new();
+            let len = set(&mut b, version, address_size, segment_size);
+            b.u64(0);
+            b.u64(0);
+            b.end_length(len);
+            let n = b.0[0] as u32 + extra;
+            b.0[..4].copy_from_slice(&n.to_le_bytes());
+            b.0
+        };
+        let cases = [
+            (one(3, 8, 0, 0), Reason::UnsupportedDwarf),
+            (one(2, 8, 1, 0), Reason::UnsupportedDwarf),
+            (one(2, 2, 0, 0), Reason::UnsupportedDwarf),
+            (one(2, 8, 0, 1), Reason::BadDwarf),
+            (vec![0, 0], Reason::BadDwarf),
+        ];
+        assert_refused(&cases, walk);
+    }
+}

@@ -231,3 +231,130 @@ fn uleb_len(base: Slice<'_>, at: u64) -> Result<u64> {
         .map(|(_, n)| n as u64)
         .ok_or_else(|| Error::new(Reason::BadDwarf, format!("bad DW_FORM_indirect at {at:#x}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dwarf::testbytes::{abbrev, assert_refused, framed, patched, Bytes, DV, MAP};
+    use dw::*;
+
+    /// The abbreviations the tests' units use.
+    fn abbrevs() -> Vec<u8> {
+        let mut a = Bytes::new();
+        let cu = [(DW_AT_producer, DW_FORM_string), (DW_AT_low_pc, DW_FORM_addr), (DW_AT_high_pc, DW_FORM_data8)];
+        abbrev(&mut a, 1, DW_TAG_compile_unit, true, &[&cu[..], &[(DW_AT_ranges, DW_FORM_sec_offset)]].concat());
+        abbrev(
+            &mut a,
+            2,
+            DW_TAG_subprogram,
+            false,
+            &[(DW_AT_low_pc, DW_FORM_addr), (DW_AT_frame_base, DW_FORM_exprloc)],
+        );
+        let var = [(DW_AT_location, DW_FORM_exprloc), (DW_AT_const_value, DW_FORM_block1)];
+        abbrev(&mut a, 3, DW_TAG_variable, false, &[&var[..], &[(DW_AT_entry_pc, DW_FORM_indirect)]].concat());
+        abbrev(&mut a, 4, DW_TAG_variable, false, &[(DW_AT_location, DW_FORM_sec_offset)]);
+        abbrev(&mut a, 5, DW_TAG_compile_unit, true, &[(DW_AT_low_pc, DW_FORM_addr)]);
+        // DWARF 3 has no sec_offset: a location list is named by data4.
+        abbrev(&mut a, 6, DW_TAG_variable, false, &[(DW_AT_location, DW_FORM_data4)]);
+        abbrev(&mut a, 7, DW_TAG_variable, false, &[(DW_AT_name, DW_FORM_block1)]);
+        a.uleb(0);
+        a.0
+    }
+
+    /// A DWARF 2-4 unit header (32-bit) at the end of `b`; returns its length field.
+    fn unit_v4(b: &mut Bytes, version: u16, address_size: u8) -> u64 {
+        let len = b.length();
+        b.u16(version);
+        b.u32(0);
+        b.u8(address_size);
+        len
+    }
+
+    fn walk(info: &[u8]) -> Result<(Vec<u8>, Vec<UnitInfo>, Refs)> {
+        let abbrev = abbrevs();
+        let secs = Sections::for_tests(&[(".debug_abbrev", &abbrev), (".debug_info", info)]);
+        let (mut ed, mut refs) = (Edits::new(&secs), Refs::default());
+        let units = repair(&secs.gimli(), &secs, &MAP, &mut ed, &mut refs)?;
+        assert!(ed.moves_of(SecId(0)).is_empty());
+        Ok((ed.applied(&secs, SecId(1), &MAP), units, refs))
+    }
+
+    #[test]
+    fn address_forms_move_lengths_and_data_blocks_do_not() {
+        let mut b = Bytes::new();
+        let len = unit_v4(&mut b, 4, 8);
+        b.uleb(1);
+        b.str("cc");
+        let cu_low = b.u64(0x1000);
+        b.u64(0x100); // high_pc as data8 is a length
+        b.u32(0x10); // ranges
+        b.uleb(2);
+        let sub_low = b.u64(0x2000);
+        b.uleb(9);
+        b.u8(DW_OP_addr.0);
+        b.u64(0x9000); // just past the moved range
+        b.uleb(3);
+        b.uleb(9);
+        b.u8(DW_OP_addr.0);
+        let var = b.u64(0x8fff);
+        // A constant's bytes that read like DW_OP_addr 0x2000 are data.
+        b.u8(9);
+        b.u8(DW_OP_addr.0);
+        b.u64(0x2000);
+        b.uleb(u64::from(DW_FORM_addr.0)); // the indirect form, then its value
+        let indirect = b.u64(0x3000);
+        b.uleb(4);
+        b.u32(0x20);
+        b.uleb(0);
+        b.end_length(len);
+        // A DWARF 3 unit of 4-byte addresses.
+        let len = unit_v4(&mut b, 3, 4);
+        b.uleb(5);
+        let cu3_low = b.u32(0x4000);
+        b.uleb(6);
+        b.u32(0x30);
+        b.uleb(0);
+        b.end_length(len);
+        let (out, units, refs) = walk(&b.0).unwrap();
+        let want = [
+            (cu_low, 0x1000 + DV, 8),
+            (sub_low, 0x2000 + DV, 8),
+            (var, 0x8fff + DV, 8),
+            (indirect, 0x3000 + DV, 8),
+            (cu3_low, 0x4000 + DV, 4),
+        ];
+        assert_eq!(out, patched(&b.0, &want));
+        let facts: Vec<_> = units.iter().map(|u| (u.encoding.version, u.encoding.address_size, u.low_pc)).collect();
+        assert_eq!(facts, [(4, 8, 0x1000), (3, 4, 0x4000)]);
+        assert_eq!((refs.rnglists, refs.loclists), (vec![(0x10, 0)], vec![(0x20, 0), (0x30, 1)]));
+    }
+
+    #[test]
+    fn unclassified_blocks_odd_sizes_and_unknown_versions_are_errors() {
+        let unit = |version: u16, address_size: u8, body: &dyn Fn(&mut Bytes)| {
+            framed(|b| unit_v4(b, version, address_size), body)
+        };
+        let name_block = unit(4, 8, &|b| {
+            b.uleb(7);
+            b.u8(1);
+            b.u8(0);
+        });
+        let two_byte_addresses = unit(4, 2, &|b| {
+            b.uleb(5);
+            b.u16(0x1000);
+        });
+        let version_6 = unit(6, 8, &|_| {});
+        let mut truncated = unit(4, 8, &|b| {
+            b.uleb(5);
+            b.u64(0x1000);
+        });
+        truncated.truncate(truncated.len() - 1);
+        let cases = [
+            (name_block, Reason::UnsupportedDwarf),
+            (two_byte_addresses, Reason::BadDwarf),
+            (version_6, Reason::UnsupportedDwarf),
+            (truncated, Reason::BadDwarf),
+        ];
+        assert_refused(&cases, walk);
+    }
+}

@@ -97,3 +97,143 @@ fn walk(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dwarf::testbytes::{assert_refused, framed, patched, Bytes, DV, MAP};
+    use crate::dwarf::SecId;
+    use gimli::constants::*;
+
+    /// The standard opcodes' operand counts, DW_LNS_copy to DW_LNS_set_isa.
+    const LENGTHS: [u8; 12] = [0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1];
+
+    /// The line program header fields from minimum_instruction_length on.
+    fn fields(b: &mut Bytes, opcode_base: u8) {
+        b.u8(1); // minimum_instruction_length
+        b.u8(1); // maximum_operations_per_instruction
+        b.u8(1); // default_is_stmt
+        b.raw(&(-5i8).to_le_bytes()); // line_base
+        b.u8(14); // line_range
+        b.u8(opcode_base);
+        b.raw(&LENGTHS[..usize::from(opcode_base) - 1]);
+    }
+
+    /// A DWARF 4 header; returns the unit length and header length fields.
+    fn header_v4(b: &mut Bytes) -> (u64, u64) {
+        let len = b.length();
+        b.u16(4);
+        let header_len = b.length();
+        fields(b, 13);
+        b.u8(0); // no include directories
+        b.str("a.c");
+        b.uleb(0);
+        b.uleb(0);
+        b.uleb(0);
+        b.u8(0);
+        b.end_length(header_len);
+        (len, header_len)
+    }
+
+    /// A DWARF 5 header with a short standard opcode table (opcode_base 10).
+    fn header_v5(b: &mut Bytes) -> u64 {
+        let len = b.length();
+        b.u16(5);
+        b.u8(8);
+        b.u8(0);
+        let header_len = b.length();
+        fields(b, 10);
+        b.u8(1);
+        b.uleb(u64::from(DW_LNCT_path.0));
+        b.uleb(u64::from(DW_FORM_string.0));
+        b.uleb(1);
+        b.str("/src");
+        b.u8(2);
+        b.uleb(u64::from(DW_LNCT_path.0));
+        b.uleb(u64::from(DW_FORM_string.0));
+        b.uleb(u64::from(DW_LNCT_directory_index.0));
+        b.uleb(u64::from(DW_FORM_udata.0));
+        b.uleb(1);
+        b.str("a.c");
+        b.uleb(0);
+        b.end_length(header_len);
+        len
+    }
+
+    fn set_address(b: &mut Bytes, a: u64, size: u8) -> u64 {
+        b.u8(0);
+        b.uleb(1 + u64::from(size));
+        b.u8(DW_LNE_set_address.0);
+        b.word(a, size)
+    }
+
+    fn end_sequence(b: &mut Bytes) {
+        b.u8(0);
+        b.uleb(1);
+        b.u8(DW_LNE_end_sequence.0);
+    }
+
+    fn walk(data: &[u8]) -> Result<Vec<u8>> {
+        let secs = Sections::for_tests(&[(".debug_line", data)]);
+        let mut ed = Edits::new(&secs);
+        repair(&secs.gimli(), &secs, &MAP, 8, &mut ed)?;
+        Ok(ed.applied(&secs, SecId(0), &MAP))
+    }
+
+    #[test]
+    fn set_address_moves_and_the_opcodes_between_are_skipped_whole() {
+        let mut b = Bytes::new();
+        let (len, _) = header_v4(&mut b);
+        let a1 = set_address(&mut b, 0x1000, 8);
+        b.u8(DW_LNS_advance_pc.0);
+        b.uleb(0x10);
+        b.u8(DW_LNS_const_add_pc.0);
+        b.u8(0x20); // a special opcode
+        b.u8(DW_LNS_copy.0);
+        b.u8(DW_LNS_advance_line.0);
+        b.sleb(-1);
+        set_address(&mut b, 0x9000, 8);
+        b.u8(DW_LNS_set_file.0);
+        b.uleb(1);
+        end_sequence(&mut b);
+        // A u16 operand whose bytes, misread as opcodes, would swallow the
+        // DW_LNE_set_address after it.
+        b.u8(DW_LNS_fixed_advance_pc.0);
+        b.u16(u16::from(DW_LNS_fixed_advance_pc.0) << 8);
+        let a2 = set_address(&mut b, 0x8fff, 8);
+        end_sequence(&mut b);
+        b.end_length(len);
+        // A DWARF 5 program follows; opcodes 10-12 are special opcodes there.
+        let len = header_v5(&mut b);
+        let a3 = set_address(&mut b, 0x2000, 8);
+        b.raw(&[10, 11, 12]);
+        // A vendor's extended opcode is skipped by its length.
+        b.u8(0);
+        b.uleb(3);
+        b.raw(&[DW_LNE_lo_user.0, 0, 0]);
+        end_sequence(&mut b);
+        b.end_length(len);
+        b.u32(0); // padding
+        let want = [(a1, 0x1000 + DV, 8), (a2, 0x8fff + DV, 8), (a3, 0x2000 + DV, 8)];
+        assert_eq!(walk(&b.0).unwrap(), patched(&b.0, &want));
+    }
+
+    #[test]
+    fn odd_address_sizes_and_truncated_opcodes_are_errors() {
+        let program = |body: &dyn Fn(&mut Bytes)| framed(|b| header_v4(b).0, body);
+        let two_bytes = program(&|b| {
+            set_address(b, 0x1000, 2);
+        });
+        let past_end = program(&|b| {
+            b.u8(0);
+            b.uleb(9);
+            b.u8(DW_LNE_set_address.0);
+        });
+        let bad_leb = program(&|b| {
+            b.u8(DW_LNS_advance_pc.0);
+            b.u8(0x80);
+        });
+        let cases = [(two_bytes, Reason::UnsupportedDwarf), (past_end, Reason::BadDwarf), (bad_leb, Reason::BadDwarf)];
+        assert_refused(&cases, walk);
+    }
+}

@@ -288,3 +288,219 @@ fn put_uleb_same_size(c: &Ctx, ed: &mut Edits, at: u64, len: u64, value: u64) ->
     }
     ed.put(c.sec, at, bytes, len as u8)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dwarf::testbytes::{assert_refused, encoding, entry, framed, patched, uleb, Bytes, DV, MAP};
+    use gimli::constants as dw;
+
+    fn unit(version: u16, address_size: u8, low_pc: u64) -> UnitInfo {
+        UnitInfo { encoding: encoding(version, address_size), low_pc, addr_base: ADDR_BASE }
+    }
+
+    /// Where the test `.debug_addr` entries start (after a DWARF 5 header).
+    const ADDR_BASE: u64 = 8;
+
+    /// A `.debug_addr` with a DWARF 5 header and these 8-byte entries.
+    fn debug_addr(entries: &[u64]) -> Vec<u8> {
+        let mut b = Bytes::new();
+        let len = b.length();
+        b.u16(5);
+        b.u8(8);
+        b.u8(0);
+        for &e in entries {
+            b.u64(e);
+        }
+        b.end_length(len);
+        b.0
+    }
+
+    /// A DWARF 5 list section header with no offset table; lists start after it.
+    fn v5_header(b: &mut Bytes) -> u64 {
+        let len = b.length();
+        b.u16(5);
+        b.u8(8);
+        b.u8(0);
+        b.u32(0);
+        len
+    }
+
+    /// A DWARF 5 list section begun: its bytes, length field and first list's offset.
+    fn v5_table() -> (Bytes, u64, u64) {
+        let mut b = Bytes::new();
+        let len = v5_header(&mut b);
+        let list = b.at();
+        (b, len, list)
+    }
+
+    /// Walks the lists at `offsets` (each of unit 0) of section `name`; returns the
+    /// section after the walk and the `.debug_addr` constants found.
+    fn walk(name: &str, data: &[u8], u: UnitInfo, offsets: &[u64]) -> Result<(Vec<u8>, Vec<u64>)> {
+        let addr = debug_addr(&[0x2000, 0x3000]);
+        let secs = Sections::for_tests(&[(name, data), (".debug_addr", &addr)]);
+        let mut refs = Refs::default();
+        let lists = offsets.iter().map(|&o| (o, 0)).collect();
+        if name.contains("loc") {
+            refs.loclists = lists;
+        } else {
+            refs.rnglists = lists;
+        }
+        let mut ed = Edits::new(&secs);
+        repair(&[u], &secs, &MAP, &mut refs, &mut ed)?;
+        assert!(ed.moves_of(SecId(1)).is_empty() && ed.puts_of(SecId(1)).is_empty(), ".debug_addr is addr.rs's");
+        Ok((ed.applied(&secs, SecId(0), &MAP), refs.addr_constants))
+    }
+
+    #[test]
+    fn v4_ranges_move_absolute_pairs_and_keep_pairs_relative_to_a_moving_base() {
+        let mut b = Bytes::new();
+        // Relative to the unit's low_pc, which moves with them: unchanged.
+        b.u64(0x10);
+        b.u64(0x20);
+        // A base that stays (0x700) under targets that move (0x1000, 0x1100).
+        b.u64(u64::MAX);
+        b.u64(0x700);
+        let p1 = b.u64(0x900);
+        let p2 = b.u64(0xa00);
+        // Targets that stay too: 0x9100 is past the moved range.
+        b.u64(0x8a00);
+        b.u64(0x8a10);
+        // A base inside the moved range moves itself.
+        b.u64(u64::MAX);
+        let base = b.u64(0x2000);
+        b.u64(0);
+        b.u64(0);
+        // A second list, of a unit whose base is 0: absolute addresses.
+        let absolute = b.u64(0x1000);
+        let absolute_end = b.u64(0x1100);
+        b.u64(0x100);
+        b.u64(0x200);
+        b.u64(0);
+        b.u64(0);
+        let (out, _) = walk(".debug_ranges", &b.0, unit(4, 8, 0x1000), &[0]).unwrap();
+        let want = [(p1, 0x900 + DV, 8), (p2, 0xa00 + DV, 8), (base, 0x2000 + DV, 8)];
+        assert_eq!(out, patched(&b.0, &want));
+        let (out, _) = walk(".debug_ranges", &b.0, unit(4, 8, 0), &[absolute]).unwrap();
+        assert_eq!(out, patched(&b.0, &[(absolute, 0x1000 + DV, 8), (absolute_end, 0x1100 + DV, 8)]));
+    }
+
+    #[test]
+    fn v4_locations_of_4_byte_addresses_walk_their_expressions() {
+        let mut b = Bytes::new();
+        let start = b.u32(0x1000);
+        let end = b.u32(0x1010);
+        b.u16(5);
+        b.u8(dw::DW_OP_addr.0);
+        let addr = b.u32(0x2000);
+        b.u32(0x9000);
+        b.u32(0x9010);
+        b.u16(1);
+        b.u8(dw::DW_OP_reg0.0);
+        b.u32(0);
+        b.u32(0);
+        let (out, _) = walk(".debug_loc", &b.0, unit(4, 4, 0), &[0]).unwrap();
+        let want = [(start, 0x1000 + DV, 4), (end, 0x1010 + DV, 4), (addr, 0x2000 + DV, 4)];
+        assert_eq!(out, patched(&b.0, &want));
+        // The expression's length runs past the section.
+        let cut = &b.0[..addr as usize + 2];
+        assert_eq!(walk(".debug_loc", cut, unit(4, 4, 0), &[0]).unwrap_err().reason, Reason::BadDwarf);
+    }
+
+    #[test]
+    fn v5_range_list_entries_of_every_kind() {
+        let (mut b, len, list) = v5_table();
+        entry(&mut b, dw::DW_RLE_offset_pair.0, &[0x10, 0x20]);
+        b.u8(dw::DW_RLE_base_address.0);
+        b.u64(0x700);
+        // Relative to 0x700, which stays, targets at 0x1000 and 0x1100 which move: the
+        // ULEB128s (padded to 4 bytes, as a linker leaves them) grow by the shift.
+        b.u8(dw::DW_RLE_offset_pair.0);
+        let p1 = b.uleb_padded(0x900, 4);
+        let p2 = b.uleb_padded(0xa00, 4);
+        b.u8(dw::DW_RLE_start_end.0);
+        let start = b.u64(0x1100);
+        b.u64(0x9100);
+        b.u8(dw::DW_RLE_start_length.0);
+        let start2 = b.u64(0x8ff0);
+        b.uleb(0x10);
+        // .debug_addr entry 1 (0x3000) as base: it moves with what is relative to it.
+        entry(&mut b, dw::DW_RLE_base_addressx.0, &[1]);
+        entry(&mut b, dw::DW_RLE_offset_pair.0, &[4, 8]);
+        // Indexed entries are .debug_addr's to move.
+        entry(&mut b, dw::DW_RLE_startx_length.0, &[0, 4]);
+        entry(&mut b, dw::DW_RLE_startx_endx.0, &[0, 1]);
+        b.u8(dw::DW_RLE_end_of_list.0);
+        b.end_length(len);
+        let (out, _) = walk(".debug_rnglists", &b.0, unit(5, 8, 0x1000), &[list]).unwrap();
+        let mut want = patched(&b.0, &[(start, 0x1100 + DV, 8), (start2, 0x8ff0 + DV, 8)]);
+        want[p1 as usize..p1 as usize + 4].copy_from_slice(&uleb(0x900 + DV, 4));
+        want[p2 as usize..p2 as usize + 4].copy_from_slice(&uleb(0xa00 + DV, 4));
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn v5_lists_that_cannot_be_rewritten_in_place_are_errors() {
+        let list = |body: &dyn Fn(&mut Bytes)| framed(v5_header, body);
+        // 0x900 from a base that stays to a target that moves needs 4 bytes, not 2.
+        let grows = list(&|b| {
+            b.u8(dw::DW_RLE_base_address.0);
+            b.u64(0x700);
+            entry(b, dw::DW_RLE_offset_pair.0, &[0x900, 0x910]);
+            b.u8(dw::DW_RLE_end_of_list.0);
+        });
+        // DW_LLE_start_length's number, which no range list entry has.
+        let unknown = list(&|b| {
+            b.u8(dw::DW_LLE_start_length.0);
+        });
+        let index_out_of_range = list(&|b| {
+            entry(b, dw::DW_RLE_base_addressx.0, &[2]);
+        });
+        let truncated = list(&|b| {
+            b.u8(dw::DW_RLE_start_end.0);
+            b.u32(0x1000);
+        });
+        let cases = [
+            (grows, Reason::UnsupportedDwarf),
+            (unknown, Reason::UnsupportedDwarf),
+            (index_out_of_range, Reason::BadDwarf),
+            (truncated, Reason::BadDwarf),
+        ];
+        assert_refused(&cases, |data| walk(".debug_rnglists", data, unit(5, 8, 0x1000), &[12]));
+    }
+
+    #[test]
+    fn v5_location_list_entries_and_their_expressions() {
+        let (mut b, len, list) = v5_table();
+        entry(&mut b, dw::DW_LLE_offset_pair.0, &[0, 0x10]);
+        b.uleb(9); // the expression's length
+        b.u8(dw::DW_OP_addr.0);
+        let a1 = b.u64(0x1800);
+        b.u8(dw::DW_LLE_start_length.0);
+        b.u64(0x9000);
+        b.uleb(4);
+        b.uleb(9);
+        b.u8(dw::DW_OP_addr.0);
+        let a2 = b.u64(0x2000);
+        // DW_OP_constx 1 names .debug_addr entry 1 as a constant for addr.rs.
+        b.u8(dw::DW_LLE_default_location.0);
+        b.uleb(3);
+        b.u8(dw::DW_OP_constx.0);
+        b.uleb(1);
+        b.u8(dw::DW_OP_stack_value.0);
+        entry(&mut b, dw::DW_LLE_GNU_view_pair.0, &[1, 2]);
+        b.u8(dw::DW_LLE_base_address.0);
+        let base = b.u64(0x8000);
+        b.u8(dw::DW_LLE_start_end.0);
+        let start = b.u64(0x1000);
+        b.u64(0x9000);
+        b.uleb(1);
+        b.u8(dw::DW_OP_reg0.0);
+        b.u8(dw::DW_LLE_end_of_list.0);
+        b.end_length(len);
+        let (out, constants) = walk(".debug_loclists", &b.0, unit(5, 8, 0x1000), &[list]).unwrap();
+        let want = [(a1, 0x1800 + DV, 8), (a2, 0x2000 + DV, 8), (base, 0x8000 + DV, 8), (start, 0x1000 + DV, 8)];
+        assert_eq!(out, patched(&b.0, &want));
+        assert_eq!(constants, [ADDR_BASE + 8]);
+    }
+}

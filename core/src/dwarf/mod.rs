@@ -19,6 +19,8 @@ mod info;
 mod line;
 mod lists;
 mod sections;
+#[cfg(test)]
+pub(crate) mod testbytes;
 
 use crate::elf::consts::PT_TLS;
 use crate::elf::Elf;
@@ -119,6 +121,25 @@ impl Edits {
     #[cfg(test)]
     fn moves_of(&self, sec: SecId) -> &[Move] {
         &self.moves[sec.0]
+    }
+
+    /// The literal writes of one section so far, as (offset, bytes).
+    #[cfg(test)]
+    fn puts_of(&self, sec: SecId) -> Vec<(u64, Vec<u8>)> {
+        self.puts[sec.0].iter().map(|p| (p.off(), p.data().to_vec())).collect()
+    }
+
+    /// The contents of section `sec` of `secs` with these edits applied.
+    #[cfg(test)]
+    fn applied(&self, secs: &Sections, sec: SecId, map: &AddrMap) -> Vec<u8> {
+        let mut data = secs.data(sec).to_vec();
+        for p in &self.puts[sec.0] {
+            data[p.off() as usize..p.end() as usize].copy_from_slice(p.data());
+        }
+        for m in &self.moves[sec.0] {
+            m.apply(&mut data, 0, map);
+        }
+        data
     }
 }
 
@@ -252,5 +273,88 @@ mod tests {
             // Growth is that of the file written, recompressed sections included.
             assert_eq!(t.summary().growth, out.len() as i64 - built.data.len() as i64, "{kind:?}");
         }
+    }
+}
+
+/// The walkers together on a DWARF 5 unit: what `.debug_info` names, `.debug_addr`
+/// and the range lists hold.
+#[cfg(test)]
+mod v5_tests {
+    use super::testbytes::{abbrev, patched, Bytes, DV, MAP};
+    use super::{addr, info, lists, Edits, Refs, Sections};
+    use crate::dwarf::sections::SecId;
+    use gimli::constants::*;
+
+    #[test]
+    fn indexed_addresses_move_in_debug_addr_constants_stay() {
+        let mut a = Bytes::new();
+        let cu = [(DW_AT_low_pc, DW_FORM_addrx), (DW_AT_addr_base, DW_FORM_sec_offset)];
+        abbrev(&mut a, 1, DW_TAG_compile_unit, true, &[&cu[..], &[(DW_AT_ranges, DW_FORM_sec_offset)]].concat());
+        abbrev(&mut a, 2, DW_TAG_variable, false, &[(DW_AT_location, DW_FORM_exprloc)]);
+        a.uleb(0);
+        // .debug_addr: a DWARF 5 header, then entries 0 (low_pc), 1 (outside), 2 (a constant).
+        let mut addrs = Bytes::new();
+        let len = addrs.length();
+        addrs.u16(5);
+        addrs.u8(8);
+        addrs.u8(0);
+        let base = addrs.u64(0x1000);
+        addrs.u64(0x800);
+        addrs.u64(0x1500);
+        addrs.end_length(len);
+        let mut rng = Bytes::new();
+        let len = rng.length();
+        rng.u16(5);
+        rng.u8(8);
+        rng.u8(0);
+        rng.u32(0);
+        let list = rng.at();
+        rng.u8(DW_RLE_base_addressx.0);
+        rng.uleb(0);
+        rng.u8(DW_RLE_offset_pair.0);
+        rng.uleb(0);
+        rng.uleb(0x10);
+        rng.u8(DW_RLE_startx_length.0);
+        rng.uleb(1);
+        rng.uleb(8);
+        rng.u8(DW_RLE_end_of_list.0);
+        rng.end_length(len);
+        let mut b = Bytes::new();
+        let len = b.length();
+        b.u16(5);
+        b.u8(DW_UT_compile.0);
+        b.u8(8);
+        b.u32(0);
+        b.uleb(1);
+        b.uleb(0);
+        b.u32(base as u32);
+        b.u32(list as u32);
+        b.uleb(2);
+        b.uleb(9);
+        b.u8(DW_OP_addr.0);
+        let var = b.u64(0x1500);
+        b.uleb(2);
+        b.uleb(3);
+        b.u8(DW_OP_constx.0);
+        b.uleb(2);
+        b.u8(DW_OP_stack_value.0);
+        b.uleb(0);
+        b.end_length(len);
+        let named = [
+            (".debug_abbrev", &a.0[..]),
+            (".debug_info", &b.0),
+            (".debug_addr", &addrs.0),
+            (".debug_rnglists", &rng.0),
+        ];
+        let secs = Sections::for_tests(&named);
+        let (mut ed, mut refs) = (Edits::new(&secs), Refs::default());
+        let units = info::repair(&secs.gimli(), &secs, &MAP, &mut ed, &mut refs).unwrap();
+        assert_eq!((units[0].low_pc, units[0].addr_base), (0x1000, base));
+        assert_eq!(refs.rnglists, [(list, 0)]);
+        lists::repair(&units, &secs, &MAP, &mut refs, &mut ed).unwrap();
+        addr::repair(&units, &secs, &MAP, &refs, 0, &mut ed).unwrap();
+        assert_eq!(ed.applied(&secs, SecId(1), &MAP), patched(&b.0, &[(var, 0x1500 + DV, 8)]));
+        assert_eq!(ed.applied(&secs, SecId(2), &MAP), patched(&addrs.0, &[(base, 0x1000 + DV, 8)]));
+        assert_eq!(ed.applied(&secs, SecId(3), &MAP), rng.0);
     }
 }

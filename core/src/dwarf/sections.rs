@@ -119,6 +119,20 @@ impl<'a> Sections<'a> {
         Ok(Sections { list })
     }
 
+    /// Uncompressed sections given by name and contents, as a file would hold them.
+    #[cfg(test)]
+    pub fn for_tests(named: &[(&str, &'a [u8])]) -> Sections<'a> {
+        let section = |(i, &(name, data)): (usize, &(&str, &'a [u8]))| Section {
+            index: i + 1,
+            file_offset: 0,
+            name: name.to_owned(),
+            raw: data,
+            data: Cow::Borrowed(data),
+            compression: Compression::None,
+        };
+        Sections { list: named.iter().enumerate().map(section).collect() }
+    }
+
     /// Number of sections.
     pub fn len(&self) -> usize {
         self.list.len()
