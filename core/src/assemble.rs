@@ -36,7 +36,7 @@ pub fn assemble(
     pieces.extend(plan.traps.iter().map(|&(dst, len)| Piece { dst, len, src: Source::Trap(an.arch.trap) }));
 
     // Padding sections, and the names they need in .shstrtab.
-    let exec = plan.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0).expect("plans keep the code");
+    let exec = plan.phdrs.iter().find(|p| p.is_exec()).expect("plans keep the code");
     let shstrndx = elf.ehdr.shstrndx as usize;
     let old_names = elf.section_data(&elf.shdrs[shstrndx]);
     let mut names = None;
@@ -218,7 +218,7 @@ mod tests {
         // Code that ends short of a page: padding before and after it.
         let (built, t, out) = run(&Dso::new(Arrangement::SeparateCode, 0x2ff0), ModeChoice::Shift, HP);
         let new = Elf::parse(&out).unwrap();
-        let execs: Vec<&Phdr> = new.loads().filter(|p| p.p_flags & PF_X != 0).collect();
+        let execs: Vec<&Phdr> = new.loads().filter(|p| p.is_exec()).collect();
         let [x] = execs.as_slice() else { panic!("{execs:?}") };
         assert_eq!((x.p_offset % HP, x.p_vaddr % HP, x.p_filesz), (0, 0, HP));
         let text = new.section(".text").unwrap();

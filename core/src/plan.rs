@@ -20,7 +20,7 @@ use crate::elf::{align_down, align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::exposure::OUTSIDE_SECTIONS;
 use crate::hazards;
-use crate::layout::{is_loader_metadata, Analysis, FileKind, LoadPlace};
+use crate::layout::{is_loader_metadata, Analysis, LoadPlace};
 use crate::windows::{covered, huge_placed, huge_windows};
 
 /// Which transformation a plan performs.
@@ -166,8 +166,8 @@ pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
             format!("executable segment is {} bytes, below the threshold of {threshold}", x.p_memsz),
         ));
     }
-    if huge_placed(x, an.kind == FileKind::Executable, huge_page) {
-        let how = if an.kind == FileKind::Executable { "at its fixed address" } else { "with its p_align" };
+    if huge_placed(x, an.kind.fixed_addresses(), huge_page) {
+        let how = if an.kind.fixed_addresses() { "at its fixed address" } else { "with its p_align" };
         return Err(refused(
             Reason::AlreadyAligned,
             format!("executable segment is placed {how} with its file offset congruent to its address"),
@@ -228,7 +228,7 @@ struct Around<'e> {
 }
 
 fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<Plan> {
-    if an.kind == FileKind::Executable {
+    if an.kind.fixed_addresses() {
         return Err(refused(Reason::UnsupportedType, "an ET_EXEC has fixed addresses; only alignment can change"));
     }
     let Some(first_moved) = an.places.iter().position(|p| *p != LoadPlace::Stays).filter(|&i| i <= an.exec) else {
@@ -371,8 +371,8 @@ fn checked_gain(p: Plan, g: &Around, exposure_limit: u64, exposing: Option<&Plan
     let mut detail = format!(
         "no whole huge-page window of code: {:#x} bytes of code, the executable load {:#x}-{:#x} after the shift",
         g.code_end - g.code_start,
-        p.phdrs.iter().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).map_or(0, |l| l.p_vaddr),
-        p.phdrs.iter().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).map_or(0, |l| l.vend()),
+        p.phdrs.iter().find(|l| l.is_exec()).map_or(0, |l| l.p_vaddr),
+        p.phdrs.iter().find(|l| l.is_exec()).map_or(0, |l| l.vend()),
     );
     if let Some(x) = exposing.filter(|x| x.covered_code > 0) {
         let names: Vec<&str> =
@@ -668,7 +668,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let page = an.arch.min_page;
     // The smallest file displacement that makes the code's offset congruent to its address.
     let mut d = (x.p_vaddr % hp + hp - x.p_offset % hp) % hp;
-    if d == 0 && an.kind == FileKind::Executable {
+    if d == 0 && an.kind.fixed_addresses() {
         return Err(refused(
             Reason::NoGain,
             "the executable's code offset is already congruent to its fixed address; rewriting gains nothing",
@@ -821,7 +821,7 @@ fn rebuild_phdrs(
 /// Bytes of executable sections that end up inside whole huge-page windows of the
 /// planned program headers.
 fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
-    let runs = huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page);
+    let runs = huge_windows(&plan.phdrs, an.kind.fixed_addresses(), plan.huge_page);
     // Saturating: a .tbss needs only its start inside a load.
     let mapped =
         an.exec_sections(elf).map(|s| (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size)));
@@ -860,7 +860,7 @@ mod tests {
     }
 
     fn exec_load(p: &Plan) -> Phdr {
-        *p.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0).unwrap()
+        *p.phdrs.iter().find(|p| p.is_exec()).unwrap()
     }
 
     #[test]
