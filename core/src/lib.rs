@@ -196,7 +196,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     let build_id = elf::notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
     let summarise = |p: &Result<Plan>| -> Result<PlanSummary> {
         let plan = p.as_ref().map_err(Clone::clone)?;
-        let size = assemble::assemble(&elf, &an, plan, patch::Patches::default(), Vec::new())?.size;
+        let size = assemble::lay_out(&elf, &an, plan, &vec![None; elf.shdrs.len()])?.size;
         Ok(PlanSummary {
             mode: plan.mode,
             dv: plan.map.dv,
