@@ -89,7 +89,7 @@ fn contains(ranges: &[(u64, u64)], at: u64) -> bool {
 
 /// The input's executable file ranges (see the module documentation).
 pub fn input_executable(elf: &Elf) -> Vec<(u64, u64)> {
-    let loads = elf.loads().filter(|p| p.p_flags & PF_X != 0).map(|p| (p.p_offset, p.fend()));
+    let loads = elf.loads().filter(|p| p.is_exec()).map(|p| (p.p_offset, p.fend()));
     let code = elf.shdrs.iter().filter(|s| s.sh_flags & SHF_EXECINSTR != 0 && s.has_file_data());
     merged(loads.chain(code.map(|s| (s.sh_offset, s.fend()))).collect())
 }
@@ -98,7 +98,7 @@ pub fn input_executable(elf: &Elf) -> Vec<(u64, u64)> {
 /// to the file.
 pub fn mapped_executable(elf: &Elf, page: u64) -> Vec<(u64, u64)> {
     let size = elf.data.len() as u64;
-    let ranges = elf.loads().filter(|p| p.p_flags & PF_X != 0 && p.p_filesz > 0).map(|p| {
+    let ranges = elf.loads().filter(|p| p.is_exec() && p.p_filesz > 0).map(|p| {
         let end = if p.p_memsz > p.p_filesz { p.fend() } else { align_up(p.fend(), page) };
         (align_down(p.p_offset, page).min(size), end.min(size))
     });

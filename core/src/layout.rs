@@ -34,6 +34,13 @@ impl FileKind {
             FileKind::Executable => "executable",
         }
     }
+
+    /// Whether the loader places the file's segments at their link-time addresses (an
+    /// ET_EXEC): their huge-page windows line up whatever `p_align` asks for, and no
+    /// address of the file may change, so only alignment can.
+    pub fn fixed_addresses(self) -> bool {
+        self == FileKind::Executable
+    }
 }
 
 /// How the linker arranged the segments (names from the layout survey).
@@ -147,7 +154,7 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
         return Err(refused(Reason::NoSectionHeaders, "the file has no section headers"));
     }
     let loads = sorted_loads(elf)?;
-    let execs: Vec<usize> = (0..loads.len()).filter(|&i| loads[i].p_flags & PF_X != 0).collect();
+    let execs: Vec<usize> = (0..loads.len()).filter(|&i| loads[i].is_exec()).collect();
     let exec = match execs.as_slice() {
         [] => return Err(refused(Reason::NoExecSegment, "no PT_LOAD segment is executable")),
         [one] => *one,
@@ -426,6 +433,27 @@ mod tests {
         assert_eq!((an.split, an.split_section.as_str()), (built.addr(".rodata"), ".rodata"));
         assert_eq!(an.places, [LoadPlace::Split, LoadPlace::Moves, LoadPlace::Moves]);
         assert_eq!(an.exec, 1);
+    }
+
+    #[test]
+    fn the_executable_load_is_a_pt_load_with_pf_x() {
+        use crate::testelf::load;
+        assert!(load(PF_R | PF_X, 0x1000, 0x1000, 0x10, 0x10, 0x1000).is_exec());
+        assert!(!load(PF_R | PF_W, 0x1000, 0x1000, 0x10, 0x10, 0x1000).is_exec());
+        // PF_X on PT_GNU_STACK asks for an executable stack; it maps no code.
+        let stack = Phdr { p_type: PT_GNU_STACK, ..load(PF_R | PF_W | PF_X, 0, 0, 0, 0, 16) };
+        assert!(!stack.is_exec());
+    }
+
+    #[test]
+    fn only_an_et_exec_has_fixed_addresses() {
+        use crate::testelf::{Seg, TestElf};
+        let code = [Seg::code(0x1000, 0x401000, 0x3000)];
+        let kind = |data: &[u8]| file_kind(&Elf::parse(data).unwrap()).unwrap();
+        assert!(kind(&TestElf::exec(&code).build()).fixed_addresses());
+        assert!(!kind(&TestElf::pie(&code).build()).fixed_addresses());
+        let dso = Dso::new(Arrangement::SeparateCode, 0x3000).build().data;
+        assert!(!kind(&dso).fixed_addresses());
     }
 
     /// Sets the flags of program header `i`.

@@ -30,7 +30,7 @@ pub mod windows;
 
 use elf::{Elf, Phdr};
 pub use error::{Error, Kind, Reason, Result};
-use layout::{Analysis, FileKind};
+use layout::Analysis;
 pub use output::Output;
 use plan::{Mode, Plan};
 use windows::{covered, huge_windows, WindowRun};
@@ -196,7 +196,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     let build_id = elf::notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
     let summarise = |p: &Result<Plan>| -> Result<PlanSummary> {
         let plan = p.as_ref().map_err(Clone::clone)?;
-        let size = assemble::assemble(&elf, &an, plan, patch::Patches::default(), Vec::new())?.size;
+        let size = assemble::lay_out(&elf, &an, plan, &vec![None; elf.shdrs.len()])?.size;
         Ok(PlanSummary {
             mode: plan.mode,
             dv: plan.map.dv,
@@ -206,7 +206,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
             exposed: plan.exposed,
             exposed_sections: plan.exposed_sections.clone(),
             phdr_table_displaced: plan.phdr_table_displaced,
-            windows: huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page),
+            windows: huge_windows(&plan.phdrs, an.kind.fixed_addresses(), plan.huge_page),
             phdrs: plan.phdrs.clone(),
             build_id: build_id.clone().map(|mut id| {
                 id[0] ^= repair::BUILD_ID_FLIP;
@@ -217,7 +217,7 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
     let (shift, align) = (summarise(&cands.shift), summarise(&cands.align));
     let chosen = pre.and_then(|()| choose(&an, opts.mode, &shift, &align));
     let x = an.exec_load();
-    let windows_before = huge_windows(&elf.phdrs, an.kind == FileKind::Executable, opts.huge_page);
+    let windows_before = huge_windows(&elf.phdrs, an.kind.fixed_addresses(), opts.huge_page);
     let report = Report {
         arch: an.arch.name,
         kind: an.kind.name(),
@@ -252,7 +252,7 @@ fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align:
         (ModeChoice::Auto, Ok(s), Ok(a)) if a.covered_code + s.exposed >= s.covered_code => Ok(Mode::Align),
         (ModeChoice::Auto, Ok(_), _) => Ok(Mode::Shift),
         (ModeChoice::Auto, Err(_), Ok(_)) => Ok(Mode::Align),
-        (ModeChoice::Auto, Err(_), Err(a)) if an.kind == FileKind::Executable => Err(a.clone()),
+        (ModeChoice::Auto, Err(_), Err(a)) if an.kind.fixed_addresses() => Err(a.clone()),
         (ModeChoice::Auto, Err(s), Err(a)) => {
             Err(Error::new(s.reason, format!("{}; alignment only: {}", s.detail, a.detail)))
         }

@@ -20,7 +20,7 @@ use crate::elf::{align_down, align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::exposure::OUTSIDE_SECTIONS;
 use crate::hazards;
-use crate::layout::{is_loader_metadata, Analysis, FileKind, LoadPlace};
+use crate::layout::{is_loader_metadata, Analysis, LoadPlace};
 use crate::windows::{covered, huge_placed, huge_windows};
 
 /// Which transformation a plan performs.
@@ -166,8 +166,8 @@ pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
             format!("executable segment is {} bytes, below the threshold of {threshold}", x.p_memsz),
         ));
     }
-    if huge_placed(x, an.kind == FileKind::Executable, huge_page) {
-        let how = if an.kind == FileKind::Executable { "at its fixed address" } else { "with its p_align" };
+    if huge_placed(x, an.kind.fixed_addresses(), huge_page) {
+        let how = if an.kind.fixed_addresses() { "at its fixed address" } else { "with its p_align" };
         return Err(refused(
             Reason::AlreadyAligned,
             format!("executable segment is placed {how} with its file offset congruent to its address"),
@@ -228,7 +228,13 @@ struct Around<'e> {
 }
 
 fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<Plan> {
-    if an.kind == FileKind::Executable {
+    let g = around(elf, an)?;
+    search(elf, an, hp, &g, exposure_limit)
+}
+
+/// The input's geometry around the code, or why no shift can move it.
+fn around<'e>(elf: &'e Elf, an: &Analysis) -> Result<Around<'e>> {
+    if an.kind.fixed_addresses() {
         return Err(refused(Reason::UnsupportedType, "an ET_EXEC has fixed addresses; only alignment can change"));
     }
     let Some(first_moved) = an.places.iter().position(|p| *p != LoadPlace::Stays).filter(|&i| i <= an.exec) else {
@@ -288,7 +294,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<
         .filter(|s| an.section_moves[s.index] && s.sh_size > 0 && s.sh_addr < code_start)
         .filter(|s| s.sh_flags & SHF_EXECINSTR == 0 && !s.is_tls_bss())
         .collect();
-    let g = Around {
+    Ok(Around {
         first_moved,
         split,
         align,
@@ -299,8 +305,14 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<
         code_end,
         t,
         below,
-    };
+    })
+}
 
+/// The displacement search: the candidate shifts (which end of the executable load
+/// sits on a huge-page boundary, how far below the code it starts) and the one that
+/// puts the most code on whole windows, exposing no more than `exposure_limit`.
+fn search(elf: &Elf, an: &Analysis, hp: u64, g: &Around, exposure_limit: u64) -> Result<Plan> {
+    let (page, align, code_start, t) = (an.arch.min_page, g.align, g.code_start, g.t);
     // The executable load runs from `lead` bytes below the code to T; `dv` puts a
     // huge-page boundary at one of its ends (T + dv, or the start) and is then raised
     // in steps that keep it there. With the code's end on a boundary, every boundary
@@ -310,7 +322,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<
     let lead_to_boundary = (hp - (t - code_start) % hp) % hp;
     let Some(data_end) = g.below.iter().map(|s| s.vend()).max() else {
         // Nothing moved lies below the code: trap padding fills the first window.
-        return checked_gain(shift_with(elf, an, hp, &g, lead_to_boundary, end_on_boundary)?, &g, exposure_limit, None);
+        return checked_gain(shift_with(elf, an, hp, g, lead_to_boundary, end_on_boundary)?, g, exposure_limit, None);
     };
     // Read-only data below the code (rodata-first): nothing of it may share the
     // executable load, which therefore starts at `floor` or above. Candidates: the
@@ -333,7 +345,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<
     }
     let mut best: Option<Plan> = None;
     for (lead, dv) in safe {
-        let p = shift_with(elf, an, hp, &g, lead, dv)?;
+        let p = shift_with(elf, an, hp, g, lead, dv)?;
         if best.as_ref().is_none_or(|b| p.covered_code > b.covered_code) {
             best = Some(p);
         }
@@ -346,7 +358,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<
         lead += hp;
     }
     let exposing = (lead > code_start.saturating_sub(floor))
-        .then(|| shift_with(elf, an, hp, &g, lead, end_on_boundary))
+        .then(|| shift_with(elf, an, hp, g, lead, end_on_boundary))
         .transpose()?;
     if let Some(p) = exposing.as_ref().filter(|p| p.exposed <= exposure_limit) {
         if p.covered_code > best.as_ref().map_or(0, |b| b.covered_code) + p.exposed {
@@ -354,7 +366,7 @@ fn plan_shift(elf: &Elf, an: &Analysis, hp: u64, exposure_limit: u64) -> Result<
         }
     }
     match best {
-        Some(p) => checked_gain(p, &g, exposure_limit, exposing.as_ref()),
+        Some(p) => checked_gain(p, g, exposure_limit, exposing.as_ref()),
         None => Err(refused(
             Reason::UnsupportedLayout,
             format!("the read-only data below the code ends at {data_end:#x}, in the code's first page"),
@@ -371,8 +383,8 @@ fn checked_gain(p: Plan, g: &Around, exposure_limit: u64, exposing: Option<&Plan
     let mut detail = format!(
         "no whole huge-page window of code: {:#x} bytes of code, the executable load {:#x}-{:#x} after the shift",
         g.code_end - g.code_start,
-        p.phdrs.iter().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).map_or(0, |l| l.p_vaddr),
-        p.phdrs.iter().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).map_or(0, |l| l.vend()),
+        p.phdrs.iter().find(|l| l.is_exec()).map_or(0, |l| l.p_vaddr),
+        p.phdrs.iter().find(|l| l.is_exec()).map_or(0, |l| l.vend()),
     );
     if let Some(x) = exposing.filter(|x| x.covered_code > 0) {
         let names: Vec<&str> =
@@ -391,14 +403,55 @@ fn checked_gain(p: Plan, g: &Around, exposure_limit: u64, exposing: Option<&Plan
 /// smallest displacement congruent to `dv0` modulo max(hp, align) that clears what stays.
 fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64) -> Result<Plan> {
     let page = an.arch.min_page;
-    let Around { first_moved, split, align, start, code_start, code_src, code_end, t, .. } = *g;
-    let leading = g.leading.clone();
     // Input addresses (as distances below the code) of the lowest moved byte and of the
     // executable segment's start.
-    let below_code = (code_start - start).max(lead);
-    let read_only_end = code_start.saturating_sub(lead).max(start);
-    // What of the leading loads lies in the executable load: their sections, and the
-    // bytes between those (counted as the self-check counts them, crate::exposure).
+    let below_code = (g.code_start - g.start).max(lead);
+    let read_only_end = g.code_start.saturating_sub(lead).max(g.start);
+    let (exposed, exposed_sections) = exposed_below(an, g, read_only_end);
+
+    // The loads of the output: what stays, the moved read-only part below the
+    // executable segment, the executable segment, what follows it.
+    let leading_loads: Vec<(u64, u64)> = an.loads[g.leading.clone()]
+        .iter()
+        .map(|l| (l.p_vaddr.max(g.start), l.vend().min(read_only_end)))
+        .filter(|(from, to)| to > from)
+        .collect();
+    let new_load_count = an.places.iter().filter(|p| **p != LoadPlace::Moves).count()
+        + leading_loads.len()
+        + 1
+        + (an.exec + 1..an.loads.len()).count();
+    let table_size = (elf.phdrs.len() - an.loads.len() + new_load_count) as u64 * elf.class.phdr_size();
+    let stay = staying_part(elf, an, g, table_size);
+    let dv = displacement(g, hp, page, below_code, dv0, stay.vend);
+    let moved = placements(an, g, hp, lead, below_code, dv, &stay);
+    let map = AddrMap { start: g.start, end: an.image_end, dv, relocated: stay.relocated };
+    let new_loads = new_loads(an, g, &stay, &moved, read_only_end, hp);
+    debug_assert_eq!(new_loads.len(), new_load_count);
+    let phdr_table = stay.phdr_table;
+    let phdrs = rebuild_phdrs(elf, &new_loads, &map, &moved.copies, phdr_table.map(|(o, v)| (o, v, table_size)), hp)?;
+    let mut plan = Plan {
+        mode: Mode::Shift,
+        huge_page: hp,
+        map,
+        phdrs,
+        copies: moved.copies,
+        traps: moved.traps,
+        phdr_table,
+        phdr_table_displaced: stay.displaced,
+        tail_start: moved.tail_start,
+        df: moved.df,
+        covered_code: 0,
+        exposed,
+        exposed_sections,
+    };
+    plan.covered_code = covered_code(elf, an, &plan);
+    Ok(plan)
+}
+
+/// What of the leading loads lies in the executable load, from `read_only_end` to the
+/// code: its bytes, and per section (and the bytes between sections, counted as the
+/// self-check counts them, [`crate::exposure`]).
+fn exposed_below(an: &Analysis, g: &Around, read_only_end: u64) -> (u64, Vec<(String, u64)>) {
     let mut exposed_sections: Vec<(String, u64)> = Vec::new();
     let mut add = |name: &str, n: u64| match exposed_sections.iter_mut().find(|(s, _)| s == name) {
         Some((_, b)) => *b += n,
@@ -406,8 +459,8 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
         None => {}
     };
     let mut exposed = 0;
-    for l in &an.loads[leading.clone()] {
-        let (from, to) = (l.p_vaddr.max(read_only_end), l.vend().min(code_start));
+    for l in &an.loads[g.leading.clone()] {
+        let (from, to) = (l.p_vaddr.max(read_only_end), l.vend().min(g.code_start));
         if to <= from {
             continue;
         }
@@ -422,109 +475,177 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
         }
         add(OUTSIDE_SECTIONS, to.saturating_sub(at));
     }
+    (exposed, exposed_sections)
+}
 
-    // The loads of the output: what stays, the moved read-only part below the
-    // executable segment, the executable segment, what follows it.
-    let leading_loads: Vec<(u64, u64)> = an.loads[leading.clone()]
-        .iter()
-        .map(|l| (l.p_vaddr.max(start), l.vend().min(read_only_end)))
-        .filter(|(from, to)| to > from)
-        .collect();
-    let new_load_count = an.places.iter().filter(|p| **p != LoadPlace::Moves).count()
-        + leading_loads.len()
-        + 1
-        + (an.exec + 1..an.loads.len()).count();
+/// What stays of a shift: the prefix of the file up to the first moved byte, and the
+/// program header table.
+struct Staying {
+    /// Copies of the staying bytes (and of metadata relocated behind them).
+    copies: Vec<Placement>,
+    /// One past the last staying file byte and address.
+    fend: u64,
+    vend: u64,
+    /// Output offset and address of a table that grows.
+    phdr_table: Option<(u64, u64)>,
+    /// Metadata moved behind what stays to make room for it.
+    relocated: Relocated,
+    /// Whether the table had to leave e_phoff ([`Plan::phdr_table_displaced`]).
+    displaced: bool,
+}
 
-    // What stays: the prefix of the file and the program header table. When the first
-    // moved segment is split, the table gets the new load's header: it grows at
-    // e_phoff where the sections after it can make room ([`table_room`]), else it
-    // moves behind what stays ([`Plan::phdr_table_displaced`]).
+/// The staying part. When the first moved segment is split, the table of
+/// `table_size` bytes gets the new load's header: it grows at e_phoff where the
+/// sections after it can make room ([`table_room`]), else it moves behind what stays
+/// ([`Plan::phdr_table_displaced`]).
+fn staying_part(elf: &Elf, an: &Analysis, g: &Around, table_size: u64) -> Staying {
     let phdr_size = elf.class.phdr_size();
-    let table_size = (elf.phdrs.len() - an.loads.len() + new_load_count) as u64 * phdr_size;
-    let first = an.loads[first_moved];
-    let start_src = first.p_offset + start.saturating_sub(first.p_vaddr);
-    let mut stay_fend = start_src;
-    let mut stay_vend = an.loads[..first_moved].iter().map(Phdr::vend).max().unwrap_or(0);
-    let mut phdr_table = None;
-    let mut relocated = Relocated::default();
-    let mut copies = vec![Placement { src: 0, len: start_src, dst: 0 }];
-    let mut phdr_table_displaced = false;
-    if split {
-        let vaddr_of = |off: u64| off - first.p_offset + first.p_vaddr;
-        stay_vend = stay_vend.max(vaddr_of(start_src));
-        let phoff = elf.ehdr.e_phoff;
-        let grows = table_size > elf.phdrs.len() as u64 * phdr_size;
-        match table_room(elf, &first, start_src, table_size) {
-            Some(room) if grows => {
-                phdr_table = Some((phoff, vaddr_of(phoff)));
-                let mut rest = phoff + table_size;
-                copies = vec![Placement { src: 0, len: phoff, dst: 0 }];
-                if let Some((r, block)) = room {
-                    relocated = r;
-                    copies.push(block);
-                    rest = rest.max(block.src + block.len);
-                    stay_fend = block.dst + block.len;
-                    stay_vend = stay_vend.max(vaddr_of(stay_fend));
-                }
-                copies.push(Placement { src: rest, len: start_src.saturating_sub(rest), dst: rest });
+    let first = an.loads[g.first_moved];
+    let start_src = first.p_offset + g.start.saturating_sub(first.p_vaddr);
+    let mut stay = Staying {
+        copies: vec![Placement { src: 0, len: start_src, dst: 0 }],
+        fend: start_src,
+        vend: an.loads[..g.first_moved].iter().map(Phdr::vend).max().unwrap_or(0),
+        phdr_table: None,
+        relocated: Relocated::default(),
+        displaced: false,
+    };
+    if !g.split {
+        return stay;
+    }
+    let vaddr_of = |off: u64| off - first.p_offset + first.p_vaddr;
+    stay.vend = stay.vend.max(vaddr_of(start_src));
+    let phoff = elf.ehdr.e_phoff;
+    let grows = table_size > elf.phdrs.len() as u64 * phdr_size;
+    match table_room(elf, &first, start_src, table_size) {
+        Some(room) if grows => {
+            stay.phdr_table = Some((phoff, vaddr_of(phoff)));
+            let mut rest = phoff + table_size;
+            stay.copies = vec![Placement { src: 0, len: phoff, dst: 0 }];
+            if let Some((r, block)) = room {
+                stay.relocated = r;
+                stay.copies.push(block);
+                rest = rest.max(block.src + block.len);
+                stay.fend = block.dst + block.len;
+                stay.vend = stay.vend.max(vaddr_of(stay.fend));
             }
-            Some(_) => {}
-            None => {
-                phdr_table_displaced = true;
-                let off = align_up(start_src, elf.class.word());
-                phdr_table = Some((off, vaddr_of(off)));
-                stay_fend = off + table_size;
-                stay_vend = vaddr_of(off) + table_size;
-            }
+            stay.copies.push(Placement { src: rest, len: start_src.saturating_sub(rest), dst: rest });
+        }
+        Some(_) => {}
+        None => {
+            stay.displaced = true;
+            let off = align_up(start_src, elf.class.word());
+            stay.phdr_table = Some((off, vaddr_of(off)));
+            stay.fend = off + table_size;
+            stay.vend = vaddr_of(off) + table_size;
         }
     }
+    stay
+}
 
-    // dv: congruent to dv0 and a multiple of `align`; the smallest such dv whose lowest
-    // moved page clears what stays.
-    let step = align.max(hp);
+/// dv: congruent to `dv0` and a multiple of the moved alignment; the smallest such dv
+/// whose lowest moved page (`below_code` under the code) clears what stays.
+fn displacement(g: &Around, hp: u64, page: u64, below_code: u64, dv0: u64, stay_vend: u64) -> u64 {
+    let step = g.align.max(hp);
     let mut dv = dv0;
-    while (code_start + dv).checked_sub(below_code).is_none_or(|low| align_down(low, page) < align_up(stay_vend, page))
+    while (g.code_start + dv)
+        .checked_sub(below_code)
+        .is_none_or(|low| align_down(low, page) < align_up(stay_vend, page))
     {
         dv += step;
     }
-    let window_start = code_start + dv - lead;
-    let window_end = t + dv;
-    // Moved bytes keep their distances in the file too (output offset = address minus a
-    // constant), at offsets congruent to their addresses modulo hp, the lowest one
-    // after what stays.
-    let lowest = stay_fend + (below_code - lead);
+    dv
+}
+
+/// Where the moved bytes go in the output file.
+struct Moved {
+    /// What stays's copies, then the leading loads', the code's and the following loads'.
+    copies: Vec<Placement>,
+    /// Trap padding: what of the executable load no copy fills.
+    traps: Vec<(u64, u64)>,
+    /// The executable load: its addresses and its file offset.
+    window_start: u64,
+    window_end: u64,
+    file_start: u64,
+    /// The displacement.
+    dv: u64,
+    /// Output offset of each load after the code.
+    following: Vec<u64>,
+    /// Where the non-loaded tail begins.
+    tail_start: u64,
+    /// File displacement of the code.
+    df: u64,
+}
+
+impl Moved {
+    /// The output offset of moved input address `a`.
+    fn offset_of(&self, a: u64) -> u64 {
+        a + self.dv + self.file_start - self.window_start
+    }
+}
+
+/// Placements and traps. Moved bytes keep their distances in the file too (output
+/// offset = address minus a constant), at offsets congruent to their addresses modulo
+/// hp, the lowest one after what stays; the loads after the code follow, each at an
+/// offset congruent to its address.
+fn placements(an: &Analysis, g: &Around, hp: u64, lead: u64, below_code: u64, dv: u64, stay: &Staying) -> Moved {
+    let page = an.arch.min_page;
+    let window_start = g.code_start + dv - lead;
+    let window_end = g.t + dv;
+    let lowest = stay.fend + (below_code - lead);
     let file_start = lowest + (window_start % hp + hp - lowest % hp) % hp;
     let out_off = |a: u64| a + dv + file_start - window_start;
-    let code_dst = out_off(code_start);
-    let df = code_dst - code_src;
-    let code_len = code_end - code_start;
-
-    for l in &an.loads[leading.clone()] {
-        let from = l.p_vaddr.max(start);
+    let code_dst = out_off(g.code_start);
+    let mut copies = stay.copies.clone();
+    for l in &an.loads[g.leading.clone()] {
+        let from = l.p_vaddr.max(g.start);
         copies.push(Placement { src: l.p_offset + (from - l.p_vaddr), len: l.vend() - from, dst: out_off(from) });
     }
-    copies.push(Placement { src: code_src, len: code_len, dst: code_dst });
+    copies.push(Placement { src: g.code_src, len: g.code_end - g.code_start, dst: code_dst });
     let window_file_end = file_start + (window_end - window_start);
     let traps = gaps(&copies, file_start, window_file_end);
     let mut cursor = window_file_end;
-    let map = AddrMap { start, end: an.image_end, dv, relocated };
+    let mut following = Vec::new();
+    for l in &an.loads[an.exec + 1..] {
+        let dst = place_after(cursor, l, page);
+        copies.push(Placement { src: l.p_offset, len: l.p_filesz, dst });
+        cursor = cursor.max(dst + l.p_filesz);
+        following.push(dst);
+    }
+    Moved {
+        copies,
+        traps,
+        window_start,
+        window_end,
+        file_start,
+        dv,
+        following,
+        tail_start: cursor,
+        df: code_dst - g.code_src,
+    }
+}
 
+/// The new loads, in address order: what stays (a split load keeps its staying part,
+/// read-only), the leading loads' moved read-only parts below the executable load,
+/// the executable load on its window, the loads after it moved by dv.
+fn new_loads(an: &Analysis, g: &Around, stay: &Staying, moved: &Moved, read_only_end: u64, hp: u64) -> Vec<Phdr> {
+    let dv = moved.dv;
     let mut new_loads = Vec::new();
     for (i, l) in an.loads.iter().enumerate() {
         match an.places[i] {
             LoadPlace::Stays => new_loads.push(*l),
             LoadPlace::Split => {
-                let filesz = stay_fend - l.p_offset;
-                let memsz = stay_vend - l.p_vaddr;
+                let filesz = stay.fend - l.p_offset;
+                let memsz = stay.vend - l.p_vaddr;
                 new_loads.push(Phdr { p_flags: PF_R, p_filesz: filesz, p_memsz: memsz, ..*l });
             }
             LoadPlace::Moves => {}
         }
-        if leading.contains(&i) {
-            let (from, to) = (l.p_vaddr.max(start), l.vend().min(read_only_end));
+        if g.leading.contains(&i) {
+            let (from, to) = (l.p_vaddr.max(g.start), l.vend().min(read_only_end));
             if to > from {
                 new_loads.push(Phdr {
-                    p_offset: out_off(from),
+                    p_offset: moved.offset_of(from),
                     p_vaddr: from + dv,
                     p_paddr: l.p_paddr.wrapping_add(from - l.p_vaddr + dv),
                     p_filesz: to - from,
@@ -533,42 +654,23 @@ fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64
                 });
             }
         } else if i == an.exec {
+            let (start, end) = (moved.window_start, moved.window_end);
             new_loads.push(Phdr {
                 p_type: PT_LOAD,
                 p_flags: l.p_flags,
-                p_offset: file_start,
-                p_vaddr: window_start,
-                p_paddr: window_start.wrapping_add(l.p_paddr.wrapping_sub(l.p_vaddr)),
-                p_filesz: window_end - window_start,
-                p_memsz: window_end - window_start,
+                p_offset: moved.file_start,
+                p_vaddr: start,
+                p_paddr: start.wrapping_add(l.p_paddr.wrapping_sub(l.p_vaddr)),
+                p_filesz: end - start,
+                p_memsz: end - start,
                 p_align: hp,
             });
         } else if i > an.exec {
-            let dst = place_after(cursor, l, page);
-            copies.push(Placement { src: l.p_offset, len: l.p_filesz, dst });
-            cursor = cursor.max(dst + l.p_filesz);
+            let dst = moved.following[i - an.exec - 1];
             new_loads.push(Phdr { p_offset: dst, p_vaddr: l.p_vaddr + dv, p_paddr: l.p_paddr.wrapping_add(dv), ..*l });
         }
     }
-    debug_assert_eq!(new_loads.len(), new_load_count);
-    let phdrs = rebuild_phdrs(elf, &new_loads, &map, &copies, phdr_table.map(|(o, v)| (o, v, table_size)), hp)?;
-    let mut plan = Plan {
-        mode: Mode::Shift,
-        huge_page: hp,
-        map,
-        phdrs,
-        copies,
-        traps,
-        phdr_table,
-        phdr_table_displaced,
-        tail_start: cursor,
-        df,
-        covered_code: 0,
-        exposed,
-        exposed_sections,
-    };
-    plan.covered_code = covered_code(elf, an, &plan);
-    Ok(plan)
+    new_loads
 }
 
 /// Room for a program header table of `table_size` bytes at e_phoff, in the load
@@ -668,7 +770,7 @@ fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let page = an.arch.min_page;
     // The smallest file displacement that makes the code's offset congruent to its address.
     let mut d = (x.p_vaddr % hp + hp - x.p_offset % hp) % hp;
-    if d == 0 && an.kind == FileKind::Executable {
+    if d == 0 && an.kind.fixed_addresses() {
         return Err(refused(
             Reason::NoGain,
             "the executable's code offset is already congruent to its fixed address; rewriting gains nothing",
@@ -821,7 +923,7 @@ fn rebuild_phdrs(
 /// Bytes of executable sections that end up inside whole huge-page windows of the
 /// planned program headers.
 fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
-    let runs = huge_windows(&plan.phdrs, an.kind == FileKind::Executable, plan.huge_page);
+    let runs = huge_windows(&plan.phdrs, an.kind.fixed_addresses(), plan.huge_page);
     // Saturating: a .tbss needs only its start inside a load.
     let mapped =
         an.exec_sections(elf).map(|s| (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size)));
@@ -860,7 +962,105 @@ mod tests {
     }
 
     fn exec_load(p: &Plan) -> Phdr {
-        *p.phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0).unwrap()
+        *p.phdrs.iter().find(|p| p.is_exec()).unwrap()
+    }
+
+    /// A separate-code DSO with 0x2ff0 bytes of code at address and offset 0x1000, in
+    /// the page after the metadata's R load.
+    fn separate_code() -> (crate::testelf::Built, Vec<u8>) {
+        let built = Dso::new(Arrangement::SeparateCode, 0x2ff0).build();
+        let data = built.data.clone();
+        let text = built.sec(".text");
+        assert_eq!((text.addr, text.offset), (0x1000, 0x1000));
+        (built, data)
+    }
+
+    #[test]
+    fn the_staying_part_is_the_prefix_and_a_table_that_grows_keeps_e_phoff() {
+        let data = separate_code().1;
+        let elf = Elf::parse(&data).unwrap();
+        let an = analyse(&elf).unwrap();
+        // The first load stays whole: the first 0x1000 bytes, copied where they are.
+        let stay = staying_part(&elf, &an, &around(&elf, &an).unwrap(), 0);
+        assert_eq!(stay.copies, [Placement { src: 0, len: 0x1000, dst: 0 }]);
+        let metadata = an.loads[0];
+        assert_eq!((metadata.p_vaddr, an.places[0]), (0, LoadPlace::Stays));
+        assert_eq!((stay.fend, stay.vend, stay.phdr_table, stay.displaced), (0x1000, metadata.vend(), None, false));
+        // Text in the first load: the load splits, the table grows by one header where
+        // it is (e_phoff 64, address 64 in a load mapped at 0), the bytes before it stay.
+        let data = Dso::new(Arrangement::TextInFirst, 0x3000).build().data;
+        let elf = Elf::parse(&data).unwrap();
+        let an = analyse(&elf).unwrap();
+        let g = around(&elf, &an).unwrap();
+        let grown = (elf.phdrs.len() as u64 + 1) * 56;
+        let stay = staying_part(&elf, &an, &g, grown);
+        assert_eq!((stay.phdr_table, stay.copies[0]), (Some((64, 64)), Placement { src: 0, len: 64, dst: 0 }));
+        assert!(!stay.displaced && stay.relocated.from >= 64 + grown - 56 && stay.relocated.delta > 0);
+    }
+
+    #[test]
+    fn the_displacement_is_the_first_congruent_one_that_clears_what_stays() {
+        let g = Around {
+            first_moved: 1,
+            split: false,
+            align: PAGE,
+            start: 0x1000,
+            leading: 1..1,
+            code_start: 0x1000,
+            code_src: 0x1000,
+            code_end: 0x4000,
+            t: 0x4000,
+            below: Vec::new(),
+        };
+        // dv0 puts the code's end (0x4000) on 2 MiB: 0x1fc000; the code then starts at
+        // 0x1fd000, above what stays (to 0x1000).
+        assert_eq!(displacement(&g, HP, PAGE, 0, HP - 0x4000, 0x1000), 0x1f_c000);
+        // What stays reaching 0x1fe000 takes one step of max(hp, align) more.
+        assert_eq!(displacement(&g, HP, PAGE, 0, HP - 0x4000, 0x1f_e000), 0x3f_c000);
+        let wide = Around { align: 0x40_0000, leading: 1..1, below: Vec::new(), ..g };
+        assert_eq!(displacement(&wide, HP, PAGE, 0, HP - 0x4000, 0x1f_e000), 0x5f_c000);
+        // The executable load reaching 0x1fd000 below the code: its lowest page must clear too.
+        assert_eq!(displacement(&g, HP, PAGE, 0x1f_d000, HP - 0x4000, 0x1000), 0x3f_c000);
+    }
+
+    #[test]
+    fn placements_put_the_code_on_its_window_with_traps_around_it_and_the_rest_after() {
+        let (built, data) = separate_code();
+        let elf = Elf::parse(&data).unwrap();
+        let an = analyse(&elf).unwrap();
+        let g = around(&elf, &an).unwrap();
+        // The executable load is to run from the 2 MiB boundary below the code to the
+        // one its end (t = 0x4000) is moved onto: lead = hp - 0x3000, dv0 = hp - 0x4000.
+        // That would put the load's start at 0, on what stays: one step more,
+        // dv = 2 hp - 0x4000, the window [hp, 2 hp) in addresses and in the file.
+        let (lead, dv) = (HP - 0x3000, 2 * HP - 0x4000);
+        let stay = staying_part(&elf, &an, &g, 0);
+        assert_eq!(displacement(&g, HP, PAGE, lead, HP - 0x4000, stay.vend), dv);
+        let m = placements(&an, &g, HP, lead, lead, dv, &stay);
+        assert_eq!((m.window_start, m.window_end, m.file_start), (HP, 2 * HP, HP));
+        let code = Placement { src: 0x1000, len: 0x2ff0, dst: 2 * HP - 0x3000 };
+        assert_eq!((m.copies[1], m.df), (code, 2 * HP - 0x4000));
+        assert_eq!(m.traps, [(HP, HP - 0x3000), (2 * HP - 0x10, 0x10)]);
+        // The loads after the code follow the window, each at an offset congruent to its
+        // address modulo the page.
+        let after: Vec<Phdr> = an.loads[an.exec + 1..].to_vec();
+        assert_eq!(m.following[0], 2 * HP + after[0].p_offset % PAGE);
+        assert_eq!(m.copies[2], Placement { src: after[0].p_offset, len: after[0].p_filesz, dst: m.following[0] });
+        let last = after.last().unwrap();
+        assert_eq!(m.tail_start, m.following[after.len() - 1] + last.p_filesz);
+
+        // The new loads: the R load as it was, the window, the rest moved by dv.
+        let loads = new_loads(&an, &g, &stay, &m, g.code_start, HP);
+        assert_eq!(loads[0], an.loads[0]);
+        let x = loads[1];
+        assert_eq!(
+            (x.p_flags, x.p_offset, x.p_vaddr, x.p_filesz, x.p_memsz, x.p_align),
+            (PF_R | PF_X, HP, HP, HP, HP, HP)
+        );
+        for (i, (new, old)) in loads[2..].iter().zip(&after).enumerate() {
+            assert_eq!((new.p_vaddr, new.p_offset, new.p_memsz), (old.p_vaddr + dv, m.following[i], old.p_memsz));
+        }
+        assert_eq!(built.addr(".text") + dv, 2 * HP - 0x3000);
     }
 
     #[test]

@@ -126,7 +126,7 @@ pub fn probe(data: &[u8], hp: u64) -> Option<Probe> {
 fn read(p: &mut Probe, data: &[u8]) -> Result<(), Error> {
     let elf = Elf::parse(data)?;
     p.has_symtab = Some(elf.shdrs.iter().any(|s| s.sh_type == SHT_SYMTAB));
-    let exec = || elf.loads().filter(|l| l.p_flags & PF_X != 0);
+    let exec = || elf.loads().filter(|l| l.is_exec());
     p.exec_load = exec().next().copied();
     p.code_size = exec().map(|l| l.p_filesz).sum();
     p.windows = huge_windows(&elf.phdrs, elf.ehdr.e_type == ET_EXEC, p.huge_page);

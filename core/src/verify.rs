@@ -7,7 +7,7 @@ use crate::elf::consts::*;
 use crate::elf::{align_down, align_up, notes, Elf};
 use crate::error::{Error, Reason, Result};
 use crate::exposure::{self, Exposure};
-use crate::layout::{self, Analysis, FileKind};
+use crate::layout::{self, Analysis};
 use crate::plan::{Mode, Plan};
 use crate::windows::huge_windows;
 
@@ -32,7 +32,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[
     match plan.mode {
         Mode::Shift => {
             let pages = [x.p_vaddr, x.p_offset, x.p_memsz].iter().all(|v| v % page == 0);
-            let windows = huge_windows(std::slice::from_ref(x), new_an.kind == FileKind::Executable, hp);
+            let windows = huge_windows(std::slice::from_ref(x), new_an.kind.fixed_addresses(), hp);
             if !pages || x.p_vaddr % hp != x.p_offset % hp || x.p_filesz != x.p_memsz || x.p_align != hp {
                 return Err(fail(format!("executable segment {x:x?} is not whole pages congruent modulo {hp:#x}")));
             }
@@ -149,7 +149,7 @@ mod tests {
     }
 
     fn exec_phdr(elf: &Elf) -> usize {
-        elf.phdrs.iter().position(|p| p.p_flags & PF_X != 0).unwrap()
+        elf.phdrs.iter().position(|p| p.is_exec()).unwrap()
     }
 
     #[test]
@@ -267,7 +267,7 @@ mod tests {
         // it, as in the input.
         let (mut t, out) = crate::transform_broken(&built.data, &opts(ModeChoice::Align, hp), |p| {
             let end = p.traps.pop().unwrap();
-            let x = p.phdrs.iter_mut().find(|l| l.p_type == PT_LOAD && l.p_flags & PF_X != 0).unwrap();
+            let x = p.phdrs.iter_mut().find(|l| l.is_exec()).unwrap();
             (x.p_filesz, x.p_memsz) = (x.p_filesz - end.1, x.p_memsz - end.1);
             let next = p.copies.iter_mut().find(|c| c.dst >= end.0).unwrap();
             let load = p.phdrs.iter_mut().find(|l| l.p_type == PT_LOAD && l.p_offset == next.dst).unwrap();

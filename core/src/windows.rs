@@ -6,7 +6,6 @@
 //! so `hp_exec_range` in runtime/hp_core.c states the same rule step for step, and
 //! tests/test_as_is.py holds the two to the same answer over a table of files.
 
-use crate::elf::consts::{PF_X, PT_LOAD};
 use crate::elf::{align_down, Phdr};
 
 /// A run of whole huge-page windows inside one executable PT_LOAD.
@@ -42,7 +41,7 @@ pub fn huge_placed(p: &Phdr, fixed: bool, hp: u64) -> bool {
 /// `p_memsz` is anonymous memory.
 pub fn huge_windows(phdrs: &[Phdr], fixed: bool, hp: u64) -> Vec<WindowRun> {
     let mut out = Vec::new();
-    for p in phdrs.iter().filter(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0) {
+    for p in phdrs.iter().filter(|p| p.is_exec()) {
         // Checked: a corrupt header may put a segment at the very top of the address space.
         let (Some(start), Some(end)) = (p.p_vaddr.checked_next_multiple_of(hp), p.p_vaddr.checked_add(p.p_filesz))
         else {

@@ -139,6 +139,12 @@ impl Phdr {
     pub fn fend(&self) -> u64 {
         self.p_offset.saturating_add(self.p_filesz)
     }
+    /// Whether this is an executable load: a PT_LOAD the loader maps with PROT_EXEC.
+    /// (PF_X on other headers means something else: an executable stack on
+    /// PT_GNU_STACK.)
+    pub fn is_exec(&self) -> bool {
+        self.p_type == PT_LOAD && self.p_flags & PF_X != 0
+    }
     /// Whether `vaddr` lies in the file-backed part of this segment.
     pub fn file_contains(&self, vaddr: u64) -> bool {
         vaddr >= self.p_vaddr && vaddr - self.p_vaddr < self.p_filesz
