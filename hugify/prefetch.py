@@ -531,9 +531,18 @@ class Engine:
 
 
 def pmd_size() -> int:
-    """The size of a PMD huge page on this system (2 MiB where the kernel does not say)."""
+    """The size of a PMD huge page on this system (the core's default where the kernel
+    does not say)."""
     pmd = _read(THP / "hpage_pmd_size")
-    return int(pmd) if pmd and pmd.isdigit() else 2 << 20
+    return int(pmd) if pmd and pmd.isdigit() else default_huge_page()
+
+
+def default_huge_page() -> int:
+    """The core's default huge-page size (its architecture table), imported lazily: the
+    extension is only loaded where a file is read."""
+    from hugify import _core
+
+    return _core.DEFAULT_HUGE_PAGE
 
 
 def system_info(engine: Engine, hp: int, rdir: Path) -> System:
@@ -633,7 +642,7 @@ class Target:
     #: Root's shared copy of the file, where its windows are unsupported (hugify/shared.py).
     shared: Outcome | None = None
 
-    hp: int = 2 << 20
+    hp: int = field(default_factory=default_huge_page)
 
     @property
     def huge_bytes(self) -> int:

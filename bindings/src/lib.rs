@@ -293,6 +293,13 @@ fn arch_names() -> Vec<(&'static str, Vec<&'static str>)> {
     ARCH_NAMES.iter().map(|a| (a.name, a.aliases.to_vec())).collect()
 }
 
+/// The huge-page size a policy uses for each architecture the rewriter supports,
+/// unless it sets one: (canonical name, bytes).
+#[pyfunction]
+fn default_huge_pages() -> Vec<(&'static str, u64)> {
+    ARCH_NAMES.iter().filter_map(|a| Some((a.name, a.rewriting?.default_huge_page))).collect()
+}
+
 /// The canonical name of any spelling of an architecture (`amd64` -> `x86_64`).
 #[pyfunction]
 fn canonical_arch(name: &str) -> Option<&'static str> {
@@ -318,5 +325,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(arch_names, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_arch, m)?)?;
+    m.add_function(wrap_pyfunction!(default_huge_pages, m)?)?;
     Ok(())
 }
