@@ -696,7 +696,7 @@ def inventory(rdir: Path, engine: Engine, hp: int) -> tuple[list[Held], list[Rem
             with contextlib.suppress(OSError, NotHugified):
                 fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
                 try:
-                    offsets = list(read_windows(fd, hp).offsets)
+                    offsets = list(read_windows(fd, hp, h.copy).offsets)
                     h.windows = len(offsets)
                     h.huge_windows = sum(1 for p in engine.pmd_windows(fd, offsets, measure=True) if p)
                 finally:
