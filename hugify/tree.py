@@ -187,17 +187,19 @@ STATUSES = ("transformed", "as-is", "skipped", "failed")
 
 
 class FileReport(TypedDict):
-    """One inode's entry in the tree report (docs/…: `--report`)."""
+    """One inode's entry in the tree report (`--report`; its manifest fields:
+    docs/manifest.md)."""
 
     path: str  # its first name
     paths: list[str]
     status: str  # transformed | as-is | skipped | failed
     reason: str | None
     detail: str
-    # When the file goes into the manifest:
+    # When the file goes into the manifest, its entry there (the manifest span: from
+    # the first whole huge-page window of its code to the end of the last):
     build_id: NotRequired[str]
-    exec_offset: NotRequired[int]
-    exec_size: NotRequired[int]
+    manifest_offset: NotRequired[int]
+    manifest_size: NotRequired[int]
     huge_page: NotRequired[int]
     # When it was transformed:
     mode: NotRequired[str]
@@ -231,10 +233,16 @@ Summary = TypedDict(
 )
 
 
+#: The tree report's format version: 2 since the manifest span's keys are named for
+#: it (`manifest_offset`, `manifest_size`; 1 called them `exec_offset`, `exec_size`).
+#: hugify/signing.py checks it.
+REPORT_VERSION = 2
+
+
 class Report(TypedDict):
     """What `hugify tree --report` writes, and what repack and signing read back."""
 
-    hugify_tree_report: int  # the format's version: 1
+    hugify_tree_report: int  # the format's version: REPORT_VERSION
     hugify_version: str
     package: str | None
     arch: str | None
@@ -272,11 +280,8 @@ class Outcome(NamedTuple):
         }
         if self.entry:
             e = self.entry
-            out["build_id"], out["exec_offset"], out["exec_size"], out["huge_page"] = (
-                e.build_id,
-                e.offset,
-                e.size,
-                e.huge_page,
+            out.update(
+                {"build_id": e.build_id, "manifest_offset": e.offset, "manifest_size": e.size, "huge_page": e.huge_page}
             )
         if self.report:
             res = self.report["result"]
@@ -680,7 +685,7 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
     pol = opts.policy
     refused, dropped = _signed(outcomes)
     doc: Report = {
-        "hugify_tree_report": 1,
+        "hugify_tree_report": REPORT_VERSION,
         "hugify_version": _core.VERSION,
         "package": pol.package,
         "arch": opts.arch,

@@ -309,6 +309,24 @@ def test_manifest_lists_every_name_with_build_id_and_segment(tree: Tree) -> None
         assert e.build_id == readelf_build_id(tree.root / e.path.lstrip("/")).hex()
 
 
+def test_report_names_each_files_manifest_span_as_such(tree: Tree) -> None:
+    """The report gives each listed file its manifest entry's fields under the names of
+    what they hold (format 2): the span readelf shows for the output, as in the manifest."""
+    m = tree.root.parent / "m.list"
+    _, report = report_of(tree, "--manifest", m)
+    assert report["hugify_tree_report"] == 2
+    lines = {f[0]: f[1:] for f in (line.split("\t") for line in m.read_text().splitlines()[1:])}
+    listed = [f for f in report["files"] if f["status"] == "transformed"]
+    assert sorted(p for f in listed for p in f["paths"]) == sorted(lines), "each name of each file listed"
+    for f in listed:
+        assert "exec_offset" not in f and "exec_size" not in f, f
+        (x,) = [s for s in readelf_loads(tree.root / f["path"].lstrip("/")) if "E" in s.flags]
+        assert (f["manifest_offset"], f["manifest_size"], f["huge_page"]) == (x.offset, x.filesz, HP)
+        build_id, offset, size, huge = lines[f["path"]][:4]
+        assert (f["build_id"], f["manifest_offset"], f["manifest_size"]) == (build_id, int(offset, 0), int(size, 0))
+        assert f["huge_page"] == int(huge, 0)
+
+
 def test_manifest_only_refreshes_build_ids_after_debugedit(tree: Tree) -> None:
     m = tree.root.parent / "m.list"
     tree.run("--manifest", m)
