@@ -74,6 +74,8 @@ def _unprobed(problem: _core.Refusal | None) -> _core.Probe:
         "huge_bytes": 0,
         "state": "none",
         "manifest_span": None,
+        "loads": [],
+        "fixed": False,
         "problem": problem,
     }
 
@@ -349,13 +351,11 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     rewrite; otherwise skips it."""
     c, s = job.candidate, job.settings
     try:
-        # Unchanged since the walk probed it: probe again only for another page size.
+        # Unchanged since the walk probed it: another page size's windows come from
+        # the loads it read, not from reading the file again.
         known = c.probe
         if c.probe["huge_page"] != s.huge_page:
-            assert job.root is not None
-            d, name = _below(job.root, c.paths[0])
-            with d:
-                known = probe(d, name, s.huge_page) or c.probe
+            known = _core.at_page_size(c.probe, s.huge_page)
         entry = _entry(c.paths[0], known, s.threshold)
     except (_core.HugifyError, OSError):
         entry = None

@@ -508,6 +508,36 @@ def test_an_unexpected_error_on_one_file_does_not_stop_the_others(tree: Tree, mo
     assert exec_aligned(tree.root / SUID) and exec_aligned(tree.root / LIB)
 
 
+def test_each_file_is_probed_once_whatever_the_policys_page_size(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk probes each inode once; a policy page size other than the default takes
+    its windows from that probe (Probe::windows), not from reading the file again."""
+    from hugify import _core, policy
+    from hugify import tree as walker
+
+    tree.run()  # aligned to 2 MiB, so on whole 1 MiB windows as well
+    pol = tree.root.parent / "p.toml"
+    pol.write_text('[huge_page_size]\nx86_64 = "1M"\n')
+    probes: dict[tuple[int, int], int] = {}
+    real = _core.probe
+
+    def counted(source, huge_page):
+        st = os.fstat(source) if isinstance(source, int) else os.stat(source)
+        probes[st.st_dev, st.st_ino] = probes.get((st.st_dev, st.st_ino), 0) + 1
+        return real(source, huge_page)
+
+    monkeypatch.setattr(_core, "probe", counted)
+    m = tree.root.parent / "m.list"
+    opts = _options(tree.root, manifest=m, manifest_only=True)
+    opts = opts._replace(policy=policy.resolve(policy.load(files=[pol])))
+    assert walker.run(opts) == 0
+    assert probes and max(probes.values()) == 1, probes
+    entries = manifest.parse(m.read_text())
+    assert sorted(e.path for e in entries) == sorted("/" + rel for rel in TRANSFORMED)
+    for e in entries:
+        (x,) = [s for s in readelf_loads(tree.root / e.path.lstrip("/")) if "E" in s.flags]
+        assert (e.offset, e.size, e.huge_page) == (x.offset, x.filesz, 1 << 20), e
+
+
 def test_a_core_bug_while_probing_one_file_does_not_stop_the_walk(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
     """A panic in the core's probe comes back as HugifyError (reason internal): that file
     is reported, every other file is still found and transformed."""
