@@ -114,6 +114,10 @@ class Probe(TypedDict):
     #: The manifest's (offset, size), docs/manifest.md.
     manifest_span: tuple[int, int] | None
     glibc_thp: GlibcThp
+    #: The PT_LOAD headers, from which at_page_size gives the facts for another size.
+    loads: list[Segment]
+    #: Whether the loader puts them at their link-time addresses (ET_EXEC).
+    fixed: bool
     #: Why the rest could not be read.
     problem: Refusal | None
 
@@ -138,6 +142,10 @@ def transform_bytes(
     data: bytes, huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0
 ) -> tuple[Transformed, bytes]: ...
 def probe(source: int | str | PathLike[str], huge_page: int) -> Probe | None: ...
+def at_page_size(probe: Probe, huge_page: int) -> Probe:
+    """The probe's facts for another huge-page size, from its loads: no second read."""
+
 def reasons() -> list[tuple[str, str, str]]: ...
 def arch_names() -> list[tuple[str, list[str]]]: ...
 def canonical_arch(name: str) -> str | None: ...
+def default_huge_pages() -> list[tuple[str, int]]: ...

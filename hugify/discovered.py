@@ -35,12 +35,11 @@ def entry_of(path: str, hp: int) -> manifest.Entry | None:
     try:
         # No readahead for the header reads: it would cache code pages as small folios.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        w = prefetch.read_windows(fd, hp)
+        return prefetch.read_windows(fd, hp, path).entry
     except (prefetch.NotHugified, OSError):
         return None
     finally:
         os.close(fd)
-    return manifest.Entry(path, w.build_id, *w.span, hp)
 
 
 def _read(listing: Path) -> list[manifest.Entry]:

@@ -7,6 +7,10 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hugify import _core
 
 MARKER = "# hugify manifest v1"
 #: Where packages install their manifests.
@@ -29,6 +33,14 @@ class Entry:
     offset: int
     size: int
     huge_page: int
+
+    @classmethod
+    def of(cls, path: str, p: _core.Probe) -> Entry | None:
+        """The entry of a probed file, the one way `tree` and `manifest record` make
+        one: the core's manifest span at the probe's huge-page size and the build-id
+        ("-" without one); None when the code has no whole window."""
+        span = p["manifest_span"]
+        return None if span is None else cls(path, p["build_id"] or "-", *span, p["huge_page"])
 
     def line(self) -> str:
         return f"{self.path}\t{self.build_id}\t{self.offset:#x}\t{self.size:#x}\t{self.huge_page:#x}"

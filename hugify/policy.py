@@ -280,8 +280,9 @@ FIELDS: dict[str, Field] = {
         "installed paths never to touch (globs)",
     ),
 }
-HUGE_PAGE = Field(_check_huge_page, 2 << 20, "huge-page size", is_size=True)
-DEFAULT_HUGE_PAGES = {"x86_64": 2 << 20, "aarch64": 2 << 20, "i386": 2 << 20}
+HUGE_PAGE = Field(_check_huge_page, _core.DEFAULT_HUGE_PAGE, "huge-page size", is_size=True)
+#: Per architecture the rewriter supports, from the core's architecture table.
+DEFAULT_HUGE_PAGES = dict(_core.default_huge_pages())
 SIGNING: dict[str, Field] = {
     "mode": Field(_choice("off", "optional", "required"), "off", "off, optional or required"),
     "key": Field(_check_key_ref, "", "private key file or KMS/PKCS#11 URI"),

@@ -217,6 +217,7 @@ def _hugified(art: Artefact, pol: Policy) -> list[str]:
         except (_core.HugifyError, OSError):
             continue
         huge_page = pol.huge_page(found["arch"]) if found and found["arch"] else None
-        if huge_page and _windows(member, huge_page):
+        # The policy's page size for its architecture, from the same probe's loads.
+        if found and huge_page and _core.at_page_size(found, huge_page)["manifest_span"] is not None:
             out.add(path)
     return sorted(out)

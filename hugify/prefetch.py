@@ -531,9 +531,18 @@ class Engine:
 
 
 def pmd_size() -> int:
-    """The size of a PMD huge page on this system (2 MiB where the kernel does not say)."""
+    """The size of a PMD huge page on this system (the core's default where the kernel
+    does not say)."""
     pmd = _read(THP / "hpage_pmd_size")
-    return int(pmd) if pmd and pmd.isdigit() else 2 << 20
+    return int(pmd) if pmd and pmd.isdigit() else default_huge_page()
+
+
+def default_huge_page() -> int:
+    """The core's default huge-page size (its architecture table), imported lazily: the
+    extension is only loaded where a file is read."""
+    from hugify import _core
+
+    return _core.DEFAULT_HUGE_PAGE
 
 
 def system_info(engine: Engine, hp: int, rdir: Path) -> System:
@@ -563,13 +572,13 @@ class Windows:
 
     offsets: tuple[int, ...]  # file offsets, each a multiple of the huge-page size
     code_size: int  # bytes of the executable segments in the file
-    build_id: str  # hex, or "-"
-    span: tuple[int, int]  # the manifest's (offset, size)
+    entry: Entry  # the manifest entry the file itself gives (build-id, span)
 
 
-def read_windows(fd: int, hp: int) -> Windows:
-    """The windows of the open file `fd`, as the core sees them (core/src/windows.rs)."""
-    from hugify import _core
+def read_windows(fd: int, hp: int, path: str) -> Windows:
+    """The windows of the open file `fd`, whose name is `path`, as the core sees them
+    (core/src/windows.rs)."""
+    from hugify import _core, manifest
     from hugify.policy import canonical_arch
 
     p = _core.probe(f"/proc/self/fd/{fd}", hp)
@@ -588,7 +597,9 @@ def read_windows(fd: int, hp: int) -> Windows:
             raise NotHugified(f"not hugified: its executable segment is aligned to {x['align']:#x}, not {hp >> 20} MiB")
         raise NotHugified(f"not hugified: its code spans no whole {hp >> 20} MiB window at a matching offset")
     offsets = tuple(r["offset"] + k * hp for r in p["windows"] for k in range(r["len"] // hp))
-    return Windows(offsets, p["code_size"], p["build_id"] or "-", p["manifest_span"])
+    entry = manifest.Entry.of(path, p)
+    assert entry is not None  # it has windows
+    return Windows(offsets, p["code_size"], entry)
 
 
 # --- targets --------------------------------------------------------------------------
@@ -633,7 +644,7 @@ class Target:
     #: Root's shared copy of the file, where its windows are unsupported (hugify/shared.py).
     shared: Outcome | None = None
 
-    hp: int = 2 << 20
+    hp: int = field(default_factory=default_huge_page)
 
     @property
     def huge_bytes(self) -> int:
@@ -698,7 +709,7 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
                 continue
             # No readahead for the header reads: it would cache code pages as small folios.
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            w = read_windows(fd, hp)
+            w = read_windows(fd, hp, t.path)
             if w.offsets[-1] + hp > st.st_size:
                 raise NotHugified("truncated: its code ends beyond the end of the file")
         except NotHugified as e:
@@ -711,12 +722,12 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
             continue
         t.fd, t.key = fd, key
         t.windows = [Window(o) for o in w.offsets]
-        t.code_size, t.build_id = w.code_size, w.build_id
+        t.code_size, t.build_id = w.code_size, w.entry.build_id
         fs = filesystem_of(t.path, mounted)
         t.fs = fs.fstype if fs else "?"
-        if t.entry and t.entry.build_id not in ("-", w.build_id):
-            t.notes.append(f"build-id {w.build_id} differs from the manifest's {t.entry.build_id}")
-        if t.entry and (t.entry.offset, t.entry.size) != w.span:
+        if t.entry and t.entry.build_id not in ("-", w.entry.build_id):
+            t.notes.append(f"build-id {w.entry.build_id} differs from the manifest's {t.entry.build_id}")
+        if t.entry and (t.entry.offset, t.entry.size) != (w.entry.offset, w.entry.size):
             t.notes.append("executable segment differs from the manifest")
         by_inode[key] = t
         out.append(t)

@@ -327,13 +327,15 @@ def drop(store: int, key: str) -> None:
 @dataclass(frozen=True)
 class Original:
     """A hugified file to copy, open: its identity as the audit library sees it (the
-    mapping's device and inode), its state before the copy, its windows' offsets."""
+    mapping's device and inode), its state before the copy, its windows' offsets and
+    the huge-page size they are windows of."""
 
     fd: int
     path: str
     identity: tuple[int, int, int]
     offsets: tuple[int, ...]
     before: os.stat_result
+    hp: int
 
 
 def write_copy(store: int, engine: Engine, src: Original) -> Record:
@@ -410,7 +412,7 @@ def _fill(d: int, engine: Engine, src: Original) -> Record:
     # The original's code windows are now held by the copy: the page cache's small folios
     # of them are dropped where no process maps them (read back if a process needs them).
     for off in src.offsets:
-        os.posix_fadvise(src.fd, off, 2 << 20, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(src.fd, off, src.hp, os.POSIX_FADV_DONTNEED)
     return Record(
         *src.identity,
         size,
@@ -525,7 +527,7 @@ class _Settling:
             if identity is None:
                 self.report.outcomes[t.path] = Outcome("none", "no-file", "its mapping names no inode")
                 continue
-            src = Original(t.fd, t.path, identity, tuple(w.offset for w in t.windows), os.fstat(t.fd))
+            src = Original(t.fd, t.path, identity, tuple(w.offset for w in t.windows), os.fstat(t.fd), t.hp)
             outcome = self.one(src, have)
             self.report.outcomes[t.path] = outcome
             if outcome.state != "none":
@@ -696,7 +698,7 @@ def inventory(rdir: Path, engine: Engine, hp: int) -> tuple[list[Held], list[Rem
             with contextlib.suppress(OSError, NotHugified):
                 fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
                 try:
-                    offsets = list(read_windows(fd, hp).offsets)
+                    offsets = list(read_windows(fd, hp, h.copy).offsets)
                     h.windows = len(offsets)
                     h.huge_windows = sum(1 for p in engine.pmd_windows(fd, offsets, measure=True) if p)
                 finally:

@@ -134,8 +134,10 @@ class Statement(NamedTuple):
 def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Statement | None:
     """The statement for the files `hugify tree` transformed under `root`, hashed as
     they are now; None when it transformed none. Same inputs, same bytes."""
-    if report.get("hugify_tree_report") != 1:
-        raise ReportError("not a hugify tree report (version 1)")
+    # tree.REPORT_VERSION, written out rather than imported: tree.py is to use this
+    # module's file hashing, and the two must not import each other.
+    if report.get("hugify_tree_report") != 2:
+        raise ReportError("not a hugify tree report of this hugify's version (2): written by another hugify tree?")
     subjects: dict[str, str] = {}
     entries: list[dict[str, Any]] = []
     missing: list[str] = []

@@ -31,6 +31,7 @@ IMA/EVM attributes are refused (signed-file) unless the policy or
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -73,6 +74,8 @@ def _unprobed(problem: _core.Refusal | None) -> _core.Probe:
         "huge_bytes": 0,
         "state": "none",
         "manifest_span": None,
+        "loads": [],
+        "fixed": False,
         "problem": problem,
     }
 
@@ -186,17 +189,19 @@ STATUSES = ("transformed", "as-is", "skipped", "failed")
 
 
 class FileReport(TypedDict):
-    """One inode's entry in the tree report (docs/…: `--report`)."""
+    """One inode's entry in the tree report (`--report`; its manifest fields:
+    docs/manifest.md)."""
 
     path: str  # its first name
     paths: list[str]
     status: str  # transformed | as-is | skipped | failed
     reason: str | None
     detail: str
-    # When the file goes into the manifest:
+    # When the file goes into the manifest, its entry there (the manifest span: from
+    # the first whole huge-page window of its code to the end of the last):
     build_id: NotRequired[str]
-    exec_offset: NotRequired[int]
-    exec_size: NotRequired[int]
+    manifest_offset: NotRequired[int]
+    manifest_size: NotRequired[int]
     huge_page: NotRequired[int]
     # When it was transformed:
     mode: NotRequired[str]
@@ -230,10 +235,16 @@ Summary = TypedDict(
 )
 
 
+#: The tree report's format version: 2 since the manifest span's keys are named for
+#: it (`manifest_offset`, `manifest_size`; 1 called them `exec_offset`, `exec_size`).
+#: hugify/signing.py checks it.
+REPORT_VERSION = 2
+
+
 class Report(TypedDict):
     """What `hugify tree --report` writes, and what repack and signing read back."""
 
-    hugify_tree_report: int  # the format's version: 1
+    hugify_tree_report: int  # the format's version: REPORT_VERSION
     hugify_version: str
     package: str | None
     arch: str | None
@@ -256,8 +267,8 @@ class Outcome(NamedTuple):
     reason: str | None = None
     detail: str = ""
     report: Rewritten | None = None
-    #: (build-id, exec offset, exec size, huge page) when the file goes into the manifest.
-    entry: tuple[str, int, int, int] | None = None
+    #: Its manifest entry (under its first name) when the file goes into the manifest.
+    entry: manifest.Entry | None = None
     #: sha256 (hex) of the file before it was transformed, for the signed statement.
     sha256_before: str | None = None
 
@@ -270,7 +281,10 @@ class Outcome(NamedTuple):
             "detail": self.detail,
         }
         if self.entry:
-            out["build_id"], out["exec_offset"], out["exec_size"], out["huge_page"] = self.entry
+            e = self.entry
+            out.update(
+                {"build_id": e.build_id, "manifest_offset": e.offset, "manifest_size": e.size, "huge_page": e.huge_page}
+            )
         if self.report:
             res = self.report["result"]
             code = self.report["code_bytes"]
@@ -316,12 +330,12 @@ def _clamped(ns: int, epoch: int | None) -> int:
     return ns if epoch is None else min(ns, epoch * 1_000_000_000)
 
 
-def _entry(p: _core.Probe | None, threshold: int) -> tuple[str, int, int, int] | None:
-    """The manifest fields of a probed file, if its code has whole huge-page windows
+def _entry(path: str, p: _core.Probe | None, threshold: int) -> manifest.Entry | None:
+    """The manifest entry of a probed file, if its code has whole huge-page windows
     (core/src/windows.rs) and its executable segment is over the threshold."""
-    if not p or not p["manifest_span"] or not p["exec_load"] or p["exec_load"]["memsz"] < threshold:
+    if not p or not p["exec_load"] or p["exec_load"]["memsz"] < threshold:
         return None
-    return (p["build_id"] or "-", *p["manifest_span"], p["huge_page"])
+    return manifest.Entry.of(path, p)
 
 
 def _below(root: files.Directory, installed: str) -> tuple[files.Directory, str]:
@@ -337,19 +351,17 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     rewrite; otherwise skips it."""
     c, s = job.candidate, job.settings
     try:
-        # Unchanged since the walk probed it: probe again only for another page size.
+        # Unchanged since the walk probed it: another page size's windows come from
+        # the loads it read, not from reading the file again.
         known = c.probe
         if c.probe["huge_page"] != s.huge_page:
-            assert job.root is not None
-            d, name = _below(job.root, c.paths[0])
-            with d:
-                known = probe(d, name, s.huge_page) or c.probe
-        entry = _entry(known, s.threshold)
+            known = _core.at_page_size(c.probe, s.huge_page)
+        entry = _entry(c.paths[0], known, s.threshold)
     except (_core.HugifyError, OSError):
         entry = None
     if entry:
         reason = skip[0] if skip else None
-        detail = f"{human(entry[2])} of its code on whole huge-page windows as it is"
+        detail = f"{human(entry.size)} of its code on whole huge-page windows as it is"
         return Outcome(c.paths, "as-is", reason, detail, entry=entry)
     if skip:
         return Outcome(c.paths, "skipped", *skip)
@@ -393,7 +405,7 @@ def _transform(job: Job, root: files.Directory) -> Outcome:
             return Outcome(c.paths, "failed", "io-error", reasons.io_detail(e))
         try:
             with files.open_source(d, name, expect=new) as written:  # the file written, not the plan
-                entry = _entry(_core.probe(written.fd, s.huge_page), 0)
+                entry = _entry(c.paths[0], _core.probe(written.fd, s.huge_page), 0)
             for other in c.paths[1:]:
                 od, oname = _below(root, other)
                 with od:
@@ -605,7 +617,7 @@ def run(opts: Options) -> Exit:
     else:
         print(f"hugify: disabled by the policy (enabled = false, {pol.where('enabled')}); nothing changed", file=out)
     entries = [
-        manifest.Entry(p, *o.entry)
+        dataclasses.replace(o.entry, path=p)
         for o in outcomes
         if o.entry
         for p in o.paths
@@ -668,7 +680,7 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
     pol = opts.policy
     refused, dropped = _signed(outcomes)
     doc: Report = {
-        "hugify_tree_report": 1,
+        "hugify_tree_report": REPORT_VERSION,
         "hugify_version": _core.VERSION,
         "package": pol.package,
         "arch": opts.arch,

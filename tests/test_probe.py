@@ -52,6 +52,23 @@ def test_probe_agrees_with_readelf_and_pyelftools() -> None:
     assert _core.probe("/etc/passwd", HP) is None
 
 
+def test_another_page_size_from_the_loads_is_a_probe_at_that_size(tmp_path: Path) -> None:
+    """at_page_size (Probe::windows) gives, from one probe's loads, what probing the
+    file again at that size gives: the same windows, span, state and glibc facts."""
+    files = [*_system_elf_files(30), build(BY_NAME["gcc-bfd"]) / "prog", build(BY_NAME["clang-lld"]) / "prog"]
+    aligned = tmp_path / "prog"
+    hugify("transform", files[-2], "-o", aligned)
+    states = []
+    for path in [*files, aligned]:
+        once = _core.probe(path, HP)
+        assert once is not None, path
+        for hp in (64 << 10, 1 << 20, 4 << 20, HP):
+            again = _core.at_page_size(once, hp)
+            assert again == _core.probe(path, hp), (path, hp)
+            states.append(again["state"])
+    assert states[-4:] == ["whole", "whole", "none", "whole"], "the 2 MiB-aligned output at 64K, 1M, 4M, 2M"
+
+
 def _tree(root: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HUGIFY_POLICY_PATH": ""}
     return hugify("tree", root, "--no-progress", *args, env=env, check=False)

@@ -309,6 +309,24 @@ def test_manifest_lists_every_name_with_build_id_and_segment(tree: Tree) -> None
         assert e.build_id == readelf_build_id(tree.root / e.path.lstrip("/")).hex()
 
 
+def test_report_names_each_files_manifest_span_as_such(tree: Tree) -> None:
+    """The report gives each listed file its manifest entry's fields under the names of
+    what they hold (format 2): the span readelf shows for the output, as in the manifest."""
+    m = tree.root.parent / "m.list"
+    _, report = report_of(tree, "--manifest", m)
+    assert report["hugify_tree_report"] == 2
+    lines = {f[0]: f[1:] for f in (line.split("\t") for line in m.read_text().splitlines()[1:])}
+    listed = [f for f in report["files"] if f["status"] == "transformed"]
+    assert sorted(p for f in listed for p in f["paths"]) == sorted(lines), "each name of each file listed"
+    for f in listed:
+        assert "exec_offset" not in f and "exec_size" not in f, f
+        (x,) = [s for s in readelf_loads(tree.root / f["path"].lstrip("/")) if "E" in s.flags]
+        assert (f["manifest_offset"], f["manifest_size"], f["huge_page"]) == (x.offset, x.filesz, HP)
+        build_id, offset, size, huge = lines[f["path"]][:4]
+        assert (f["build_id"], f["manifest_offset"], f["manifest_size"]) == (build_id, int(offset, 0), int(size, 0))
+        assert f["huge_page"] == int(huge, 0)
+
+
 def test_manifest_only_refreshes_build_ids_after_debugedit(tree: Tree) -> None:
     m = tree.root.parent / "m.list"
     tree.run("--manifest", m)
@@ -488,6 +506,36 @@ def test_an_unexpected_error_on_one_file_does_not_stop_the_others(tree: Tree, mo
     assert "hugify: warning: /usr/bin/sgid: not transformed (internal): RuntimeError: simulated bug" in log
     assert (tree.root / SGID).read_bytes() == tree.originals[SGID]
     assert exec_aligned(tree.root / SUID) and exec_aligned(tree.root / LIB)
+
+
+def test_each_file_is_probed_once_whatever_the_policys_page_size(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk probes each inode once; a policy page size other than the default takes
+    its windows from that probe (Probe::windows), not from reading the file again."""
+    from hugify import _core, policy
+    from hugify import tree as walker
+
+    tree.run()  # aligned to 2 MiB, so on whole 1 MiB windows as well
+    pol = tree.root.parent / "p.toml"
+    pol.write_text('[huge_page_size]\nx86_64 = "1M"\n')
+    probes: dict[tuple[int, int], int] = {}
+    real = _core.probe
+
+    def counted(source, huge_page):
+        st = os.fstat(source) if isinstance(source, int) else os.stat(source)
+        probes[st.st_dev, st.st_ino] = probes.get((st.st_dev, st.st_ino), 0) + 1
+        return real(source, huge_page)
+
+    monkeypatch.setattr(_core, "probe", counted)
+    m = tree.root.parent / "m.list"
+    opts = _options(tree.root, manifest=m, manifest_only=True)
+    opts = opts._replace(policy=policy.resolve(policy.load(files=[pol])))
+    assert walker.run(opts) == 0
+    assert probes and max(probes.values()) == 1, probes
+    entries = manifest.parse(m.read_text())
+    assert sorted(e.path for e in entries) == sorted("/" + rel for rel in TRANSFORMED)
+    for e in entries:
+        (x,) = [s for s in readelf_loads(tree.root / e.path.lstrip("/")) if "E" in s.flags]
+        assert (e.offset, e.size, e.huge_page) == (x.offset, x.filesz, 1 << 20), e
 
 
 def test_a_core_bug_while_probing_one_file_does_not_stop_the_walk(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:

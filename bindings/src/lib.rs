@@ -7,7 +7,7 @@ mod fileio;
 use fileio::{Failure, Input};
 use hugify_core::arch::{ArchName, ARCH_NAMES};
 use hugify_core::elf::Phdr;
-use hugify_core::probe::Probe;
+use hugify_core::probe::{Probe, Windows};
 use hugify_core::windows::WindowRun;
 use hugify_core::{Error, ModeChoice, Options, PlanSummary, Reason, Report};
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -245,28 +245,45 @@ fn transform_bytes<'py>(
     Ok((d, PyBytes::new(py, &out)))
 }
 
-fn probe_dict<'py>(py: Python<'py>, p: &Probe) -> PyResult<Bound<'py, PyDict>> {
+fn probe_dict<'py>(py: Python<'py>, p: &Probe, huge_page: u64) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("arch", p.arch.map(|a| a.name))?;
     d.set_item("is64", p.is64)?;
     d.set_item("kind", p.kind.map(|k| k.name()))?;
     d.set_item("has_symtab", p.has_symtab)?;
     d.set_item("build_id", p.build_id.as_deref().map(hex))?;
-    let exec = p.exec_load.as_ref().map(|x| segments(py, std::slice::from_ref(x))).transpose()?;
+    let exec = p.exec_load().map(|x| segments(py, std::slice::from_ref(x))).transpose()?;
     d.set_item("exec_load", exec.map(|l| l.get_item(0)).transpose()?)?;
-    d.set_item("code_size", p.code_size)?;
-    d.set_item("huge_page", p.huge_page)?;
-    d.set_item("windows", windows(py, &p.windows)?)?;
-    d.set_item("huge_bytes", p.huge_bytes())?;
-    d.set_item("state", p.state().name())?;
-    d.set_item("manifest_span", p.manifest_span())?;
-    let thp = PyDict::new(py);
-    thp.set_item("advised", p.glibc_thp.advised)?;
-    thp.set_item("header", p.glibc_thp.header)?;
-    thp.set_item("read_ahead_limit", p.glibc_thp.read_ahead_limit)?;
-    d.set_item("glibc_thp", thp)?;
+    d.set_item("code_size", p.code_size())?;
+    set_windows(py, &d, &p.windows(huge_page))?;
+    d.set_item("loads", segments(py, &p.loads)?)?;
+    d.set_item("fixed", p.fixed)?;
     d.set_item("problem", p.problem.as_ref().map(|e| error_dict(py, e)).transpose()?)?;
     Ok(d)
+}
+
+/// Sets a probe dict's facts for one huge-page size.
+fn set_windows(py: Python<'_>, d: &Bound<'_, PyDict>, w: &Windows) -> PyResult<()> {
+    d.set_item("huge_page", w.huge_page)?;
+    d.set_item("windows", windows(py, &w.runs)?)?;
+    d.set_item("huge_bytes", w.huge_bytes())?;
+    d.set_item("state", w.state().name())?;
+    d.set_item("manifest_span", w.manifest_span())?;
+    let thp = PyDict::new(py);
+    thp.set_item("advised", w.glibc_thp.advised)?;
+    thp.set_item("header", w.glibc_thp.header)?;
+    thp.set_item("read_ahead_limit", w.glibc_thp.read_ahead_limit)?;
+    d.set_item("glibc_thp", thp)
+}
+
+/// A load as [`segments`] gave it. Its `p_paddr` is not there and plays no part in
+/// windows: the virtual address stands in.
+fn load_of(s: &Bound<'_, PyAny>) -> PyResult<Phdr> {
+    let u = |key: &str| s.get_item(key)?.extract::<u64>();
+    let (p_type, p_flags) = (s.get_item("type")?.extract()?, s.get_item("flags")?.extract()?);
+    let (p_offset, p_vaddr, p_filesz, p_memsz, p_align) =
+        (u("offset")?, u("vaddr")?, u("filesz")?, u("memsz")?, u("align")?);
+    Ok(Phdr { p_type, p_flags, p_offset, p_vaddr, p_paddr: p_vaddr, p_filesz, p_memsz, p_align })
 }
 
 /// The header facts of an ELF executable or shared object (None for any other
@@ -282,15 +299,34 @@ fn probe<'py>(py: Python<'py>, source: Source, huge_page: u64) -> PyResult<Optio
             // Only advice: a failure costs readahead, not correctness.
             let _ = m.advise(memmap2::Advice::Random);
         }
-        Ok(hugify_core::probe::probe(m.as_deref().unwrap_or(&[]), huge_page))
+        Ok(hugify_core::probe::probe(m.as_deref().unwrap_or(&[])))
     })?;
-    p.map(|p| probe_dict(py, &p)).transpose()
+    p.map(|p| probe_dict(py, &p, huge_page)).transpose()
+}
+
+/// A probe's facts for another huge-page size, from the loads it read
+/// (`Probe::windows`): the file is not read again.
+#[pyfunction]
+fn at_page_size<'py>(py: Python<'py>, probe: &Bound<'py, PyDict>, huge_page: u64) -> PyResult<Bound<'py, PyDict>> {
+    let item =
+        |key: &str| probe.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("not a probe: no {key:?}")));
+    let loads = item("loads")?.try_iter()?.map(|s| load_of(&s?)).collect::<PyResult<Vec<Phdr>>>()?;
+    let d = probe.copy()?;
+    set_windows(py, &d, &Windows::of(&loads, item("fixed")?.extract()?, huge_page))?;
+    Ok(d)
 }
 
 /// Every architecture hugify can name: (canonical name, other spellings).
 #[pyfunction]
 fn arch_names() -> Vec<(&'static str, Vec<&'static str>)> {
     ARCH_NAMES.iter().map(|a| (a.name, a.aliases.to_vec())).collect()
+}
+
+/// The huge-page size a policy uses for each architecture the rewriter supports,
+/// unless it sets one: (canonical name, bytes).
+#[pyfunction]
+fn default_huge_pages() -> Vec<(&'static str, u64)> {
+    ARCH_NAMES.iter().filter_map(|a| Some((a.name, a.rewriting?.default_huge_page))).collect()
 }
 
 /// The canonical name of any spelling of an architecture (`amd64` -> `x86_64`).
@@ -316,7 +352,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transform_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reasons, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_function(wrap_pyfunction!(at_page_size, m)?)?;
     m.add_function(wrap_pyfunction!(arch_names, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_arch, m)?)?;
+    m.add_function(wrap_pyfunction!(default_huge_pages, m)?)?;
     Ok(())
 }

@@ -1,5 +1,8 @@
-//! Per-architecture facts: the trap instruction used for padding, the smallest page
-//! size, and which dynamic relocation types carry link-time addresses.
+//! Per-architecture facts, one row each in [`ARCH_NAMES`]: the names, and for the
+//! architectures the rewriter supports the trap instruction used for padding, the
+//! smallest page size and the default huge-page size (which the policy's defaults
+//! come from, through the extension); and which dynamic relocation types carry
+//! link-time addresses.
 
 use crate::elf::consts::*;
 use crate::elf::Elf;
@@ -33,18 +36,61 @@ pub struct ArchName {
     pub name: &'static str,
     /// Other spellings: Debian's first, then rpm's sub-architectures.
     pub aliases: &'static [&'static str],
+    /// What the rewriter needs to know of it; None where it does not rewrite its files.
+    pub rewriting: Option<Rewriting>,
 }
+
+/// The facts the rewriter and the policy's defaults need of an architecture it supports.
+#[derive(Clone, Copy, Debug)]
+pub struct Rewriting {
+    /// The trap instruction that fills padding, repeated as needed.
+    pub trap: &'static [u8],
+    /// The smallest page size the architecture's kernels use.
+    pub min_page: u64,
+    /// The huge-page size a policy uses unless it sets one: a PMD with 4 KiB pages.
+    pub default_huge_page: u64,
+}
+
+/// x86-64 and i386: `int3`.
+const X86: Rewriting = Rewriting { trap: &[0xcc], min_page: 4096, default_huge_page: 2 << 20 };
+/// `brk #0` (0xd4200000), little-endian; a PMD of the 4 KiB granule.
+const AARCH64: Rewriting = Rewriting { trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096, default_huge_page: 2 << 20 };
+
+/// The huge-page size where no architecture is known yet (x86-64's, the one every
+/// supported architecture shares with 4 KiB pages).
+pub const DEFAULT_HUGE_PAGE: u64 = X86.default_huge_page;
 
 /// Every architecture hugify can name, whether or not the rewriter supports it (a
 /// policy may set a huge-page size for it, and a build root may hold its files).
 pub const ARCH_NAMES: &[ArchName] = &[
-    ArchName { machine: EM_X86_64, is64: true, little: true, name: "x86_64", aliases: &["amd64"] },
-    ArchName { machine: EM_AARCH64, is64: true, little: true, name: "aarch64", aliases: &["arm64"] },
-    ArchName { machine: EM_386, is64: false, little: true, name: "i386", aliases: &["i486", "i586", "i686"] },
-    ArchName { machine: EM_PPC64, is64: true, little: true, name: "ppc64le", aliases: &["ppc64el"] },
-    ArchName { machine: EM_RISCV, is64: true, little: true, name: "riscv64", aliases: &[] },
-    ArchName { machine: EM_S390, is64: true, little: false, name: "s390x", aliases: &[] },
-    ArchName { machine: EM_LOONGARCH, is64: true, little: true, name: "loongarch64", aliases: &[] },
+    ArchName {
+        machine: EM_X86_64,
+        is64: true,
+        little: true,
+        name: "x86_64",
+        aliases: &["amd64"],
+        rewriting: Some(X86),
+    },
+    ArchName {
+        machine: EM_AARCH64,
+        is64: true,
+        little: true,
+        name: "aarch64",
+        aliases: &["arm64"],
+        rewriting: Some(AARCH64),
+    },
+    ArchName {
+        machine: EM_386,
+        is64: false,
+        little: true,
+        name: "i386",
+        aliases: &["i486", "i586", "i686"],
+        rewriting: Some(X86),
+    },
+    ArchName { machine: EM_PPC64, is64: true, little: true, name: "ppc64le", aliases: &["ppc64el"], rewriting: None },
+    ArchName { machine: EM_RISCV, is64: true, little: true, name: "riscv64", aliases: &[], rewriting: None },
+    ArchName { machine: EM_S390, is64: true, little: false, name: "s390x", aliases: &[], rewriting: None },
+    ArchName { machine: EM_LOONGARCH, is64: true, little: true, name: "loongarch64", aliases: &[], rewriting: None },
 ];
 
 impl ArchName {
@@ -59,7 +105,8 @@ impl ArchName {
     }
 }
 
-/// An architecture the rewriter supports.
+/// An architecture the rewriter supports: its row's machine number and name with
+/// its [`Rewriting`] facts.
 #[derive(Clone, Copy, Debug)]
 pub struct Arch {
     /// The ELF machine number (`e_machine`).
@@ -72,21 +119,18 @@ pub struct Arch {
     pub min_page: u64,
 }
 
-const X86_64: Arch = Arch { machine: EM_X86_64, name: "x86_64", trap: &[0xcc], min_page: 4096 };
-/// `brk #0` (0xd4200000), little-endian.
-const AARCH64: Arch = Arch { machine: EM_AARCH64, name: "aarch64", trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096 };
-const I386: Arch = Arch { machine: EM_386, name: "i386", trap: &[0xcc], min_page: 4096 };
-
 impl Arch {
-    /// The architecture of `elf`, if the rewriter supports it.
+    /// The architecture of `elf`, if the rewriter supports it (the ELF reader accepts
+    /// little-endian files only).
     pub fn for_file(elf: &Elf) -> Result<Arch> {
-        match (elf.ehdr.e_machine, elf.class.is64) {
-            (EM_X86_64, true) => Ok(X86_64),
-            (EM_AARCH64, true) => Ok(AARCH64),
-            (EM_386, false) => Ok(I386),
-            (m, is64) => Err(Error::new(
+        let (machine, is64) = (elf.ehdr.e_machine, elf.class.is64);
+        match ArchName::of_header(machine, is64, true) {
+            Some(&ArchName { machine, name, rewriting: Some(r), .. }) => {
+                Ok(Arch { machine, name, trap: r.trap, min_page: r.min_page })
+            }
+            _ => Err(Error::new(
                 Reason::UnsupportedFormat,
-                format!("machine {m} ({}) is not supported", if is64 { "ELF64" } else { "ELF32" }),
+                format!("machine {machine} ({}) is not supported", if is64 { "ELF64" } else { "ELF32" }),
             )),
         }
     }
@@ -134,5 +178,38 @@ impl Arch {
     /// Machine-specific dynamic tags whose value is an address.
     pub fn is_machine_dt_ptr(&self, tag: i64) -> bool {
         self.machine == EM_X86_64 && tag == DT_X86_64_PLT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewritten_architectures_and_their_facts() {
+        let rewritten: Vec<(&str, &[u8], u64, u64)> = ARCH_NAMES
+            .iter()
+            .filter_map(|a| a.rewriting.map(|r| (a.name, r.trap, r.min_page, r.default_huge_page)))
+            .collect();
+        assert_eq!(
+            rewritten,
+            [
+                ("x86_64", &[0xcc][..], 4096, 2 << 20),
+                ("aarch64", &[0x00, 0x00, 0x20, 0xd4][..], 4096, 2 << 20),
+                ("i386", &[0xcc][..], 4096, 2 << 20)
+            ]
+        );
+        assert_eq!(DEFAULT_HUGE_PAGE, 2 << 20);
+    }
+
+    #[test]
+    fn a_file_gets_its_rows_rewriting_facts() {
+        let f = crate::testelf::TestElf::pie(&[crate::testelf::Seg::code(0x1000, 0x1000, 0x1000)]).build();
+        let arch = Arch::for_file(&Elf::parse(&f).unwrap()).unwrap();
+        assert_eq!((arch.machine, arch.name, arch.trap, arch.min_page), (EM_X86_64, "x86_64", &[0xcc][..], 4096));
+        let mut ppc = f.clone();
+        ppc[18..20].copy_from_slice(&EM_PPC64.to_le_bytes());
+        let e = Arch::for_file(&Elf::parse(&ppc).unwrap()).unwrap_err();
+        assert_eq!(e.reason, Reason::UnsupportedFormat);
     }
 }

@@ -35,8 +35,8 @@ pub use output::Output;
 use plan::{Mode, Plan};
 use windows::{covered, huge_windows, WindowRun};
 
-/// The default huge-page size: a PMD on x86-64 and on 4 KiB-page aarch64.
-pub const DEFAULT_HUGE_PAGE: u64 = 2 << 20;
+/// The default huge-page size: a PMD on x86-64 and on 4 KiB-page aarch64 ([`arch`]'s table).
+pub use arch::DEFAULT_HUGE_PAGE;
 /// The default executable-segment threshold (paper, section 4.3).
 pub const DEFAULT_THRESHOLD: u64 = 1 << 20;
 

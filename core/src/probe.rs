@@ -1,7 +1,8 @@
 //! What every layer needs to know about a file, read from its headers without
 //! planning: cheap enough to run on every file of a build root, and the only place
 //! the Python layers and the runtime learn a file's architecture, kind, symbol
-//! table, build-id and huge-page windows from.
+//! table, build-id and huge-page windows from. A file is probed once: its windows for
+//! any huge-page size come from the loads it read ([`Probe::windows`]).
 
 use crate::arch::ArchName;
 use crate::elf::consts::*;
@@ -47,25 +48,66 @@ pub struct Probe {
     pub has_symtab: Option<bool>,
     /// The GNU build-id.
     pub build_id: Option<Vec<u8>>,
-    /// The first executable PT_LOAD.
-    pub exec_load: Option<Phdr>,
-    /// File bytes of the executable loads.
-    pub code_size: u64,
-    /// The huge-page size the windows are for.
-    pub huge_page: u64,
-    /// The whole huge-page windows at congruent offsets ([`huge_windows`]).
-    pub windows: Vec<WindowRun>,
-    /// What glibc's loader does with them by itself under `glibc.elf.thp=1`.
-    pub glibc_thp: GlibcThp,
+    /// The PT_LOAD headers, in table order (empty if the program headers could not be read).
+    pub loads: Vec<Phdr>,
+    /// Whether the loader puts the loads at their link-time addresses (ET_EXEC).
+    pub fixed: bool,
     /// Why the rest could not be read (the file is damaged or in a format the
     /// rewriter does not read, e.g. big-endian).
     pub problem: Option<Error>,
 }
 
+/// A probed file's huge-page facts for one huge-page size ([`Probe::windows`]).
+#[derive(Clone, Debug)]
+pub struct Windows {
+    /// The huge-page size the windows are for.
+    pub huge_page: u64,
+    /// The whole huge-page windows at congruent offsets ([`huge_windows`]).
+    pub runs: Vec<WindowRun>,
+    /// File bytes of the executable loads.
+    pub code_size: u64,
+    /// What glibc's loader does with them by itself under `glibc.elf.thp=1`.
+    pub glibc_thp: GlibcThp,
+}
+
 impl Probe {
+    /// The first executable PT_LOAD.
+    pub fn exec_load(&self) -> Option<&Phdr> {
+        exec_loads(&self.loads).next()
+    }
+
+    /// File bytes of the executable loads.
+    pub fn code_size(&self) -> u64 {
+        code_size(&self.loads)
+    }
+
+    /// The file's windows and what follows from them for huge-page size `hp`,
+    /// from the loads the probe read: any number of page sizes, one read of the file.
+    pub fn windows(&self, hp: u64) -> Windows {
+        Windows::of(&self.loads, self.fixed, hp)
+    }
+}
+
+fn exec_loads(loads: &[Phdr]) -> impl Iterator<Item = &Phdr> {
+    loads.iter().filter(|l| l.is_exec())
+}
+
+fn code_size(loads: &[Phdr]) -> u64 {
+    exec_loads(loads).map(|l| l.p_filesz).sum()
+}
+
+impl Windows {
+    /// The windows of a probe's `loads` ([`Probe::loads`], [`Probe::fixed`]) for
+    /// huge-page size `hp`; for a caller that keeps the loads but not the probe.
+    pub fn of(loads: &[Phdr], fixed: bool, hp: u64) -> Windows {
+        let runs = huge_windows(loads, fixed, hp);
+        let glibc_thp = glibc_thp(loads, &runs, hp);
+        Windows { huge_page: hp, runs, code_size: code_size(loads), glibc_thp }
+    }
+
     /// Bytes of code the windows hold.
     pub fn huge_bytes(&self) -> u64 {
-        self.windows.iter().map(|w| w.len).sum()
+        self.runs.iter().map(|w| w.len).sum()
     }
 
     /// Whether the code is on huge pages as the file is.
@@ -80,16 +122,16 @@ impl Probe {
     /// The manifest's (offset, size): the file range from the first window to the
     /// end of the last (docs/manifest.md); None without windows.
     pub fn manifest_span(&self) -> Option<(u64, u64)> {
-        let (first, last) = (self.windows.first()?, self.windows.last()?);
+        let (first, last) = (self.runs.first()?, self.runs.last()?);
         Some((first.offset, last.offset + last.len - first.offset))
     }
 }
 
-/// Probes `data` for huge-page size `hp`. None if it is not an ELF executable or
+/// Probes `data`. None if it is not an ELF executable or
 /// shared object; a file with the ELF magic that is too damaged to tell its type
 /// is probed with its `problem` set, so that callers report it rather than pass
 /// over it.
-pub fn probe(data: &[u8], hp: u64) -> Option<Probe> {
+pub fn probe(data: &[u8]) -> Option<Probe> {
     if data.len() < 4 || &data[..4] != b"\x7fELF" {
         return None;
     }
@@ -99,11 +141,8 @@ pub fn probe(data: &[u8], hp: u64) -> Option<Probe> {
         kind: None,
         has_symtab: None,
         build_id: None,
-        exec_load: None,
-        code_size: 0,
-        huge_page: hp,
-        windows: Vec::new(),
-        glibc_thp: GlibcThp { advised: 0, header: 0, read_ahead_limit: None },
+        loads: Vec::new(),
+        fixed: false,
         problem: None,
     };
     let Some(head) = data.get(16..20) else {
@@ -126,13 +165,11 @@ pub fn probe(data: &[u8], hp: u64) -> Option<Probe> {
 fn read(p: &mut Probe, data: &[u8]) -> Result<(), Error> {
     let elf = Elf::parse(data)?;
     p.has_symtab = Some(elf.shdrs.iter().any(|s| s.sh_type == SHT_SYMTAB));
-    let exec = || elf.loads().filter(|l| l.is_exec());
-    p.exec_load = exec().next().copied();
-    p.code_size = exec().map(|l| l.p_filesz).sum();
-    p.windows = huge_windows(&elf.phdrs, elf.ehdr.e_type == ET_EXEC, p.huge_page);
-    p.glibc_thp = glibc_thp(&elf.phdrs, &p.windows, p.huge_page);
+    let kind = file_kind(&elf);
+    p.loads = elf.loads().copied().collect();
+    p.fixed = kind.as_ref().is_ok_and(|k| k.fixed_addresses());
     p.build_id = notes::build_id(&elf)?.map(|(_, id)| id.to_vec());
-    p.kind = Some(file_kind(&elf)?);
+    p.kind = Some(kind?);
     Ok(())
 }
 
@@ -145,20 +182,20 @@ mod tests {
 
     #[test]
     fn not_elf_and_not_a_program_are_none() {
-        assert!(probe(b"#!/bin/sh\n", HP).is_none());
-        assert!(probe(b"", HP).is_none());
+        assert!(probe(b"#!/bin/sh\n").is_none());
+        assert!(probe(b"").is_none());
         let mut rel = TestElf::pie(&[Seg::code(0x1000, 0x1000, 0x1000)]).build();
         rel[16] = 1; // ET_REL
-        assert!(probe(&rel, HP).is_none());
+        assert!(probe(&rel).is_none());
     }
 
     #[test]
     fn damaged_elf_is_reported_not_skipped() {
-        let p = probe(b"\x7fELF\x02\x01\x01", HP).expect("a candidate");
+        let p = probe(b"\x7fELF\x02\x01\x01").expect("a candidate");
         assert_eq!(p.problem.map(|e| e.reason), Some(Reason::Truncated));
         let mut f = TestElf::pie(&[Seg::code(0x1000, 0x1000, 0x1000)]).build();
         f.truncate(70);
-        let p = probe(&f, HP).expect("a candidate");
+        let p = probe(&f).expect("a candidate");
         assert_eq!(p.arch.map(|a| a.name), Some("x86_64"));
         assert!(p.problem.is_some() && p.has_symtab.is_none());
     }
@@ -168,7 +205,7 @@ mod tests {
         let mut f = TestElf::pie(&[Seg::code(0x1000, 0x1000, 0x1000)]).build();
         f[5] = 2;
         f[16..20].copy_from_slice(&[0, 3, 0, 22]); // ET_DYN, EM_S390, big-endian
-        let p = probe(&f, HP).expect("a candidate");
+        let p = probe(&f).expect("a candidate");
         assert_eq!(p.arch.map(|a| a.name), Some("s390x"));
         assert_eq!(p.problem.map(|e| e.reason), Some(Reason::UnsupportedFormat));
     }
@@ -176,23 +213,36 @@ mod tests {
     #[test]
     fn windows_state_and_manifest_span() {
         let aligned = TestElf::pie(&[Seg::code(HP, HP, 2 * HP).align(HP)]).build();
-        let p = probe(&aligned, HP).unwrap();
+        let p = probe(&aligned).unwrap();
         assert!(p.problem.is_none(), "{:?}", p.problem);
         assert_eq!((p.kind, p.has_symtab), (Some(FileKind::SharedObject), Some(false)));
-        assert_eq!(p.state(), HugeState::Whole);
-        assert_eq!(p.manifest_span(), Some((HP, 2 * HP)));
+        assert_eq!(p.windows(HP).state(), HugeState::Whole);
+        assert_eq!(p.windows(HP).manifest_span(), Some((HP, 2 * HP)));
 
         // A non-PIE executable with congruent code: its inner windows, as is.
         let exec = TestElf::exec(&[Seg::code(0x1000, 0x401000, 3 * HP)]).build();
-        let p = probe(&exec, HP).unwrap();
+        let p = probe(&exec).unwrap();
         assert_eq!(p.kind, Some(FileKind::Executable));
-        assert_eq!(p.state(), HugeState::Partial);
-        assert_eq!(p.manifest_span(), Some((HP, 2 * HP)));
+        assert_eq!(p.windows(HP).state(), HugeState::Partial);
+        assert_eq!(p.windows(HP).manifest_span(), Some((HP, 2 * HP)));
 
         // The same code in a PIE with 4 KiB alignment: the base could be anywhere.
         let pie = TestElf::pie(&[Seg::code(0x1000, 0x1000, 3 * HP)]).build();
-        let p = probe(&pie, HP).unwrap();
-        assert_eq!(p.state(), HugeState::None);
-        assert_eq!(p.manifest_span(), None);
+        let p = probe(&pie).unwrap();
+        assert_eq!(p.windows(HP).state(), HugeState::None);
+        assert_eq!(p.windows(HP).manifest_span(), None);
+    }
+
+    #[test]
+    fn one_probe_gives_the_windows_of_every_page_size() {
+        let aligned = TestElf::pie(&[Seg::code(HP, HP, 2 * HP).align(HP)]).build();
+        let p = probe(&aligned).unwrap();
+        assert_eq!((p.code_size(), p.exec_load().map(|l| l.p_align)), (2 * HP, Some(HP)));
+        let two = p.windows(HP);
+        assert_eq!((two.huge_page, two.state(), two.manifest_span()), (HP, HugeState::Whole, Some((HP, 2 * HP))));
+        // Aligned to 2 MiB only: at 4 MiB the loader may put it anywhere 2 MiB-aligned.
+        let four = p.windows(2 * HP);
+        assert_eq!((four.huge_page, four.state(), four.manifest_span()), (2 * HP, HugeState::None, None));
+        assert_eq!(four.code_size, 2 * HP);
     }
 }

@@ -7,5 +7,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = inspect(data, &Options { threshold: 0, ..Options::default() });
-    let _ = probe(data, DEFAULT_HUGE_PAGE);
+    let _ = probe(data).map(|p| p.windows(DEFAULT_HUGE_PAGE));
 });

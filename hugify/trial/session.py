@@ -454,7 +454,7 @@ class Trial:
             so, sc = os.stat(c.original), os.stat(c.file)
             fd = os.open(c.file, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                windows = pf.read_windows(fd, self.hp).offsets
+                windows = pf.read_windows(fd, self.hp, str(c.file)).offsets
             except pf.NotHugified:
                 windows = ()
             finally:
