@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """Runs each fuzz target of fuzz/ (libFuzzer) for a bounded time.
 
     bench/fuzz.py [--seconds N] [TARGET…]      (default: 60 s each, every target)
@@ -30,8 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import REPO  # first: runs this benchmark with the project's .venv
 from elftools.elf.elffile import ELFFile
+
+from testkit.bench import REPO
 
 FUZZ = REPO / "fuzz"
 RUNTIME = REPO / "runtime"

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """What perf's map of the anonymous copies costs (docs/runtime.md, "perf and gdb"): N
 short processes of a hugified program and its hugified library, each started through
 `hugify-run --anonymous=always` (every window copied), with this checkout's runtime as
@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, ratio_summary  # first: runs this benchmark with the project's .venv
-from runtime_support import _functions  # tests/ is on the path (benchlib)
+from testkit.bench import REPO, ratio_summary
+from testkit.runtime import _functions
 
 HUGIFY_RUN = REPO / "runtime" / "hugify-run"
 DEVNULL = os.open(os.devnull, os.O_WRONLY)

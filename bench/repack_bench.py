@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify repack vs dpkg-deb unpack + dpkg-deb --build of the same package, in one run.
 
 The package is a real Debian 12 one of about 100 MiB installed, fetched with
@@ -23,8 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchlib import REPO, Sample, hugify_cmd, interleaved, median_wall, report, run
-from fixtures import debian_packages
+from testkit.bench import REPO, Sample, hugify_cmd, interleaved, median_wall, report, run
+from testkit.recipes import debian_packages
 
 COMPRESSION = {"data.tar.xz": "xz", "data.tar.zst": "zstd", "data.tar.gz": "gzip", "data.tar": "none"}
 

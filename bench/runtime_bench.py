@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """The runtime side: exec latency and minor page faults of a hugified >= 6 MiB program,
 original vs hugified-and-prefetched, and the overheads of hugify-run and of the audit
 library against a direct exec, all measured interleaved in one run (the machines here
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchlib import REPO  # first: runs this benchmark with the project's .venv
+from testkit.bench import REPO
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
@@ -147,7 +147,7 @@ def main() -> None:
     args = ap.parse_args()
 
     subprocess.run(["make", "-s", "-C", RUNTIME, "all", "timing"], check=True)
-    from fixtures import BY_NAME, build
+    from testkit.recipes import BY_NAME, build
 
     src = build(BY_NAME["gcc-bfd-large"])
     work = Path(tempfile.mkdtemp(prefix="hugify-runtime-bench-"))

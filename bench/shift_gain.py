@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """How many more files a change lets shift: `hugify inspect` of this checkout and
 of a baseline checkout over the same ELF files (of at least --min-size bytes, as
 the layout survey counts them), and the files whose shift plan changed, with
@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO, hugify_cmd
+from testkit.bench import REPO, hugify_cmd
 
 ELF_MAGIC = b"\x7fELF"
 BATCH = 64

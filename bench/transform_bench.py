@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify transform vs cp on the same large file, in one run.
 
 The file is a PIE of 50+ MiB without debug info: ~3 MiB of generated code plus a
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import (
+from testkit.bench import (
     REPO,
     Sample,
     add_baseline_option,
@@ -37,8 +37,8 @@ from benchlib import (
     report_pairs,
     run,
 )
-from corpus_support import RELEASE
-from fixtures import BY_NAME, build, debian_packages
+from testkit.corpus import RELEASE
+from testkit.recipes import BY_NAME, build, debian_packages
 
 
 def debian_large() -> list[Path]:

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify tree --jobs 2 vs find-debuginfo -j2 over the same build root, in one run.
 
 The build root holds several large ELF files built with -g, as a package build
@@ -26,7 +26,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import (
+from testkit.bench import (
     REPO,
     add_baseline_option,
     baseline_name,
@@ -38,7 +38,7 @@ from benchlib import (
     report_pairs,
     run,
 )
-from fixtures import cache_root
+from testkit.recipes import cache_root
 
 GEN = REPO / "tests" / "programs" / "gen_code.py"
 #: What distributions build with (rpm's %optflags, Debian's CFLAGS): -O2 -g.

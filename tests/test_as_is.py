@@ -14,9 +14,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_windows, window_offsets
-from runtime_support import (
+
+from hugify import _core, manifest
+from testkit import HP
+from testkit.cli import hugify
+from testkit.elf import readelf_windows, window_offsets
+from testkit.recipes import BY_NAME, build
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     MAIN,
@@ -28,8 +32,6 @@ from runtime_support import (
     parse_smaps,
     run_program,
 )
-
-from hugify import _core, manifest
 
 
 def _gcc(cwd: Path, *args: str) -> None:

@@ -13,7 +13,7 @@ checkout (PERL5LIB, PATH); test_packages.py does the same with hugify's own
 installed .deb.
 
 Fast tests run dh_hugify directly on debian/PKG trees holding a prebuilt program
-(tests/fixtures.py), and `dh --no-act` for the sequence.
+(testkit/recipes.py), and `dh --no-act` for the sequence.
 
 Every variant is built in the same directory, one at a time (a lock shared by the
 xdist workers), and cached by its inputs under the test cache.
@@ -31,7 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from hugify import manifest
+from testkit import HP
+from testkit.cli import hugify
+from testkit.debian import (
     DATA_MODULE,
     EXEC,
     LIB,
@@ -53,11 +57,9 @@ from deb_support import (
     run_program,
     source_line,
 )
-from fixtures import BY_NAME
-from fixtures import build as build_fixture
-from helpers import HP, bits_differing, exec_load, hugified, hugify, readelf_windows, window_offsets
-
-from hugify import manifest
+from testkit.elf import bits_differing, exec_load, hugified, readelf_windows, window_offsets
+from testkit.recipes import BY_NAME
+from testkit.recipes import build as build_fixture
 
 slow = pytest.mark.slow
 

@@ -19,29 +19,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, PROGRAMS, build, cached_dir
-from helpers import (
-    HP,
+
+from testkit import HP
+from testkit.cli import hugify, transform
+from testkit.elf import (
     PAGE,
     executable_ranges,
-    hugify,
     newly_executable,
     overlap,
     readelf_loads,
     readelf_sections,
     readelf_windows,
-    transform,
 )
-from runtime_support import (
-    HUGIFY_RUN,
-    MAIN,
-    _functions,
-    build_runtime,
-    drop_caches,
-    locked,
-    parse_smaps,
-    run_program,
-)
+from testkit.recipes import BY_NAME, PROGRAMS, build, cached_dir
+from testkit.runtime import HUGIFY_RUN, MAIN, _functions, build_runtime, drop_caches, locked, parse_smaps, run_program
 
 TABLE = 3 << 20
 FUNCS = 3450  # about 2.2 MiB of code from clang -O2

@@ -37,7 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from hugify import manifest
+from testkit import REPO
+from testkit.debian import (
     EXEC,
     LIB,
     LINK,
@@ -66,10 +69,8 @@ from deb_support import (
     save_result,
     toolchain_key,
 )
-from fixtures import cache_root
-from helpers import REPO, bits_differing, hugified, readelf_build_id, readelf_windows
-
-from hugify import manifest
+from testkit.elf import bits_differing, hugified, readelf_build_id, readelf_windows
+from testkit.recipes import cache_root
 
 slow = pytest.mark.slow
 RPM_TEST = REPO / "tests" / "rpm"

@@ -24,7 +24,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from testkit import REPO
+from testkit.cli import hugify
+from testkit.debian import (
     BUILD_TOOLS,
     LIB,
     PROG,
@@ -44,8 +47,8 @@ from deb_support import (
     tool_versions,
     tree_files,
 )
-from fixtures import cache_root, debian_packages
-from helpers import REPO, exec_load, hugified, hugify
+from testkit.elf import exec_load, hugified
+from testkit.recipes import cache_root, debian_packages
 
 slow = pytest.mark.slow
 MULTIARCH = "x86_64-linux-gnu"

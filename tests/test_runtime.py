@@ -7,7 +7,7 @@ The files live on XFS (conftest.large_folio_dir: large folios on every kernel si
 5.18, measured), so that these hold whatever filesystem the host's /tmp is; what the
 kernel does by itself (PMD exec readahead) and whether it has cachestat are measured
 here without hugify, never assumed. Every test that depends on the page cache holds one
-lock (runtime_support.locked), so the two xdist workers do not drop each other's caches
+lock (testkit.runtime.locked), so the two xdist workers do not drop each other's caches
 in the middle of a test."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.runtime import (
     AUDIT_LIB,
     HP,
     HUGIFY_RUN,

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import exec_load, readelf_windows
-from runtime_support import (
+
+from testkit.elf import exec_load, readelf_windows
+from testkit.runtime import (
     AUDIT_LIB,
     HOT_SPIN,
     HP,

@@ -5,7 +5,7 @@ An ext4 image mounted with data=journal stands in for every such filesystem: ext
 no large folios to files whose data is journalled on any kernel (before 6.16 it gives
 none at all), so the premise holds whatever kernel runs the suite; it is still observed
 first, independently of hugify: a file read through a MADV_HUGEPAGE mapping, and the
-FilePmdMapped of that mapping in smaps (runtime_support.gives_large_folios). ext4 before
+FilePmdMapped of that mapping in smaps (testkit.runtime.gives_large_folios). ext4 before
 6.16 and btrfs are booted for real in tests/test_kernel_matrix.py.
 
 Every component is pointed at a private runtime directory (HUGIFY_RUNTIME_DIR, which
@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     MADV_COLLAPSE,

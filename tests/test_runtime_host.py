@@ -5,7 +5,7 @@ data=journal, whose answers do not depend on the kernel; here the answer does (e
 large folios from Linux 6.16 on, btrfs in none of Debian's kernels), so what hugify must
 report is taken from the kernel first, without hugify: a cold window read through a
 MADV_HUGEPAGE mapping and its FilePmdMapped, and the same window mapped as the ELF loader
-maps it (runtime_support.gives_large_folios, kernel_maps_exec_huge)."""
+maps it (testkit.runtime.gives_large_folios, kernel_maps_exec_huge)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from runtime_support import (
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     Programs,

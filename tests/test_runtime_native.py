@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime_support import (
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     REPO,

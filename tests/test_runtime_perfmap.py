@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import exec_load, readelf_windows
-from runtime_support import (
+
+from testkit.elf import exec_load, readelf_windows
+from testkit.runtime import (
     HOT_SPIN,
     HP,
     HUGIFY_RUN,

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.runtime import (
     AS_NOBODY,
     AUDIT_LIB,
     HUGIFY_RUN,

@@ -27,8 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify, hugify_as_nobody, locked
-from shared_support import (
+
+from hugify import shared
+from testkit.runtime import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify, hugify_as_nobody, locked
+from testkit.shared import (
     ANY_COPY,
     HP,
     SHMEM_ENABLED,
@@ -51,8 +53,6 @@ from shared_support import (
     vmas,
     waiting,
 )
-
-from hugify import shared
 
 
 @pytest.fixture

@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import AUDIT_LIB, HOT_SPIN, Programs, _functions, hugify, locked
-from shared_support import Env, copies_of, files_on_tmpfs, nwin, prefetch, shared_lines
+
+from testkit.runtime import AUDIT_LIB, HOT_SPIN, Programs, _functions, hugify, locked
+from testkit.shared import Env, copies_of, files_on_tmpfs, nwin, prefetch, shared_lines
 
 SPIN = (
     "#include <stdio.h>\n#include <unistd.h>\n"

@@ -13,16 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runtime_support import (
-    HP,
-    REPO,
-    Programs,
-    copy_programs,
-    drop_caches,
-    exec_segment_size,
-    locked,
-    run_program,
-)
+
+from testkit.runtime import HP, REPO, Programs, copy_programs, drop_caches, exec_segment_size, locked, run_program
 
 UNITS = REPO / "systemd"
 SERVICE = UNITS / "hugify-prefetch.service"

@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from runtime_support import AUDIT_LIB, HUGIFY_RUN, LLD_LAYOUTS, _run, build_programs, build_runtime, hugify
+from testkit.runtime import AUDIT_LIB, HUGIFY_RUN, LLD_LAYOUTS, _run, build_programs, build_runtime, hugify
 
 STARTS = 2000
 UPGRADES = 100

@@ -9,7 +9,7 @@ forgets them all.
 The files live on XFS (conftest.large_folio_dir), which gives them 2 MiB folios on every
 kernel since 5.18 (measured there), so that a small folio is the process's doing, never
 the filesystem's; what the kernel does by itself is measured without hugify
-(runtime_support.kernel_maps_exec_huge). Each case failed on the runtime before this
+(testkit.runtime.kernel_maps_exec_huge). Each case failed on the runtime before this
 (main 5e7ab4b): the memory cgroup and the seccomp filter made it record the filesystem as
 giving none, and a record stood against every window seen huge afterwards."""
 
@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.runtime import (
     HP,
     HUGIFY_RUN,
     NO_MADV_HUGEPAGE,

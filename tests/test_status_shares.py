@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import HP, HUGIFY_RUN, _functions, exec_segment_size, hugify
 
 from hugify.sizes import human
+from testkit.runtime import HP, HUGIFY_RUN, _functions, exec_segment_size, hugify
 
 CHILDREN = 8
 

@@ -3,7 +3,7 @@ building the test source package tests/deb/hugify-deb-test for real with
 dpkg-buildpackage, extracting what it produced, and caching the results.
 
 hugify's own .deb is built here too (build_hugify_deb), for every test that
-installs it. Heavy builds are cached under the test cache (tests/fixtures.py: cache_root()),
+installs it. Heavy builds are cached under the test cache (testkit/recipes.py: cache_root()),
 keyed by everything that goes into them (the package sources, hugify's sources,
 the tool versions), one directory per key; a changed input rebuilds.
 """
@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from fixtures import cache_root, ccache_env, drop_stale, locked
-from helpers import REPO, readelf_build_id
+from testkit import REPO
+from testkit.elf import readelf_build_id
+from testkit.recipes import cache_root, ccache_env, drop_stale, locked
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
 GEN_CODE = REPO / "tests" / "programs" / "gen_code.py"

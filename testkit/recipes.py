@@ -6,7 +6,7 @@ holding ``prog`` and, for dynamically linked recipes, ``libhug.so`` (found by
 ``prog`` through ``$ORIGIN``). The cache key covers the recipe, the sources under
 tests/programs, and the tool versions, so a toolchain upgrade rebuilds.
 
-Run ``python3 tests/fixtures.py`` to build every recipe ahead of the tests.
+Run ``.venv/bin/python -m testkit.recipes`` to build every recipe ahead of the tests.
 """
 
 from __future__ import annotations
@@ -26,11 +26,16 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from annobin_notes import annotate
+import pytest
 
-PROGRAMS = Path(__file__).resolve().parent / "programs"
-ANNOBIN_NOTES = PROGRAMS.parent / "annobin_notes.py"
+from testkit import REPO
+from testkit.annobin_notes import annotate
+from testkit.cli import transform
+
+PROGRAMS = REPO / "tests" / "programs"
+ANNOBIN_NOTES = Path(__file__).resolve().parent / "annobin_notes.py"
 #: Bump when the build steps below change in a way that changes their output.
 BUILD_VERSION = 2
 
@@ -81,7 +86,7 @@ class Recipe:
     heavy_units: int = 0
     #: The mode `hugify` is expected to choose, and the shift's refusal reason if not.
     expect_mode: str = "shift"
-    #: Every unit carries annobin build notes (tests/annobin_notes.py).
+    #: Every unit carries annobin build notes (testkit/annobin_notes.py).
     annobin: bool = False
     #: Options the tests transform this recipe's files with (not part of the build).
     transform_opts: tuple[str, ...] = ()
@@ -544,6 +549,62 @@ def build(r: Recipe) -> Path:
                 junk.unlink()
 
     return _cached(r.name, recipe_key(r), make)
+
+
+#: A C++ program that exercises libstdc++ (containers, regex, exceptions, threads)
+#: and prints what it did: the workload for rewritten real libraries.
+CXX_WORKLOAD = r"""
+#include <iostream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+int main() {
+    std::map<std::string, int> m{{"one", 1}, {"two", 2}};
+    std::ostringstream out;
+    for (auto &[k, v] : m) out << k << '=' << v << ' ';
+    std::regex re("([a-z]+)=([0-9])");
+    int matches = 0;
+    std::string s = out.str();
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
+        matches++;
+    try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
+    int t = 0;
+    std::thread([&] { t = 42; }).join();
+    std::cout << out.str() << " matches=" << matches << " thread=" << t << std::endl;
+}
+"""
+
+
+class Case:
+    """One recipe: the original files and their transformed copies (with their reports)."""
+
+    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
+        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.reports)
+
+    def dv(self, name: str) -> int:
+        return int(self.reports[name]["result"]["dv"])
+
+
+_cases: dict[str, Case] = {}
+
+
+def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """Builds (cached) and transforms a recipe once per test session, with the
+    recipe's transform options. Split-DWARF .dwo files stay beside the originals;
+    the skeletons name that directory."""
+    if recipe.name not in _cases:
+        orig = build(recipe)
+        new = tmp_path_factory.mktemp(recipe.name)
+        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
+        reports = {n: transform(orig / n, new / n, *recipe.transform_args) for n in names}
+        _cases[recipe.name] = Case(recipe, orig, new, reports)
+    return _cases[recipe.name]
 
 
 if __name__ == "__main__":

@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import readelf_windows
-from runtime_support import AUDIT_LIB, REPO, Programs, copy_programs, hugify
-
 from hugify import shared
+from testkit.elf import readelf_windows
+from testkit.runtime import AUDIT_LIB, REPO, Programs, copy_programs, hugify
 
 HP = 2 << 20
 SHARED_LINE = re.compile(r"^hugify-audit: shared (\S+): (\d+)/(\d+) windows mapped(.*)$", re.M)

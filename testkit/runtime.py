@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import fixtures
+from testkit import REPO, recipes
 
-REPO = Path(__file__).resolve().parent.parent
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT_LIB = RUNTIME / "libhugify-audit.so"
@@ -233,7 +232,7 @@ def copy_programs(p: Programs, dest: Path) -> Programs:
 
 def locked(path: Path = LOCK) -> contextlib.AbstractContextManager[None]:
     """The runtime tests' lock (they share the page cache and THP settings)."""
-    return fixtures.locked(path)
+    return recipes.locked(path)
 
 
 def drop_caches() -> None:
