@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 from testkit.bench import REPO
+from testkit.cache import cache_root
 from testkit.cli import hugify
 from testkit.corpus import hugified_tree, parse_size
-from testkit.recipes import cache_root
 from testkit.runtime import cached_pages
 
 

@@ -42,7 +42,8 @@ from bench.workloads.sources import cxx_unit
 from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from hugify.trial.report import interval, mib
 from testkit.bench import REPO, hugify_cmd
-from testkit.recipes import ITLB_CFLAGS, build_itlb, cache_root, debian_packages
+from testkit.cache import cache_root
+from testkit.recipes import ITLB_CFLAGS, build_itlb, debian_packages
 
 MIB = 1 << 20
 LIB = "usr/lib/x86_64-linux-gnu"

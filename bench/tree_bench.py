@@ -38,7 +38,7 @@ from testkit.bench import (
     report_pairs,
     run,
 )
-from testkit.recipes import cache_root
+from testkit.cache import cache_root
 
 GEN = REPO / "tests" / "programs" / "gen_code.py"
 #: What distributions build with (rpm's %optflags, Debian's CFLAGS): -O2 -g.

@@ -8,7 +8,8 @@ from the repository root (`python -m bench.NAME`), so no file edits `sys.path`.
 Modules, each owning one thing:
 - cli: running the hugify CLI and the programs it rewrote (one environment contract).
 - elf: the ELF oracles (readelf, eu-elflint, pyelftools; never hugify._core).
-- recipes: the test programs built from recipes, and their build cache.
+- cache: the test cache, its lock and the one way a build lands in it.
+- recipes: the test programs built from recipes, and their cache keys.
 - runtime: the runtime tests' programs, smaps reading, page-cache state and locks.
 - shared: the shared-mapping (hugify-run --shared) test support.
 - debian, debian_roots: Debian packages built for real, and clean Debian roots.

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from testkit import REPO
+from testkit.cache import cache_root
 from testkit.cli import hugify
-from testkit.recipes import CXX_WORKLOAD, cache_root, debian_packages
+from testkit.recipes import CXX_WORKLOAD, debian_packages
 
 LIB = "usr/lib/x86_64-linux-gnu"
 POLICY = 'refuse_stripped = false\nthreshold = "256K"\n'

@@ -16,8 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from testkit.debian import deb_field, drop_stale, tool_versions
-from testkit.recipes import cache_root, locked
+from testkit.cache import cache_root, drop_stale, locked
+from testkit.debian import deb_field, tool_versions
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"

@@ -36,10 +36,10 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
-from testkit.debian import EXEC, LIB, PROG, build_hugify_deb, build_variant, cached_dir, drop_stale, files_key
+from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.debian import EXEC, LIB, PROG, build_hugify_deb, build_variant, files_key
 from testkit.debian_roots import systemd_root
 from testkit.elf import readelf_windows, window_offsets
-from testkit.recipes import cache_root, locked
 from testkit.runtime import gives_large_folios
 from testkit.runtime import locked as runtime_lock
 
@@ -179,7 +179,7 @@ def boot() -> Boot:
     first = [hugify.deb("hugify"), pkgs.deb("libhugdebtest1")]
     second = [pkgs.deb("hugify-deb-test"), pkgs.deb("hugify-deb-test-exec")]
     key = files_key([(p.name, p) for p in first + second], root.parent.name, UNIT, INSIDE, SESSION)
-    final = cached_dir("boot", "session", key)
+    final = build_dir("boot", "session", key)
     if (final / "share" / "out" / "done").exists():
         return Boot(final)
     with locked(cache_root() / "boot" / "session.lock"):

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO
+from testkit.cache import build_dir, cache_root, cached_build
 from testkit.cli import hugify
 from testkit.debian import (
     BUILD_TOOLS,
@@ -34,8 +35,6 @@ from testkit.debian import (
     DebBuild,
     build_id,
     build_variant,
-    cached_build,
-    cached_dir,
     clean_env,
     collect,
     deb_field,
@@ -48,7 +47,7 @@ from testkit.debian import (
     tree_files,
 )
 from testkit.elf import exec_load, hugified
-from testkit.recipes import cache_root, debian_packages
+from testkit.recipes import debian_packages
 
 slow = pytest.mark.slow
 MULTIARCH = "x86_64-linux-gnu"
@@ -279,7 +278,7 @@ def cxx_build() -> DebBuild:
         return rc, log
 
     group = cache_root() / "repack"
-    return DebBuild(cached_build(cached_dir("repack", "cxx", key), group / "build.lock", group / "build", build))
+    return DebBuild(cached_build(build_dir("repack", "cxx", key), group / "build.lock", group / "build", build))
 
 
 @slow

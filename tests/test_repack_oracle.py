@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO
+from testkit.cache import cache_root, locked
 from testkit.cli import hugify
 from testkit.debian import build_id, build_variant
 from testkit.elf import hugified
-from testkit.recipes import cache_root, locked
 
 slow = pytest.mark.slow
 DOCS = REPO / "docs"

@@ -32,9 +32,9 @@ import pytest
 
 from hugify import manifest
 from testkit import HP, REPO
+from testkit.cache import locked
 from testkit.cli import rpm_env
 from testkit.elf import exec_load, hugified, readelf_build_id
-from testkit.recipes import locked
 
 RPM_DIR = REPO / "tests" / "rpm"
 SPEC = RPM_DIR / "hugify-test.spec"

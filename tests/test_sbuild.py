@@ -28,12 +28,11 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
+from testkit.cache import build_dir, cache_root, cached_build
 from testkit.debian import (
     DebBuild,
     build_hugify_deb,
     build_id,
-    cached_build,
-    cached_dir,
     clean_env,
     collect,
     debug_file,
@@ -42,7 +41,6 @@ from testkit.debian import (
 )
 from testkit.debian_roots import debian_root, source_package
 from testkit.elf import bits_differing, exec_load, hugified
-from testkit.recipes import cache_root
 
 SOURCE = "hello"
 PROGRAM = "usr/bin/hello"
@@ -140,7 +138,7 @@ def sbuild(name: str, hugify: bool) -> DebBuild:
         return res.returncode, res.stdout
 
     group = cache_root() / "sbuild"
-    return DebBuild(cached_build(cached_dir("sbuild", name, key), group / "build.lock", group / "build", build))
+    return DebBuild(cached_build(build_dir("sbuild", name, key), group / "build.lock", group / "build", build))
 
 
 @pytest.fixture(scope="module")

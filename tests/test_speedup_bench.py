@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.recipes import cache_root
+from testkit.cache import cache_root
 from testkit.runtime import REPO, Programs, copy_programs, gives_large_folios, locked
 
 WORKLOADS = {"clang", "clang-anon", "gcc", "postgres", "python", "itlb", "itlb-anon"}

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO
-from testkit.recipes import cache_root, locked
+from testkit.cache import cache_root, locked
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO
+from testkit.cache import cache_root, drop_stale, locked
 from testkit.elf import hugified
-from testkit.recipes import BY_NAME, build, cache_root, drop_stale, locked
+from testkit.recipes import BY_NAME, build
 
 slow = pytest.mark.slow
 VERSION = next(

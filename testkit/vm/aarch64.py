@@ -45,14 +45,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from testkit.cache import build_dir, cache_root, cached_build, drop_stale, locked
 from testkit.cli import hugify
 from testkit.debian import (
     DebBuild,
-    cached_build,
-    cached_dir,
     collect,
     copy_sources,
-    drop_stale,
     files_key,
     hugify_inputs,
     hugify_sources,
@@ -62,7 +60,6 @@ from testkit.debian import (
     tool_versions,
 )
 from testkit.debian_roots import debian_root
-from testkit.recipes import cache_root, locked
 from testkit.vm.boot import (
     GUEST,
     BootResult,
@@ -208,7 +205,7 @@ def cross_built_package() -> DebBuild:
         return rc, log
 
     group = cache_root() / "aarch64"
-    final = cached_dir("aarch64", "package", key)
+    final = build_dir("aarch64", "package", key)
     return DebBuild(cached_build(final, group / "package.lock", group / "package-build", build))
 
 
@@ -244,7 +241,7 @@ def hugify_stage() -> Path:
         )
         return res.returncode, res.stdout
 
-    final = cached_build(cached_dir("aarch64", "hugify", key), group / "hugify.lock", group / "hugify-build", build)
+    final = cached_build(build_dir("aarch64", "hugify", key), group / "hugify.lock", group / "hugify-build", build)
     log = (final / "log").read_text()
     assert (final / "rc").read_text() == "0", log[-6000:]
     return final / "stage"
@@ -282,7 +279,7 @@ def root_image() -> tuple[Path, str]:
     root, package, stage = guest_root(), cross_built_package().ok(), hugify_stage()
     drivers = [("driver", DRIVER), ("guest_driver", GUEST / "guest_driver.py")]
     key = files_key(drivers, root.parent.name, package.dir.name, stage.parent.name, tool_versions("xfsprogs"))
-    final = cached_dir("aarch64", f"root-{FS}", key)
+    final = build_dir("aarch64", f"root-{FS}", key)
     image = final / "root.img"
     if image.exists():
         return image, key
@@ -346,7 +343,7 @@ def boot() -> BootResult:
     qemu = tool_versions("qemu-system-arm")
     key = files_key([("initrd", initrd)], image_key, k.package, k.version, qemu, CPU, str(MEMORY_MIB), KERNEL_ARGS)
     name = f"boot-{k.release}-{FS}"
-    final = cached_dir("aarch64", name, key)
+    final = build_dir("aarch64", name, key)
     with locked(cache_root() / "aarch64" / f"{name}.lock"):
         if not (final / "results.json").exists():
             machine = _machine(k.vmlinuz, initrd)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit.debian import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
+from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.debian import build_hugify_deb, build_variant, files_key, tool_versions
 from testkit.debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
-from testkit.recipes import cache_root, locked
 from testkit.vm.kernels import Kernel, update_lists
 
 GUEST = Path(__file__).resolve().parent / "guest"
@@ -146,7 +146,7 @@ def initramfs(k: Kernel, busybox: Path = Path("/bin/busybox")) -> Path:
         raise VmError(f"no {busybox} (busybox-static): run tools/setup-dev-env")
     init = GUEST / "init"
     key = files_key([("init", init), ("busybox", busybox)], k.package, k.version, repr(WANTED_MODULES))
-    final = cached_dir("kernel-matrix", f"initramfs-{k.release}", key)
+    final = build_dir("kernel-matrix", f"initramfs-{k.release}", key)
     out = final / "initrd.gz"
     if out.exists():
         return out
@@ -198,7 +198,7 @@ class GuestInputs:
 
 def guest_tools() -> Path:
     sources = [("probe.c", GUEST / "probe.c"), ("dlopen_lib.c", GUEST / "dlopen_lib.c")]
-    final = cached_dir("kernel-matrix", "guest-tools", files_key(sources, tool_versions("gcc-12", "libc6-dev")))
+    final = build_dir("kernel-matrix", "guest-tools", files_key(sources, tool_versions("gcc-12", "libc6-dev")))
     if (final / "probe.so").exists():
         return final
     work = final.with_name(final.name + ".tmp")
@@ -226,7 +226,7 @@ def debug_tool_debs(root: Path) -> list[Path]:
         wanted = sorted(f"{name}={version}" for name, version in re.findall(r"^Inst (\S+) \((\S+) ", plan, re.M))
         if not wanted:
             raise VmError(f"apt-get found nothing to install for {' '.join(DEBUG_TOOLS)}: {plan[-600:]}")
-        final = cached_dir("kernel-matrix", "debug-tools", files_key([], root.parent.name, *wanted))
+        final = build_dir("kernel-matrix", "debug-tools", files_key([], root.parent.name, *wanted))
         if not (final / "done").exists():
             work = final.with_name(final.name + ".tmp")
             shutil.rmtree(work, ignore_errors=True)
@@ -318,7 +318,7 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
     """The guest root on a `fs` filesystem image (raw), cached by its inputs."""
     more = (extra.name, extra.key, extra.size) if extra else ()  # the matrix's key stays as it was
     name = f"root-{extra.name}-{fs}" if extra else f"root-{fs}"
-    final = cached_dir("kernel-matrix", name, files_key([], g.key, fs, tool_versions(*VM_TOOLS), *more))
+    final = build_dir("kernel-matrix", name, files_key([], g.key, fs, tool_versions(*VM_TOOLS), *more))
     image = final / "root.img"
     if image.exists():
         return image
@@ -421,7 +421,7 @@ def boot(k: Kernel, fs: str, thp: str = "always", extra: RootExtra | None = None
         [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS, *more
     )
     name = f"boot-{extra.name}-{k.release}-{fs}-{thp}" if extra else f"boot-{k.release}-{fs}-{thp}"
-    final = cached_dir("kernel-matrix", name, key)
+    final = build_dir("kernel-matrix", name, key)
     # Both of the suite's workers may ask for the same boot: one boots, the other waits.
     with locked(cache_root() / "kernel-matrix" / f"{name}.lock"):
         if not (final / "results.json").exists():

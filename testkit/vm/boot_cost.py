@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from testkit.bench import REPO
+from testkit.cache import build_dir, cache_root, drop_stale, locked
 from testkit.corpus import CORPUS, hugified_tree, parse_size
-from testkit.debian import cached_dir, files_key, hugify_inputs
-from testkit.recipes import cache_root, drop_stale, locked
+from testkit.debian import files_key, hugify_inputs
 from testkit.vm.boot import ACCEL, GUEST, MEMORY_MIB, UNIT_NAME, RootExtra, VmError, boot, guest_inputs, root_image
 from testkit.vm.guest.boot_cost_guest import UNBOUNDED, UNBOUNDED_BYTES
 from testkit.vm.kernels import KernelUnavailable
@@ -132,7 +132,7 @@ def payload() -> Path:
         PREFIX,
         PAYLOAD_RECIPE,
     )
-    final = cached_dir("boot-cost", "payload", key)
+    final = build_dir("boot-cost", "payload", key)
     if final.is_dir():
         return final
     with locked(cache_root() / "boot-cost" / "payload.lock"):

@@ -26,9 +26,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from testkit.debian import cached_dir, drop_stale, files_key
+from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.debian import files_key
 from testkit.debian_roots import KEYRING, MIRROR, apt_options, debian_root
-from testkit.recipes import cache_root, locked
 from testkit.vm.boot import GUEST, UNIT_NAME, RootExtra, VmError
 from testkit.vm.kernels import update_lists
 
@@ -80,7 +80,7 @@ def glibc_debs() -> list[Path]:
         opts = apt_options(state, [f"deb [signed-by={KEYRING}] {MIRROR} {s} main" for s in GLIBC_SUITES])
         update_lists(state, opts)
         version = _newest(opts)
-        final = cached_dir("glibc-thp", "debs", files_key([], version, *GLIBC_PACKAGES))
+        final = build_dir("glibc-thp", "debs", files_key([], version, *GLIBC_PACKAGES))
         if not (final / "done").exists():
             work = final.with_name(final.name + ".tmp")
             shutil.rmtree(work, ignore_errors=True)
@@ -118,7 +118,7 @@ def host_root() -> Path:
     """A minbase bookworm root with python3 and the newest glibc with the tunable."""
     debs = glibc_debs()
     base = debian_root("glibc-thp-base", "--variant=minbase", "--include=python3")
-    final = cached_dir("glibc-thp", "root", files_key([], base.parent.name, *(d.name for d in debs), RECIPE))
+    final = build_dir("glibc-thp", "root", files_key([], base.parent.name, *(d.name for d in debs), RECIPE))
     root = final / "root"
     if root.is_dir():
         return root

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from testkit.cache import cache_root, locked
 from testkit.debian_roots import KEYRING, MIRROR, apt_options
-from testkit.recipes import cache_root, locked
 
 #: The suites whose linux-image-amd64 the matrix boots, oldest first.
 SUITES = ("bookworm", "trixie", "trixie-backports", "sid")
