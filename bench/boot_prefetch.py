@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import shutil
 import statistics
@@ -30,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from testkit.bench import REPO
+from testkit.bench import REPO, round_orders
 from testkit.cache import cache_root
-from testkit.cli import hugify
+from testkit.cli import command, hugify
 from testkit.corpus import hugified_tree, parse_size
 from testkit.runtime import cached_pages
 
@@ -86,10 +85,8 @@ def main() -> int:
         print(f"{len(files)} hugified files, {code / 2**20:.0f} MiB of executable segments")
         cases: dict[str, list[tuple[float, int, int, int]]] = {}
         names = ["read(2)", *[f"budget {b >> 20} MiB" if b else "unbounded" for b in budgets]]
-        for _ in range(args.rounds):
-            order = list(range(len(names)))
-            random.shuffle(order)
-            for i in order:
+        for order in round_orders(names, args.rounds):
+            for i in map(names.index, order):
                 drop_caches()
                 rdir = work / "run"
                 shutil.rmtree(rdir, ignore_errors=True)
@@ -101,7 +98,7 @@ def main() -> int:
                     policy = work / "budget.toml"
                     b = budgets[i - 1]
                     policy.write_text(f"[runtime]\nboot_budget = {b or 1 << 50}\n")
-                    cmd = [sys.executable, "-m", "hugify.cli", "prefetch", "--boot", "--policy", str(policy)]
+                    cmd = command("prefetch", "--boot", "--policy", policy)
                     wall, read, out = timed([*cmd, "--json", *map(str, files)], env)
                     states = [w["state"] for f in json.loads(out)["files"] for w in f.get("windows", [])]
                     huge = sum(s in ("huge", "loaded", "repaired") for s in states)

@@ -18,7 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from testkit.bench import hugify_cmd, interleaved, median_wall, report, run
+from testkit.bench import interleaved, median_wall, report, run
+from testkit.cli import command
 from testkit.recipes import BY_NAME, build
 
 
@@ -45,7 +46,7 @@ def main() -> None:
         results = interleaved(
             {
                 "debugedit": lambda: run(["debugedit", "-b", str(work), "-d", "/usr/src/debug", str(copy)]),
-                "hugify transform": lambda: run(hugify_cmd("transform", "--threshold", "0", copy, "-o", out)),
+                "hugify transform": lambda: run(command("transform", "--threshold", "0", copy, "-o", out)),
             },
             args.repeat,
             prepare=prepare,

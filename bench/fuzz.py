@@ -33,6 +33,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 
 from testkit.bench import REPO
+from testkit.cli import command
 
 FUZZ = REPO / "fuzz"
 RUNTIME = REPO / "runtime"
@@ -112,17 +113,7 @@ def hugified_seeds(out: Path) -> list[Path]:
         for kind, flags in (("lib", ["-shared", "-fPIC"]), ("pie", ["-fPIE", "-pie"])):
             linked, rewritten = out / f"big-{name}-{kind}", out / f"big-{name}-{kind}.hugified"
             subprocess.run([*cc, "-O1", *flags, "-o", str(linked), str(src)], check=True)
-            cmd = [
-                sys.executable,
-                "-m",
-                "hugify.cli",
-                "transform",
-                "--threshold",
-                "0",
-                str(linked),
-                "-o",
-                str(rewritten),
-            ]
+            cmd = command("transform", "--threshold", "0", linked, "-o", rewritten)
             subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
             seed = out / f"{rewritten.name}.head"
             seed.write_bytes(rewritten.read_bytes()[:HEAD_BYTES])

@@ -26,31 +26,21 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from testkit.bench import REPO
+from testkit.bench import REPO, interleaved
+from testkit.cli import hugify
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT = RUNTIME / "libhugify-audit.so"
 DEVNULL = os.open(os.devnull, os.O_WRONLY)
-
-
-def hugify(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO, check=False
-    )
-    if res.returncode != 0:
-        raise SystemExit(f"hugify {' '.join(map(str, args))} failed:\n{res.stdout}{res.stderr}")
-    return res
 
 
 def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
@@ -64,21 +54,6 @@ def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{argv} exited with {os.waitstatus_to_exitcode(status)}")
     return wall, ru.ru_minflt
-
-
-def interleaved(cases: dict[str, Callable[[], tuple[float, int]]], rounds: int) -> dict[str, list[tuple[float, int]]]:
-    """Every round runs every case once, in a new random order (no case always follows
-    the same other one)."""
-    out: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
-    for f in cases.values():  # warm-up
-        f()
-    rng = random.Random(8)
-    order = list(cases)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for k in order:
-            out[k].append(cases[k]())
-    return out
 
 
 def med(xs: list[tuple[float, int]], i: int = 0) -> float:

@@ -41,8 +41,9 @@ from typing import Any
 from bench.workloads.sources import cxx_unit
 from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from hugify.trial.report import interval, mib
-from testkit.bench import REPO, hugify_cmd
+from testkit.bench import REPO
 from testkit.cache import cache_root
+from testkit.cli import command
 from testkit.recipes import ITLB_CFLAGS, build_itlb, debian_packages
 
 MIB = 1 << 20
@@ -244,7 +245,7 @@ def measure(setup: Setup, opts: Options, work: Path) -> dict[str, Any]:
         "--budget", str(opts.budget), "--target", str(opts.target),
     ]  # fmt: skip
     compare = ["--compare-files", *setup.compare_files] if setup.compare_files else []
-    cmd = hugify_cmd(
+    cmd = command(
         "try", "--json", "--cache-dir", cache_root() / "speedup-try", "--policy", policy,
         *rounds, *setup.options, *compare, "--", *setup.argv,
     )  # fmt: skip

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from testkit import REPO
 
@@ -43,6 +45,9 @@ def _run_with_the_project_python() -> None:
 if Path(sys.argv[0]).resolve().parent == REPO / "bench":  # a benchmark's own run, not an import by a test
     _run_with_the_project_python()
 from hugify.abtest import ratio_summary  # noqa: E402  (after the interpreter check above)
+
+#: What a contender's run gives (a Sample, or a benchmark's own figures).
+T = TypeVar("T")
 
 
 @dataclass
@@ -74,20 +79,34 @@ def run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None
     return Sample(wall, _children_cpu() - cpu, int(res.stderr.strip().splitlines()[-1]))
 
 
+def round_orders(names: Sequence[str], rounds: int, seed: int = 8) -> Iterator[list[str]]:
+    """The order of the runs in each round: every name once, shuffled anew each round
+    from a fixed seed (the same run gives the same orders), so that no contender always
+    runs first, or always after the same other one, whose traces in the caches and the
+    CPU's state would then count for or against it. The one ordering of the benchmarks
+    (`hugify try` orders its three runs by hugify.abtest.order)."""
+    rng = random.Random(seed)
+    order = list(names)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        yield list(order)
+
+
 def interleaved(
-    contenders: dict[str, Callable[[], Sample]], repeat: int, prepare: Callable[[], None] | None = None
-) -> dict[str, list[Sample]]:
-    """Runs each contender `repeat` times, alternating, after an untimed warm-up."""
-    results: dict[str, list[Sample]] = {name: [] for name in contenders}
+    contenders: dict[str, Callable[[], T]], repeat: int, prepare: Callable[[], None] | None = None, seed: int = 8
+) -> dict[str, list[T]]:
+    """Runs each contender `repeat` times, in rounds ordered by round_orders, after an
+    untimed warm-up of each; `prepare` runs before every run (cache dropping, clean-up)."""
+    results: dict[str, list[T]] = {name: [] for name in contenders}
     for f in contenders.values():
         if prepare:
             prepare()
         f()
-    for _ in range(repeat):
-        for name, f in contenders.items():
+    for order in round_orders(list(contenders), repeat, seed):
+        for name in order:
             if prepare:
                 prepare()
-            results[name].append(f())
+            results[name].append(contenders[name]())
     return results
 
 
@@ -109,11 +128,6 @@ def installed_env() -> dict[str, str]:
     """This environment, with Python writing bytecode as an installed hugify has it
     (compiled at install time): the untimed warm-up run writes it."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-
-
-def hugify_cmd(*args: str | os.PathLike[str]) -> list[str]:
-    """hugify of the checkout the command runs in (`run`'s cwd: this one by default)."""
-    return [sys.executable, "-m", "hugify.cli", *map(str, args)]
 
 
 # --- comparing with another checkout -----------------------------------------------------

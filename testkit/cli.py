@@ -10,18 +10,33 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from testkit import REPO
 
 
+def command(*args: str | os.PathLike[str]) -> list[str]:
+    """The command line of the hugify CLI of the checkout it runs in (this one, from
+    the repository root)."""
+    return [sys.executable, "-m", "hugify.cli", *map(str, args)]
+
+
 def hugify(
-    *args: str | Path, check: bool = True, env: dict[str, str] | None = None
+    *args: str | Path,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    add_env: dict[str, str] | None = None,
+    runner: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Runs the hugify CLI (the package in this checkout) and returns the result."""
-    cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
+    """Runs the hugify CLI of this checkout from the repository root and returns the
+        result. Its environment is `env` when given (the whole of it), else this process's;
+        `add_env` adds to either. `runner` goes before the command (another user's:
+    `setpriv ...`, `runuser -u USER --`). A non-zero exit raises, unless the caller passes
+        `check=False` to look at the result itself."""
+    full = {**(os.environ if env is None else env), **(add_env or {})}
+    res = subprocess.run([*runner, *command(*args)], capture_output=True, text=True, env=full, cwd=REPO, check=False)
     if check and res.returncode != 0:
         raise AssertionError(f"hugify {' '.join(map(str, args))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
     return res

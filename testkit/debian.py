@@ -3,7 +3,7 @@ building the test source package tests/deb/hugify-deb-test for real with
 dpkg-buildpackage, extracting what it produced, and caching the results.
 
 hugify's own .deb is built here too (build_hugify_deb), for every test that
-installs it. Heavy builds are cached under the test cache (testkit/recipes.py: cache_root()),
+installs it. Heavy builds are cached under the test cache (testkit.cache: cache_root()),
 keyed by everything that goes into them (the package sources, hugify's sources,
 the tool versions), one directory per key; a changed input rebuilds.
 """

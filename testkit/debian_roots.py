@@ -2,7 +2,7 @@
 from the archive, and Debian source packages fetched with apt-get source
 (test_sbuild.py, test_boot.py).
 
-Both are cached under the test cache (testkit/recipes.py: cache_root()): a root by
+Both are cached under the test cache (testkit.cache: cache_root()): a root by
 its mmdebstrap command line (suite, variant, package list, format) and
 mmdebstrap's version, a source package by its name and version. The host's apt
 configuration is left alone: apt-get source runs with a private sources list

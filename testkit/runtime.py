@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO, recipes
+from testkit.cli import hugify
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
@@ -133,13 +134,6 @@ def _run(cmd: list[str | Path], cwd: Path | None = None) -> None:
         raise AssertionError(f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
 
 
-def hugify(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Runs the hugify CLI of this checkout."""
-    cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
-    full = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=full, check=False)
-
-
 def file_backed_only(directory: Path) -> Path:
     """A policy layer (for `hugify prefetch --policy`) with the shared copies off: for the
     tests of the file-backed way on filesystems without huge pages (tmpfs, btrfs), where
@@ -213,7 +207,7 @@ def build_programs(work: Path, layout: Layout = GNU_LD, main: str = MAIN, factor
         if layout.mode is None:
             shutil.copy2(src / name, out / name)
             continue
-        res = hugify("transform", "--threshold", "0", "--mode", layout.mode, src / name, "-o", out / name)
+        res = hugify("transform", "--threshold", "0", "--mode", layout.mode, src / name, "-o", out / name, check=False)
         assert res.returncode == 0, res.stderr
     return Programs(out, src)
 
@@ -519,7 +513,7 @@ def build_idle(work: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     (work / "idle.c").write_text(_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
     _run(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
-    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle")
+    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle", check=False)
     assert res.returncode == 0, res.stderr
     return work / "idle"
 
@@ -552,8 +546,7 @@ def nobody_env(**extra: str) -> dict[str, str]:
 
 def hugify_as_nobody(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """The hugify CLI of this checkout run as nobody."""
-    cli = [sys.executable, "-m", "hugify.cli", *map(str, args)]
-    return subprocess.run([*AS_NOBODY, *cli], capture_output=True, text=True, cwd=REPO, env=nobody_env(), check=False)
+    return hugify(*args, runner=AS_NOBODY, env=nobody_env(), check=False)
 
 
 def evict(paths: list[Path]) -> None:

@@ -10,14 +10,14 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from hugify import shared
+from testkit.cli import hugify
 from testkit.elf import readelf_windows
-from testkit.runtime import AUDIT_LIB, REPO, Programs, copy_programs, hugify
+from testkit.runtime import AUDIT_LIB, Programs, copy_programs
 
 HP = 2 << 20
 SHARED_LINE = re.compile(r"^hugify-audit: shared (\S+): (\d+)/(\d+) windows mapped(.*)$", re.M)
@@ -80,9 +80,8 @@ def prefetch(
         pfile.write_text(policy)
         args += ["--policy", pfile]
     if user:
-        cmd = ["runuser", "-u", user, "--", sys.executable, "-m", "hugify.cli", *map(str, args)]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=e.env(), check=False)
-    return hugify(*args, env={"HUGIFY_RUNTIME_DIR": str(e.run)})
+        return hugify(*args, runner=["runuser", "-u", user, "--"], env=e.env(), check=False)
+    return hugify(*args, add_env={"HUGIFY_RUNTIME_DIR": str(e.run)}, check=False)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli import hugify
 from testkit.runtime import (
     AUDIT_LIB,
     HP,
@@ -34,7 +35,6 @@ from testkit.runtime import (
     drop_caches,
     exec_segment_size,
     file_backed_only,
-    hugify,
     kernel_maps_exec_huge,
     locked,
     parse_smaps,
@@ -64,7 +64,7 @@ def assert_not_huge(maps: dict, *paths: Path) -> None:
 
 
 def prefetch_json(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, dict]:
-    res = hugify("prefetch", "--json", *args, env=env)
+    res = hugify("prefetch", "--json", *args, add_env=env, check=False)
     assert "Traceback" not in res.stderr, res.stderr
     return res.returncode, json.loads(res.stdout)
 
@@ -155,7 +155,7 @@ def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Program
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
         maps = run_program([progs.prog])
-        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, env=env).stdout)
+        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, add_env=env, check=False).stdout)
     assert code == 0, report
     assert report["system"]["cachestat"] is False
     assert set(states(report, progs.prog)) == {"loaded"}
@@ -173,7 +173,9 @@ def test_prefetch_verifies_from_smaps_where_pagemap_scan_is_missing(progs: Progr
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
         maps = run_program([progs.prog])
-        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, progs.plug, env=env).stdout)
+        status = json.loads(
+            hugify("status", "--json", progs.prog, progs.lib, progs.plug, add_env=env, check=False).stdout
+        )
     assert code == 0, report
     assert set(states(report, progs.prog)) == {"loaded"}
     assert set(states(report, progs.lib)) == {"repaired"}
@@ -291,7 +293,7 @@ def test_status_reads_nothing_in_after_a_bounded_boot_run(progs: Programs, tmp_p
         drop_caches()
         code, _ = prefetch_json("--boot", "--policy", policy, "--runtime-dir", rdir, *files)
         before = {p: cached_pages(p) for p in files}
-        res = hugify("status", "--json", "--runtime-dir", rdir, *files)
+        res = hugify("status", "--json", "--runtime-dir", rdir, *files, check=False)
         after = {p: cached_pages(p) for p in files}
     assert code == 0 and res.returncode == 0, res.stderr
     assert after == before, (before, after)
@@ -306,10 +308,10 @@ def test_status_reports_coverage_and_settings(progs: Programs, tmp_path: Path):
     (mdir / "test.list").write_text("# hugify manifest v1\n" + "\n".join(lines) + "\n")
     with locked():
         drop_caches()
-        cold = json.loads(hugify("status", "--json", "--manifest-dir", mdir).stdout)
-        assert hugify("prefetch", "--quiet", "--runtime-dir", tmp_path, progs.prog).returncode == 0
-        res = hugify("status", "--json", "--manifest-dir", mdir, "--runtime-dir", tmp_path)
-        text = hugify("status", "--manifest-dir", mdir, "--runtime-dir", tmp_path)
+        cold = json.loads(hugify("status", "--json", "--manifest-dir", mdir, check=False).stdout)
+        assert hugify("prefetch", "--quiet", "--runtime-dir", tmp_path, progs.prog, check=False).returncode == 0
+        res = hugify("status", "--json", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
+        text = hugify("status", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
     assert res.returncode == 0 and text.returncode == 0
     cov = {f["path"]: f["coverage"] for f in json.loads(res.stdout)["files"]}
     assert cov == {str(progs.prog): 1.0, str(progs.lib): 0.0, str(progs.plug): 0.0}
@@ -339,7 +341,7 @@ def test_prefetch_all_from_manifests_with_bad_lines(progs: Programs, tmp_path: P
     (mdir / "b.list").write_bytes(b"\xff\xfe not utf-8")
     with locked():
         drop_caches()
-        res = hugify("prefetch", "--all", "--manifest-dir", mdir, "--runtime-dir", tmp_path)
+        res = hugify("prefetch", "--all", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
         maps = run_program([progs.prog])
     assert "Traceback" not in res.stderr
     assert res.returncode == 5, (res.stdout, res.stderr)  # I/O (missing file) is the worst
@@ -353,15 +355,17 @@ def test_prefetch_all_from_manifests_with_bad_lines(progs: Programs, tmp_path: P
 
 def test_bad_files_on_the_command_line(tmp_path: Path):
     (tmp_path / "text").write_text("hello\n")
-    res = hugify("prefetch", "--runtime-dir", tmp_path, tmp_path / "nope", tmp_path / "text", "/usr/bin/true")
+    res = hugify(
+        "prefetch", "--runtime-dir", tmp_path, tmp_path / "nope", tmp_path / "text", "/usr/bin/true", check=False
+    )
     assert "Traceback" not in res.stderr
     assert res.returncode == 5
     lines = res.stderr.splitlines()
     assert len(lines) == 3, lines
     assert "nope: not found" in lines[0] and "text: not an ELF file" in lines[1]
     assert "/usr/bin/true: not hugified" in lines[2]
-    assert hugify("prefetch").returncode == 2
-    assert hugify("prefetch", "--all", "/usr/bin/true").returncode == 2
+    assert hugify("prefetch", check=False).returncode == 2
+    assert hugify("prefetch", "--all", "/usr/bin/true", check=False).returncode == 2
 
 
 # --- the kernel and the filesystem ---------------------------------------------------------
@@ -383,7 +387,7 @@ def test_kernel_awareness_is_probed_and_recorded(progs: Programs, tmp_path: Path
     assert (rdir / "kernel-exec-pmd").read_text() == f"{boot} {int(by_itself)} {thp}\n"
     assert report["system"]["exec_pmd_readahead"] is by_itself
     assert set(states(report, progs.lib)) == ({"kernel"} if by_itself else {"loaded"})
-    status = json.loads(hugify("status", "--json", "--runtime-dir", rdir, progs.lib).stdout)
+    status = json.loads(hugify("status", "--json", "--runtime-dir", rdir, progs.lib, check=False).stdout)
     assert status["system"]["exec_pmd_readahead"] is by_itself
 
 
@@ -448,6 +452,7 @@ def test_tmpfs_cannot_be_prefetched_said_once(progs: Programs, tmp_path: Path):
             file_backed_only(tmp_path),
             shm / "libbig.so",
             shm / "libplug.so",
+            check=False,
         )
     finally:
         for f in shm.iterdir():

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli import hugify
 from testkit.runtime import (
     HP,
     HUGIFY_RUN,
@@ -38,7 +39,6 @@ from testkit.runtime import (
     exec_segment_size,
     file_backed_only,
     gives_large_folios,
-    hugify,
     hugify_as_nobody,
     in_cgroup,
     kernel_maps_exec_huge,
@@ -97,7 +97,7 @@ def force(run: Path, name: str, text: str) -> None:
 
 def prefetch(run: Path, *files: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, list[dict]]]:
     no_copies = file_backed_only(run.parent)  # the file-backed way's verdicts: no shared copies
-    res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, *files, env=env)
+    res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, *files, add_env=env, check=False)
     assert "Traceback" not in res.stderr, res.stderr
     return res.returncode, {f["path"]: f.get("windows", []) for f in json.loads(res.stdout)["files"]}
 
@@ -186,7 +186,7 @@ def test_status_measures_and_drops_a_record_that_a_huge_window_contradicts(progs
         code, _ = prefetch(run, progs.prog)
         force(run, fs_record(progs.prog), f"{BOOT} {XFS_MAGIC}\n")
         force(run, *file_record(progs.prog))
-        res = hugify("status", "--json", "--runtime-dir", run, progs.prog)
+        res = hugify("status", "--json", "--runtime-dir", run, progs.prog, check=False)
     assert code == 0 and res.returncode == 0, res.stderr
     status = json.loads(res.stdout)
     (f,) = status["files"]
@@ -205,7 +205,7 @@ def test_the_runtime_drops_a_record_that_a_huge_window_contradicts(progs: Progra
     run = tmp_path / "run"
     with locked():
         drop_caches()
-        assert hugify("prefetch", "--runtime-dir", run, progs.prog).returncode == 0
+        assert hugify("prefetch", "--runtime-dir", run, progs.prog, check=False).returncode == 0
         read_plainly([progs.lib])
         force(run, fs_record(progs.prog), f"{BOOT} {XFS_MAGIC}\n")
         force(run, *file_record(progs.prog))
@@ -279,7 +279,7 @@ def test_a_file_unlike_its_filesystem_gets_a_verdict_of_its_own(built: Programs,
         run = tmp_path / "run"
         drop_caches()
         code, got = prefetch(run, journalled, plain)
-        status = json.loads(hugify("status", "--json", "--runtime-dir", run, journalled, plain).stdout)
+        status = json.loads(hugify("status", "--json", "--runtime-dir", run, journalled, plain, check=False).stdout)
         drop_caches()
         dispatched = subprocess.run(
             [HUGIFY_RUN, progs.prog, "-"], capture_output=True, text=True, env=clean_env(run), check=False
@@ -413,14 +413,14 @@ def clear_records(progs: Programs, run: Path) -> None:
         f"hugify: only root clears the records in {run} (a directory of root's that nobody else may write)"
     ]
     assert len(records(run)) == 4
-    res = hugify("prefetch", "--clear-records", "--runtime-dir", run)
+    res = hugify("prefetch", "--clear-records", "--runtime-dir", run, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout == f"3 records cleared in {run}\n"
     assert records(run) == ["anonymous"]
     force(run, fs_record(progs.prog), f"{BOOT} {XFS_MAGIC}\n")
     with locked():
         drop_caches()
-        res = hugify("prefetch", "--json", "--clear-records", "--runtime-dir", run, progs.prog)
+        res = hugify("prefetch", "--json", "--clear-records", "--runtime-dir", run, progs.prog, check=False)
         maps = run_program([progs.prog])
     assert res.returncode == 0, res.stderr
     assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)

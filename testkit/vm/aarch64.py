@@ -5,7 +5,7 @@ for arm64 with Debian 13's branch protection and hugify built for arm64
 (tests/test_aarch64_boot.py; issue 32 item 4).
 
 Every heavy piece is built once into the shared test cache, keyed by what goes into it
-(testkit/recipes.py cache_root/locked, testkit.debian.cached_build):
+(testkit.cache: cache_root, locked, cached_build):
 - cross_root(): a Debian 13 amd64 root with arm64 as a foreign architecture and its
   cross toolchain (crossbuild-essential-arm64, libc6-dev:arm64, debhelper), by
   mmdebstrap; Debian 12's cross toolchain cannot make BTI-marked programs (its crt
