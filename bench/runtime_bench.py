@@ -36,6 +36,7 @@ from pathlib import Path
 
 from testkit.bench import REPO, interleaved
 from testkit.cli import hugify
+from testkit.elf import exec_load
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
@@ -139,8 +140,7 @@ def main() -> None:
             os.fsync(fd)
             os.close(fd)
         hugify("prefetch", *hug_files)
-        code = subprocess.run(["readelf", "-lW", hug / "prog"], capture_output=True, text=True, check=True).stdout
-        exec_size = next(int(x.split()[5], 16) for x in code.splitlines() if x.split()[:1] == ["LOAD"] and " R E " in x)
+        exec_size = exec_load(hug / "prog").memsz
         many, none = build_many_libs(work / "libs", args.libs)
 
         base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_"))}

@@ -10,7 +10,8 @@ Modules, each owning one thing:
 - elf: the ELF oracles (readelf, eu-elflint, pyelftools; never hugify._core).
 - cache: the test cache, its lock and the one way a build lands in it.
 - recipes: the test programs built from recipes, and their cache keys.
-- runtime: the runtime tests' programs, smaps reading, page-cache state and locks.
+- smaps: the smaps oracle (one reader of /proc/PID/smaps).
+- runtime: the runtime tests' programs, page-cache state and locks.
 - shared: the shared-mapping (hugify-run --shared) test support.
 - debian, debian_roots: Debian packages built for real, and clean Debian roots.
 - corpus: real Debian binaries of the running release.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 from testkit import REPO, recipes
 from testkit.cli import hugify
+from testkit.elf import exec_load
+from testkit.smaps import Mapping, exec_mappings, smaps_text
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
@@ -247,30 +248,6 @@ def read_plainly(paths: list[Path]) -> None:
                 pass
 
 
-@dataclass
-class Mapping:
-    size: int
-    pmd: int
-
-
-def parse_smaps(output: str) -> dict[str, Mapping]:
-    """Executable file mappings of the program's own smaps: path -> size, FilePmdMapped."""
-    assert "--- smaps\n" in output, output[-2000:]
-    text = output.split("--- smaps\n", 1)[1]
-    out: dict[str, Mapping] = {}
-    cur: tuple[int, str, str] | None = None
-    for line in text.splitlines():
-        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$", line)
-        if m:
-            cur = (int(m[2], 16) - int(m[1], 16), m[3], m[4])
-            continue
-        if line.startswith("FilePmdMapped:") and cur and "x" in cur[1] and cur[2].startswith("/"):
-            size, _, path = cur
-            prev = out.get(path, Mapping(0, 0))
-            out[path] = Mapping(prev.size + size, prev.pmd + int(line.split()[1]) * 1024)
-    return out
-
-
 def run_program(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
     full = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD")}
     res = subprocess.run(
@@ -281,14 +258,15 @@ def run_program(argv: list[str | Path], env: dict[str, str] | None = None) -> di
     return parse_smaps(res.stdout)
 
 
+def parse_smaps(output: str) -> dict[str, Mapping]:
+    """Executable file mappings of the program's own smaps (printed after `--- smaps`):
+    path -> size, FilePmdMapped."""
+    return exec_mappings(smaps_text(output))
+
+
 def exec_segment_size(path: Path) -> int:
     """The size of the executable PT_LOAD, read with readelf."""
-    out = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
-    sizes = [
-        int(f[5], 16) for f in (line.split() for line in out.splitlines()) if f and f[0] == "LOAD" and "E" in f[6:-1]
-    ]
-    assert len(sizes) == 1, out
-    return sizes[0]
+    return exec_load(path).memsz
 
 
 def cached_pages(path: Path) -> int:
@@ -349,8 +327,7 @@ smaps = open("/proc/self/smaps").read()
 block = smaps.split(f"{at:x}-", 1)[1]
 print(err, int(re.search(r"FilePmdMapped:\s+(\d+)", block).group(1)))
 """
-    phdrs = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
-    (offset,) = [int(f[1], 16) for f in map(str.split, phdrs.splitlines()) if f[:1] == ["LOAD"] and "E" in f[6:-1]]
+    offset = exec_load(path).offset
     drop_caches()
     out = subprocess.run(
         [sys.executable, "-c", code, str(path), str(offset), str(-1 if advice is None else advice)],

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,6 +41,7 @@ from testkit.runtime import (
     locked,
     memory_cgroup,
 )
+from testkit.smaps import Vma, smaps_of
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
@@ -79,30 +79,6 @@ def spin(built: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --- reading what the process had ----------------------------------------------------
-
-
-@dataclass
-class Vma:
-    lo: int
-    hi: int
-    perms: str
-    inode: int
-    name: str
-    anon_huge: int = 0
-    file_pmd: int = 0
-
-
-def vmas(smaps: str) -> list[Vma]:
-    out: list[Vma] = []
-    for line in smaps.splitlines():
-        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ (\d+)\s*(.*)$", line)
-        if m:
-            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], int(m[4]), m[5]))
-        elif line.startswith("AnonHugePages:") and out:
-            out[-1].anon_huge = int(line.split()[1]) * 1024
-        elif line.startswith("FilePmdMapped:") and out:
-            out[-1].file_pmd = int(line.split()[1]) * 1024
-    return out
 
 
 def window_addresses(maps: list[Vma], path: Path) -> list[int]:
@@ -145,10 +121,6 @@ def run(argv: list, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def result(res: subprocess.CompletedProcess[str]) -> str:
     (line,) = [x for x in res.stdout.splitlines() if x.startswith("result ")]
     return line
-
-
-def smaps_of(res: subprocess.CompletedProcess[str]) -> list[Vma]:
-    return vmas(res.stdout.split("--- smaps\n", 1)[1])
 
 
 def copy_lines(stderr: str) -> dict[str, tuple[int, int, str]]:

@@ -51,9 +51,9 @@ from testkit.shared import (
     shared_lines,
     tempfile_dir,
     unmount,
-    vmas,
     waiting,
 )
+from testkit.smaps import vmas
 
 
 @pytest.fixture
