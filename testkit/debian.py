@@ -408,6 +408,7 @@ def gdb_backtrace(root: Path, prog: str, breakpoint: str, libdir: str = f"usr/li
     return res.stdout + res.stderr
 
 
-def run_program(root: Path, prog: str) -> subprocess.CompletedProcess[str]:
+def run_in_root(root: Path, prog: str) -> subprocess.CompletedProcess[str]:
+    """Runs `prog` of an unpacked package tree with the tree's libraries first."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib" / MULTIARCH)}
     return subprocess.run([str(root / prog)], capture_output=True, text=True, env=env, timeout=60, check=False)

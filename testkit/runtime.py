@@ -248,7 +248,9 @@ def read_plainly(paths: list[Path]) -> None:
                 pass
 
 
-def run_program(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
+def run_mappings(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
+    """Runs a test program that prints its own smaps (without this process's LD_AUDIT
+    and LD_PRELOAD), checks it finished, and returns its executable file mappings."""
     full = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD")}
     res = subprocess.run(
         [str(a) for a in argv], capture_output=True, text=True, env={**full, **(env or {})}, check=False, timeout=120

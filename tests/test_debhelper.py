@@ -54,7 +54,7 @@ from testkit.debian import (
     files_of,
     gdb_backtrace,
     in_tree_env,
-    run_program,
+    run_in_root,
     source_line,
 )
 from testkit.elf import bits_differing, exec_load, hugified, readelf_windows, window_offsets
@@ -267,15 +267,15 @@ def test_gdb_breaks_at_source_lines_and_backtraces_with_the_dbgsym_files(deb_bui
 @slow
 def test_programs_run_correctly(deb_build) -> None:
     b, plain = deb_build("with").ok(), deb_build("plain").ok()
-    expected = run_program(plain.root, PROG)
+    expected = run_in_root(plain.root, PROG)
     assert expected.returncode == 0 and expected.stdout.startswith("hugify-deb-test: "), expected
     for prog in (PROG, LINK):
-        got = run_program(b.root, prog)
+        got = run_in_root(b.root, prog)
         assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
-    assert run_program(b.root, SMALL).stdout == "hugify-deb-small\n"
-    expected = run_program(plain.root, EXEC)
+    assert run_in_root(b.root, SMALL).stdout == "hugify-deb-small\n"
+    expected = run_in_root(plain.root, EXEC)
     assert expected.returncode == 0 and expected.stdout.startswith("hugify-deb-exec: "), expected
-    got = run_program(b.root, EXEC)
+    got = run_in_root(b.root, EXEC)
     assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
 
 

@@ -39,7 +39,7 @@ from testkit.runtime import (
     locked,
     parse_smaps,
     read_plainly,
-    run_program,
+    run_mappings,
 )
 
 
@@ -81,7 +81,7 @@ def test_cold_cache_without_prefetch_is_not_huge(progs: Programs):
     with locked():
         drop_caches()
         assert cached_pages(progs.prog) == 0
-        maps = run_program([progs.prog, progs.plug])
+        maps = run_mappings([progs.prog, progs.plug])
     assert_not_huge(maps, progs.prog, progs.lib, progs.plug)
 
 
@@ -91,7 +91,7 @@ def test_prefetch_makes_program_and_library_fully_huge(progs: Programs, tmp_path
         drop_caches()
         code, report = prefetch_json("--runtime-dir", rdir, progs.prog, progs.lib)
         assert code == 0, report
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
     assert states(report, progs.prog) == ["loaded"] * (exec_segment_size(progs.prog) // HP)
     assert states(report, progs.lib) == ["loaded"] * (exec_segment_size(progs.lib) // HP)
     assert_huge(maps, progs.prog, progs.lib)
@@ -118,14 +118,14 @@ def test_hugify_run_alone_on_cold_cache(progs: Programs, tmp_path: Path, verify:
 def test_audit_library_alone_on_cold_cache_including_dlopen(progs: Programs):
     with locked():
         drop_caches()
-        maps = run_program([progs.prog, progs.plug], env={"LD_AUDIT": str(AUDIT_LIB)})
+        maps = run_mappings([progs.prog, progs.plug], env={"LD_AUDIT": str(AUDIT_LIB)})
     assert_huge(maps, progs.prog, progs.lib, progs.plug)
 
 
 def test_hugify_run_with_audit_covers_dlopen(progs: Programs):
     with locked():
         drop_caches()
-        maps = run_program([HUGIFY_RUN, progs.prog, progs.plug], env={"HUGIFY_AUDIT_LIB": str(AUDIT_LIB)})
+        maps = run_mappings([HUGIFY_RUN, progs.prog, progs.plug], env={"HUGIFY_AUDIT_LIB": str(AUDIT_LIB)})
     assert_huge(maps, progs.prog, progs.lib, progs.plug)
 
 
@@ -137,9 +137,9 @@ def test_prefetch_repairs_small_folio_pollution(progs: Programs, tmp_path: Path)
         drop_caches()
         read_plainly([progs.prog, progs.lib])
         assert cached_pages(progs.prog) > 0
-        before = run_program([progs.prog])
+        before = run_mappings([progs.prog])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib)
-        after = run_program([progs.prog])
+        after = run_mappings([progs.prog])
     assert_not_huge(before, progs.prog, progs.lib)  # read() left small folios
     assert code == 0, report
     assert set(states(report, progs.prog)) == {"repaired"}
@@ -154,7 +154,7 @@ def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Program
         drop_caches()
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
         status = json.loads(hugify("status", "--json", progs.prog, progs.lib, add_env=env, check=False).stdout)
     assert code == 0, report
     assert report["system"]["cachestat"] is False
@@ -172,7 +172,7 @@ def test_prefetch_verifies_from_smaps_where_pagemap_scan_is_missing(progs: Progr
         drop_caches()
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
         status = json.loads(
             hugify("status", "--json", progs.prog, progs.lib, progs.plug, add_env=env, check=False).stdout
         )
@@ -197,7 +197,7 @@ def test_prefetch_right_after_a_package_wrote_the_file(built: Programs, large_fo
             (d / f.name).chmod(0o755)
         os.link(d / "prog", d / "prog-link")
         code, report = prefetch_json("--runtime-dir", tmp_path, d / "prog", d / "prog-link", d / "libbig.so")
-        maps = run_program([d / "prog"])
+        maps = run_mappings([d / "prog"])
     assert code == 0, report
     assert set(states(report, d / "prog")) <= {"repaired", "loaded", "huge"}
     (first,) = [f for f in report["files"] if f["path"] == str(d / "prog")]
@@ -214,7 +214,7 @@ def test_runtime_components_repair_small_folios(progs: Programs, how: str):
     with locked():
         drop_caches()
         read_plainly([progs.prog, progs.lib])
-        maps = run_program(argv, env=env)
+        maps = run_mappings(argv, env=env)
     assert_huge(maps, progs.prog, progs.lib)
 
 
@@ -342,7 +342,7 @@ def test_prefetch_all_from_manifests_with_bad_lines(progs: Programs, tmp_path: P
     with locked():
         drop_caches()
         res = hugify("prefetch", "--all", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
     assert "Traceback" not in res.stderr
     assert res.returncode == 5, (res.stdout, res.stderr)  # I/O (missing file) is the worst
     err = res.stderr.splitlines()

@@ -28,7 +28,7 @@ from testkit.runtime import (
     kernel_maps_exec_huge,
     locked,
     parse_smaps,
-    run_program,
+    run_mappings,
 )
 
 
@@ -46,13 +46,13 @@ def test_the_verdicts_on_the_hosts_own_filesystem(built: Programs, tmp_path: Pat
         res = hugify(
             "prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, progs.prog, progs.lib, check=False
         )
-        prefetched = run_program([progs.prog])
+        prefetched = run_mappings([progs.prog])
         drop_caches()
         dispatched = subprocess.run(
             [str(HUGIFY_RUN), str(progs.prog), "-"], capture_output=True, text=True, env=clean_env(run), check=False
         )
         drop_caches()
-        audited = run_program([progs.prog], env={"LD_AUDIT": str(AUDIT_LIB), "HUGIFY_RUNTIME_DIR": str(run)})
+        audited = run_mappings([progs.prog], env={"LD_AUDIT": str(AUDIT_LIB), "HUGIFY_RUNTIME_DIR": str(run)})
         status = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog, progs.lib, check=False).stdout)
     at = f"{fstype} on Linux {os.uname().release}: large folios {large}, exec PMD by itself {by_itself}"
     assert "Traceback" not in res.stderr and dispatched.returncode == 0, (at, res.stderr, dispatched.stderr)

@@ -48,7 +48,7 @@ from testkit.runtime import (
     parse_smaps,
     public_dir,
     read_plainly,
-    run_program,
+    run_mappings,
 )
 
 XFS_MAGIC = "58465342"
@@ -421,6 +421,6 @@ def clear_records(progs: Programs, run: Path) -> None:
     with locked():
         drop_caches()
         res = hugify("prefetch", "--json", "--clear-records", "--runtime-dir", run, progs.prog, check=False)
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
     assert res.returncode == 0, res.stderr
     assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)
