@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """What the boot service costs at distribution scale, and what `runtime.boot_budget`
 bounds (issue 20, item 6).
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import shutil
 import statistics
@@ -30,43 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO  # first: runs this benchmark with the project's .venv
-
-sys.path.insert(0, str(REPO / "tests"))
-from fixtures import cache_root
-from runtime_support import cached_pages
-
-CORPUS = "debian-corpus"
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 10, "M": 20, "G": 30}
-    return int(text[:-1]) << units[text[-1]] if text[-1] in units else int(text)
-
-
-def hugify(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hugify.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO, check=False
-    )
-
-
-def hugified_tree(work: Path, manifest: Path | None = None) -> list[Path]:
-    """A copy of the test corpus's unpacked packages (work/root), transformed by `hugify
-    tree` (and its manifest written to `manifest`); the transformed files."""
-    roots = sorted((cache_root() / CORPUS).glob("root-*"))
-    if not roots:
-        raise SystemExit(f"no corpus under {cache_root() / CORPUS}: run tests/test_debian_corpus.py once")
-    root = work / "root"
-    shutil.copytree(roots[-1], root, symlinks=True)
-    policy = work / "policy.toml"
-    policy.write_text("refuse_stripped = false\n")
-    report = work / "report.json"
-    more = ["--manifest", manifest] if manifest else []
-    res = hugify("tree", "--policy", policy, "--report", report, *more, root)
-    if res.returncode not in (0, 1):
-        raise SystemExit(f"hugify tree failed:\n{res.stdout}{res.stderr}")
-    files = json.loads(report.read_text())["files"]
-    return sorted(root / f["path"].lstrip("/") for f in files if f["status"] == "transformed")
+from testkit.bench import REPO, round_orders
+from testkit.cache import cache_root
+from testkit.cli import command, hugify
+from testkit.corpus import hugified_tree, parse_size
+from testkit.runtime import cached_pages
 
 
 def drop_caches() -> None:
@@ -118,10 +85,8 @@ def main() -> int:
         print(f"{len(files)} hugified files, {code / 2**20:.0f} MiB of executable segments")
         cases: dict[str, list[tuple[float, int, int, int]]] = {}
         names = ["read(2)", *[f"budget {b >> 20} MiB" if b else "unbounded" for b in budgets]]
-        for _ in range(args.rounds):
-            order = list(range(len(names)))
-            random.shuffle(order)
-            for i in order:
+        for order in round_orders(names, args.rounds):
+            for i in map(names.index, order):
                 drop_caches()
                 rdir = work / "run"
                 shutil.rmtree(rdir, ignore_errors=True)
@@ -133,7 +98,7 @@ def main() -> int:
                     policy = work / "budget.toml"
                     b = budgets[i - 1]
                     policy.write_text(f"[runtime]\nboot_budget = {b or 1 << 50}\n")
-                    cmd = [sys.executable, "-m", "hugify.cli", "prefetch", "--boot", "--policy", str(policy)]
+                    cmd = command("prefetch", "--boot", "--policy", policy)
                     wall, read, out = timed([*cmd, "--json", *map(str, files)], env)
                     states = [w["state"] for f in json.loads(out)["files"] for w in f.get("windows", [])]
                     huge = sum(s in ("huge", "loaded", "repaired") for s in states)

@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """The real-Debian-binaries corpus in one table (the packages, policy and summary of
-tests/corpus_support.py): ELF files, the share transformed, refusals by reason,
+testkit/corpus.py): ELF files, the share transformed, refusals by reason,
 total growth, median predicted coverage, and transform throughput.
 
 Throughput is `hugify tree` over a fresh copy of the unpacked packages (copying not
@@ -19,8 +19,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchlib import run
-from corpus_support import PACKAGES, copy_tree, corpus, summarize, transform_tree
+from testkit.bench import run
+from testkit.corpus import PACKAGES, copy_tree, corpus, summarize, transform_tree
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify transform vs debugedit on the same binary with 50 MiB of debug sections.
 
 debugedit is the DWARF rewriter rpm's find-debuginfo runs on every package
@@ -18,8 +18,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchlib import hugify_cmd, interleaved, median_wall, report, run
-from fixtures import BY_NAME, build
+from testkit.bench import interleaved, median_wall, report, run
+from testkit.cli import command
+from testkit.recipes import BY_NAME, build
 
 
 def debug_size(path: Path) -> int:
@@ -45,7 +46,7 @@ def main() -> None:
         results = interleaved(
             {
                 "debugedit": lambda: run(["debugedit", "-b", str(work), "-d", "/usr/src/debug", str(copy)]),
-                "hugify transform": lambda: run(hugify_cmd("transform", "--threshold", "0", copy, "-o", out)),
+                "hugify transform": lambda: run(command("transform", "--threshold", "0", copy, "-o", out)),
             },
             args.repeat,
             prepare=prepare,

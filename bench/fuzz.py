@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """Runs each fuzz target of fuzz/ (libFuzzer) for a bounded time.
 
     bench/fuzz.py [--seconds N] [TARGET…]      (default: 60 s each, every target)
@@ -30,8 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import REPO  # first: runs this benchmark with the project's .venv
 from elftools.elf.elffile import ELFFile
+
+from testkit.bench import REPO
+from testkit.cli import command
 
 FUZZ = REPO / "fuzz"
 RUNTIME = REPO / "runtime"
@@ -111,17 +113,7 @@ def hugified_seeds(out: Path) -> list[Path]:
         for kind, flags in (("lib", ["-shared", "-fPIC"]), ("pie", ["-fPIE", "-pie"])):
             linked, rewritten = out / f"big-{name}-{kind}", out / f"big-{name}-{kind}.hugified"
             subprocess.run([*cc, "-O1", *flags, "-o", str(linked), str(src)], check=True)
-            cmd = [
-                sys.executable,
-                "-m",
-                "hugify.cli",
-                "transform",
-                "--threshold",
-                "0",
-                str(linked),
-                "-o",
-                str(rewritten),
-            ]
+            cmd = command("transform", "--threshold", "0", linked, "-o", rewritten)
             subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
             seed = out / f"{rewritten.name}.head"
             seed.write_bytes(rewritten.read_bytes()[:HEAD_BYTES])

@@ -1,15 +1,15 @@
-#!/usr/bin/env python3
-"""The full kernel x filesystem matrix (issue 20): every kernel of tests/vm_kernels.SUITES
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
+"""The full kernel x filesystem matrix (issue 20): every kernel of testkit/vm/kernels.py's SUITES
 (bookworm's, trixie's, trixie-backports' and sid's linux-image-amd64) on ext4, XFS and
-btrfs, each booted under qemu on a real Debian 12 root (tests/vm_boot.py), measured by
-the same guest driver as tests/test_kernel_matrix.py (tests/vm/guest_driver.py; the
-suite boots a subset). Writes one JSON document (rows as tests/vm_matrix.row) for
+btrfs, each booted under qemu on a real Debian 12 root (testkit/vm/boot.py), measured by
+the same guest driver as tests/test_kernel_matrix.py (testkit/vm/guest/guest_driver.py; the
+suite boots a subset). Writes one JSON document (rows as testkit.vm.matrix.row) for
 bench/matrix_table.py, which regenerates docs/runtime.md's "Where it works" table.
 
 The way "glibc.elf.thp" boots each (kernel, filesystem) a second time, on the same root
-with glibc 2.44 unpacked over it (tests/glibc_thp_support.py): cold starts with the tunable off,
+with glibc 2.44 unpacked over it (testkit/vm/glibc_thp.py): cold starts with the tunable off,
 in the environment and set system-wide, at the disk's default read_ahead_kb, 128 and
-8192 (tests/vm/glibc_thp_guest.py); its results go to each row's "glibc_thp".
+8192 (testkit/vm/guest/glibc_thp_guest.py); its results go to each row's "glibc_thp".
 
 Boots are cached by their inputs (a second run only boots what changed); a cold run is
 about 12 TCG boots of a few minutes each per way. Must run as root (loop devices, chroot).
@@ -32,13 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from glibc_thp_support import glibc_thp_row, root_extra  # noqa: E402
-from vm_boot import ACCEL, MEMORY_MIB, VmError, boot  # noqa: E402
-from vm_kernels import KernelUnavailable  # noqa: E402
-from vm_matrix import full_matrix, kernel_fields, resolve, row  # noqa: E402
+from testkit import REPO
+from testkit.vm.boot import ACCEL, MEMORY_MIB, VmError, boot
+from testkit.vm.glibc_thp import glibc_thp_row, root_extra
+from testkit.vm.kernels import KernelUnavailable
+from testkit.vm.matrix import full_matrix, kernel_fields, resolve, row
 
 WAYS = ("matrix", "glibc.elf.thp")
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """What perf's map of the anonymous copies costs (docs/runtime.md, "perf and gdb"): N
 short processes of a hugified program and its hugified library, each started through
 `hugify-run --anonymous=always` (every window copied), with this checkout's runtime as
@@ -17,17 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, ratio_summary  # first: runs this benchmark with the project's .venv
-from runtime_support import _functions  # tests/ is on the path (benchlib)
+from testkit.bench import REPO, ratio_summary, round_orders
+from testkit.cli import hugify
+from testkit.runtime import _functions
 
 HUGIFY_RUN = REPO / "runtime" / "hugify-run"
 DEVNULL = os.open(os.devnull, os.O_WRONLY)
@@ -52,25 +51,7 @@ def build(work: Path) -> Path:
     out = work / "hugified"
     out.mkdir()
     for orig, name in (("prog.orig", "prog"), ("libfew.orig.so", "libfew.so")):
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hugify.cli",
-                "transform",
-                "--threshold",
-                "0",
-                str(work / orig),
-                "-o",
-                str(out / name),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if res.returncode != 0:
-            raise SystemExit(f"hugify transform {orig}: {res.stderr}")
+        hugify("transform", "--threshold", "0", work / orig, "-o", out / name)
     return out / "prog"
 
 
@@ -118,10 +99,7 @@ def main() -> None:
         results: dict[str, list[tuple[float, int, int]]] = {w: [] for w in ways}
         for run, e in ways.values():  # warm-up: the files cached, the windows prefetched
             one(run, prog, e)
-        rng = random.Random(5)
-        order = list(ways)
-        for _ in range(args.processes):
-            rng.shuffle(order)
+        for order in round_orders(list(ways), args.processes, seed=5):
             for w in order:
                 run, e = ways[w]
                 results[w].append(one(run, prog, e))

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify repack vs dpkg-deb unpack + dpkg-deb --build of the same package, in one run.
 
 The package is a real Debian 12 one of about 100 MiB installed, fetched with
@@ -6,7 +6,7 @@ The package is a real Debian 12 one of about 100 MiB installed, fetched with
 ~100 MiB, with ~40 MiB of code, so hugify transforms it). The peer is what
 rebuilding the package costs without hugify: `dpkg-deb --raw-extract` (the data
 tree, as -x, and the control files) and `dpkg-deb --build` with the input's
-compression. Both alternate, each repetition writing into a fresh directory.
+compression. Both are interleaved (a new order each round), each repetition writing into a fresh directory.
 Printed: the median wall times, the ratio of the medians and the range of the
 per-repetition ratios. Target (issue 15): repack at most 2x the peer.
 
@@ -23,8 +23,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchlib import REPO, Sample, hugify_cmd, interleaved, median_wall, report, run
-from fixtures import debian_packages
+from testkit.bench import REPO, Sample, interleaved, median_wall, report, run
+from testkit.cli import command
+from testkit.recipes import debian_packages
 
 COMPRESSION = {"data.tar.xz": "xz", "data.tar.zst": "zstd", "data.tar.gz": "gzip", "data.tar": "none"}
 
@@ -67,7 +68,7 @@ def main() -> None:
             shutil.rmtree(peer, ignore_errors=True)
 
         def repack() -> Sample:
-            return run(hugify_cmd("repack", deb, "-o", out), env=env)
+            return run(command("repack", deb, "-o", out), env=env)
 
         results = interleaved(
             {"dpkg-deb -R + --build": lambda: run(["sh", "-c", peer_script]), "hugify repack": repack},

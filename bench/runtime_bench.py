@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """The runtime side: exec latency and minor page faults of a hugified >= 6 MiB program,
 original vs hugified-and-prefetched, and the overheads of hugify-run and of the audit
 library against a direct exec, all measured interleaved in one run (the machines here
@@ -26,31 +26,22 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchlib import REPO  # first: runs this benchmark with the project's .venv
+from testkit.bench import REPO, interleaved
+from testkit.cli import hugify
+from testkit.elf import exec_load
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT = RUNTIME / "libhugify-audit.so"
 DEVNULL = os.open(os.devnull, os.O_WRONLY)
-
-
-def hugify(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO, check=False
-    )
-    if res.returncode != 0:
-        raise SystemExit(f"hugify {' '.join(map(str, args))} failed:\n{res.stdout}{res.stderr}")
-    return res
 
 
 def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
@@ -64,21 +55,6 @@ def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{argv} exited with {os.waitstatus_to_exitcode(status)}")
     return wall, ru.ru_minflt
-
-
-def interleaved(cases: dict[str, Callable[[], tuple[float, int]]], rounds: int) -> dict[str, list[tuple[float, int]]]:
-    """Every round runs every case once, in a new random order (no case always follows
-    the same other one)."""
-    out: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
-    for f in cases.values():  # warm-up
-        f()
-    rng = random.Random(8)
-    order = list(cases)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for k in order:
-            out[k].append(cases[k]())
-    return out
 
 
 def med(xs: list[tuple[float, int]], i: int = 0) -> float:
@@ -147,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
 
     subprocess.run(["make", "-s", "-C", RUNTIME, "all", "timing"], check=True)
-    from fixtures import BY_NAME, build
+    from testkit.recipes import BY_NAME, build
 
     src = build(BY_NAME["gcc-bfd-large"])
     work = Path(tempfile.mkdtemp(prefix="hugify-runtime-bench-"))
@@ -164,8 +140,7 @@ def main() -> None:
             os.fsync(fd)
             os.close(fd)
         hugify("prefetch", *hug_files)
-        code = subprocess.run(["readelf", "-lW", hug / "prog"], capture_output=True, text=True, check=True).stdout
-        exec_size = next(int(x.split()[5], 16) for x in code.splitlines() if x.split()[:1] == ["LOAD"] and " R E " in x)
+        exec_size = exec_load(hug / "prog").memsz
         many, none = build_many_libs(work / "libs", args.libs)
 
         base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_"))}

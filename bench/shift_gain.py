@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """How many more files a change lets shift: `hugify inspect` of this checkout and
 of a baseline checkout over the same ELF files (of at least --min-size bytes, as
 the layout survey counts them), and the files whose shift plan changed, with
@@ -25,7 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO, hugify_cmd
+from testkit.bench import REPO
+from testkit.cli import command
 
 ELF_MAGIC = b"\x7fELF"
 BATCH = 64
@@ -72,7 +73,7 @@ def shift_plans(checkout: Path, files: list[Path], *options: str) -> dict[Path, 
     out: dict[Path, dict[str, Any]] = {}
     for i in range(0, len(files), BATCH):
         batch = files[i : i + BATCH]
-        cmd = hugify_cmd("inspect", "--json", *options, *batch)
+        cmd = command("inspect", "--json", *options, *batch)
         res = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, check=False)
         for path, r in zip(batch, json.loads(res.stdout), strict=True):
             out[path] = r

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """Does hugify make programs faster? Real workloads, each measured by `hugify try`.
 
 Each workload is one `hugify try --json` comparison of a command on the original
@@ -38,15 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO, hugify_cmd
-
-sys.path.insert(0, str(REPO / "bench" / "workloads"))
-
-from fixtures import ITLB_CFLAGS, build_itlb, cache_root, debian_packages
-from sources import cxx_unit
-
+from bench.workloads.sources import cxx_unit
 from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from hugify.trial.report import interval, mib
+from testkit.bench import REPO
+from testkit.cache import cache_root
+from testkit.cli import command
+from testkit.recipes import ITLB_CFLAGS, build_itlb, debian_packages
 
 MIB = 1 << 20
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -192,7 +190,7 @@ def postgres(size: Size, work: Path) -> Setup:
 
 def itlb(size: Size, work: Path) -> Setup:
     """The upper bound: 8192 functions 4 KiB apart (32 MiB of code) called in a
-    shuffled order (tests/fixtures.py's itlb_program), built with gcc as a PIE."""
+    shuffled order (testkit/recipes.py's itlb_program), built with gcc as a PIE."""
     if not shutil.which("gcc"):
         raise Unavailable("gcc is not installed")
     tree = build_itlb(8192)
@@ -247,7 +245,7 @@ def measure(setup: Setup, opts: Options, work: Path) -> dict[str, Any]:
         "--budget", str(opts.budget), "--target", str(opts.target),
     ]  # fmt: skip
     compare = ["--compare-files", *setup.compare_files] if setup.compare_files else []
-    cmd = hugify_cmd(
+    cmd = command(
         "try", "--json", "--cache-dir", cache_root() / "speedup-try", "--policy", policy,
         *rounds, *setup.options, *compare, "--", *setup.argv,
     )  # fmt: skip

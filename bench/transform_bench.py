@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify transform vs cp on the same large file, in one run.
 
 The file is a PIE of 50+ MiB without debug info: ~3 MiB of generated code plus a
@@ -24,12 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import (
+from testkit.bench import (
     REPO,
     Sample,
     add_baseline_option,
     baseline_name,
-    hugify_cmd,
     installed_env,
     interleaved,
     median_wall,
@@ -37,8 +36,9 @@ from benchlib import (
     report_pairs,
     run,
 )
-from corpus_support import RELEASE
-from fixtures import BY_NAME, build, debian_packages
+from testkit.cli import command
+from testkit.corpus import RELEASE
+from testkit.recipes import BY_NAME, build, debian_packages
 
 
 def debian_large() -> list[Path]:
@@ -57,11 +57,11 @@ def compare(path: Path, out: Path, repeat: int, baseline: Path | None) -> dict[s
     env = installed_env()
     contenders = {
         "cp": lambda: run(["cp", path, out]),
-        "hugify transform": lambda: run(hugify_cmd("transform", path, "-o", out), env=env),
+        "hugify transform": lambda: run(command("transform", path, "-o", out), env=env),
     }
     if baseline:
         old = baseline_name(baseline)
-        contenders[old] = lambda: run(hugify_cmd("transform", path, "-o", out), env=env, cwd=baseline)
+        contenders[old] = lambda: run(command("transform", path, "-o", out), env=env, cwd=baseline)
     results = interleaved(contenders, repeat, prepare=clean)
     report(f"transform of {path.name} ({path.stat().st_size / 2**20:.0f} MiB)", results, "cp")
     if baseline:
@@ -113,9 +113,9 @@ def main() -> None:
         startup = interleaved(
             {
                 "python3 -c pass": lambda: run([sys.executable, "-c", "pass"]),
-                "hugify --version": lambda: run(hugify_cmd("--version"), env=env),
+                "hugify --version": lambda: run(command("--version"), env=env),
                 "hugify transform (tiny)": lambda: run(
-                    hugify_cmd("transform", "--threshold", "0", tiny, "-o", out), env=env
+                    command("transform", "--threshold", "0", tiny, "-o", out), env=env
                 ),
             },
             args.repeat,

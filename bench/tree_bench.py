@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify tree --jobs 2 vs find-debuginfo -j2 over the same build root, in one run.
 
 The build root holds several large ELF files built with -g, as a package build
@@ -7,7 +7,7 @@ of code each, built with -O2 -g as distributions do, plus small programs hugify
 skips. The tree is built once and cached (like the test programs). Each
 repetition starts from a fresh copy of the tree (not timed). find-debuginfo gets
 the options rpm 4.18's %__debug_install_post passes it. Both run against the same
-tree and in the same run, alternating. Target (issue #5): hugify's wall time under
+tree and in the same run, interleaved. Target (issue #5): hugify's wall time under
 50 % of find-debuginfo's. With --baseline, hugify from another checkout runs in the
 same rounds, for a no-slowdown check of a change (this/baseline per round).
 
@@ -26,11 +26,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import (
+from testkit.bench import (
     REPO,
     add_baseline_option,
     baseline_name,
-    hugify_cmd,
     installed_env,
     interleaved,
     median_wall,
@@ -38,7 +37,8 @@ from benchlib import (
     report_pairs,
     run,
 )
-from fixtures import cache_root
+from testkit.cache import cache_root
+from testkit.cli import command
 
 GEN = REPO / "tests" / "programs" / "gen_code.py"
 #: What distributions build with (rpm's %optflags, Debian's CFLAGS): -O2 -g.
@@ -149,7 +149,7 @@ def main() -> None:
         sources = list((tree / "usr/src/debug").rglob("*.c"))
         assert len(debug_files) == len(files) and sources, "find-debuginfo did not process the tree"
         fresh()
-        run(hugify_cmd("tree", tree, "--no-progress", "--report", Path(d) / "r.json"), env=env)
+        run(command("tree", tree, "--no-progress", "--report", Path(d) / "r.json"), env=env)
         done = json.loads((Path(d) / "r.json").read_text())["summary"]
         assert done["transformed"] == len(LARGE), done
         print(
@@ -157,7 +157,7 @@ def main() -> None:
             f"hugify: {done['transformed']} transformed, {done['skipped']} skipped",
             flush=True,
         )
-        tree_cmd = hugify_cmd("tree", tree, "--jobs", "2", "--no-progress")
+        tree_cmd = command("tree", tree, "--jobs", "2", "--no-progress")
         contenders = {
             "find-debuginfo -j2": lambda: run(find_debuginfo, env=env),
             "hugify tree --jobs 2": lambda: run(tree_cmd, env=env),

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import Programs, build_programs, build_runtime, gives_large_folios, locked, loop_fs
 
 from hugify.reasons import LOG_ENV
+from testkit import REPO
+from testkit.runtime import Programs, build_programs, build_runtime, gives_large_folios, locked, loop_fs
 
-REPO = Path(__file__).resolve().parent.parent
 #: The host's runtime directory, which the suite must leave as it found it.
 HOST_RUNTIME_DIR = Path("/run/hugify")
 
@@ -102,7 +102,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture(scope="module")
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Programs:
-    """The runtime tests' hugified programs (runtime_support), built once per test file."""
+    """The runtime tests' hugified programs (testkit.runtime), built once per test file."""
     assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
     build_runtime()
     return build_programs(tmp_path_factory.mktemp(f"{request.module.__name__}-programs"))
@@ -115,7 +115,7 @@ def large_folio_dir(built: Programs, tmp_path_factory: pytest.TempPathFactory) -
     The runtime tests keep their files there, so that what they assert does not hang on
     the filesystem of the host's /tmp (ext4 has large folios only from 6.16; the
     verdicts there are tests/test_runtime_host.py's, whatever they are). That XFS gives
-    them is measured first (runtime_support.gives_large_folios), not assumed."""
+    them is measured first (testkit.runtime.gives_large_folios), not assumed."""
     work = tmp_path_factory.mktemp("xfs")
     with loop_fs(work, "xfs", programs=built, size=4 << 30) as mnt:
         with locked():

@@ -1,6 +1,6 @@
 """Issue 32 item 4, proven on arm64 for real: Debian 13's arm64 kernel booted under
 qemu-system-aarch64 (TCG, `-cpu max`: BTI enforced), on XFS, with the test package
-cross-built for arm64 with Debian 13's branch protection (tests/vm_aarch64.py says how
+cross-built for arm64 with Debian 13's branch protection (testkit/vm/aarch64.py says how
 each piece is built and cached). In the guest, every window the runtime replaces keeps
 PROT_BTI (VmFlags `bt`) exactly where ld.so gave its object PROT_BTI: after `hugify
 prefetch`, after the audit library's repair (the window's mapping made afresh) and in
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vm_aarch64 import boot, cross_built_package, hugify_stage
-from vm_boot import BootResult
+
+from testkit.vm.aarch64 import boot, cross_built_package, hugify_stage
+from testkit.vm.boot import BootResult
 
 HP = 2 << 20
 PROG = "/usr/bin/hugify-deb-test"

@@ -20,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import HP, REPO, hugify, readelf_loads, run_program
+
+from testkit import HP, REPO
+from testkit.cli import hugify, run_program
+from testkit.elf import readelf_loads
 
 CC = "aarch64-linux-gnu-gcc"
 RUNNER = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]

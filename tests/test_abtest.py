@@ -8,7 +8,7 @@ from collections import Counter
 
 from hugify import abtest
 
-#: Ten per-pair ratios and what bench/benchlib.py's bootstrap gave for them before it
+#: Ten per-pair ratios and what testkit/bench.py's bootstrap gave for them before it
 #: moved into the product (commit 5e7ab4b): the benchmarks' figures keep their meaning.
 RATIOS = [0.97, 0.99, 0.95, 1.01, 0.96, 0.98, 0.94, 0.99, 0.97, 1.0]
 BEFORE = {"median": 0.975, "ci95": [0.96, 0.995], "half_width": 0.0179, "min": 0.94, "max": 1.01}

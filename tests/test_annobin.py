@@ -3,7 +3,7 @@ descriptions hold address ranges: a shift moves the ranges at or above the split
 by dv, alignment only leaves them alone, and a malformed note is refused with the
 note's offset named and the original untouched.
 
-The inputs are generated (tests/annobin_notes.py adds the notes to every unit, for
+The inputs are generated (testkit/annobin_notes.py adds the notes to every unit, for
 ELF64 and ELF32); the results are read with readelf, which decodes these notes, and
 with a note walker written here."""
 
@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from fixtures import ANNOBIN_RECIPES, BY_NAME, Recipe, build
-from helpers import elflint, hugify, readelf_loads, run_program, section_bytes, transform
+
+from testkit.cli import hugify, run_program, transform
+from testkit.elf import elflint, readelf_loads, section_bytes
+from testkit.recipes import ANNOBIN_RECIPES, BY_NAME, Recipe, build
 
 SECTION = ".gnu.build.attributes"
 INVALID = 3

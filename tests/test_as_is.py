@@ -14,9 +14,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_windows, window_offsets
-from runtime_support import (
+
+from hugify import _core, manifest
+from testkit import HP
+from testkit.cli import hugify
+from testkit.elf import readelf_windows, window_offsets
+from testkit.recipes import BY_NAME, build
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     MAIN,
@@ -26,10 +30,8 @@ from runtime_support import (
     drop_caches,
     locked,
     parse_smaps,
-    run_program,
+    run_mappings,
 )
-
-from hugify import _core, manifest
 
 
 def _gcc(cwd: Path, *args: str) -> None:
@@ -92,7 +94,7 @@ def test_prefetch_status_and_a_run_map_an_as_is_executable_with_pmds(as_is: Path
         (f,) = json.loads(res.stdout)["files"]
         assert [w["offset"] for w in f["windows"]] == windows
         assert {w["state"] for w in f["windows"]} == {"loaded"}
-        maps = run_program([prog])
+        maps = run_mappings([prog])
         status = json.loads(hugify("status", "--json", prog).stdout)
     assert maps[str(prog)].pmd == len(windows) * HP, maps[str(prog)]
     (s,) = status["files"]
@@ -113,7 +115,7 @@ def test_audit_library_loads_an_as_is_executable_and_a_dlopened_as_is_library(as
     prog, plug = as_is / "usr/bin/prog", as_is / "usr/lib/libplug.so"
     with locked():
         drop_caches()
-        maps = run_program([prog, plug], env={"LD_AUDIT": str(AUDIT_LIB)})
+        maps = run_mappings([prog, plug], env={"LD_AUDIT": str(AUDIT_LIB)})
     assert maps[str(prog)].pmd == len(_expected_windows(prog, fixed=True)) * HP
     assert maps[str(plug)].pmd == len(_expected_windows(plug, fixed=False)) * HP > 0
 

@@ -3,10 +3,10 @@ systemd as PID 1.
 
 The root is made by `mmdebstrap --variant=minbase --include=systemd,systemd-sysv,
 dbus,…` (hugify's own dependencies added; cached by that package list, see
-tests/debian_roots.py). Each session boots a copy-on-write overlay of it (upper
+testkit/debian_roots.py). Each session boots a copy-on-write overlay of it (upper
 layer on the cache's disk, not tmpfs: the page cache of the installed files must
 be able to hold 2 MiB folios). Before the boot, hugify's .deb and the hugified
-library of the test package (tests/deb, deb_support.build_variant("with")) are
+library of the test package (tests/deb, testkit.debian.build_variant("with")) are
 installed with dpkg inside it. Then `systemd-nspawn --register=no --keep-unit
 --boot` starts it: this host has no systemd, so nothing registers with machined
 and nothing is driven with machinectl. A oneshot unit in the container
@@ -34,21 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deb_support import (
-    EXEC,
-    LIB,
-    PROG,
-    build_hugify_deb,
-    build_variant,
-    cached_dir,
-    drop_stale,
-    files_key,
-)
-from debian_roots import systemd_root
-from fixtures import cache_root, locked
-from helpers import HP, readelf_windows, window_offsets
-from runtime_support import gives_large_folios
-from runtime_support import locked as runtime_lock
+
+from testkit import HP
+from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.debian import EXEC, LIB, PROG, build_hugify_deb, build_variant, files_key
+from testkit.debian_roots import systemd_root
+from testkit.elf import readelf_windows, window_offsets
+from testkit.runtime import gives_large_folios
+from testkit.runtime import locked as runtime_lock
 
 TEST_UNIT = "hugify-boot-test.service"
 BOOT_TIMEOUT = 600
@@ -186,7 +179,7 @@ def boot() -> Boot:
     first = [hugify.deb("hugify"), pkgs.deb("libhugdebtest1")]
     second = [pkgs.deb("hugify-deb-test"), pkgs.deb("hugify-deb-test-exec")]
     key = files_key([(p.name, p) for p in first + second], root.parent.name, UNIT, INSIDE, SESSION)
-    final = cached_dir("boot", "session", key)
+    final = build_dir("boot", "session", key)
     if (final / "share" / "out" / "done").exists():
         return Boot(final)
     with locked(cache_root() / "boot" / "session.lock"):

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 
-sys.path.insert(0, str(REPO / "bench"))
-import boot_cost_guest as guest
-import boot_cost_vm as host
+from testkit import REPO
+from testkit.vm import boot_cost as host
+from testkit.vm.guest import boot_cost_guest as guest
 
 
 def test_the_benchmark_runs_by_its_shebang() -> None:

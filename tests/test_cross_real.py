@@ -9,8 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures import debian_packages
-from helpers import CXX_WORKLOAD, HP, hugify, readelf_loads
+
+from testkit import HP
+from testkit.cli import hugify
+from testkit.elf import readelf_loads
+from testkit.recipes import CXX_WORKLOAD, debian_packages
 
 PACKAGES = ["libc6:arm64", "libstdc++6:arm64", "libgcc-s1:arm64"]
 

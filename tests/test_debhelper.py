@@ -13,7 +13,7 @@ checkout (PERL5LIB, PATH); test_packages.py does the same with hugify's own
 installed .deb.
 
 Fast tests run dh_hugify directly on debian/PKG trees holding a prebuilt program
-(tests/fixtures.py), and `dh --no-act` for the sequence.
+(testkit/recipes.py), and `dh --no-act` for the sequence.
 
 Every variant is built in the same directory, one at a time (a lock shared by the
 xdist workers), and cached by its inputs under the test cache.
@@ -31,7 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from hugify import manifest
+from testkit import HP
+from testkit.cli import hugify
+from testkit.debian import (
     DATA_MODULE,
     EXEC,
     LIB,
@@ -50,14 +54,12 @@ from deb_support import (
     files_of,
     gdb_backtrace,
     in_tree_env,
-    run_program,
+    run_in_root,
     source_line,
 )
-from fixtures import BY_NAME
-from fixtures import build as build_fixture
-from helpers import HP, bits_differing, exec_load, hugified, hugify, readelf_windows, window_offsets
-
-from hugify import manifest
+from testkit.elf import bits_differing, exec_load, hugified, readelf_windows, window_offsets
+from testkit.recipes import BY_NAME
+from testkit.recipes import build as build_fixture
 
 slow = pytest.mark.slow
 
@@ -265,15 +267,15 @@ def test_gdb_breaks_at_source_lines_and_backtraces_with_the_dbgsym_files(deb_bui
 @slow
 def test_programs_run_correctly(deb_build) -> None:
     b, plain = deb_build("with").ok(), deb_build("plain").ok()
-    expected = run_program(plain.root, PROG)
+    expected = run_in_root(plain.root, PROG)
     assert expected.returncode == 0 and expected.stdout.startswith("hugify-deb-test: "), expected
     for prog in (PROG, LINK):
-        got = run_program(b.root, prog)
+        got = run_in_root(b.root, prog)
         assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
-    assert run_program(b.root, SMALL).stdout == "hugify-deb-small\n"
-    expected = run_program(plain.root, EXEC)
+    assert run_in_root(b.root, SMALL).stdout == "hugify-deb-small\n"
+    expected = run_in_root(plain.root, EXEC)
     assert expected.returncode == 0 and expected.stdout.startswith("hugify-deb-exec: "), expected
-    got = run_program(b.root, EXEC)
+    got = run_in_root(b.root, EXEC)
     assert (got.returncode, got.stdout) == (0, expected.stdout), got.stderr
 
 

@@ -1,4 +1,4 @@
-"""Real Debian binaries of the running release (tests/corpus_support.py): packages
+"""Real Debian binaries of the running release (testkit/corpus.py): packages
 fetched with apt-get download, unpacked, and run through `hugify tree` as a package
 build would. Every ELF file with code over the threshold is transformed and passes
 eu-elflint with nothing new, or is refused with a reason; never failed. Each
@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import corpus_support as cs
 import pytest
-from helpers import elflint
+
+from testkit import corpus as cs
+from testkit.elf import elflint
 
 
 @pytest.fixture(scope="module")

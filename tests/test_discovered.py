@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import HP, REPO, hugify, readelf_build_id, readelf_loads
-from runtime_support import file_backed_only, gives_large_folios, locked
 
 from hugify import manifest
+from testkit import HP, REPO
+from testkit.cli import hugify
+from testkit.elf import readelf_build_id, readelf_loads
+from testkit.recipes import BY_NAME, build
+from testkit.runtime import file_backed_only, gives_large_folios, locked
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from fixtures import CROSS_DWARF_RECIPES, DWARF_RECIPES, Recipe
-from helpers import Case, case_for, readelf_build_id
+
+from testkit.elf import readelf_build_id
+from testkit.recipes import CROSS_DWARF_RECIPES, DWARF_RECIPES, Case, Recipe, case_for
 
 SHF_COMPRESSED = 0x800
 

@@ -26,8 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures import Recipe, build
-from helpers import HP, elflint, exec_load, readelf_build_id, readelf_loads, run_program, transform
+
+from testkit import HP
+from testkit.cli import run_program, transform
+from testkit.elf import elflint, exec_load, readelf_build_id, readelf_loads
+from testkit.recipes import Recipe, build
 
 RECIPES = (
     Recipe(

@@ -19,29 +19,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, PROGRAMS, build, cached_dir
-from helpers import (
-    HP,
+
+from testkit import HP
+from testkit.cli import hugify, transform
+from testkit.elf import (
     PAGE,
     executable_ranges,
-    hugify,
     newly_executable,
     overlap,
     readelf_loads,
     readelf_sections,
     readelf_windows,
-    transform,
 )
-from runtime_support import (
-    HUGIFY_RUN,
-    MAIN,
-    _functions,
-    build_runtime,
-    drop_caches,
-    locked,
-    parse_smaps,
-    run_program,
-)
+from testkit.recipes import BY_NAME, PROGRAMS, build, cached_dir
+from testkit.runtime import HUGIFY_RUN, MAIN, _functions, build_runtime, drop_caches, locked, parse_smaps, run_mappings
 
 TABLE = 3 << 20
 FUNCS = 3450  # about 2.2 MiB of code from clang -O2
@@ -253,7 +244,7 @@ def test_the_runtime_maps_the_whole_windows_of_a_load_that_starts_mid_window(tmp
         assert res.returncode == 0, res.stdout + res.stderr
         (f,) = json.loads(res.stdout)["files"]
         assert [(w["offset"], w["state"]) for w in f["windows"]] == [(windows[0][0], "loaded")], f
-        plain = run_program([out / "prog"])
+        plain = run_mappings([out / "prog"])
         drop_caches()
         run = subprocess.run(
             [HUGIFY_RUN, out / "prog", "-"],

@@ -17,8 +17,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures import debian_packages
-from helpers import HP, elflint, hugify, newly_executable, readelf_loads, transform
+
+from testkit import HP
+from testkit.cli import hugify, transform
+from testkit.elf import elflint, newly_executable, readelf_loads
+from testkit.recipes import debian_packages
 
 INSTALLED = Path("/usr/lib/firefox-esr")
 #: Loaded at start-up: sqlite for the profile, NSS for certificates, the glue libraries.

@@ -9,12 +9,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from helpers import REPO
+from testkit import REPO
 
 
 def test_fuzz_targets_survive_a_bounded_run() -> None:
     res = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "fuzz.py"), "--seconds", "30"],
+        [sys.executable, "-m", "bench.fuzz", "--seconds", "30"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=1800,

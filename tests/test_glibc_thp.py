@@ -1,6 +1,6 @@
 """glibc 2.44's own huge-page advice for hugified files (the tunable glibc.elf.thp), on
 this host: a chroot of a Debian 12 root carrying Debian's glibc 2.44
-(tests/glibc_thp_support.py host_root), the hugified test programs on an XFS image on a
+(testkit/vm/glibc_thp.py host_root), the hugified test programs on an XFS image on a
 loop device (XFS gives the page cache large folios on every kernel since 5.18) whose
 read_ahead_kb each test sets, the page cache dropped before every cold start.
 
@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures import RECIPES, build
-from glibc_thp_support import hint_limit, host_root
-from helpers import HP, REPO, transform
-from runtime_support import drop_caches, locked
 
 from hugify import _core
+from testkit import HP, REPO
+from testkit.cli import transform
+from testkit.recipes import RECIPES, build
+from testkit.runtime import drop_caches, locked
+from testkit.vm.boot import GUEST
+from testkit.vm.glibc_thp import hint_limit, host_root
 
 #: (recipe, mode, files hugified): GNU ld's separate-code layout shifted (its writable
 #: load 376 KiB after the windows), gold's (writable data right after them), and a GNU ld
@@ -135,7 +137,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Root]:
     (opt / "runtime").mkdir()
     shutil.copy(REPO / "runtime" / "libhugify-engine.so", opt / "runtime")
     flags = ["-O2", "-Wall", "-Werror"]
-    subprocess.run(["gcc", *flags, "-shared", "-fPIC", "-o", path / "probe.so", REPO / "tests/vm/probe.c"], check=True)
+    subprocess.run(["gcc", *flags, "-shared", "-fPIC", "-o", path / "probe.so", GUEST / "probe.c"], check=True)
     (tmp / "dlopen.c").write_text(DLOPEN_C)
     subprocess.run(["gcc", *flags, "-o", path / "dlopen", tmp / "dlopen.c", "-ldl"], check=True)
     image, xfs = tmp / "xfs.img", path / "mnt" / "xfs"

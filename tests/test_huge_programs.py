@@ -11,8 +11,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from fixtures import debian_packages
-from helpers import HP, exec_load, hugified, hugify, sections, transform
+from testkit import HP
+from testkit.cli import hugify, transform
+from testkit.elf import exec_load, hugified, sections
+from testkit.recipes import debian_packages
 
 LIB = "usr/lib/x86_64-linux-gnu"
 SHF_EXECINSTR = 0x4

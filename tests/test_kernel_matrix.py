@@ -1,13 +1,13 @@
 """hugify's runtime on Debian's own kernels, booted for real under qemu, on a real
-Debian 12 root with systemd as PID 1 (tests/vm_boot.py), one disk per filesystem.
+Debian 12 root with systemd as PID 1 (testkit/vm/boot.py), one disk per filesystem.
 
-The suite boots a subset of the matrix (vm_matrix.SUBSET: trixie's 6.12 on ext4 and
+The suite boots a subset of the matrix (testkit.vm.matrix.SUBSET: trixie's 6.12 on ext4 and
 XFS, the newest kernel on ext4); bench/kernel_matrix.py boots all of it and regenerates
 docs/runtime.md's "Where it works" table. A boot's results are cached by all its inputs.
 
 What is asserted, per boot, with THP `always` (booted) and `madvise` (set through
 sysfs), cold and with the files cached in small folios:
-- where the kernel gives the filesystem large folios (vm_matrix.LARGE_FOLIOS_SINCE,
+- where the kernel gives the filesystem large folios (testkit.vm.matrix.LARGE_FOLIOS_SINCE,
   from the kernel's history): after `hugify prefetch`, through hugify-run and through
   the audit library (DT_NEEDED and dlopen) the program's and the library's code is
   100 % PMD-mapped, and the engine's verdicts say what the process got (no "failed"
@@ -44,7 +44,7 @@ entry) are PMD-mapped after prefetch, through hugify-run and through the audit l
 and `hugify status` says they are huge; where it does not, `unsupported`, naming the
 filesystem.
 glibc's own advice (issue 31 item 7): the newest kernel on ext4 booted once more on the
-same root with Debian's glibc 2.44 unpacked over it (tests/glibc_thp_support.py, one boot
+same root with Debian's glibc 2.44 unpacked over it (testkit/vm/glibc_thp.py, one boot
 of a few minutes): with glibc.elf.thp set, in the environment or system-wide, a cold
 start gets the program's, the library's (DT_NEEDED and dlopen) and the as-is program's
 code all PMD-mapped exactly where the disk's read_ahead_kb is within the core's limit
@@ -58,17 +58,19 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-import glibc_thp_support
 import pytest
-from deb_support import EXEC, LLD_LIB, LLD_PLUGIN, LLD_PROG, MANIFEST_DIR, build_variant
-from helpers import HP, REPO, readelf_loads, readelf_windows, window_offsets
-from vm_boot import BootResult, GuestPanic, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
-from vm_kernels import KernelUnavailable, kernel
-from vm_matrix import (
+
+from hugify import _core, manifest
+from testkit import HP
+from testkit.debian import EXEC, LLD_LIB, LLD_PLUGIN, LLD_PROG, MANIFEST_DIR, build_variant
+from testkit.elf import readelf_loads, readelf_windows, window_offsets
+from testkit.vm import glibc_thp, matrix_table
+from testkit.vm.boot import BootResult, GuestPanic, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
+from testkit.vm.kernels import KernelUnavailable, kernel
+from testkit.vm.matrix import (
     CACHES,
     PGPGIN_NOISE_KIB,
     SHARED_WAYS,
@@ -83,11 +85,6 @@ from vm_matrix import (
     row,
     shared_copies,
 )
-
-from hugify import _core, manifest
-
-sys.path.insert(0, str(REPO / "bench"))
-import matrix_table
 
 MODES = ("always", "madvise")
 CODE_WAYS = ("prefetch", "hugify-run", "audit", "audit-dlopen")
@@ -567,7 +564,7 @@ def test_the_kernel_verdict_is_what_a_plain_cold_run_gets(booted: BootResult, mo
 def test_khugepaged_makes_held_code_huge_only_where_it_collapses_files(booted: BootResult, mode: str) -> None:
     """What the kernel does by itself, later: a plain run that keeps its code mapped for
     a few khugepaged passes gets it all PMD-mapped with THP `always` on the kernels whose
-    khugepaged collapses file-backed code (vm_matrix.KHUGEPAGED_TEXT_SINCE, on a
+    khugepaged collapses file-backed code (testkit.vm.matrix.KHUGEPAGED_TEXT_SINCE, on a
     filesystem with large folios), and never with `madvise` or elsewhere."""
     step = case(booted.results, mode, "cold", "held")["steps"][0]
     expected = mode == "always" and khugepaged_collapses_code(booted.kernel, booted.fs)
@@ -589,7 +586,7 @@ def test_a_kernel_that_cannot_be_fetched_fails_with_the_reason() -> None:
 
 def test_the_support_table_says_what_the_boot_asserts(booted: BootResult, as_is_windows: list[int]) -> None:
     """docs/runtime.md's "Where it works" cells for this boot, as bench/matrix_table.py
-    writes them from its row (vm_matrix.row), say what the tests above assert of it:
+    writes them from its row (testkit.vm.matrix.row), say what the tests above assert of it:
     every way huge, khugepaged's too where it collapses file-backed code, and the as-is
     program's whole window, where the kernel gives large folios; "no" where it does not."""
     r = row(booted)
@@ -701,7 +698,7 @@ GLIBC_SUBSET = ("newest", "ext4")
 def glibc_booted() -> BootResult:
     suite, fs = GLIBC_SUBSET
     try:
-        return boot(resolve(suite), fs, extra=glibc_thp_support.root_extra())
+        return boot(resolve(suite), fs, extra=glibc_thp.root_extra())
     except (KernelUnavailable, VmError) as e:
         pytest.fail(f"{suite} on {fs} with glibc 2.44: {e}", pytrace=False)
 
@@ -751,7 +748,7 @@ def test_glibc_thp_makes_cold_code_huge_up_to_the_read_ahead_the_layout_allows(
                     limit = glibc_limits[path]
                     want = setting != "off" and (limit is None or int(ra) << 10 <= limit)
                     got = step["maps"][path]
-                    huge = glibc_thp_support.windows_huge({"rc": 0, "maps": {path: [got["pmd"], got["size"]]}}, path)
+                    huge = glibc_thp.windows_huge({"rc": 0, "maps": {path: [got["pmd"], got["size"]]}}, path)
                     if huge != want or (not want and got["pmd"]):
                         wrong.append(f"{at}: {path} {got['pmd'] >> 10} of {got['size'] >> 10} KiB PMD-mapped")
                 if (setting == "off") != (advised == []):
@@ -817,7 +814,7 @@ def test_status_in_the_glibc_root_names_the_read_ahead_that_defeats_it(
     assert set(advised) == {PROG, LIB, "/" + EXEC, "/" + LLD_PLUGIN}, advised
     defeated = {p for p in advised if read_around_reaches_code(root / p.lstrip("/"), 8192 << 10)}
     assert defeated == {PROG, LIB, "/" + LLD_PLUGIN}, defeated
-    row = glibc_thp_support.glibc_thp_row(glibc_booted.results)
+    row = glibc_thp.glibc_thp_row(glibc_booted.results)
     head = (
         "hint: glibc.elf.thp (glibc 2.44): on system-wide; ld.so itself asks for huge pages for the code of "
         f"{len(advised)} of {len(manifest_files)} files"
@@ -828,7 +825,7 @@ def test_status_in_the_glibc_root_names_the_read_ahead_that_defeats_it(
     assert high[0] == head and high[1].startswith(
         f"hint: glibc.elf.thp: read_ahead_kb 8192 of vda defeats it for {len(defeated)} of them"
     ), high
-    assert glibc_thp_support.hint_limit(high) == kb, (high, kb)
+    assert glibc_thp.hint_limit(high) == kb, (high, kb)
     advice = row["runs"]["8192"]["system"]["advice"]
     assert advice["system_wide"] == 1 and {f["path"] for f in advice["files"] if f["defeated"]} == defeated, advice
 
@@ -840,7 +837,7 @@ def test_the_support_table_says_what_the_glibc_boot_asserts(
     read_ahead_kb (the disk's default first), "yes" where the program's and the library's
     code all came PMD-mapped, which is within their limit, and none of it above; the
     as-is program's window where it differs."""
-    row = {"glibc_thp": glibc_thp_support.glibc_thp_row(glibc_booted.results)}
+    row = {"glibc_thp": glibc_thp.glibc_thp_row(glibc_booted.results)}
     limit = min(glibc_limits[p] or 0 for p in (PROG, LIB))
     default = glibc_booted.results["read_ahead_default"]
     as_is = glibc_limits["/" + EXEC]

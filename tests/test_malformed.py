@@ -10,10 +10,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import hugify
 
 from hugify import _core
+from testkit.cli import hugify
+from testkit.recipes import BY_NAME, build
 
 INVALID, REFUSED = 3, 4
 

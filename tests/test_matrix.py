@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from fixtures import BY_NAME, CROSS_RECIPES, RECIPES, Recipe, build
-from helpers import (
-    HP,
+
+from testkit import HP
+from testkit.cli import run_program, transform
+from testkit.elf import (
     PAGE,
     TRAPS,
-    Case,
     bits_differing,
-    case_for,
     dynamic_tags,
     elflint,
     machine,
@@ -29,13 +28,12 @@ from helpers import (
     readelf_probes,
     readelf_windows,
     relocations,
-    run_program,
     section_bytes,
     sections,
     symbols,
-    transform,
     word_at,
 )
+from testkit.recipes import BY_NAME, CROSS_RECIPES, RECIPES, Case, Recipe, build, case_for
 
 # d_ptr tags whose values are addresses (pyelftools names).
 POINTER_TAGS = {
@@ -340,7 +338,7 @@ def test_padding_is_traps_and_described_by_sections(recipe: Recipe, tmp_path_fac
 
 
 def test_default_threshold_refuses_small_files(tmp_path: Path) -> None:
-    from helpers import hugify
+    from testkit.cli import hugify
 
     small = build(next(r for r in RECIPES if r.name == "gcc-bfd-small")) / "prog"
     before = small.read_bytes()

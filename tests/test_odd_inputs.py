@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_loads, readelf_probes, run_program, sections, transform
+
+from testkit import HP
+from testkit.cli import hugify, run_program, transform
+from testkit.elf import readelf_loads, readelf_probes, sections
+from testkit.recipes import BY_NAME, build
 
 INVALID, REFUSED, IO_ERROR = 3, 4, 5
 

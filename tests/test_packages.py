@@ -37,7 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from hugify import manifest
+from testkit import REPO
+from testkit.cache import CachedBuild, build_dir, cache_root, cached_build, drop_stale, locked, save_result
+from testkit.debian import (
     EXEC,
     LIB,
     LINK,
@@ -46,30 +50,21 @@ from deb_support import (
     SMALL,
     STD_PATH,
     VERSION,
-    CachedBuild,
     DebBuild,
     build_hugify_deb,
     build_id,
     build_variant,
-    cached_build,
-    cached_dir,
     clean_env,
     collect,
     debug_file,
-    drop_stale,
     files_key,
     hugify_sources,
-    locked,
     package_source_files,
     prepare_test_source,
     rust_env,
-    save_result,
     toolchain_key,
 )
-from fixtures import cache_root
-from helpers import REPO, bits_differing, hugified, readelf_build_id, readelf_windows
-
-from hugify import manifest
+from testkit.elf import bits_differing, hugified, readelf_build_id, readelf_windows
 
 slow = pytest.mark.slow
 RPM_TEST = REPO / "tests" / "rpm"
@@ -237,7 +232,7 @@ def build_hugify_rpm() -> RpmBuild:
         return res.returncode, res.stdout
 
     group = cache_root() / "packages"
-    final = cached_dir("packages", "hugify-rpm", files_key(sources, toolchain_key()))
+    final = build_dir("packages", "hugify-rpm", files_key(sources, toolchain_key()))
     return RpmBuild(cached_build(final, group / "hugify-rpm.lock", group / "hugify-rpm-build", build))
 
 
@@ -451,7 +446,7 @@ def run_session(name: str, script: str, inputs_key: str, prepare: Callable[[Path
     """Runs a session script in a private mount namespace (see the module doc),
     once per inputs; the result directory is cached."""
     assert os.geteuid() == 0, "the sessions install packages: they need root and mount namespaces (CI runs as root)"
-    final = cached_dir("packages", name, inputs_key)
+    final = build_dir("packages", name, inputs_key)
     if (final / "session.rc").exists():
         return Session(final)
     # One session at a time (it installs system-wide), and each only once: a worker

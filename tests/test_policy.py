@@ -11,9 +11,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from helpers import REPO, hugify
 
 from hugify import policy
+from testkit import REPO
+from testkit.cli import hugify
 
 SHIPPED = REPO / "policy" / "policy.toml"
 

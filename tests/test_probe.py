@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from fixtures import BY_NAME, build
-from helpers import HP, hugify, readelf_build_id, readelf_windows
 
 from hugify import _core, manifest, signing
+from testkit import HP
+from testkit.cli import hugify
+from testkit.elf import readelf_build_id, readelf_windows
+from testkit.recipes import BY_NAME, build
 
 
 def _system_elf_files(limit: int) -> list[Path]:

@@ -8,7 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import CXX_WORKLOAD, HP, hugify, readelf_loads
+
+from testkit import HP
+from testkit.cli import hugify
+from testkit.elf import readelf_loads
+from testkit.recipes import CXX_WORKLOAD
 
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
 

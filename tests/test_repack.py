@@ -24,15 +24,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from testkit import REPO
+from testkit.cache import build_dir, cache_root, cached_build
+from testkit.cli import hugify
+from testkit.debian import (
     BUILD_TOOLS,
     LIB,
     PROG,
     DebBuild,
     build_id,
     build_variant,
-    cached_build,
-    cached_dir,
     clean_env,
     collect,
     deb_field,
@@ -44,8 +46,8 @@ from deb_support import (
     tool_versions,
     tree_files,
 )
-from fixtures import cache_root, debian_packages
-from helpers import REPO, exec_load, hugified, hugify
+from testkit.elf import exec_load, hugified
+from testkit.recipes import debian_packages
 
 slow = pytest.mark.slow
 MULTIARCH = "x86_64-linux-gnu"
@@ -276,7 +278,7 @@ def cxx_build() -> DebBuild:
         return rc, log
 
     group = cache_root() / "repack"
-    return DebBuild(cached_build(cached_dir("repack", "cxx", key), group / "build.lock", group / "build", build))
+    return DebBuild(cached_build(build_dir("repack", "cxx", key), group / "build.lock", group / "build", build))
 
 
 @slow

@@ -29,9 +29,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deb_support import build_id, build_variant
-from fixtures import cache_root, locked
-from helpers import REPO, hugified, hugify
+
+from testkit import REPO
+from testkit.cache import cache_root, locked
+from testkit.cli import hugify
+from testkit.debian import build_id, build_variant
+from testkit.elf import hugified
 
 slow = pytest.mark.slow
 DOCS = REPO / "docs"

@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import HP, REPO, hugify, readelf_loads
 
 from hugify import files
 from hugify.cli import main
+from testkit import HP, REPO
+from testkit.cli import hugify
+from testkit.elf import readelf_loads
+from testkit.recipes import BY_NAME, build
 
 NOBODY = 65534
 UNSAFE = 6

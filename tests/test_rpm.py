@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fixtures import locked
-from helpers import HP, REPO, exec_load, hugified, readelf_build_id, rpm_env
 
 from hugify import manifest
+from testkit import HP, REPO
+from testkit.cache import locked
+from testkit.cli import rpm_env
+from testkit.elf import exec_load, hugified, readelf_build_id
 
 RPM_DIR = REPO / "tests" / "rpm"
 SPEC = RPM_DIR / "hugify-test.spec"

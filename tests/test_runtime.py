@@ -7,7 +7,7 @@ The files live on XFS (conftest.large_folio_dir: large folios on every kernel si
 5.18, measured), so that these hold whatever filesystem the host's /tmp is; what the
 kernel does by itself (PMD exec readahead) and whether it has cachestat are measured
 here without hugify, never assumed. Every test that depends on the page cache holds one
-lock (runtime_support.locked), so the two xdist workers do not drop each other's caches
+lock (testkit.runtime.locked), so the two xdist workers do not drop each other's caches
 in the middle of a test."""
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.cli import hugify
+from testkit.runtime import (
     AUDIT_LIB,
     HP,
     HUGIFY_RUN,
@@ -33,12 +35,11 @@ from runtime_support import (
     drop_caches,
     exec_segment_size,
     file_backed_only,
-    hugify,
     kernel_maps_exec_huge,
     locked,
     parse_smaps,
     read_plainly,
-    run_program,
+    run_mappings,
 )
 
 
@@ -63,7 +64,7 @@ def assert_not_huge(maps: dict, *paths: Path) -> None:
 
 
 def prefetch_json(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, dict]:
-    res = hugify("prefetch", "--json", *args, env=env)
+    res = hugify("prefetch", "--json", *args, add_env=env, check=False)
     assert "Traceback" not in res.stderr, res.stderr
     return res.returncode, json.loads(res.stdout)
 
@@ -80,7 +81,7 @@ def test_cold_cache_without_prefetch_is_not_huge(progs: Programs):
     with locked():
         drop_caches()
         assert cached_pages(progs.prog) == 0
-        maps = run_program([progs.prog, progs.plug])
+        maps = run_mappings([progs.prog, progs.plug])
     assert_not_huge(maps, progs.prog, progs.lib, progs.plug)
 
 
@@ -90,7 +91,7 @@ def test_prefetch_makes_program_and_library_fully_huge(progs: Programs, tmp_path
         drop_caches()
         code, report = prefetch_json("--runtime-dir", rdir, progs.prog, progs.lib)
         assert code == 0, report
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
     assert states(report, progs.prog) == ["loaded"] * (exec_segment_size(progs.prog) // HP)
     assert states(report, progs.lib) == ["loaded"] * (exec_segment_size(progs.lib) // HP)
     assert_huge(maps, progs.prog, progs.lib)
@@ -117,14 +118,14 @@ def test_hugify_run_alone_on_cold_cache(progs: Programs, tmp_path: Path, verify:
 def test_audit_library_alone_on_cold_cache_including_dlopen(progs: Programs):
     with locked():
         drop_caches()
-        maps = run_program([progs.prog, progs.plug], env={"LD_AUDIT": str(AUDIT_LIB)})
+        maps = run_mappings([progs.prog, progs.plug], env={"LD_AUDIT": str(AUDIT_LIB)})
     assert_huge(maps, progs.prog, progs.lib, progs.plug)
 
 
 def test_hugify_run_with_audit_covers_dlopen(progs: Programs):
     with locked():
         drop_caches()
-        maps = run_program([HUGIFY_RUN, progs.prog, progs.plug], env={"HUGIFY_AUDIT_LIB": str(AUDIT_LIB)})
+        maps = run_mappings([HUGIFY_RUN, progs.prog, progs.plug], env={"HUGIFY_AUDIT_LIB": str(AUDIT_LIB)})
     assert_huge(maps, progs.prog, progs.lib, progs.plug)
 
 
@@ -136,9 +137,9 @@ def test_prefetch_repairs_small_folio_pollution(progs: Programs, tmp_path: Path)
         drop_caches()
         read_plainly([progs.prog, progs.lib])
         assert cached_pages(progs.prog) > 0
-        before = run_program([progs.prog])
+        before = run_mappings([progs.prog])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib)
-        after = run_program([progs.prog])
+        after = run_mappings([progs.prog])
     assert_not_huge(before, progs.prog, progs.lib)  # read() left small folios
     assert code == 0, report
     assert set(states(report, progs.prog)) == {"repaired"}
@@ -153,8 +154,8 @@ def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Program
         drop_caches()
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
-        maps = run_program([progs.prog])
-        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, env=env).stdout)
+        maps = run_mappings([progs.prog])
+        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, add_env=env, check=False).stdout)
     assert code == 0, report
     assert report["system"]["cachestat"] is False
     assert set(states(report, progs.prog)) == {"loaded"}
@@ -171,8 +172,10 @@ def test_prefetch_verifies_from_smaps_where_pagemap_scan_is_missing(progs: Progr
         drop_caches()
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
-        maps = run_program([progs.prog])
-        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, progs.plug, env=env).stdout)
+        maps = run_mappings([progs.prog])
+        status = json.loads(
+            hugify("status", "--json", progs.prog, progs.lib, progs.plug, add_env=env, check=False).stdout
+        )
     assert code == 0, report
     assert set(states(report, progs.prog)) == {"loaded"}
     assert set(states(report, progs.lib)) == {"repaired"}
@@ -194,7 +197,7 @@ def test_prefetch_right_after_a_package_wrote_the_file(built: Programs, large_fo
             (d / f.name).chmod(0o755)
         os.link(d / "prog", d / "prog-link")
         code, report = prefetch_json("--runtime-dir", tmp_path, d / "prog", d / "prog-link", d / "libbig.so")
-        maps = run_program([d / "prog"])
+        maps = run_mappings([d / "prog"])
     assert code == 0, report
     assert set(states(report, d / "prog")) <= {"repaired", "loaded", "huge"}
     (first,) = [f for f in report["files"] if f["path"] == str(d / "prog")]
@@ -211,7 +214,7 @@ def test_runtime_components_repair_small_folios(progs: Programs, how: str):
     with locked():
         drop_caches()
         read_plainly([progs.prog, progs.lib])
-        maps = run_program(argv, env=env)
+        maps = run_mappings(argv, env=env)
     assert_huge(maps, progs.prog, progs.lib)
 
 
@@ -290,7 +293,7 @@ def test_status_reads_nothing_in_after_a_bounded_boot_run(progs: Programs, tmp_p
         drop_caches()
         code, _ = prefetch_json("--boot", "--policy", policy, "--runtime-dir", rdir, *files)
         before = {p: cached_pages(p) for p in files}
-        res = hugify("status", "--json", "--runtime-dir", rdir, *files)
+        res = hugify("status", "--json", "--runtime-dir", rdir, *files, check=False)
         after = {p: cached_pages(p) for p in files}
     assert code == 0 and res.returncode == 0, res.stderr
     assert after == before, (before, after)
@@ -305,10 +308,10 @@ def test_status_reports_coverage_and_settings(progs: Programs, tmp_path: Path):
     (mdir / "test.list").write_text("# hugify manifest v1\n" + "\n".join(lines) + "\n")
     with locked():
         drop_caches()
-        cold = json.loads(hugify("status", "--json", "--manifest-dir", mdir).stdout)
-        assert hugify("prefetch", "--quiet", "--runtime-dir", tmp_path, progs.prog).returncode == 0
-        res = hugify("status", "--json", "--manifest-dir", mdir, "--runtime-dir", tmp_path)
-        text = hugify("status", "--manifest-dir", mdir, "--runtime-dir", tmp_path)
+        cold = json.loads(hugify("status", "--json", "--manifest-dir", mdir, check=False).stdout)
+        assert hugify("prefetch", "--quiet", "--runtime-dir", tmp_path, progs.prog, check=False).returncode == 0
+        res = hugify("status", "--json", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
+        text = hugify("status", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
     assert res.returncode == 0 and text.returncode == 0
     cov = {f["path"]: f["coverage"] for f in json.loads(res.stdout)["files"]}
     assert cov == {str(progs.prog): 1.0, str(progs.lib): 0.0, str(progs.plug): 0.0}
@@ -338,8 +341,8 @@ def test_prefetch_all_from_manifests_with_bad_lines(progs: Programs, tmp_path: P
     (mdir / "b.list").write_bytes(b"\xff\xfe not utf-8")
     with locked():
         drop_caches()
-        res = hugify("prefetch", "--all", "--manifest-dir", mdir, "--runtime-dir", tmp_path)
-        maps = run_program([progs.prog])
+        res = hugify("prefetch", "--all", "--manifest-dir", mdir, "--runtime-dir", tmp_path, check=False)
+        maps = run_mappings([progs.prog])
     assert "Traceback" not in res.stderr
     assert res.returncode == 5, (res.stdout, res.stderr)  # I/O (missing file) is the worst
     err = res.stderr.splitlines()
@@ -352,15 +355,17 @@ def test_prefetch_all_from_manifests_with_bad_lines(progs: Programs, tmp_path: P
 
 def test_bad_files_on_the_command_line(tmp_path: Path):
     (tmp_path / "text").write_text("hello\n")
-    res = hugify("prefetch", "--runtime-dir", tmp_path, tmp_path / "nope", tmp_path / "text", "/usr/bin/true")
+    res = hugify(
+        "prefetch", "--runtime-dir", tmp_path, tmp_path / "nope", tmp_path / "text", "/usr/bin/true", check=False
+    )
     assert "Traceback" not in res.stderr
     assert res.returncode == 5
     lines = res.stderr.splitlines()
     assert len(lines) == 3, lines
     assert "nope: not found" in lines[0] and "text: not an ELF file" in lines[1]
     assert "/usr/bin/true: not hugified" in lines[2]
-    assert hugify("prefetch").returncode == 2
-    assert hugify("prefetch", "--all", "/usr/bin/true").returncode == 2
+    assert hugify("prefetch", check=False).returncode == 2
+    assert hugify("prefetch", "--all", "/usr/bin/true", check=False).returncode == 2
 
 
 # --- the kernel and the filesystem ---------------------------------------------------------
@@ -382,7 +387,7 @@ def test_kernel_awareness_is_probed_and_recorded(progs: Programs, tmp_path: Path
     assert (rdir / "kernel-exec-pmd").read_text() == f"{boot} {int(by_itself)} {thp}\n"
     assert report["system"]["exec_pmd_readahead"] is by_itself
     assert set(states(report, progs.lib)) == ({"kernel"} if by_itself else {"loaded"})
-    status = json.loads(hugify("status", "--json", "--runtime-dir", rdir, progs.lib).stdout)
+    status = json.loads(hugify("status", "--json", "--runtime-dir", rdir, progs.lib, check=False).stdout)
     assert status["system"]["exec_pmd_readahead"] is by_itself
 
 
@@ -447,6 +452,7 @@ def test_tmpfs_cannot_be_prefetched_said_once(progs: Programs, tmp_path: Path):
             file_backed_only(tmp_path),
             shm / "libbig.so",
             shm / "libplug.so",
+            check=False,
         )
     finally:
         for f in shm.iterdir():

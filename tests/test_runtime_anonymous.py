@@ -23,12 +23,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import exec_load, readelf_windows
-from runtime_support import (
+
+from testkit.cli import hugify
+from testkit.elf import exec_load, readelf_windows
+from testkit.runtime import (
     AUDIT_LIB,
     HOT_SPIN,
     HP,
@@ -37,10 +38,10 @@ from runtime_support import (
     Programs,
     _functions,
     copy_programs,
-    hugify,
     locked,
     memory_cgroup,
 )
+from testkit.smaps import Vma, smaps_of
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
@@ -72,36 +73,12 @@ def spin(built: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("spin")
     (work / "spin.c").write_text(SPIN)
     subprocess.run(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], cwd=work, check=True)
-    res = hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin")
+    res = hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin", check=False)
     assert res.returncode == 0, res.stderr
     return work / "spin"
 
 
 # --- reading what the process had ----------------------------------------------------
-
-
-@dataclass
-class Vma:
-    lo: int
-    hi: int
-    perms: str
-    inode: int
-    name: str
-    anon_huge: int = 0
-    file_pmd: int = 0
-
-
-def vmas(smaps: str) -> list[Vma]:
-    out: list[Vma] = []
-    for line in smaps.splitlines():
-        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ (\d+)\s*(.*)$", line)
-        if m:
-            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], int(m[4]), m[5]))
-        elif line.startswith("AnonHugePages:") and out:
-            out[-1].anon_huge = int(line.split()[1]) * 1024
-        elif line.startswith("FilePmdMapped:") and out:
-            out[-1].file_pmd = int(line.split()[1]) * 1024
-    return out
 
 
 def window_addresses(maps: list[Vma], path: Path) -> list[int]:
@@ -144,10 +121,6 @@ def run(argv: list, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def result(res: subprocess.CompletedProcess[str]) -> str:
     (line,) = [x for x in res.stdout.splitlines() if x.startswith("result ")]
     return line
-
-
-def smaps_of(res: subprocess.CompletedProcess[str]) -> list[Vma]:
-    return vmas(res.stdout.split("--- smaps\n", 1)[1])
 
 
 def copy_lines(stderr: str) -> dict[str, tuple[int, int, str]]:
@@ -248,7 +221,7 @@ def test_policy_reaches_the_audit_library(progs: Programs, tmp_path: Path):
     pol.write_text(f'[runtime]\nanonymous = ["{link}"]\n')
     rdir = tmp_path / "run"
     env = {"HUGIFY_POLICY_PATH": str(pol)}
-    res = hugify("prefetch", "--runtime-dir", rdir, progs.prog, env=env)
+    res = hugify("prefetch", "--runtime-dir", rdir, progs.prog, add_env=env, check=False)
     assert res.returncode == 0, res.stderr
     record = (rdir / "anonymous").read_text().splitlines()
     assert record[1:] == [os.path.realpath(progs.prog)]
@@ -263,7 +236,7 @@ def test_policy_reaches_the_audit_library(progs: Programs, tmp_path: Path):
     assert "anonymous" not in run([other, progs.plug], audit).stderr
     # the list emptied: the record goes
     pol.write_text("[runtime]\nanonymous = []\n")
-    assert hugify("prefetch", "--runtime-dir", rdir, progs.prog, env=env).returncode == 0
+    assert hugify("prefetch", "--runtime-dir", rdir, progs.prog, add_env=env, check=False).returncode == 0
     assert not (rdir / "anonymous").exists()
 
 
@@ -281,12 +254,12 @@ def test_status_lists_the_processes_and_their_memory(progs: Programs, tmp_path: 
         assert p.stdout.readline() == "waiting\n"
         empty = tmp_path / "manifests"
         empty.mkdir()
-        res = hugify("status", "--json", "--manifest-dir", empty)
+        res = hugify("status", "--json", "--manifest-dir", empty, check=False)
         assert res.returncode == 0, res.stderr
         import json
 
         mine = {c["path"]: c for c in json.loads(res.stdout)["anonymous_copies"] if c["pid"] == p.pid}
-        text = hugify("status", "--manifest-dir", empty).stdout
+        text = hugify("status", "--manifest-dir", empty, check=False).stdout
     finally:
         if p.stdin:
             p.stdin.write("\n")

@@ -7,7 +7,7 @@ read every window again at every start (40 MiB in 10 starts, the issue measured 
 
 N starts of the test program, plainly, through the audit library and through hugify-run,
 each series from the program's files cold or cached in small folios (the tools cached:
-runtime_support.starts_read), on three filesystems whose answer is measured without
+testkit.runtime.starts_read), on three filesystems whose answer is measured without
 hugify: XFS gives 2 MiB folios on every kernel since 5.18, btrfs on none of Debian's, ext4
 with data=journal on none. Bytes are the children's I/O accounting (ru_inblock), so other
 work on the machine does not count."""
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.runtime import (
     AS_NOBODY,
     AUDIT_LIB,
     HP,

@@ -5,7 +5,7 @@ An ext4 image mounted with data=journal stands in for every such filesystem: ext
 no large folios to files whose data is journalled on any kernel (before 6.16 it gives
 none at all), so the premise holds whatever kernel runs the suite; it is still observed
 first, independently of hugify: a file read through a MADV_HUGEPAGE mapping, and the
-FilePmdMapped of that mapping in smaps (runtime_support.gives_large_folios). ext4 before
+FilePmdMapped of that mapping in smaps (testkit.runtime.gives_large_folios). ext4 before
 6.16 and btrfs are booted for real in tests/test_kernel_matrix.py.
 
 Every component is pointed at a private runtime directory (HUGIFY_RUNTIME_DIR, which
@@ -23,7 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.cli import hugify
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     MADV_COLLAPSE,
@@ -35,7 +37,6 @@ from runtime_support import (
     drop_caches,
     file_backed_only,
     gives_large_folios,
-    hugify,
     kernel_maps_exec_huge,
     locked,
     loop_fs,
@@ -81,7 +82,14 @@ def test_a_filesystem_without_large_folios_is_found_on_two_files_then_left_alone
     drop_caches()
     no_copies = file_backed_only(run.parent)
     res = hugify(
-        "prefetch", "--json", "--policy", no_copies, progs.prog, progs.lib, env={"HUGIFY_RUNTIME_DIR": str(run)}
+        "prefetch",
+        "--json",
+        "--policy",
+        no_copies,
+        progs.prog,
+        progs.lib,
+        add_env={"HUGIFY_RUNTIME_DIR": str(run)},
+        check=False,
     )
     assert res.returncode == 4, res.stderr
     by_path = {f["path"]: f for f in json.loads(res.stdout)["files"]}
@@ -122,12 +130,12 @@ def test_a_filesystem_without_large_folios_is_found_on_two_files_then_left_alone
 
     # hugify status measures (the windows are small) and says it once, naming the
     # filesystem and what would do it.
-    status = hugify("status", "--runtime-dir", run, progs.prog)
+    status = hugify("status", "--runtime-dir", run, progs.prog, check=False)
     notes = [line for line in status.stdout.splitlines() if "gives no large folios" in line]
     assert len(notes) == 1, status.stdout
     assert "ext4" in notes[0] and f"{os.major(dev)}:{os.minor(dev)}" in notes[0]
     assert "--clear-records" in notes[0]
-    js = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog).stdout)
+    js = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog, check=False).stdout)
     (fs,) = [x for x in js["system"]["filesystems_without_large_folios"] if x["device"] == fs_record[16:]]
     assert fs["type"] == "ext4" and "ext4" in fs["remedy"]
     assert js["system"]["files_without_large_folios"] == [
@@ -161,7 +169,8 @@ def test_a_record_of_another_boot_or_filesystem_type_is_ignored(on_journalled: t
             file_backed_only(run.parent),
             progs.prog,
             progs.lib,
-            env={"HUGIFY_RUNTIME_DIR": str(run)},
+            add_env={"HUGIFY_RUNTIME_DIR": str(run)},
+            check=False,
         )
         assert res.returncode == 4, res.stderr
         (prog,) = [f for f in json.loads(res.stdout)["files"] if f["path"] == str(progs.prog)]
@@ -225,7 +234,7 @@ def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(on_xfs: t
         by_itself = kernel_maps_exec_huge(progs.prog)
         cold_window(progs.prog, MADV_COLLAPSE)  # whatever it does, it changes nothing below
         drop_caches()
-        res = hugify("prefetch", "--json", "--runtime-dir", run, progs.prog, progs.lib)
+        res = hugify("prefetch", "--json", "--runtime-dir", run, progs.prog, progs.lib, check=False)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["system"]["exec_pmd_readahead"] is by_itself and report["system"]["thp_enabled"] == "always"

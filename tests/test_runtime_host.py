@@ -5,7 +5,7 @@ data=journal, whose answers do not depend on the kernel; here the answer does (e
 large folios from Linux 6.16 on, btrfs in none of Debian's kernels), so what hugify must
 report is taken from the kernel first, without hugify: a cold window read through a
 MADV_HUGEPAGE mapping and its FilePmdMapped, and the same window mapped as the ELF loader
-maps it (runtime_support.gives_large_folios, kernel_maps_exec_huge)."""
+maps it (testkit.runtime.gives_large_folios, kernel_maps_exec_huge)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from runtime_support import (
+from testkit.cli import hugify
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     Programs,
@@ -24,11 +25,10 @@ from runtime_support import (
     exec_segment_size,
     file_backed_only,
     gives_large_folios,
-    hugify,
     kernel_maps_exec_huge,
     locked,
     parse_smaps,
-    run_program,
+    run_mappings,
 )
 
 
@@ -43,15 +43,17 @@ def test_the_verdicts_on_the_hosts_own_filesystem(built: Programs, tmp_path: Pat
         by_itself = kernel_maps_exec_huge(progs.prog)
         drop_caches()
         no_copies = file_backed_only(tmp_path)  # the file-backed way's verdicts: no shared copies
-        res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, progs.prog, progs.lib)
-        prefetched = run_program([progs.prog])
+        res = hugify(
+            "prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, progs.prog, progs.lib, check=False
+        )
+        prefetched = run_mappings([progs.prog])
         drop_caches()
         dispatched = subprocess.run(
             [str(HUGIFY_RUN), str(progs.prog), "-"], capture_output=True, text=True, env=clean_env(run), check=False
         )
         drop_caches()
-        audited = run_program([progs.prog], env={"LD_AUDIT": str(AUDIT_LIB), "HUGIFY_RUNTIME_DIR": str(run)})
-        status = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog, progs.lib).stdout)
+        audited = run_mappings([progs.prog], env={"LD_AUDIT": str(AUDIT_LIB), "HUGIFY_RUNTIME_DIR": str(run)})
+        status = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog, progs.lib, check=False).stdout)
     at = f"{fstype} on Linux {os.uname().release}: large folios {large}, exec PMD by itself {by_itself}"
     assert "Traceback" not in res.stderr and dispatched.returncode == 0, (at, res.stderr, dispatched.stderr)
     states = {

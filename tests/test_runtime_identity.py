@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import readelf_windows, window_offsets
-from runtime_support import (
+
+from testkit.elf import readelf_windows, window_offsets
+from testkit.runtime import (
     AUDIT_LIB,
     GNU_LD,
     HUGIFY_RUN,

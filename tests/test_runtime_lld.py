@@ -7,7 +7,7 @@ nothing for such a library: no MADV_HUGEPAGE, no repair, no anonymous copy, load
 DT_NEEDED or by dlopen. Now it reads the table wherever it lies inside the object's first
 load, bounded by that mapping (runtime/hp_map.c).
 
-Every layout hugify produces from lld output (runtime_support.LLD_LAYOUTS: the shift of
+Every layout hugify produces from lld output (testkit.runtime.LLD_LAYOUTS: the shift of
 the default layout and of --no-rosegment; the alignment-only mode and objects linked on
 2 MiB pages, whose executable load does not start on a window boundary), on this host's
 kernel and filesystem, a program whose library comes by DT_NEEDED and a plugin by
@@ -25,8 +25,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import readelf_windows, window_offsets
-from runtime_support import (
+
+from testkit.elf import readelf_windows, window_offsets
+from testkit.runtime import (
     AUDIT_LIB,
     HP,
     HUGIFY_RUN,

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.runtime import (
     AUDIT_LIB,
     GNU_LD,
     HP,

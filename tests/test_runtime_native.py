@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime_support import (
+from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     REPO,
@@ -23,7 +23,7 @@ from runtime_support import (
     exec_segment_size,
     locked,
     parse_smaps,
-    run_program,
+    run_mappings,
 )
 
 
@@ -307,7 +307,7 @@ def test_audit_handles_a_program_loaded_through_ld_so(built: Programs, tmp_path:
     ldso = next(p for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1") if Path(p).exists())
     with locked():
         drop_caches()
-        maps = run_program([ldso, progs.prog, "-"], env={"LD_AUDIT": str(AUDIT_LIB)})
+        maps = run_mappings([ldso, progs.prog, "-"], env={"LD_AUDIT": str(AUDIT_LIB)})
     for p in (progs.prog, progs.lib):
         assert maps[str(p)].pmd == exec_segment_size(p)
 

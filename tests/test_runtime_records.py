@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.cli import hugify
+from testkit.runtime import (
     AS_NOBODY,
     AUDIT_LIB,
     HUGIFY_RUN,
@@ -36,7 +38,6 @@ from runtime_support import (
     drop_caches,
     file_backed_only,
     gives_large_folios,
-    hugify,
     hugify_as_nobody,
     locked,
     loop_fs,
@@ -64,7 +65,7 @@ def cold_states(run: Path, prog: Path) -> set[str]:
     """The states `hugify prefetch` (root) gives the program's cold windows."""
     drop_caches()
     no_copies = file_backed_only(run.parent)  # the file-backed way: no shared copies
-    res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, prog)
+    res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, prog, check=False)
     assert "Traceback" not in res.stderr, res.stderr
     (f,) = json.loads(res.stdout)["files"]
     return {w["state"] for w in f["windows"]}
@@ -124,7 +125,7 @@ def test_a_record_planted_by_another_user_is_ignored(progs: Programs, tmp_path: 
     trusted = planted(tmp_path, "root's", name, text)
     with locked():
         got, honoured = cold_states(run, progs.prog), cold_states(trusted, progs.prog)
-    status = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog).stdout)
+    status = json.loads(hugify("status", "--json", "--runtime-dir", run, progs.prog, check=False).stdout)
     assert got == {"loaded"}, (how, got)
     assert status["system"]["filesystems_without_large_folios"] == [], status["system"]
     assert honoured == {"unsupported"}
@@ -187,7 +188,9 @@ def test_an_unprivileged_process_never_writes_a_record(built: Programs, owner: s
             root_run = public / "root-run"
             drop_caches()
             no_copies = file_backed_only(public)  # the file-backed way: no shared copies of root's
-            by_root = hugify("prefetch", "--policy", no_copies, "--runtime-dir", root_run, progs.prog, progs.lib)
+            by_root = hugify(
+                "prefetch", "--policy", no_copies, "--runtime-dir", root_run, progs.prog, progs.lib, check=False
+            )
             assert by_root.returncode == 4, by_root.stderr
             drop_caches()
             again = hugify_as_nobody("prefetch", "--json", "--runtime-dir", root_run, progs.prog, progs.lib)
@@ -314,13 +317,13 @@ def test_no_runtime_directory_is_made_by_what_keeps_nothing(progs: Programs, tmp
     run = tmp_path / "run"
     with locked():
         drop_caches()
-        status = hugify("status", "--runtime-dir", run, progs.prog)
+        status = hugify("status", "--runtime-dir", run, progs.prog, check=False)
         drop_caches()
         dispatched = subprocess.run(
             [str(HUGIFY_RUN), str(progs.prog), "-"], capture_output=True, text=True, env=clean_env(run), check=False
         )
         made_before_prefetch = run.exists()
-        prefetch = hugify("prefetch", "--runtime-dir", run, progs.lib)
+        prefetch = hugify("prefetch", "--runtime-dir", run, progs.lib, check=False)
     assert status.returncode == 0 and dispatched.returncode == 0, status.stderr + dispatched.stderr
     assert not made_before_prefetch
     assert prefetch.returncode == 0, prefetch.stderr

@@ -27,8 +27,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify, hugify_as_nobody, locked
-from shared_support import (
+
+from hugify import shared
+from testkit.cli import hugify
+from testkit.runtime import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify_as_nobody, locked
+from testkit.shared import (
     ANY_COPY,
     HP,
     SHMEM_ENABLED,
@@ -48,11 +51,9 @@ from shared_support import (
     shared_lines,
     tempfile_dir,
     unmount,
-    vmas,
     waiting,
 )
-
-from hugify import shared
+from testkit.smaps import vmas
 
 
 @pytest.fixture
@@ -254,8 +255,8 @@ def test_status_shows_the_copies_and_who_maps_them_counting_them_once(env: Env):
     assert prefetch(env).returncode == 0
     procs = [waiting(env) for _ in range(3)]
     try:
-        res = hugify("status", "--json", *env.progs.files, env={"HUGIFY_RUNTIME_DIR": str(env.run)})
-        text = hugify("status", *env.progs.files, env={"HUGIFY_RUNTIME_DIR": str(env.run)}).stdout
+        res = hugify("status", "--json", *env.progs.files, add_env={"HUGIFY_RUNTIME_DIR": str(env.run)}, check=False)
+        text = hugify("status", *env.progs.files, add_env={"HUGIFY_RUNTIME_DIR": str(env.run)}, check=False).stdout
     finally:
         for p in procs:
             finish(p)
@@ -453,7 +454,7 @@ def test_a_copy_removed_while_processes_map_it(env: Env):
     p = waiting(env)
     try:
         assert "dropped 3" in prefetch(env, policy='[runtime]\nshared = "off"\n').stderr
-        status = hugify("status", "--json", *env.progs.files, env={"HUGIFY_RUNTIME_DIR": str(env.run)})
+        status = hugify("status", "--json", *env.progs.files, add_env={"HUGIFY_RUNTIME_DIR": str(env.run)}, check=False)
         maps = Path(f"/proc/{p.pid}/maps").read_text()
     finally:
         out = finish(p)

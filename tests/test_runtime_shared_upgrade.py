@@ -15,7 +15,7 @@ copies the files). After each dpkg run the package trigger's helper runs as dpkg
   copy mapped the copy of the version it printed (nothing stale is served).
 
 The windows each object has are counted from readelf's program headers of the built
-files (shared_support.nwin), never taken from the runtime under test. The library gets
+files (testkit.shared.nwin), never taken from the runtime under test. The library gets
 code for two whole windows (the shift keeps lld's read-only data out of the executable
 segment, and the window next to it stays partial: README.md), so that a start is seen to
 map all of its windows from one copy, not some of them.
@@ -32,7 +32,10 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from runtime_support import (
+from test_runtime_upgrade import build_deb, dpkg_root
+
+from hugify import shared
+from testkit.runtime import (
     AUDIT_LIB,
     HP,
     HUGIFY_RUN,
@@ -43,10 +46,7 @@ from runtime_support import (
     build_runtime,
     exec_segment_size,
 )
-from shared_support import mount_tmpfs, nwin, shared_lines, unmount
-from test_runtime_upgrade import build_deb, dpkg_root
-
-from hugify import shared
+from testkit.shared import mount_tmpfs, nwin, shared_lines, unmount
 
 LIBDIR = "usr/lib/hugify-shared-upgrade-test"
 TRIGGER = REPO / "systemd" / "hugify-prefetch-trigger"

@@ -13,16 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runtime_support import (
-    HP,
-    REPO,
-    Programs,
-    copy_programs,
-    drop_caches,
-    exec_segment_size,
-    locked,
-    run_program,
-)
+
+from testkit.runtime import HP, REPO, Programs, copy_programs, drop_caches, exec_segment_size, locked, run_mappings
 
 UNITS = REPO / "systemd"
 SERVICE = UNITS / "hugify-prefetch.service"
@@ -184,7 +176,7 @@ def test_service_runs_for_real(built: Programs, large_folio_dir: Path, tmp_path:
             res = subprocess.run([*wrap, *argv], capture_output=True, text=True, check=False)
             assert res.returncode in ok, res.stdout + res.stderr
             assert res.stdout == "" and res.stderr == "", res.stdout + res.stderr  # --quiet: all is well
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
     for p in (progs.prog, progs.lib):
         assert maps[str(p)].pmd == exec_segment_size(p)
 
@@ -224,8 +216,8 @@ def test_rpm_file_trigger_prefetches_the_new_manifests(
             env=trigger_env(tmp_path, launcher, HUGIFY_RUNTIME_DIR=str(tmp_path / "run")),
             check=False,
         )
-        maps = run_program([progs.prog])
-        untouched = run_program([other.prog])
+        maps = run_mappings([progs.prog])
+        untouched = run_mappings([other.prog])
     assert res.returncode == 0, res.stderr
     assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)
     assert maps[str(progs.lib)].pmd == exec_segment_size(progs.lib)
@@ -243,7 +235,7 @@ def test_dpkg_trigger_prefetches_everything_and_never_fails(
     with locked():
         drop_caches()
         res = subprocess.run([TRIGGER], capture_output=True, text=True, env=env, check=False)
-        maps = run_program([progs.prog])
+        maps = run_mappings([progs.prog])
     assert res.returncode == 0, res.stderr  # a missing file is reported, not fatal to dpkg
     assert "/nonexistent/file: not found" in res.stderr
     assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)

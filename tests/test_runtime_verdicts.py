@@ -9,7 +9,7 @@ forgets them all.
 The files live on XFS (conftest.large_folio_dir), which gives them 2 MiB folios on every
 kernel since 5.18 (measured there), so that a small folio is the process's doing, never
 the filesystem's; what the kernel does by itself is measured without hugify
-(runtime_support.kernel_maps_exec_huge). Each case failed on the runtime before this
+(testkit.runtime.kernel_maps_exec_huge). Each case failed on the runtime before this
 (main 5e7ab4b): the memory cgroup and the seccomp filter made it record the filesystem as
 giving none, and a record stood against every window seen huge afterwards."""
 
@@ -24,7 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_support import (
+
+from testkit.cli import hugify
+from testkit.runtime import (
     HP,
     HUGIFY_RUN,
     NO_MADV_HUGEPAGE,
@@ -37,7 +39,6 @@ from runtime_support import (
     exec_segment_size,
     file_backed_only,
     gives_large_folios,
-    hugify,
     hugify_as_nobody,
     in_cgroup,
     kernel_maps_exec_huge,
@@ -47,7 +48,7 @@ from runtime_support import (
     parse_smaps,
     public_dir,
     read_plainly,
-    run_program,
+    run_mappings,
 )
 
 XFS_MAGIC = "58465342"
@@ -96,7 +97,7 @@ def force(run: Path, name: str, text: str) -> None:
 
 def prefetch(run: Path, *files: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, list[dict]]]:
     no_copies = file_backed_only(run.parent)  # the file-backed way's verdicts: no shared copies
-    res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, *files, env=env)
+    res = hugify("prefetch", "--json", "--policy", no_copies, "--runtime-dir", run, *files, add_env=env, check=False)
     assert "Traceback" not in res.stderr, res.stderr
     return res.returncode, {f["path"]: f.get("windows", []) for f in json.loads(res.stdout)["files"]}
 
@@ -185,7 +186,7 @@ def test_status_measures_and_drops_a_record_that_a_huge_window_contradicts(progs
         code, _ = prefetch(run, progs.prog)
         force(run, fs_record(progs.prog), f"{BOOT} {XFS_MAGIC}\n")
         force(run, *file_record(progs.prog))
-        res = hugify("status", "--json", "--runtime-dir", run, progs.prog)
+        res = hugify("status", "--json", "--runtime-dir", run, progs.prog, check=False)
     assert code == 0 and res.returncode == 0, res.stderr
     status = json.loads(res.stdout)
     (f,) = status["files"]
@@ -204,7 +205,7 @@ def test_the_runtime_drops_a_record_that_a_huge_window_contradicts(progs: Progra
     run = tmp_path / "run"
     with locked():
         drop_caches()
-        assert hugify("prefetch", "--runtime-dir", run, progs.prog).returncode == 0
+        assert hugify("prefetch", "--runtime-dir", run, progs.prog, check=False).returncode == 0
         read_plainly([progs.lib])
         force(run, fs_record(progs.prog), f"{BOOT} {XFS_MAGIC}\n")
         force(run, *file_record(progs.prog))
@@ -278,7 +279,7 @@ def test_a_file_unlike_its_filesystem_gets_a_verdict_of_its_own(built: Programs,
         run = tmp_path / "run"
         drop_caches()
         code, got = prefetch(run, journalled, plain)
-        status = json.loads(hugify("status", "--json", "--runtime-dir", run, journalled, plain).stdout)
+        status = json.loads(hugify("status", "--json", "--runtime-dir", run, journalled, plain, check=False).stdout)
         drop_caches()
         dispatched = subprocess.run(
             [HUGIFY_RUN, progs.prog, "-"], capture_output=True, text=True, env=clean_env(run), check=False
@@ -412,14 +413,14 @@ def clear_records(progs: Programs, run: Path) -> None:
         f"hugify: only root clears the records in {run} (a directory of root's that nobody else may write)"
     ]
     assert len(records(run)) == 4
-    res = hugify("prefetch", "--clear-records", "--runtime-dir", run)
+    res = hugify("prefetch", "--clear-records", "--runtime-dir", run, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout == f"3 records cleared in {run}\n"
     assert records(run) == ["anonymous"]
     force(run, fs_record(progs.prog), f"{BOOT} {XFS_MAGIC}\n")
     with locked():
         drop_caches()
-        res = hugify("prefetch", "--json", "--clear-records", "--runtime-dir", run, progs.prog)
-        maps = run_program([progs.prog])
+        res = hugify("prefetch", "--json", "--clear-records", "--runtime-dir", run, progs.prog, check=False)
+        maps = run_mappings([progs.prog])
     assert res.returncode == 0, res.stderr
     assert maps[str(progs.prog)].pmd == exec_segment_size(progs.prog)

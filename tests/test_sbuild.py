@@ -5,7 +5,7 @@ build depends on, and `DH_EXTRA_ADDONS=hugify` in sbuild's build environment.
 The package itself is the archive's, unchanged (its debian/rules is a plain
 `dh $@`, debhelper compat 13, with a -dbgsym package).
 
-The source is fetched with `apt-get source` (tests/debian_roots.py: a private
+The source is fetched with `apt-get source` (testkit/debian_roots.py: a private
 deb-src list); the chroot is a tarball made by mmdebstrap (--variant=buildd) and
 used by sbuild's unshare backend, so every build starts from the same clean root.
 The package is built twice, with and without hugify, and each build (its .debs
@@ -26,21 +26,21 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deb_support import (
+
+from testkit import HP
+from testkit.cache import build_dir, cache_root, cached_build
+from testkit.debian import (
     DebBuild,
     build_hugify_deb,
     build_id,
-    cached_build,
-    cached_dir,
     clean_env,
     collect,
     debug_file,
     files_key,
     tool_versions,
 )
-from debian_roots import debian_root, source_package
-from fixtures import cache_root
-from helpers import HP, bits_differing, exec_load, hugified
+from testkit.debian_roots import debian_root, source_package
+from testkit.elf import bits_differing, exec_load, hugified
 
 SOURCE = "hello"
 PROGRAM = "usr/bin/hello"
@@ -138,7 +138,7 @@ def sbuild(name: str, hugify: bool) -> DebBuild:
         return res.returncode, res.stdout
 
     group = cache_root() / "sbuild"
-    return DebBuild(cached_build(cached_dir("sbuild", name, key), group / "build.lock", group / "build", build))
+    return DebBuild(cached_build(build_dir("sbuild", name, key), group / "build.lock", group / "build", build))
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build, cache_root, locked
-from helpers import REPO, bits_differing, hugify, readelf_build_id, rpm_env
 from test_rpm import WITH_MACROS, _eval
 
 from hugify import _core, policy, signing
+from testkit import REPO
+from testkit.cache import cache_root, locked
+from testkit.cli import hugify, rpm_env
+from testkit.elf import bits_differing, readelf_build_id
+from testkit.recipes import BY_NAME, build
 
 COSIGN = Path(os.environ.get("HUGIFY_COSIGN") or "/var/cache/hugify-tests/cosign-v2.6.5/bin/cosign")
 PASSWORD = "hugify-tests-Passw0rd"

@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fixtures import cache_root
-from runtime_support import REPO, Programs, copy_programs, gives_large_folios, locked
+
+from testkit.cache import cache_root
+from testkit.runtime import REPO, Programs, copy_programs, gives_large_folios, locked
 
 WORKLOADS = {"clang", "clang-anon", "gcc", "postgres", "python", "itlb", "itlb-anon"}
 
@@ -46,7 +47,7 @@ def test_quick_run_of_every_workload(built: Programs, tmp_path: Path):
         with tempfile.TemporaryDirectory(dir=cache_root()) as probe:  # the filesystem of hugify try's copies
             large = gives_large_folios(copy_programs(built, Path(probe)).prog)
         res = subprocess.run(
-            [sys.executable, "bench/speedup.py", "--quick", "--json", str(out)],
+            [sys.executable, "-m", "bench.speedup", "--quick", "--json", str(out)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -98,7 +99,7 @@ def test_quick_run_of_every_workload(built: Programs, tmp_path: Path):
 
 
 def test_unknown_workload_is_a_usage_error():
-    cmd = [sys.executable, "bench/speedup.py", "--only", "itlb,nosuch"]
+    cmd = [sys.executable, "-m", "bench.speedup", "--only", "itlb,nosuch"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     assert res.returncode == 2
     assert "unknown workload nosuch; known: clang, clang-anon, gcc, postgres, python, itlb, itlb-anon" in res.stderr

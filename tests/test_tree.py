@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import HP, bits_differing, hugify, readelf_build_id, readelf_loads, run_program
 
 from hugify import manifest
+from testkit import HP
+from testkit.cli import hugify, run_program
+from testkit.elf import bits_differing, readelf_build_id, readelf_loads
+from testkit.recipes import BY_NAME, build
 
 MTIME = 1_600_000_000  # 2020-09-13, what the "build" gave every file
 BIG = "usr/bin/prog"

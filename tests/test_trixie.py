@@ -23,8 +23,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fixtures import cache_root, locked
-from helpers import REPO
+
+from testkit import REPO
+from testkit.cache import cache_root, locked
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures import build_itlb
-from runtime_support import REPO, RUNTIME, build_runtime
 
 from hugify.reasons import LOG_ENV
+from testkit.recipes import build_itlb
+from testkit.runtime import REPO, RUNTIME, build_runtime
 
 RECORD_LIB = RUNTIME / "libhugify-record.so"
 

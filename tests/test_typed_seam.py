@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures import BY_NAME, build
-from helpers import HP, REPO, hugify
 
 from hugify import _core, tree
+from testkit import HP, REPO
+from testkit.cli import hugify
+from testkit.recipes import BY_NAME, build
 
 STUB = REPO / "hugify" / "_core.pyi"
 #: The stub's TypedDicts exist for mypy only: the binding returns plain dicts.

@@ -19,8 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import BY_NAME, build, cache_root, drop_stale, locked
-from helpers import REPO, hugified
+
+from testkit import REPO
+from testkit.cache import cache_root, drop_stale, locked
+from testkit.elf import hugified
+from testkit.recipes import BY_NAME, build
 
 slow = pytest.mark.slow
 VERSION = next(

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from testkit import REPO
 
 
 def tracked(*patterns: str) -> list[Path]:

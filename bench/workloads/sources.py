@@ -1,6 +1,6 @@
 """Generated inputs of bench/speedup.py: the template-heavy C++ translation unit the
 compilers build. (The iTLB-bound C program, the upper bound of the gain, is
-tests/fixtures.py's `itlb_program`: the tests of `hugify try` build it too.)"""
+testkit/recipes.py's `itlb_program`: the tests of `hugify try` build it too.)"""
 
 from __future__ import annotations
 

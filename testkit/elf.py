@@ -1,125 +1,21 @@
-"""Shared test helpers: running the CLI, recipes built and transformed once per
-session, and reading ELF files through tools hugify did not write (readelf,
-eu-elflint, pyelftools)."""
+"""The ELF oracles: reading ELF files through tools hugify did not write (readelf,
+eu-elflint, pyelftools), independent of hugify._core on purpose, so that a test
+checks the core against someone else's reading: PT_LOADs, section headers, the
+windows and build IDs readelf sees, symbols, relocations."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from fixtures import Recipe, build
 
-HP = 2 << 20
-REPO = Path(__file__).resolve().parent.parent
-
-
-#: A C++ program that exercises libstdc++ (containers, regex, exceptions, threads)
-#: and prints what it did: the workload for rewritten real libraries.
-CXX_WORKLOAD = r"""
-#include <iostream>
-#include <map>
-#include <regex>
-#include <sstream>
-#include <stdexcept>
-#include <thread>
-int main() {
-    std::map<std::string, int> m{{"one", 1}, {"two", 2}};
-    std::ostringstream out;
-    for (auto &[k, v] : m) out << k << '=' << v << ' ';
-    std::regex re("([a-z]+)=([0-9])");
-    int matches = 0;
-    std::string s = out.str();
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
-        matches++;
-    try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
-    int t = 0;
-    std::thread([&] { t = 42; }).join();
-    std::cout << out.str() << " matches=" << matches << " thread=" << t << std::endl;
-}
-"""
-
-
-def hugify(
-    *args: str | Path, check: bool = True, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Runs the hugify CLI (the package in this checkout) and returns the result."""
-    cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
-    if check and res.returncode != 0:
-        raise AssertionError(f"hugify {' '.join(map(str, args))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
-    return res
-
-
-def transform(src: Path, dst: Path, *extra: str) -> dict[str, Any]:
-    """Transforms with threshold 0 and returns the JSON report."""
-    res = hugify("transform", "--json", "--threshold", "0", *extra, src, "-o", dst)
-    return json.loads(res.stdout)
-
-
-class Case:
-    """One recipe: the original files and their transformed copies (with their reports)."""
-
-    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
-        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
-
-    @property
-    def files(self) -> list[str]:
-        return list(self.reports)
-
-    def dv(self, name: str) -> int:
-        return int(self.reports[name]["result"]["dv"])
-
-
-_cases: dict[str, Case] = {}
-
-
-def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
-    """Builds (cached) and transforms a recipe once per test session, with the
-    recipe's transform options. Split-DWARF .dwo files stay beside the originals;
-    the skeletons name that directory."""
-    if recipe.name not in _cases:
-        orig = build(recipe)
-        new = tmp_path_factory.mktemp(recipe.name)
-        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
-        reports = {n: transform(orig / n, new / n, *recipe.transform_args) for n in names}
-        _cases[recipe.name] = Case(recipe, orig, new, reports)
-    return _cases[recipe.name]
-
-
-def run_program(
-    path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = (), runner: list[str] | None = None
-) -> tuple[int, str, str]:
-    """Runs a test program (through `runner`, e.g. qemu-user, for other architectures)."""
-    full_env = {**os.environ, **(env or {})}
-    cmd = [*(runner or []), str(path), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=300, check=False)
-    return res.returncode, res.stdout, res.stderr
-
-
-def rpm_env(build_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment rpm gives a build-root policy script (brp-hugify) while
-    building foo-1.2-3.x86_64 in `build_dir`, its build root `build_dir`/root."""
-    return {
-        "PATH": os.environ["PATH"],
-        "RPM_BUILD_ROOT": str(build_dir / "root"),
-        "RPM_PACKAGE_NAME": "foo",
-        "RPM_PACKAGE_VERSION": "1.2",
-        "RPM_PACKAGE_RELEASE": "3",
-        "RPM_ARCH": "x86_64",
-        "RPM_BUILD_DIR": str(build_dir),
-        **extra,
-    }
-
+from testkit import HP
 
 # --- readelf -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-/* Preloaded into the programs the arm64 guest runs (tests/vm/aarch64_driver.py): when
+/* Preloaded into the programs the arm64 guest runs (testkit/vm/guest/aarch64_driver.py): when
  * the process exits, it appends one JSON line to $HUGIFY_PROBE_OUT with every mapping
  * of the process's own /proc/self/smaps: its range, permissions, path, VmFlags (where
  * "bt" says PROT_BTI), FilePmdMapped and AnonHugePages. The host reads which object each

@@ -10,15 +10,15 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import readelf_windows
-from runtime_support import AUDIT_LIB, REPO, Programs, copy_programs, hugify
-
 from hugify import shared
+from testkit.cli import hugify
+from testkit.elf import readelf_windows
+from testkit.runtime import AUDIT_LIB, Programs, copy_programs
+from testkit.smaps import smaps_of
 
 HP = 2 << 20
 SHARED_LINE = re.compile(r"^hugify-audit: shared (\S+): (\d+)/(\d+) windows mapped(.*)$", re.M)
@@ -81,30 +81,8 @@ def prefetch(
         pfile.write_text(policy)
         args += ["--policy", pfile]
     if user:
-        cmd = ["runuser", "-u", user, "--", sys.executable, "-m", "hugify.cli", *map(str, args)]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=e.env(), check=False)
-    return hugify(*args, env={"HUGIFY_RUNTIME_DIR": str(e.run)})
-
-
-@dataclass
-class Vma:
-    lo: int
-    hi: int
-    perms: str
-    inode: int
-    name: str
-    shmem_pmd: int = 0
-
-
-def vmas(smaps: str) -> list[Vma]:
-    out: list[Vma] = []
-    for line in smaps.splitlines():
-        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ (\d+)\s*(.*)$", line)
-        if m:
-            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], int(m[4]), m[5]))
-        elif line.startswith("ShmemPmdMapped:") and out:
-            out[-1].shmem_pmd = int(line.split()[1]) * 1024
-    return out
+        return hugify(*args, runner=["runuser", "-u", user, "--"], env=e.env(), check=False)
+    return hugify(*args, add_env={"HUGIFY_RUNTIME_DIR": str(e.run)}, check=False)
 
 
 def nwin(path: Path) -> int:
@@ -128,10 +106,6 @@ def plain(e: Env) -> str:
 def result(stdout: str) -> str:
     (line,) = [x for x in stdout.splitlines() if x.startswith("result ")]
     return line
-
-
-def smaps_of(res: subprocess.CompletedProcess[str]) -> list[Vma]:
-    return vmas(res.stdout.split("--- smaps\n", 1)[1])
 
 
 class _AnyCopy(str):

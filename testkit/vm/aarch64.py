@@ -5,7 +5,7 @@ for arm64 with Debian 13's branch protection and hugify built for arm64
 (tests/test_aarch64_boot.py; issue 32 item 4).
 
 Every heavy piece is built once into the shared test cache, keyed by what goes into it
-(tests/fixtures.py cache_root/locked, deb_support.cached_build):
+(testkit.cache: cache_root, locked, cached_build):
 - cross_root(): a Debian 13 amd64 root with arm64 as a foreign architecture and its
   cross toolchain (crossbuild-essential-arm64, libc6-dev:arm64, debhelper), by
   mmdebstrap; Debian 12's cross toolchain cannot make BTI-marked programs (its crt
@@ -15,7 +15,7 @@ Every heavy piece is built once into the shared test cache, keyed by what goes i
   package with this machine's extension: abi3, so Debian 13's python3 loads it); with
   dpkg-buildflags' defaults for arm64 (-mbranch-protection=standard); plus the package's
   library built again without branch protection (rewritten by this checkout's hugify on
-  the host) and the guest's tools (tests/vm/bti_*.c, dlopen_lib.c).
+  the host) and the guest's tools (testkit/vm/guest/bti_*.c, dlopen_lib.c).
 - hugify_stage(): hugify for arm64 (`make build install CROSS=aarch64-linux-gnu-
   CARGO_TARGET=aarch64-unknown-linux-gnu`: the extension with rustup's target, the
   runtime with the cross compiler and Debian 13's arm64 CFLAGS) installed into a stage.
@@ -23,8 +23,8 @@ Every heavy piece is built once into the shared test cache, keyed by what goes i
   unpacked by mmdebstrap's extract variant (configuring packages under qemu-user took
   22 minutes here, for nothing the driver needs), with the test package's programs,
   the stage, the library without branch protection in /opt/nobti and the driver
-  (tests/vm/aarch64_driver.py) as /sbin/init, copied onto an XFS image.
-- boot(): Debian 13's linux-image-arm64 (vm_kernels), the initramfs of vm_boot with
+  (testkit/vm/guest/aarch64_driver.py) as /sbin/init, copied onto an XFS image.
+- boot(): Debian 13's linux-image-arm64 (testkit.vm.kernels), the initramfs of testkit.vm.boot with
   Debian 13's arm64 busybox, one boot with a throw-away overlay; the driver's JSON comes
   back on a second, raw disk. Results are cached by everything that went into the boot.
 
@@ -45,13 +45,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from deb_support import (
+from testkit.cache import build_dir, cache_root, cached_build, drop_stale, locked
+from testkit.cli import hugify
+from testkit.debian import (
     DebBuild,
-    cached_build,
-    cached_dir,
     collect,
     copy_sources,
-    drop_stale,
     files_key,
     hugify_inputs,
     hugify_sources,
@@ -60,10 +59,8 @@ from deb_support import (
     rust_env,
     tool_versions,
 )
-from debian_roots import debian_root
-from fixtures import cache_root, locked
-from helpers import hugify
-from vm_boot import (
+from testkit.debian_roots import debian_root
+from testkit.vm.boot import (
     GUEST,
     BootResult,
     VmError,
@@ -74,7 +71,7 @@ from vm_boot import (
     loop_mounted,
     retried_on_panic,
 )
-from vm_kernels import kernel, unpacked
+from testkit.vm.kernels import kernel, unpacked
 
 SUITE = "trixie"
 ARCH = "arm64"
@@ -208,7 +205,7 @@ def cross_built_package() -> DebBuild:
         return rc, log
 
     group = cache_root() / "aarch64"
-    final = cached_dir("aarch64", "package", key)
+    final = build_dir("aarch64", "package", key)
     return DebBuild(cached_build(final, group / "package.lock", group / "package-build", build))
 
 
@@ -244,7 +241,7 @@ def hugify_stage() -> Path:
         )
         return res.returncode, res.stdout
 
-    final = cached_build(cached_dir("aarch64", "hugify", key), group / "hugify.lock", group / "hugify-build", build)
+    final = cached_build(build_dir("aarch64", "hugify", key), group / "hugify.lock", group / "hugify-build", build)
     log = (final / "log").read_text()
     assert (final / "rc").read_text() == "0", log[-6000:]
     return final / "stage"
@@ -282,7 +279,7 @@ def root_image() -> tuple[Path, str]:
     root, package, stage = guest_root(), cross_built_package().ok(), hugify_stage()
     drivers = [("driver", DRIVER), ("guest_driver", GUEST / "guest_driver.py")]
     key = files_key(drivers, root.parent.name, package.dir.name, stage.parent.name, tool_versions("xfsprogs"))
-    final = cached_dir("aarch64", f"root-{FS}", key)
+    final = build_dir("aarch64", f"root-{FS}", key)
     image = final / "root.img"
     if image.exists():
         return image, key
@@ -346,7 +343,7 @@ def boot() -> BootResult:
     qemu = tool_versions("qemu-system-arm")
     key = files_key([("initrd", initrd)], image_key, k.package, k.version, qemu, CPU, str(MEMORY_MIB), KERNEL_ARGS)
     name = f"boot-{k.release}-{FS}"
-    final = cached_dir("aarch64", name, key)
+    final = build_dir("aarch64", name, key)
     with locked(cache_root() / "aarch64" / f"{name}.lock"):
         if not (final / "results.json").exists():
             machine = _machine(k.vmlinuz, initrd)

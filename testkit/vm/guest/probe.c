@@ -1,4 +1,4 @@
-/* Preloaded into every program the kernel-matrix guest runs (tests/vm/guest_driver.py):
+/* Preloaded into every program the kernel-matrix guest runs (testkit/vm/guest/guest_driver.py):
  * when the process exits, it touches one byte of every 2 MiB of each executable file
  * mapping (so each window is faulted once and smaps shows how the page cache holds
  * it), then appends one JSON line to $HUGIFY_PROBE_OUT with the size, FilePmdMapped and

@@ -1,9 +1,9 @@
-"""Runs inside a kernel-matrix guest (tests/vm_boot.py), as the oneshot unit
+"""Runs inside a kernel-matrix guest (testkit/vm/boot.py), as the oneshot unit
 hugify-matrix.service after multi-user.target, with the guest's own python3 (standard
 library only). Writes one JSON document to the second serial port and powers off.
 
 What it records (every process reports from its own /proc/self/smaps through the
-preloaded probe, tests/vm/probe.c):
+preloaded probe, testkit/vm/guest/probe.c):
 - the boot: uname, the root's filesystem, THP mode, how hugify-prefetch.service ended
   and its journal, `hugify status --json`;
 - for THP as booted and then the other mode (set through sysfs, the service run again),
@@ -671,7 +671,7 @@ def report(results: dict[str, Any]) -> None:
 
 def drive(measure: Callable[[], dict[str, Any]]) -> None:
     """Runs a guest's measurement, reports its results (or its error: the host must see
-    why, not only that nothing came) and powers the guest off; bench/boot_cost_guest.py
+    why, not only that nothing came) and powers the guest off; testkit/vm/guest/boot_cost_guest.py
     drives its guest with it too."""
     try:
         report(measure())

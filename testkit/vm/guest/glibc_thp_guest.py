@@ -1,4 +1,4 @@
-"""Runs inside a kernel-matrix guest whose root carries glibc 2.44 (tests/glibc_thp_support.py),
+"""Runs inside a kernel-matrix guest whose root carries glibc 2.44 (testkit/vm/glibc_thp.py),
 as the oneshot unit hugify-glibc-thp.service after multi-user.target, with the guest's
 own python3. Writes one JSON document to the second serial port and powers off
 (guest_driver.drive).
@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, "/hugify-matrix")
 from guest_driver import DLOPEN, EXEC, LIB, PROG, drive, drop_caches, json_of, probed, run, thp_mode
 
 DISK = Path("/sys/block/vda/queue/read_ahead_kb")

@@ -4,10 +4,10 @@
 - The initramfs (one per kernel): busybox-static, the modules the root disk needs
   (virtio_pci and virtio_blk where modular, ext4, XFS, btrfs, the checksum modules
   they ask for) with their dependencies from the kernel's modules.dep, decompressed
-  (.ko.xz from 6.12 on: busybox's insmod takes plain ELF), and tests/vm/init, which
+  (.ko.xz from 6.12 on: busybox's insmod takes plain ELF), and testkit/vm/guest/init, which
   loads them, mounts /dev/vda with the filesystem named on the command line and
   switch_roots to systemd.
-- The root (one per filesystem): debian_roots.systemd_root() (the Debian 12 root that
+- The root (one per filesystem): testkit.debian_roots.systemd_root() (the Debian 12 root that
   test_boot.py boots in a container) with hugify's .deb and the test package built
   with dh_hugify installed by dpkg, Debian 12's gdb and perf (with what they need that
   the root lacks) and the test package's debug symbols, the guest driver, its probe and
@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deb_support import build_hugify_deb, build_variant, cached_dir, drop_stale, files_key, tool_versions
-from debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
-from fixtures import cache_root, locked
-from vm_kernels import Kernel, update_lists
+from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.debian import build_hugify_deb, build_variant, files_key, tool_versions
+from testkit.debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
+from testkit.vm.kernels import Kernel, update_lists
 
-GUEST = Path(__file__).resolve().parent / "vm"
+GUEST = Path(__file__).resolve().parent / "guest"
 FILESYSTEMS = ("ext4", "xfs", "btrfs")
 MEMORY_MIB = 2048
 IMAGE_SIZE = "3G"
@@ -141,12 +141,12 @@ def _decompressed(path: Path) -> bytes:
 
 def initramfs(k: Kernel, busybox: Path = Path("/bin/busybox")) -> Path:
     """busybox (this machine's; the guest's own for another architecture), the root
-    disk's modules and tests/vm/init as a gzipped newc cpio."""
+    disk's modules and testkit/vm/guest/init as a gzipped newc cpio."""
     if not busybox.is_file():
         raise VmError(f"no {busybox} (busybox-static): run tools/setup-dev-env")
     init = GUEST / "init"
     key = files_key([("init", init), ("busybox", busybox)], k.package, k.version, repr(WANTED_MODULES))
-    final = cached_dir("kernel-matrix", f"initramfs-{k.release}", key)
+    final = build_dir("kernel-matrix", f"initramfs-{k.release}", key)
     out = final / "initrd.gz"
     if out.exists():
         return out
@@ -198,7 +198,7 @@ class GuestInputs:
 
 def guest_tools() -> Path:
     sources = [("probe.c", GUEST / "probe.c"), ("dlopen_lib.c", GUEST / "dlopen_lib.c")]
-    final = cached_dir("kernel-matrix", "guest-tools", files_key(sources, tool_versions("gcc-12", "libc6-dev")))
+    final = build_dir("kernel-matrix", "guest-tools", files_key(sources, tool_versions("gcc-12", "libc6-dev")))
     if (final / "probe.so").exists():
         return final
     work = final.with_name(final.name + ".tmp")
@@ -215,7 +215,7 @@ def guest_tools() -> Path:
 def debug_tool_debs(root: Path) -> list[Path]:
     """DEBUG_TOOLS from bookworm with the packages they depend on that `root` lacks
     (apt resolves them against the root's dpkg status, through a private apt state:
-    debian_roots.apt_options), fetched with `apt-get download` once per set of versions."""
+    testkit.debian_roots.apt_options), fetched with `apt-get download` once per set of versions."""
     group = cache_root() / "kernel-matrix"
     with locked(group / "debug-tools.lock"):
         state = group / "debug-tools-apt"
@@ -226,7 +226,7 @@ def debug_tool_debs(root: Path) -> list[Path]:
         wanted = sorted(f"{name}={version}" for name, version in re.findall(r"^Inst (\S+) \((\S+) ", plan, re.M))
         if not wanted:
             raise VmError(f"apt-get found nothing to install for {' '.join(DEBUG_TOOLS)}: {plan[-600:]}")
-        final = cached_dir("kernel-matrix", "debug-tools", files_key([], root.parent.name, *wanted))
+        final = build_dir("kernel-matrix", "debug-tools", files_key([], root.parent.name, *wanted))
         if not (final / "done").exists():
             work = final.with_name(final.name + ".tmp")
             shutil.rmtree(work, ignore_errors=True)
@@ -318,7 +318,7 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
     """The guest root on a `fs` filesystem image (raw), cached by its inputs."""
     more = (extra.name, extra.key, extra.size) if extra else ()  # the matrix's key stays as it was
     name = f"root-{extra.name}-{fs}" if extra else f"root-{fs}"
-    final = cached_dir("kernel-matrix", name, files_key([], g.key, fs, tool_versions(*VM_TOOLS), *more))
+    final = build_dir("kernel-matrix", name, files_key([], g.key, fs, tool_versions(*VM_TOOLS), *more))
     image = final / "root.img"
     if image.exists():
         return image
@@ -421,7 +421,7 @@ def boot(k: Kernel, fs: str, thp: str = "always", extra: RootExtra | None = None
         [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS, *more
     )
     name = f"boot-{extra.name}-{k.release}-{fs}-{thp}" if extra else f"boot-{k.release}-{fs}-{thp}"
-    final = cached_dir("kernel-matrix", name, key)
+    final = build_dir("kernel-matrix", name, key)
     # Both of the suite's workers may ask for the same boot: one boots, the other waits.
     with locked(cache_root() / "kernel-matrix" / f"{name}.lock"):
         if not (final / "results.json").exists():
@@ -470,7 +470,7 @@ def boot_uncached(
     """One boot into `final` (kept only when it finished); `accel`, `extra` (more of the
     kernel's command line) and `timeout` let the tests break it on purpose. `machine(disk,
     work)`, when given, makes what another machine needs in `work` and returns its qemu
-    command (tests/vm_aarch64.py), which writes its results to work/results.log too."""
+    command (testkit/vm/aarch64.py), which writes its results to work/results.log too."""
     work = final.with_name(final.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

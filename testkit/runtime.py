@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,9 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import fixtures
+from testkit import REPO, recipes
+from testkit.cli import hugify
+from testkit.elf import exec_load
+from testkit.smaps import Mapping, exec_mappings, smaps_text
 
-REPO = Path(__file__).resolve().parent.parent
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT_LIB = RUNTIME / "libhugify-audit.so"
@@ -134,13 +135,6 @@ def _run(cmd: list[str | Path], cwd: Path | None = None) -> None:
         raise AssertionError(f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
 
 
-def hugify(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Runs the hugify CLI of this checkout."""
-    cmd = [sys.executable, "-m", "hugify.cli", *map(str, args)]
-    full = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=full, check=False)
-
-
 def file_backed_only(directory: Path) -> Path:
     """A policy layer (for `hugify prefetch --policy`) with the shared copies off: for the
     tests of the file-backed way on filesystems without huge pages (tmpfs, btrfs), where
@@ -214,7 +208,7 @@ def build_programs(work: Path, layout: Layout = GNU_LD, main: str = MAIN, factor
         if layout.mode is None:
             shutil.copy2(src / name, out / name)
             continue
-        res = hugify("transform", "--threshold", "0", "--mode", layout.mode, src / name, "-o", out / name)
+        res = hugify("transform", "--threshold", "0", "--mode", layout.mode, src / name, "-o", out / name, check=False)
         assert res.returncode == 0, res.stderr
     return Programs(out, src)
 
@@ -233,7 +227,7 @@ def copy_programs(p: Programs, dest: Path) -> Programs:
 
 def locked(path: Path = LOCK) -> contextlib.AbstractContextManager[None]:
     """The runtime tests' lock (they share the page cache and THP settings)."""
-    return fixtures.locked(path)
+    return recipes.locked(path)
 
 
 def drop_caches() -> None:
@@ -254,31 +248,9 @@ def read_plainly(paths: list[Path]) -> None:
                 pass
 
 
-@dataclass
-class Mapping:
-    size: int
-    pmd: int
-
-
-def parse_smaps(output: str) -> dict[str, Mapping]:
-    """Executable file mappings of the program's own smaps: path -> size, FilePmdMapped."""
-    assert "--- smaps\n" in output, output[-2000:]
-    text = output.split("--- smaps\n", 1)[1]
-    out: dict[str, Mapping] = {}
-    cur: tuple[int, str, str] | None = None
-    for line in text.splitlines():
-        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$", line)
-        if m:
-            cur = (int(m[2], 16) - int(m[1], 16), m[3], m[4])
-            continue
-        if line.startswith("FilePmdMapped:") and cur and "x" in cur[1] and cur[2].startswith("/"):
-            size, _, path = cur
-            prev = out.get(path, Mapping(0, 0))
-            out[path] = Mapping(prev.size + size, prev.pmd + int(line.split()[1]) * 1024)
-    return out
-
-
-def run_program(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
+def run_mappings(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
+    """Runs a test program that prints its own smaps (without this process's LD_AUDIT
+    and LD_PRELOAD), checks it finished, and returns its executable file mappings."""
     full = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD")}
     res = subprocess.run(
         [str(a) for a in argv], capture_output=True, text=True, env={**full, **(env or {})}, check=False, timeout=120
@@ -288,14 +260,15 @@ def run_program(argv: list[str | Path], env: dict[str, str] | None = None) -> di
     return parse_smaps(res.stdout)
 
 
+def parse_smaps(output: str) -> dict[str, Mapping]:
+    """Executable file mappings of the program's own smaps (printed after `--- smaps`):
+    path -> size, FilePmdMapped."""
+    return exec_mappings(smaps_text(output))
+
+
 def exec_segment_size(path: Path) -> int:
     """The size of the executable PT_LOAD, read with readelf."""
-    out = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
-    sizes = [
-        int(f[5], 16) for f in (line.split() for line in out.splitlines()) if f and f[0] == "LOAD" and "E" in f[6:-1]
-    ]
-    assert len(sizes) == 1, out
-    return sizes[0]
+    return exec_load(path).memsz
 
 
 def cached_pages(path: Path) -> int:
@@ -356,8 +329,7 @@ smaps = open("/proc/self/smaps").read()
 block = smaps.split(f"{at:x}-", 1)[1]
 print(err, int(re.search(r"FilePmdMapped:\s+(\d+)", block).group(1)))
 """
-    phdrs = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
-    (offset,) = [int(f[1], 16) for f in map(str.split, phdrs.splitlines()) if f[:1] == ["LOAD"] and "E" in f[6:-1]]
+    offset = exec_load(path).offset
     drop_caches()
     out = subprocess.run(
         [sys.executable, "-c", code, str(path), str(offset), str(-1 if advice is None else advice)],
@@ -520,7 +492,7 @@ def build_idle(work: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     (work / "idle.c").write_text(_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
     _run(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
-    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle")
+    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle", check=False)
     assert res.returncode == 0, res.stderr
     return work / "idle"
 
@@ -553,8 +525,7 @@ def nobody_env(**extra: str) -> dict[str, str]:
 
 def hugify_as_nobody(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """The hugify CLI of this checkout run as nobody."""
-    cli = [sys.executable, "-m", "hugify.cli", *map(str, args)]
-    return subprocess.run([*AS_NOBODY, *cli], capture_output=True, text=True, cwd=REPO, env=nobody_env(), check=False)
+    return hugify(*args, runner=AS_NOBODY, env=nobody_env(), check=False)
 
 
 def evict(paths: list[Path]) -> None:

@@ -7,7 +7,7 @@ Each unit gets a version-3 OPEN note for the range of its `.text`, a tool note w
 empty description (the previous range applies), a version-2 OPEN note with a single
 start address, a FUNC note per function (start and end), and two notes on the edges
 of the moved range: one ending at `_init` (the first code, where the shift starts)
-and one ending at `_end` (one past the image). tests/fixtures.py applies it to the
+and one ending at `_end` (one past the image). testkit/recipes.py applies it to the
 recipes with `annobin=True`.
 """
 

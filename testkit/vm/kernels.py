@@ -2,8 +2,8 @@
 bench/kernel_matrix.py): the one list of them, and fetching them from the archive.
 
 Each kernel is a suite's `linux-image-amd64` (a metapackage; `linux-image-arm64` for the
-arm64 guest of tests/vm_aarch64.py), resolved to the image package it depends on
-through a private apt state per architecture (debian_roots.apt_options: its own
+arm64 guest of testkit/vm/aarch64.py), resolved to the image package it depends on
+through a private apt state per architecture (testkit.debian_roots.apt_options: its own
 sources list, lists and cache; the host's apt configuration is left alone), fetched
 with `apt-get download` and unpacked with `dpkg-deb -x` under the test cache, one
 directory per package and version. Other packages of a suite are fetched the same way
@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from debian_roots import KEYRING, MIRROR, apt_options
-from fixtures import cache_root, locked
+from testkit.cache import cache_root, locked
+from testkit.debian_roots import KEYRING, MIRROR, apt_options
 
 #: The suites whose linux-image-amd64 the matrix boots, oldest first.
 SUITES = ("bookworm", "trixie", "trixie-backports", "sid")

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PID 1 of the arm64 guest (tests/vm_aarch64.py, tests/test_aarch64_boot.py): Debian 13's
+"""PID 1 of the arm64 guest (testkit/vm/aarch64.py, tests/test_aarch64_boot.py): Debian 13's
 python3 on a root that holds the test package built for arm64 with branch protection,
 an equivalent library built without it (/opt/nobti), hugify built for arm64, and the
 tools beside this file. Mounts what a program needs, runs the cases, writes one JSON
@@ -45,7 +45,7 @@ NOBTI_DIR = "/opt/nobti"
 NOBTI = f"{NOBTI_DIR}/libhugdebtest.so.1"
 AUDIT_LIB = "/usr/lib/hugify/libhugify-audit.so"
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-#: The size of the disk the results go to (tests/vm_aarch64.py makes it).
+#: The size of the disk the results go to (testkit/vm/aarch64.py makes it).
 RESULTS_SIZE = 4 << 20
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/root"}
 AT_HWCAP2, HWCAP2_BTI = 26, 1 << 17

@@ -6,61 +6,35 @@ holding ``prog`` and, for dynamically linked recipes, ``libhug.so`` (found by
 ``prog`` through ``$ORIGIN``). The cache key covers the recipe, the sources under
 tests/programs, and the tool versions, so a toolchain upgrade rebuilds.
 
-Run ``python3 tests/fixtures.py`` to build every recipe ahead of the tests.
+Run ``.venv/bin/python -m testkit.recipes`` to build every recipe ahead of the tests.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from annobin_notes import annotate
+import pytest
 
-PROGRAMS = Path(__file__).resolve().parent / "programs"
-ANNOBIN_NOTES = PROGRAMS.parent / "annobin_notes.py"
+from testkit import REPO
+from testkit.annobin_notes import annotate
+from testkit.cache import cache_root, cached, locked
+from testkit.cli import transform
+
+PROGRAMS = REPO / "tests" / "programs"
+ANNOBIN_NOTES = Path(__file__).resolve().parent / "annobin_notes.py"
 #: Bump when the build steps below change in a way that changes their output.
 BUILD_VERSION = 2
-
-
-def cache_root() -> Path:
-    env = os.environ.get("HUGIFY_TEST_CACHE")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/cache/hugify-tests")
-    return Path.home() / ".cache" / "hugify-tests"
-
-
-#: Builds of the same name younger than this are kept: another checkout sharing the
-#: cache (a second worktree, a CI run beside a developer's) may be using them. A single
-#: checkout, as in CI, never has two keys of one name at once.
-KEEP_RECENT_SECONDS = float(os.environ.get("HUGIFY_TEST_CACHE_KEEP_HOURS", "6")) * 3600
-
-
-def drop_stale(final: Path, name: str | None = None) -> None:
-    """Removes the other cached builds of final's name (NAME-KEY) but recent ones."""
-    name = name or final.name.rsplit("-", 1)[0]
-    now = time.time()
-    for stale in final.parent.glob(f"{name}-*"):
-        if stale == final or not re.fullmatch(r"[0-9a-f]{16}", stale.name[len(name) + 1 :]):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            if now - stale.stat().st_mtime < KEEP_RECENT_SECONDS:
-                continue
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +55,7 @@ class Recipe:
     heavy_units: int = 0
     #: The mode `hugify` is expected to choose, and the shift's refusal reason if not.
     expect_mode: str = "shift"
-    #: Every unit carries annobin build notes (tests/annobin_notes.py).
+    #: Every unit carries annobin build notes (testkit/annobin_notes.py).
     annobin: bool = False
     #: Options the tests transform this recipe's files with (not part of the build).
     transform_opts: tuple[str, ...] = ()
@@ -415,18 +389,6 @@ def _build_rust(r: Recipe, work: Path) -> None:
     _run([*rustc, "main.rs", "-o", "prog"], work)
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock shared by every test process (pytest-xdist workers too)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def debian_packages(name: str, packages: list[str]) -> Path:
     """The archive's current versions of the packages, fetched with apt-get download
     and unpacked with dpkg-deb into one tree under the test cache. The tree is keyed
@@ -496,29 +458,7 @@ def build_itlb(functions: int) -> Path:
         (work / "itlb.c").write_text(source)
         _run(["gcc", *ITLB_CFLAGS, "-o", "itlb", "itlb.c"], work)
 
-    return _cached(f"itlb{functions}", key, make)
-
-
-def _cached(name: str, key: str, make: Callable[[Path], None]) -> Path:
-    """cache_root()/NAME-KEY, made by `make` in a temporary directory on first use
-    (under a lock, so that one process builds it while the others wait)."""
-    root = cache_root()
-    final = root / f"{name}-{key}"
-    if final.is_dir():
-        return final
-    with locked(final.parent / f"{name}.lock"):
-        if final.is_dir():
-            return final
-        work = final.parent / f".{final.name}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        try:
-            make(work)
-            work.rename(final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        drop_stale(final, name)
-    return final
+    return cached(f"itlb{functions}", key, make)
 
 
 def cached_dir(name: str, key_text: str, make: Callable[[Path], None]) -> Path:
@@ -526,7 +466,7 @@ def cached_dir(name: str, key_text: str, make: Callable[[Path], None]) -> Path:
     `key_text` (what `make` builds from) and the compilers' and linkers' versions."""
     tools = _tool_versions(Recipe(name, cc="clang")) + _tool_versions(Recipe(name))
     key = hashlib.sha256("\n".join([key_text, *tools, str(BUILD_VERSION)]).encode()).hexdigest()[:16]
-    return _cached(name, key, make)
+    return cached(name, key, make)
 
 
 def build(r: Recipe) -> Path:
@@ -543,7 +483,63 @@ def build(r: Recipe) -> Path:
             elif junk.name not in ("prog", "libhug.so") and junk.suffix != ".dwo":
                 junk.unlink()
 
-    return _cached(r.name, recipe_key(r), make)
+    return cached(r.name, recipe_key(r), make)
+
+
+#: A C++ program that exercises libstdc++ (containers, regex, exceptions, threads)
+#: and prints what it did: the workload for rewritten real libraries.
+CXX_WORKLOAD = r"""
+#include <iostream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+int main() {
+    std::map<std::string, int> m{{"one", 1}, {"two", 2}};
+    std::ostringstream out;
+    for (auto &[k, v] : m) out << k << '=' << v << ' ';
+    std::regex re("([a-z]+)=([0-9])");
+    int matches = 0;
+    std::string s = out.str();
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
+        matches++;
+    try { throw std::runtime_error("thrown"); } catch (const std::exception &e) { out << e.what(); }
+    int t = 0;
+    std::thread([&] { t = 42; }).join();
+    std::cout << out.str() << " matches=" << matches << " thread=" << t << std::endl;
+}
+"""
+
+
+class Case:
+    """One recipe: the original files and their transformed copies (with their reports)."""
+
+    def __init__(self, recipe: Recipe, orig: Path, new: Path, reports: dict[str, dict[str, Any]]) -> None:
+        self.recipe, self.orig, self.new, self.reports = recipe, orig, new, reports
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.reports)
+
+    def dv(self, name: str) -> int:
+        return int(self.reports[name]["result"]["dv"])
+
+
+_cases: dict[str, Case] = {}
+
+
+def case_for(recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """Builds (cached) and transforms a recipe once per test session, with the
+    recipe's transform options. Split-DWARF .dwo files stay beside the originals;
+    the skeletons name that directory."""
+    if recipe.name not in _cases:
+        orig = build(recipe)
+        new = tmp_path_factory.mktemp(recipe.name)
+        names = ["prog", "libhug.so"] if recipe.has_lib else ["prog"]
+        reports = {n: transform(orig / n, new / n, *recipe.transform_args) for n in names}
+        _cases[recipe.name] = Case(recipe, orig, new, reports)
+    return _cases[recipe.name]
 
 
 if __name__ == "__main__":

@@ -8,40 +8,46 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-REPO = Path(__file__).resolve().parent.parent
+from testkit import REPO
+
 #: The interpreter the benchmarks run with: they import the test suite's modules,
 #: which need the development packages (tools/requirements-dev.txt).
 PROJECT_PYTHON = REPO / ".venv" / "bin" / "python"
 
 
 def _run_with_the_project_python() -> None:
-    """Started as `bench/X.py` or `python3 bench/X.py` by an interpreter that lacks the
-    development packages, a benchmark runs itself again with the project's .venv
+    """Started as `bench/X.py` (its shebang runs it as the module bench.X) or as
+    `python3 -m bench.X` by an interpreter that lacks the development packages, a
+    benchmark runs itself again, as the same module, with the project's .venv
     (what bench/README.md documents), or says in one line how to make it."""
     import importlib.util
 
     if importlib.util.find_spec("elftools") is not None:
         return
-    if PROJECT_PYTHON.exists() and Path(sys.executable) != PROJECT_PYTHON:
-        os.execv(PROJECT_PYTHON, [str(PROJECT_PYTHON), *sys.argv])
+    main = sys.modules["__main__"]
+    module = main.__spec__.name if main.__spec__ else None
+    if module and PROJECT_PYTHON.exists() and Path(sys.executable) != PROJECT_PYTHON:
+        os.execv(PROJECT_PYTHON, [str(PROJECT_PYTHON), "-m", module, *sys.argv[1:]])
     sys.exit(f"{sys.argv[0]}: needs the development packages: run `make setup` (creates {PROJECT_PYTHON})")
 
 
 if Path(sys.argv[0]).resolve().parent == REPO / "bench":  # a benchmark's own run, not an import by a test
     _run_with_the_project_python()
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
+from hugify.abtest import ratio_summary  # noqa: E402  (after the interpreter check above)
 
-from hugify.abtest import ratio_summary  # noqa: E402  (after the path above)
+#: What a contender's run gives (a Sample, or a benchmark's own figures).
+T = TypeVar("T")
 
 
 @dataclass
@@ -73,20 +79,34 @@ def run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None
     return Sample(wall, _children_cpu() - cpu, int(res.stderr.strip().splitlines()[-1]))
 
 
+def round_orders(names: Sequence[str], rounds: int, seed: int = 8) -> Iterator[list[str]]:
+    """The order of the runs in each round: every name once, shuffled anew each round
+    from a fixed seed (the same run gives the same orders), so that no contender always
+    runs first, or always after the same other one, whose traces in the caches and the
+    CPU's state would then count for or against it. The one ordering of the benchmarks
+    (`hugify try` orders its three runs by hugify.abtest.order)."""
+    rng = random.Random(seed)
+    order = list(names)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        yield list(order)
+
+
 def interleaved(
-    contenders: dict[str, Callable[[], Sample]], repeat: int, prepare: Callable[[], None] | None = None
-) -> dict[str, list[Sample]]:
-    """Runs each contender `repeat` times, alternating, after an untimed warm-up."""
-    results: dict[str, list[Sample]] = {name: [] for name in contenders}
+    contenders: dict[str, Callable[[], T]], repeat: int, prepare: Callable[[], None] | None = None, seed: int = 8
+) -> dict[str, list[T]]:
+    """Runs each contender `repeat` times, in rounds ordered by round_orders, after an
+    untimed warm-up of each; `prepare` runs before every run (cache dropping, clean-up)."""
+    results: dict[str, list[T]] = {name: [] for name in contenders}
     for f in contenders.values():
         if prepare:
             prepare()
         f()
-    for _ in range(repeat):
-        for name, f in contenders.items():
+    for order in round_orders(list(contenders), repeat, seed):
+        for name in order:
             if prepare:
                 prepare()
-            results[name].append(f())
+            results[name].append(contenders[name]())
     return results
 
 
@@ -108,11 +128,6 @@ def installed_env() -> dict[str, str]:
     """This environment, with Python writing bytecode as an installed hugify has it
     (compiled at install time): the untimed warm-up run writes it."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-
-
-def hugify_cmd(*args: str | os.PathLike[str]) -> list[str]:
-    """hugify of the checkout the command runs in (`run`'s cwd: this one by default)."""
-    return [sys.executable, "-m", "hugify.cli", *map(str, args)]
 
 
 # --- comparing with another checkout -----------------------------------------------------

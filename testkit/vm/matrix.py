@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vm_boot import FILESYSTEMS, BootResult, boot
-from vm_kernels import SUITES, Kernel, kernel, newest_suite
+from testkit.vm.boot import FILESYSTEMS, BootResult, boot
+from testkit.vm.kernels import SUITES, Kernel, kernel, newest_suite
 
 #: The suite's subset of the matrix: trixie's kernel on ext4 and XFS, and the newest
 #: kernel (of every suite's) on ext4. bench/kernel_matrix.py runs all of SUITES x FILESYSTEMS.

@@ -4,7 +4,7 @@ on the host (tests/test_glibc_thp.py, in a chroot: host_root()).
 
 - glibc_debs(): libc6 and libc-bin of the newest glibc with the tunable that Debian's
   experimental or sid has (2.44-3 in experimental when this was written), fetched with
-  `apt-get download` through a private apt state (debian_roots.apt_options), once per
+  `apt-get download` through a private apt state (testkit.debian_roots.apt_options), once per
   version.
 - unpack_glibc(root): both unpacked over a Debian 12 root (dpkg-deb -x: dpkg would
   refuse libc6 2.44 for its Breaks on bookworm's base-files; nothing of bookworm needs
@@ -12,8 +12,8 @@ on the host (tests/test_glibc_thp.py, in a chroot: host_root()).
   is the new glibc's.
 - host_root(): a minbase Debian 12 root with python3 and that glibc, for chroots on
   the host (cached; callers copy it before changing it).
-- root_extra(): the kernel matrix's root (tests/vm_boot.py) with that glibc, the guest
-  driver tests/vm/glibc_thp_guest.py as its unit in place of the matrix's, and the
+- root_extra(): the kernel matrix's root (testkit/vm/boot.py) with that glibc, the guest
+  driver testkit/vm/guest/glibc_thp_guest.py as its unit in place of the matrix's, and the
   prefetch timer masked (its run would land between the driver's cold starts).
 - glibc_thp_row(b): a boot's results as the matrix's JSON keeps them.
 """
@@ -26,11 +26,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from deb_support import cached_dir, drop_stale, files_key
-from debian_roots import KEYRING, MIRROR, apt_options, debian_root
-from fixtures import cache_root, locked
-from vm_boot import GUEST, UNIT_NAME, RootExtra, VmError
-from vm_kernels import update_lists
+from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.debian import files_key
+from testkit.debian_roots import KEYRING, MIRROR, apt_options, debian_root
+from testkit.vm.boot import GUEST, UNIT_NAME, RootExtra, VmError
+from testkit.vm.kernels import update_lists
 
 #: The first glibc with glibc.elf.thp.
 GLIBC_SINCE = "2.44"
@@ -80,7 +80,7 @@ def glibc_debs() -> list[Path]:
         opts = apt_options(state, [f"deb [signed-by={KEYRING}] {MIRROR} {s} main" for s in GLIBC_SUITES])
         update_lists(state, opts)
         version = _newest(opts)
-        final = cached_dir("glibc-thp", "debs", files_key([], version, *GLIBC_PACKAGES))
+        final = build_dir("glibc-thp", "debs", files_key([], version, *GLIBC_PACKAGES))
         if not (final / "done").exists():
             work = final.with_name(final.name + ".tmp")
             shutil.rmtree(work, ignore_errors=True)
@@ -118,7 +118,7 @@ def host_root() -> Path:
     """A minbase bookworm root with python3 and the newest glibc with the tunable."""
     debs = glibc_debs()
     base = debian_root("glibc-thp-base", "--variant=minbase", "--include=python3")
-    final = cached_dir("glibc-thp", "root", files_key([], base.parent.name, *(d.name for d in debs), RECIPE))
+    final = build_dir("glibc-thp", "root", files_key([], base.parent.name, *(d.name for d in debs), RECIPE))
     root = final / "root"
     if root.is_dir():
         return root

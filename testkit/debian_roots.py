@@ -1,8 +1,8 @@
-"""Clean Debian 12 roots (and Debian 13 ones, tests/vm_aarch64.py) made by mmdebstrap
+"""Clean Debian 12 roots (and Debian 13 ones, testkit/vm/aarch64.py) made by mmdebstrap
 from the archive, and Debian source packages fetched with apt-get source
 (test_sbuild.py, test_boot.py).
 
-Both are cached under the test cache (tests/fixtures.py: cache_root()): a root by
+Both are cached under the test cache (testkit.cache: cache_root()): a root by
 its mmdebstrap command line (suite, variant, package list, format) and
 mmdebstrap's version, a source package by its name and version. The host's apt
 configuration is left alone: apt-get source runs with a private sources list
@@ -16,8 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from deb_support import deb_field, drop_stale, tool_versions
-from fixtures import cache_root, locked
+from testkit.cache import cache_root, drop_stale, locked
+from testkit.debian import deb_field, tool_versions
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"

@@ -3,7 +3,7 @@ building the test source package tests/deb/hugify-deb-test for real with
 dpkg-buildpackage, extracting what it produced, and caching the results.
 
 hugify's own .deb is built here too (build_hugify_deb), for every test that
-installs it. Heavy builds are cached under the test cache (tests/fixtures.py: cache_root()),
+installs it. Heavy builds are cached under the test cache (testkit.cache: cache_root()),
 keyed by everything that goes into them (the package sources, hugify's sources,
 the tool versions), one directory per key; a changed input rebuilds.
 """
@@ -16,13 +16,14 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
-from fixtures import cache_root, ccache_env, drop_stale, locked
-from helpers import REPO, readelf_build_id
+from testkit import REPO
+from testkit.cache import CachedBuild, build_dir, cache_root, cached_build
+from testkit.elf import readelf_build_id
+from testkit.recipes import ccache_env
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
 GEN_CODE = REPO / "tests" / "programs" / "gen_code.py"
@@ -120,13 +121,6 @@ def package_source_files() -> list[tuple[str, Path]]:
     return [*tree_files(DEB_SRC), ("gen_code.py", GEN_CODE)]
 
 
-def cached_dir(group: str, name: str, key: str) -> Path:
-    """Where a cached build lives; older builds of the same name are removed."""
-    root = cache_root() / group
-    root.mkdir(parents=True, exist_ok=True)
-    return root / f"{name}-{key}"
-
-
 # --- the test source package ------------------------------------------------------------
 
 
@@ -188,50 +182,6 @@ def deb_field(deb: Path, name: str) -> str:
     return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
 
 
-@dataclass
-class CachedBuild:
-    """A finished build in the test cache (see cached_build): its exit status, its
-    log, and everything it produced unpacked into `root`."""
-
-    dir: Path
-    rc: int = field(init=False)
-    log: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rc = int((self.dir / "rc").read_text())
-        self.log = (self.dir / "log").read_text()
-
-    @property
-    def root(self) -> Path:
-        return self.dir / "root"
-
-    def ok(self) -> Self:
-        assert self.rc == 0, self.log[-6000:]
-        return self
-
-
-def cached_build(final: Path, lock: Path, scratch: Path, build: Callable[[Path, Path], tuple[int, str]]) -> Path:
-    """`final`, built once per cache key: build(scratch, out) runs in an empty scratch
-    directory, puts what it produced into `out` and returns its exit status and log.
-    A worker that waited on the lock finds the other's result."""
-    if (final / "rc").exists():
-        return final
-    with locked(lock):
-        if (final / "rc").exists():
-            return final
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir(parents=True)
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        rc, log = build(scratch, work)
-        save_result(work, rc, log)
-        work.rename(final)
-        shutil.rmtree(scratch, ignore_errors=True)
-        drop_stale(final)
-    return final
-
-
 class DebBuild(CachedBuild):
     """A dpkg-buildpackage run (see collect for the layout of its directory)."""
 
@@ -247,11 +197,6 @@ class DebBuild(CachedBuild):
 
     def packages(self) -> list[str]:
         return sorted(p.name for p in (self.dir / "pkgs").iterdir()) if (self.dir / "pkgs").is_dir() else []
-
-
-def save_result(out: Path, rc: int, log: str) -> None:
-    (out / "log").write_text(log)
-    (out / "rc").write_text(str(rc))
 
 
 def hugify_inputs() -> list[tuple[str, Path]]:
@@ -300,7 +245,7 @@ def hugify_sources() -> list[tuple[str, Path]]:
     )
     out = []
     for name in sorted(set(res.stdout.decode().split("\0"))):
-        if not name or name.split("/", 1)[0] in ("tests", "bench"):
+        if not name or name.split("/", 1)[0] in ("tests", "bench", "testkit"):
             continue
         p = REPO / name
         if p.is_symlink() or p.is_file():
@@ -361,7 +306,7 @@ def build_hugify_deb() -> DebBuild:
         return rc, log
 
     group = cache_root() / "packages"
-    final = cached_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
+    final = build_dir("packages", "hugify-deb", files_key(sources, toolchain_key()))
     return DebBuild(cached_build(final, group / "hugify-deb.lock", group / "hugify-deb-build", build))
 
 
@@ -410,7 +355,7 @@ def build_variant(name: str) -> DebBuild:
 
     # One scratch path for every variant: the builds take turns.
     group = cache_root() / "debhelper"
-    return DebBuild(cached_build(cached_dir("debhelper", name, key), group / "build.lock", group / "build", build))
+    return DebBuild(cached_build(build_dir("debhelper", name, key), group / "build.lock", group / "build", build))
 
 
 # --- checks on ELF files -----------------------------------------------------------------
@@ -463,6 +408,7 @@ def gdb_backtrace(root: Path, prog: str, breakpoint: str, libdir: str = f"usr/li
     return res.stdout + res.stderr
 
 
-def run_program(root: Path, prog: str) -> subprocess.CompletedProcess[str]:
+def run_in_root(root: Path, prog: str) -> subprocess.CompletedProcess[str]:
+    """Runs `prog` of an unpacked package tree with the tree's libraries first."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib" / MULTIARCH)}
     return subprocess.run([str(root / prog)], capture_output=True, text=True, env=env, timeout=60, check=False)

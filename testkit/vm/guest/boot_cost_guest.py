@@ -2,7 +2,7 @@
 (Type=exec after multi-user.target, so that the boot counts as finished for
 systemd-analyze), with the guest's own python3 (standard library only). Writes one JSON
 document to the second serial port between the kernel matrix's markers
-(tests/vm_boot.py reads it) and powers off, as the matrix's guest driver does.
+(testkit/vm/boot.py reads it) and powers off, as the matrix's guest driver does.
 
 What it records:
 - the boot: systemd-analyze's total, the manager's timestamps, hugify-prefetch.service's
@@ -27,22 +27,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import json
 import mmap
 import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-# The matrix's guest driver (tests/vm/guest_driver.py) reports the results and powers
-# off: it is in every image made from the matrix's root, at /hugify-matrix; on the host
-# (tests/test_boot_cost_bench.py imports this file) it is beside the tests.
-sys.path[:0] = ["/hugify-matrix", str(Path(__file__).resolve().parent.parent / "tests" / "vm")]
-from guest_driver import drive  # noqa: E402
 
 SERVICE = "hugify-prefetch.service"
 MANIFESTS = Path("/usr/lib/hugify/manifest.d")
@@ -259,5 +253,17 @@ def main() -> dict[str, Any]:
     return results
 
 
+def matrix_driver() -> Any:
+    """The matrix's guest driver (testkit/vm/guest/guest_driver.py), which reports the
+    results and powers off: every image made from the matrix's root holds it at
+    /hugify-matrix. Loaded by its path there, so that the host (the tests import this
+    file for its readers) never needs it."""
+    spec = importlib.util.spec_from_file_location("guest_driver", "/hugify-matrix/guest_driver.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 if __name__ == "__main__":
-    drive(main)
+    matrix_driver().drive(main)

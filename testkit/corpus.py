@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fixtures import debian_packages
-from helpers import CXX_WORKLOAD, REPO
+from testkit import REPO
+from testkit.cache import cache_root
+from testkit.cli import hugify
+from testkit.recipes import CXX_WORKLOAD, debian_packages
 
 LIB = "usr/lib/x86_64-linux-gnu"
 POLICY = 'refuse_stripped = false\nthreshold = "256K"\n'
@@ -264,7 +266,7 @@ HELLO = '#include <stdio.h>\nint main(void) { puts("hello from a gold-linked PIE
 
 def corpus() -> Path:
     """The unpacked packages (cached under the test cache)."""
-    return debian_packages("debian-corpus", PACKAGES)
+    return debian_packages(CORPUS, PACKAGES)
 
 
 def prepare_inputs(original: Path, data: Path) -> None:
@@ -393,3 +395,31 @@ def summarize(report: dict[str, Any], root: Path) -> Summary:
         growth=sum(f["growth"] for f in done),
         median_coverage=statistics.median(f["coverage"] for f in done) if done else 0.0,
     )
+
+
+#: The corpus's directory under the test cache.
+CORPUS = "debian-corpus"
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 10, "M": 20, "G": 30}
+    return int(text[:-1]) << units[text[-1]] if text[-1] in units else int(text)
+
+
+def hugified_tree(work: Path, manifest: Path | None = None) -> list[Path]:
+    """A copy of the test corpus's unpacked packages (work/root), transformed by `hugify
+    tree` (and its manifest written to `manifest`); the transformed files."""
+    roots = sorted((cache_root() / CORPUS).glob("root-*"))
+    if not roots:
+        raise SystemExit(f"no corpus under {cache_root() / CORPUS}: run tests/test_debian_corpus.py once")
+    root = work / "root"
+    shutil.copytree(roots[-1], root, symlinks=True)
+    policy = work / "policy.toml"
+    policy.write_text("refuse_stripped = false\n")
+    report = work / "report.json"
+    more = ["--manifest", manifest] if manifest else []
+    res = hugify("tree", "--policy", policy, "--report", report, *more, root, check=False)
+    if res.returncode not in (0, 1):
+        raise SystemExit(f"hugify tree failed:\n{res.stdout}{res.stderr}")
+    files = json.loads(report.read_text())["files"]
+    return sorted(root / f["path"].lstrip("/") for f in files if f["status"] == "transformed")

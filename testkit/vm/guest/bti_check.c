@@ -1,5 +1,5 @@
 /* Whether this arm64 machine enforces BTI, so that a window's VmFlags "bt" means
- * something (tests/vm/aarch64_driver.py): code without a landing pad ("mov x0, #42;
+ * something (testkit/vm/guest/aarch64_driver.py): code without a landing pad ("mov x0, #42;
  * ret") is called through a function pointer from a page mapped PROT_EXEC|PROT_BTI and
  * from one mapped PROT_EXEC alone, each in a child process. Prints one JSON object:
  * what ended each child ("exit N" with the value the call returned, or "signal N"). */
