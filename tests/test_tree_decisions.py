@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hugify import files, policy, tree
+from hugify import files, manifest, policy, tree
 from hugify.rewrite import Settings
 
 ELFCLASS64, ELFDATA2LSB, EV_CURRENT = 2, 1, 1
@@ -173,7 +173,8 @@ def test_the_threshold_decides_whether_aligned_code_goes_into_the_manifest(tmp_p
     write(root, "usr/bin/big", elf_on_windows(2 * HP))
     for manifest_only in (True, False):
         listed = outcome(root, policy_of(tmp_path, 'threshold = "4M"'), manifest_only)
-        assert (listed.status, listed.entry) == ("as-is", ("-", 0, 2 * HP, HP)), manifest_only
+        entry = manifest.Entry(path="/usr/bin/big", build_id="-", offset=0, size=2 * HP, huge_page=HP)
+        assert (listed.status, listed.entry) == ("as-is", entry), manifest_only
         assert listed.detail == "4.0 MiB of its code on whole huge-page windows as it is"
         report = listed.as_json()
         assert (report["path"], report["paths"], report["status"]) == ("/usr/bin/big", ["/usr/bin/big"], "as-is")
