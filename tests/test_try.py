@@ -237,6 +237,24 @@ def test_an_a_a_comparison_shows_no_gain(tmp_path: Path) -> None:
     assert not list((tmp_path / "cache").glob("*/file"))  # plain copies are not kept
 
 
+def test_the_plot_never_writes_through_a_symlink_at_its_name(tmp_path: Path) -> None:
+    """--plot in a directory others can write (hugify try runs as root): a symlink
+    planted at the picture's name is replaced by the picture, and the file it pointed
+    to keeps its bytes."""
+    build_runtime()
+    prog = _cc(tmp_path / "straight", SEQUENTIAL, "-fPIE", "-pie")
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    plot = tmp_path / "ratios.svg"
+    plot.symlink_to(victim)
+    args = ("--control", "--cache-dir", tmp_path / "cache", "--min-rounds", "2", "--max-rounds", "2", "--plot", plot)
+    res = _hugify_try(*args, "--", prog, "20", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "root's file\n"
+    assert not plot.is_symlink()
+    assert ET.parse(plot).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+
+
 ADDRESS_PRINTER = (
     HUGE_CODE
     + _functions("exe", 96)

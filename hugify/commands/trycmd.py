@@ -56,7 +56,7 @@ def _progress(enabled: bool) -> Callable[[str], None]:
 
 
 def run(args: argparse.Namespace) -> Exit:
-    from hugify import abtest
+    from hugify import abtest, files
     from hugify.trial import report, session
 
     command = list(args.command)
@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> Exit:
     result["verdict"], result["answer"] = verdict, line
     if args.plot:
         try:
-            args.plot.write_text(report.svg(result))
+            # Renamed in, never written through a symlink at that name: hugify try may
+            # run as root in a directory others can write (/tmp).
+            files.write_text_atomic(args.plot, report.svg(result))
         except OSError as e:
             print(f"hugify try: cannot write {reasons.io_detail(e)}", file=sys.stderr)
             return Exit.IO
