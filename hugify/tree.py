@@ -358,13 +358,19 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
             known = _core.at_page_size(c.probe, s.huge_page)
         entry = _entry(c.paths[0], known, s.threshold)
     except (_core.HugifyError, OSError):
-        entry = None
+        known, entry = None, None
     if entry:
         reason = skip[0] if skip else None
         detail = f"{human(entry.size)} of its code on whole huge-page windows as it is"
         return Outcome(c.paths, "as-is", reason, detail, entry=entry)
     if skip:
         return Outcome(c.paths, "skipped", *skip)
+    if known and known["exec_load"] and manifest.Entry.of(c.paths[0], known):
+        # Windows it has, but too little code for the threshold: say that, not "no window".
+        code = human(known["exec_load"]["memsz"])
+        return Outcome(
+            c.paths, "skipped", "below-threshold", f"its code ({code}) is under the threshold ({human(s.threshold)})"
+        )
     return Outcome(c.paths, "skipped", "not-aligned", "no whole huge-page window at an offset congruent to its address")
 
 
