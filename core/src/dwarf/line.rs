@@ -86,6 +86,8 @@ fn walk(
                 }
                 at += len;
             }
+            // A uhalf operand, not LEB128: cut off by the end, the program is broken.
+            DW_LNS_FIXED_ADVANCE_PC if end - at < 2 => return Err(bad(at)),
             DW_LNS_FIXED_ADVANCE_PC => at += 2,
             _ => {
                 let n = *lengths.get(usize::from(op) - 1).ok_or_else(|| bad(at))?;
@@ -233,7 +235,16 @@ mod tests {
             b.u8(DW_LNS_advance_pc.0);
             b.u8(0x80);
         });
-        let cases = [(two_bytes, Reason::UnsupportedDwarf), (past_end, Reason::BadDwarf), (bad_leb, Reason::BadDwarf)];
+        let cut_off = program(&|b| {
+            b.u8(DW_LNS_fixed_advance_pc.0);
+            b.u8(0x10);
+        });
+        let cases = [
+            (two_bytes, Reason::UnsupportedDwarf),
+            (past_end, Reason::BadDwarf),
+            (bad_leb, Reason::BadDwarf),
+            (cut_off, Reason::BadDwarf),
+        ];
         assert_refused(&cases, walk);
     }
 }
