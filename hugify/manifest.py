@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from hugify import _core
 
 MARKER = "# hugify manifest v1"
+#: The format version of `hugify tree --report`, which carries each file's manifest
+#: entry: 2 since the entry's span keys are named for it (`manifest_offset`,
+#: `manifest_size`; 1 called them `exec_offset`, `exec_size`). Here, where both its
+#: writer (hugify/tree.py) and its reader (hugify/signing.py) can import it.
+TREE_REPORT_VERSION = 2
 #: Where packages install their manifests.
 MANIFEST_DIR = Path("/usr/lib/hugify/manifest.d")
 #: Where the rpm file trigger records the hugified files that packages installed

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from hugify import manifest
 from hugify.files import directory_for, source_date_epoch, write_text_atomic
 from hugify.policy import is_package_name
 
@@ -134,10 +135,10 @@ class Statement(NamedTuple):
 def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Statement | None:
     """The statement for the files `hugify tree` transformed under `root`, hashed as
     they are now; None when it transformed none. Same inputs, same bytes."""
-    # tree.REPORT_VERSION, written out rather than imported: tree.py is to use this
-    # module's file hashing, and the two must not import each other.
-    if report.get("hugify_tree_report") != 2:
-        raise ReportError("not a hugify tree report of this hugify's version (2): written by another hugify tree?")
+    version = manifest.TREE_REPORT_VERSION
+    if report.get("hugify_tree_report") != version:
+        why = f"not a hugify tree report of this hugify's version ({version}): written by another hugify tree?"
+        raise ReportError(why)
     subjects: dict[str, str] = {}
     entries: list[dict[str, Any]] = []
     missing: list[str] = []

@@ -235,16 +235,10 @@ Summary = TypedDict(
 )
 
 
-#: The tree report's format version: 2 since the manifest span's keys are named for
-#: it (`manifest_offset`, `manifest_size`; 1 called them `exec_offset`, `exec_size`).
-#: hugify/signing.py checks it.
-REPORT_VERSION = 2
-
-
 class Report(TypedDict):
     """What `hugify tree --report` writes, and what repack and signing read back."""
 
-    hugify_tree_report: int  # the format's version: REPORT_VERSION
+    hugify_tree_report: int  # the format's version: manifest.TREE_REPORT_VERSION
     hugify_version: str
     package: str | None
     arch: str | None
@@ -365,7 +359,7 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
         return Outcome(c.paths, "as-is", reason, detail, entry=entry)
     if skip:
         return Outcome(c.paths, "skipped", *skip)
-    if known and known["exec_load"] and manifest.Entry.of(c.paths[0], known):
+    if known and known["exec_load"] and known["manifest_span"]:
         # Windows it has, but too little code for the threshold: say that, not "no window".
         code = human(known["exec_load"]["memsz"])
         return Outcome(
@@ -686,7 +680,7 @@ def _report_json(opts: Options, outcomes: list[Outcome], code: Exit) -> str:
     pol = opts.policy
     refused, dropped = _signed(outcomes)
     doc: Report = {
-        "hugify_tree_report": REPORT_VERSION,
+        "hugify_tree_report": manifest.TREE_REPORT_VERSION,
         "hugify_version": _core.VERSION,
         "package": pol.package,
         "arch": opts.arch,
