@@ -13,7 +13,11 @@ prints one table. Method and measured figures: bench/README.md.
 
 Inputs come from the Debian archive (apt-get download, cached under the test cache
 like the corpus tests' packages). The variants NAME-anon (itlb, clang) run the
-hugified side with the runtime's anonymous copies (`hugify try --way anonymous`);
+hugified side with the runtime's anonymous copies (`hugify try --way anonymous`), the
+variants NAME-shared (itlb, clang) with root's shared copies (`hugify try --way shared`:
+the copies on a tmpfs without huge pages, where file-backed huge pages are unsupported
+as on ext4 before Linux 6.16 or btrfs, and their code mapped from one copy each on a
+huge-page tmpfs; root only);
 `python`, whose interpreter has no whole window of code, is the A/A control
 (`hugify try --control`).
 
@@ -210,14 +214,32 @@ def anonymous(workload: Callable[[Size, Path], Setup]) -> Callable[[Size, Path],
     return setup
 
 
+def shared(workload: Callable[[Size, Path], Setup]) -> Callable[[Size, Path], Setup]:
+    """The workload with the hugified side's code mapped from root's shared copies."""
+
+    def setup(size: Size, work: Path) -> Setup:
+        if os.geteuid() != 0:
+            raise Unavailable("the shared copies are root's to make (run as root)")
+        s = workload(size, work)
+        s.options.append("--way=shared")
+        s.what += (
+            "; hugified side: files on a tmpfs without huge pages, LD_AUDIT=libhugify-audit.so, root's shared copies"
+        )
+        return s
+
+    return setup
+
+
 WORKLOADS: dict[str, Callable[[Size, Path], Setup]] = {
     "clang": clang,
     "clang-anon": anonymous(clang),
+    "clang-shared": shared(clang),
     "gcc": gcc,
     "postgres": postgres,
     "python": python,
     "itlb": itlb,
     "itlb-anon": anonymous(itlb),
+    "itlb-shared": shared(itlb),
 }
 
 
@@ -280,23 +302,34 @@ def totals(r: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def copies_held(r: dict[str, Any]) -> str:
+    """What the runtime's copies held: the anonymous ones (the most in one process at one
+    time), or root's shared ones (once, whatever the number of processes)."""
+    cov = r["coverage"]
+    if r.get("way") == "anonymous":
+        return f"{mib(cov['anonymous_held'])} anon"
+    if r.get("way") == "shared" and cov.get("shared_held") is not None:
+        return f"{mib(cov['shared_held'])} shared"
+    return "-"
+
+
 def print_report(results: dict[str, dict[str, Any]]) -> None:
     print(
         f"{'workload':10} {'rounds':>6}  {'CPU hug/orig [95 % CI]':24} {'wall hug/orig [95 % CI]':24} "
         f"{'A/A CPU [95 % CI]':24} {'orig CPU':>8}  {'seen/predicted huge':>20}  {'orig code':>10}  {'growth':>9}"
-        f"  {'anon held':>9}"
+        f"  {'copies held':>11}"
     )
     for name, r in results.items():
         if r["status"] != "measured":
             print(f"{name:10} {r['status']}: {r['reason']}")
             continue
         t = totals(r)
-        anon = mib(r["coverage"]["anonymous_held"]) if r.get("way") == "anonymous" else "-"
+        held = copies_held(r)
         print(
             f"{name:10} {r['rounds']:6}  {interval(r['cpu']):24} {interval(r['wall']):24} "
             f"{interval(r['noise_floor']['cpu']):24} {r['original_cpu_s']:7.2f}s  "
             f"{mib(t['seen']) + ' / ' + mib(t['predicted']):>20}  {mib(t['original_code']):>10}  "
-            f"{mib(t['growth']):>9}  {anon:>9}"
+            f"{mib(t['growth']):>9}  {held:>11}"
         )
     for name, r in results.items():
         if r["status"] != "measured":

@@ -18,7 +18,7 @@ import pytest
 from testkit.cache import cache_root
 from testkit.runtime import REPO, Programs, copy_programs, gives_large_folios, locked
 
-WORKLOADS = {"clang", "clang-anon", "gcc", "postgres", "python", "itlb", "itlb-anon"}
+WORKLOADS = {"clang", "clang-anon", "clang-shared", "gcc", "postgres", "python", "itlb", "itlb-anon", "itlb-shared"}
 
 
 def test_the_benchmark_runs_by_its_shebang():
@@ -93,6 +93,15 @@ def test_quick_run_of_every_workload(built: Programs, tmp_path: Path):
     assert anon["way"] == "anonymous" and anon["coverage"]["anonymous_held"] == obj["seen"]["hugified"]["windows"] * (
         2 << 20
     ), anon["coverage"]
+    # the shared-copy variant: the copy is on a tmpfs without huge pages, so every huge
+    # page its process mapped is one of root's shared copy, which holds every window once
+    shared = results["itlb-shared"]
+    (obj,) = [o for o in shared["objects"] if o["copy"]]
+    windows = obj["seen"]["hugified"]["windows"]
+    assert shared["way"] == "shared", shared["notes"]
+    assert shared["coverage"]["shared_held"] >= windows * (2 << 20), shared["coverage"]
+    assert obj["seen"]["hugified"]["pmd_mapped"] == windows * (2 << 20), obj
+    assert obj["seen"]["hugified"]["windows_small"] == 0, obj
     # python has no whole window of code: the A/A control, plain copies
     python = results["python"]
     assert python["control"] and {o["status"] for o in python["objects"] if o["copy"]} == {"copied"}
@@ -102,4 +111,5 @@ def test_unknown_workload_is_a_usage_error():
     cmd = [sys.executable, "-m", "bench.speedup", "--only", "itlb,nosuch"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     assert res.returncode == 2
-    assert "unknown workload nosuch; known: clang, clang-anon, gcc, postgres, python, itlb, itlb-anon" in res.stderr
+    known = "clang, clang-anon, clang-shared, gcc, postgres, python, itlb, itlb-anon, itlb-shared"
+    assert f"unknown workload nosuch; known: {known}" in res.stderr

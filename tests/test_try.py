@@ -209,6 +209,63 @@ def test_the_itlb_bound_program_gains_and_nothing_of_the_system_changes(itlb: Pa
     assert len(circles) == 2 * doc["rounds"] + 2  # both ratios per round, and the legend's two
 
 
+@contextlib.contextmanager
+def _tmpfs(where: Path, huge: str) -> Iterator[Path]:
+    """A tmpfs mounted on `where` while the block runs."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=256m,huge={huge}", "tmpfs", where], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", where], check=True)
+
+
+@pytest.mark.parametrize("way", ["shared", "auto"])
+def test_the_shared_way_maps_the_code_from_roots_copies(itlb: Path, tmp_path: Path, way: str) -> None:
+    """Where the copies' filesystem gives no 2 MiB folios, root's hugify try maps their
+    code from shared copies on a huge-page tmpfs, as the machine's runtime would:
+    `--way shared` puts the copies on a tmpfs without huge pages itself; `--way auto`
+    takes the way for a cache on such a tmpfs. No file on a tmpfs without huge pages is
+    PMD-mapped (FilePmdMapped), so every huge page the hugified side is seen with is a
+    shared copy's: all windows, none small, the copies held once; the gain shows. The
+    tmpfs mounts are the comparison's own: the system's mount table, /run/hugify and
+    the cache are as before."""
+    with contextlib.ExitStack() as stack:
+        cache = tmp_path / "cache"
+        if way == "auto":
+            cache = stack.enter_context(_tmpfs(tmp_path / "plainfs", "never")) / "cache"
+        state = _system_state(itlb, tmp_path)
+        mounts = Path("/proc/self/mountinfo").read_text().count("hugify")
+        limits = ("--min-rounds", "5", "--target", "5", "--max-rounds", "10")
+        res = _hugify_try("--json", "--way", way, "--cache-dir", cache, *limits, "--", itlb, "400", cwd=itlb.parent)
+        assert res.returncode == 0, res.stderr
+        doc = _json(res)
+        assert doc["way"] == "shared", doc["notes"]
+        assert doc["verdict"] == "gain", doc["answer"]
+        (prog,) = [o for o in doc["objects"] if o["path"] == str(itlb)]
+        seen = prog["seen"]["hugified"]
+        assert seen["windows"] >= 8 and seen["windows_huge"] == seen["windows"] and seen["windows_small"] == 0, seen
+        assert seen["pmd_mapped"] >= seen["windows"] * (2 << 20), seen
+        assert prog["seen"]["original"]["pmd_mapped"] == 0
+        assert doc["coverage"]["shared_held"] >= seen["windows"] * (2 << 20), doc["coverage"]
+        assert doc["problems"] == []
+        assert _system_state(itlb, tmp_path) == state
+        assert Path("/proc/self/mountinfo").read_text().count("hugify") == mounts
+        assert _leftovers(cache) == []
+
+
+def test_the_shared_way_is_roots(shared_dir: Path) -> None:
+    """Only root makes shared copies: another user asking for the way is told so in one
+    line, status 4, before anything runs."""
+    res = _hugify_try("--way", "shared", "--cache-dir", shared_dir / "cache", "--", "true", cwd=shared_dir,
+                      user="nobody")  # fmt: skip
+    assert res.returncode == 4, res.stderr
+    assert res.stderr == (
+        "hugify try: only root makes shared copies: run hugify try as root, or give --way anonymous (try-shared)\n"
+    )
+    assert not (shared_dir / "cache").exists()
+
+
 SEQUENTIAL = (
     "#include <stdio.h>\n#include <stdlib.h>\n"
     + _functions("exe", 96)
@@ -502,6 +559,7 @@ def test_explain_and_usage() -> None:
         "files-changed": 3,
         "behaviour-differs": 7,
         "try-cache": 5,
+        "try-shared": 4,
     }
     res = subprocess.run(
         [sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO, capture_output=True, text=True, check=False

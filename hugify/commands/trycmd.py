@@ -218,11 +218,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--way",
-        choices=("auto", "file", "anonymous"),
+        choices=("auto", "file", "shared", "anonymous"),
         default="auto",
-        help="how the hugified side gets huge pages: file (the copies' page cache in 2 MiB folios), anonymous "
-        "(the runtime's anonymous copies, always), auto (file, or anonymous where the filesystem gives no "
-        "2 MiB folios; default)",
+        help="how the hugified side gets huge pages: file (the copies' page cache in 2 MiB folios), shared "
+        "(root's shared copies on a huge-page tmpfs, the copies themselves put on a tmpfs without huge pages; "
+        "root only), anonymous (the runtime's anonymous copies, always), auto (file; where the filesystem "
+        "gives no 2 MiB folios, shared as root, else anonymous; default)",
     )
     p.add_argument(
         "--control",

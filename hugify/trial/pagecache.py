@@ -25,6 +25,12 @@ changes.
   another process's cache drop took away are loaded again and counted), then read
   ahead like the originals.
 
+* With the shared way (hugify.trial.sharedway), each prefetch of the copies is
+  followed, as in `hugify prefetch` run by root, by keeping or making root's shared
+  copies of those whose windows the filesystem cannot give 2 MiB folios
+  (hugify.shared.settle, in the comparison's own runtime directory): a copy split or
+  dropped since the last run is made again before the next one.
+
 Only files under test are touched: the originals of the hugified objects and the
 copies in the cache.
 """
@@ -38,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hugify import prefetch as pf
+from hugify import shared
 
 
 def advise(paths: Iterable[str | Path], advice: int) -> None:
@@ -70,11 +77,15 @@ class Prepared:
 
 
 class PageCache:
-    def __init__(self, run: pf.Run, originals: list[str], copies: list[Path]) -> None:
+    def __init__(self, run: pf.Run, originals: list[str], copies: list[Path], shared_budget: int | None = None) -> None:
         self.run = run
         self.originals = originals
         self.copies = copies
         self.loaded_again = 0  # windows prefetched again before a run
+        #: Root's shared copies are kept within this many bytes (None: none are made).
+        self.shared_budget = shared_budget
+        #: What the last prefetch found of the shared copies.
+        self.shared = shared.Report()
 
     def start(self, skip: Iterable[int]) -> Prepared:
         """Evicts the copies and the originals nobody else maps, and prefetches the
@@ -101,9 +112,22 @@ class PageCache:
         work = pf.open_targets(targets, self.run.hp)
         try:
             self.run.prefetch(work)
+            if self.shared_budget is not None:
+                self.shared = shared.settle(self.run.rdir, self.run.engine, work, self.shared_budget, complete=True)
         finally:
             pf.close_targets(work)
         return targets
+
+    def shared_copies(self) -> dict[tuple[int, int], str]:
+        """The shared copies the last prefetch kept or made: (device, inode) -> the path
+        of the file they are copies of."""
+        out = {}
+        for path, o in self.shared.outcomes.items():
+            with contextlib.suppress(OSError):
+                if o.state != "none":
+                    st = os.stat(o.copy)
+                    out[(st.st_dev, st.st_ino)] = path
+        return out
 
     def before(self, hugified: bool) -> None:
         """The page cache for a run of one side."""

@@ -140,7 +140,10 @@ def text(result: dict[str, Any]) -> str:
     if result.get("control"):
         side = "plain copies of the originals (--control: an A/A run)"
     else:
-        side = "the copies' page cache in 2 MiB folios" if way == "file" else "the runtime's anonymous copies"
+        side = {
+            "file": "the copies' page cache in 2 MiB folios",
+            "shared": "root's shared copies on a huge-page tmpfs (the copies' own filesystem gives no 2 MiB folios)",
+        }.get(str(way), "the runtime's anonymous copies")
     out.append(f"  the hugified side: {side}")
     out.append(
         f"  {result['rounds']} rounds of 3 runs (stopped: {result['stopped']}); "
@@ -152,10 +155,12 @@ def text(result: dict[str, Any]) -> str:
     out.append(f"  {'wall time':11} {interval(result['wall']):26} {interval(floor['wall']):26}")
     cov = result["coverage"]
     hugified, original = mib(cov["hugified_pmd_mapped"]), mib(cov["original_pmd_mapped"])
-    line = f"  code on huge pages: hugified {hugified}, original {original}"
+    line = f"  code on huge pages: hugified {hugified}, original {original} (the most in one process at one time)"
     if way == "anonymous":
         line += f"; anonymous copies held {mib(cov['anonymous_held'])}"
-    out.append(line + " (the most in one process at one time)")
+    if way == "shared" and cov.get("shared_held") is not None:
+        line += f"; shared copies held {mib(cov['shared_held'])} (once, whatever the number of processes)"
+    out.append(line)
     v = result["verified_runs"]
     short = any(x["seen"] < x["runs"] for x in v.values())
     out.append(

@@ -10,8 +10,10 @@
    `hugify tree` would, or found from an earlier run).
 5. The hugified side starts with the copies bind-mounted over their originals.
 6. The page cache is prepared (hugify.trial.pagecache). Where the copies' filesystem
-   gives no 2 MiB folios, the hugified side runs with the runtime's anonymous copies
-   instead (LD_AUDIT=libhugify-audit.so, HUGIFY_ANONYMOUS): said in the answer.
+   gives no 2 MiB folios, the hugified side maps its code from root's shared copies
+   (hugify.trial.sharedway; root only), else runs with the runtime's anonymous copies
+   (LD_AUDIT=libhugify-audit.so, HUGIFY_ANONYMOUS): said in the answer. --way picks
+   one of the three.
 7. One untimed run of each side, then rounds (hugify.abtest: A, A2, B in turn),
    each run watched (hugify.trial.watch), each round's exit statuses, outputs and
    --compare-files compared: a difference between the two originals' runs means the
@@ -41,6 +43,7 @@ from hugify.policy import Policy
 from hugify.trial import discover
 from hugify.trial.cache import Cache, CacheError, Copy, default_root
 from hugify.trial.pagecache import PageCache, cache_drops
+from hugify.trial.sharedway import Mounts, SharedWayError
 from hugify.trial.sides import Bind, NamespaceError, Result, Side
 from hugify.trial.watch import RunSampler, Seen, Watched
 
@@ -65,7 +68,7 @@ class Options:
     limits: abtest.Limits = field(default_factory=abtest.Limits)
     compare_files: list[str] = field(default_factory=list)
     cache_dir: Path | None = None
-    way: str = "auto"  # auto | file | anonymous
+    way: str = "auto"  # auto | file | anonymous | shared
     #: The A/A control: the hugified side gets plain copies of the originals.
     control: bool = False
     jobs: int = 1
@@ -188,7 +191,14 @@ class _Runner:
         side = self.sides[label]
         changed = label == abtest.CHANGED
         self.pages.before(changed)
-        sampler = RunSampler(side.pid, self.watched, self.hp, self.scan, anonymous=changed and self.way == "anonymous")
+        sampler = RunSampler(
+            side.pid,
+            self.watched,
+            self.hp,
+            self.scan,
+            anonymous=changed and self.way == "anonymous",
+            shared=self.pages.shared_copies() if changed and self.way == "shared" else {},
+        )
         out, err = self.scratch / f"{self.made}.stdout", self.scratch / f"{self.made}.stderr"
         drops = cache_drops()
         try:
@@ -228,6 +238,9 @@ class Trial:
         self.scratch: Path | None = None
         self.program = ""
         self.hp = pf.pmd_size()
+        self.mounts = Mounts()
+        #: The shared copies' store is mounted (root, --way auto or shared): their budget.
+        self.shared_budget: int | None = None
 
     def note(self, text: str) -> None:
         self.found["notes"].append(text)
@@ -248,6 +261,17 @@ class Trial:
             missing = pf.engine_missing(name)
             if missing:
                 raise TryError("no-engine", missing.removesuffix(" (no-engine)"))
+        if opts.way == "shared" and os.geteuid() != 0:
+            raise TryError(
+                "try-shared", "only root makes shared copies: run hugify try as root, or give --way anonymous"
+            )
+        if os.geteuid() == 0 and opts.way in ("auto", "shared"):
+            try:
+                self.mounts.enter()  # the tmpfs mounts of the shared way are this run's own
+            except SharedWayError as e:
+                if opts.way == "shared":
+                    raise TryError("try-shared", str(e)) from None
+                self.note(f"no shared copies: {e}")
         cache = Cache(opts.cache_dir or default_root(), opts.policy)
         try:
             self.scratch = cache.open()
@@ -261,6 +285,7 @@ class Trial:
         finally:
             for side in self.sides.values():
                 side.close()
+            self.mounts.close()
             if self.scratch:
                 shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -274,12 +299,16 @@ class Trial:
 
     def _compare(self, cache: Cache, engine: pf.Run) -> dict[str, Any]:
         assert self.scratch is not None
-        (self.scratch / "run").mkdir()
+        rdir = self.scratch / "run"
+        rdir.mkdir()
+        os.chmod(rdir, 0o755)  # the audit library takes shared copies only from a directory root's alone
         original = self._side("original", [])
         first = self._first_run(original)
         usable = self._copies(first, cache)
+        if self.mounts.entered:
+            usable = self._shared_store(usable, rdir)
         hugified = self._side("hugified", [Bind(c.file, c.original) for c in usable])
-        pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable])
+        pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
         b_env = self._prepare(pages, engine)
         watched = self._watched(usable)
         scan = engine.engine if engine.engine.has(pf.Engine.PAGEMAP_SCAN) else None
@@ -330,6 +359,24 @@ class Trial:
             raise TryError("nothing-to-try", self._nothing(copies, first), self.found)
         return usable
 
+    def _shared_store(self, usable: list[_Usable], rdir: Path) -> list[_Usable]:
+        """Root's shared copies' store, mounted before the hugified side starts
+        (hugify.trial.sharedway); with --way shared, the copies moved onto a tmpfs
+        without huge pages first. The objects under test, where the hugified side will
+        find them."""
+        assert self.scratch is not None
+        try:
+            if self.opts.way == "shared":
+                moved = self.mounts.plain(self.scratch / "plain", [c.file for c in usable])
+                usable = [_Usable(c.original, f) for c, f in zip(usable, moved, strict=True)]
+            self.shared_budget = self.mounts.store(rdir, [os.stat(c.file).st_size for c in usable])
+        except (SharedWayError, OSError) as e:
+            why = reasons.io_detail(e) if isinstance(e, OSError) else str(e)
+            if self.opts.way == "shared":
+                raise TryError("try-shared", why, self.found) from None
+            self.note(f"no shared copies: {why}")
+        return usable
+
     def _prepare(self, pages: PageCache, engine: pf.Run) -> dict[str, str]:
         """The page cache, and the hugified side's way and environment."""
         assert self.scratch is not None
@@ -345,16 +392,17 @@ class Trial:
             path: {"windows": len(t.windows), "huge": t.count(*pf.GOOD_STATES), "states": _states(t)}
             for path, t in prepared.windows.items()
         }
-        way = self.found["way"] = self._way(prepared.windows, engine)
+        way = self.found["way"] = self._way(prepared.windows, engine, pages)
         env = dict(self.opts.env)
-        if way == "anonymous":
+        if way in ("shared", "anonymous"):  # through the audit library, in the run's own runtime directory
             audit = pf.runtime_file(AUDIT_LIB)
             assert audit is not None
             env = discover.with_audit(env, audit) | {
-                "HUGIFY_ANONYMOUS": "always" if self.opts.way == "anonymous" else "1",
                 "HUGIFY_PERF_MAP": "0",  # no /tmp/perf-PID.map: nothing outside the cache
                 "HUGIFY_RUNTIME_DIR": str(self.scratch / "run"),
             }
+            if way == "anonymous":
+                env["HUGIFY_ANONYMOUS"] = "always" if self.opts.way == "anonymous" else "1"
         return env
 
     def _rounds(
@@ -462,15 +510,32 @@ class Trial:
             out.append(Watched(c.original, (so.st_dev, so.st_ino), (sc.st_dev, sc.st_ino), windows))
         return out
 
-    def _way(self, first: dict[str, pf.Target], engine: pf.Run) -> str:
+    def _way(self, first: dict[str, pf.Target], engine: pf.Run, pages: PageCache) -> str:
         """How the hugified side gets its huge pages: from the copies' page cache
-        (file), or from the runtime's anonymous copies where that cache cannot hold
-        2 MiB folios."""
+        (file); where that cache cannot hold 2 MiB folios, from root's shared copies
+        (shared), else from the runtime's anonymous copies."""
+        made = {p: o for p, o in pages.shared.outcomes.items() if o.state != "none"}
+        for path, o in pages.shared.outcomes.items():
+            if o.state == "none" and (made or self.opts.way == "shared"):
+                self.note(f"{path}: no shared copy: {o.detail} ({o.reason})")
+        if self.opts.way == "shared":
+            if not made:
+                none = next(iter(pages.shared.outcomes.values()), None)
+                why = f"{none.detail} ({none.reason})" if none else "no window of the copies wants one"
+                raise TryError("try-shared", f"no shared copy could be made: {why}", self.found)
+            return "shared"
         if self.opts.way != "auto":
             return self.opts.way
         windows = [w for t in first.values() for w in t.windows]
         if windows and all(w.state == pf.UNSUPPORTED for w in windows):
             why = next(iter(engine.unable_fs.values()), "the filesystem gives no 2 MiB folios")
+            if made:
+                self.note(f"the copies cannot be 2 MiB folios ({why}): the hugified side maps its code from root's "
+                          "shared copies")  # fmt: skip
+                return "shared"
+            refused = next(iter(pages.shared.outcomes.values()), None)
+            if self.shared_budget is not None and refused is not None:
+                self.note(f"no shared copies: {refused.detail} ({refused.reason})")
             self.note(
                 f"the copies cannot be 2 MiB folios ({why}): the hugified side uses the runtime's anonymous copies"
             )
@@ -608,6 +673,7 @@ class Trial:
                 "hugified_pmd_mapped": sum(s.pmd for s in seen["hugified"].values()),
                 "original_pmd_mapped": sum(s.pmd for s in seen["original"].values()),
                 "anonymous_held": anon_held if self.found.get("way") == "anonymous" else None,
+                "shared_held": pages.shared.held if self.found.get("way") == "shared" else None,
             },
             "verified_runs": {side: {"seen": v[0], "runs": v[1]} for side, v in verified.items()},
             "per_round": per_round,

@@ -112,9 +112,11 @@ def why_no_namespace(step: str, err: int) -> str:
     return f"{base}: the system does not let this user make one (a container's seccomp filter?); run as root"
 
 
-def _enter(binds: list[Bind]) -> None:
-    """Moves this process into a private mount namespace (inside a user namespace
-    unless root) and bind-mounts the copies; NamespaceError on any failure."""
+def own_namespace() -> None:
+    """Moves this process into a private mount namespace (inside a user namespace that
+    maps the user's own ids unless root) with propagation turned off: what it mounts
+    from then on is its own, seen by the processes it forks after, and ends with the
+    last of them. NamespaceError on any failure. A process with threads cannot do it."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
     flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
@@ -129,6 +131,13 @@ def _enter(binds: list[Bind]) -> None:
                 raise NamespaceError(why_no_namespace(f"/proc/self/{name}", e.errno or 1)) from None
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise NamespaceError(why_no_namespace("making / private", ctypes.get_errno()))
+
+
+def _enter(binds: list[Bind]) -> None:
+    """Moves this process into its own mount namespace and bind-mounts the copies;
+    NamespaceError on any failure."""
+    own_namespace()
+    libc = _libc()
     for b in binds:
         target = os.fsencode(b.target)
         if libc.mount(os.fsencode(b.copy), target, None, MS_BIND, None) != 0:

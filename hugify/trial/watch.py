@@ -8,8 +8,12 @@ under test, recognised by inode (so the bind-mounted copy and its original are t
 apart whatever path a process used): which of the two each process mapped,
 FilePmdMapped and Rss of their code (the most in one process at one time), and, where
 the kernel has PAGEMAP_SCAN (Linux 6.7), which of the copy's huge-page windows a
-process had PMD-mapped or executed on small pages. With the runtime's anonymous copies
-it also records the AnonHugePages they held (hugify.anoncopies).
+process had PMD-mapped or executed on small pages (a window a process had small and
+later huge counts as huge: the audit library's probe faults a window in small pages
+before it maps the window from a shared copy). With the runtime's anonymous copies
+it also records the AnonHugePages they held (hugify.anoncopies). Root's shared copies
+(the shared way) count as the copy they were made of, their ShmemPmdMapped as its
+huge pages.
 
 A process that lives less than SAMPLE_INTERVAL may be missed; the counts say how many
 samples saw anything.
@@ -71,7 +75,8 @@ def vma_header(line: str) -> Vma | None:
 
 def read_smaps(pid: int, inodes: set[int]) -> list[tuple[Vma, dict[str, int]]]:
     """The mappings of the given inodes, with their smaps sizes in bytes (Rss,
-    FilePmdMapped, AnonHugePages). OSError if the process is gone or unreadable."""
+    FilePmdMapped, ShmemPmdMapped, AnonHugePages). OSError if the process is gone or
+    unreadable."""
     out: list[tuple[Vma, dict[str, int]]] = []
     sizes: dict[str, int] | None = None
     with open(f"/proc/{pid}/smaps") as f:
@@ -82,7 +87,7 @@ def read_smaps(pid: int, inodes: set[int]) -> list[tuple[Vma, dict[str, int]]]:
                 if v.inode in inodes:
                     sizes = {}
                     out.append((v, sizes))
-            elif sizes is not None and line.startswith(("Rss:", "FilePmdMapped:", "AnonHugePages:")):
+            elif sizes is not None and line.startswith(("Rss:", "FilePmdMapped:", "ShmemPmdMapped:", "AnonHugePages:")):
                 key, value = line.split(":", 1)
                 sizes[key] = int(value.split()[0]) * 1024
     return out
@@ -170,7 +175,7 @@ class Seen:
     """What the processes of one side mapped of one object."""
 
     mapped: set[str] = field(default_factory=set)  # "original", "copy"
-    pmd: int = 0  # most FilePmdMapped of its code in one process at one time
+    pmd: int = 0  # most FilePmdMapped (ShmemPmdMapped) of its code in one process at one time
     rss: int = 0  # most resident code in one process at one time
     huge: set[int] = field(default_factory=set)  # windows seen PMD-mapped
     small: set[int] = field(default_factory=set)  # windows seen executed on small pages
@@ -188,27 +193,49 @@ class Seen:
 class RunSampler(Sampler):
     """A timed run's: the objects under test (see the module's docstring)."""
 
-    def __init__(self, root: int, objects: list[Watched], hp: int, scan: Engine | None, anonymous: bool) -> None:
+    def __init__(
+        self,
+        root: int,
+        objects: list[Watched],
+        hp: int,
+        scan: Engine | None,
+        *,
+        anonymous: bool,
+        shared: dict[tuple[int, int], str] | None = None,
+    ) -> None:
+        """`shared`: root's shared copies, (device, inode) -> the path of the copy they
+        are of (Watched.copy's file)."""
         super().__init__(root)
         self.objects = objects
         self.hp = hp
         self.scan = scan
         self.anonymous = anonymous
-        self.by_inode: dict[int, list[tuple[Watched, str]]] = {}
+        self.by_inode: dict[int, list[tuple[Watched, str, tuple[int, int]]]] = {}
         for o in objects:
-            self.by_inode.setdefault(o.original[1], []).append((o, "original"))
-            self.by_inode.setdefault(o.copy[1], []).append((o, "copy"))
+            self.by_inode.setdefault(o.original[1], []).append((o, "original", o.original))
+            self.by_inode.setdefault(o.copy[1], []).append((o, "copy", o.copy))
+        copy_of = {o.copy: o for o in objects}
+        for identity, path in (shared or {}).items():
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            of = copy_of.get((st.st_dev, st.st_ino))
+            if of is not None:
+                self.by_inode.setdefault(identity[1], []).append((of, "copy", identity))
         self.seen: dict[str, Seen] = {o.name: Seen() for o in objects}
+        #: (object, window) -> the processes seen with it small and not huge since.
+        self.small_pids: dict[tuple[str, int], set[int]] = {}
         self.anon_held = 0  # most AnonHugePages of the runtime's copies in one process at one time
         self.copied_in: set[int] = set()
 
     def _which(self, v: Vma) -> tuple[Watched, str] | None:
         found = self.by_inode.get(v.inode, [])
-        exact = [(o, kind) for o, kind in found if (o.original if kind == "original" else o.copy) == (v.dev, v.inode)]
+        exact = [(o, kind) for o, kind, identity in found if identity == (v.dev, v.inode)]
         if exact:
             return exact[0]
         # btrfs: stat's st_dev is the subvolume's, maps shows the filesystem's
-        return found[0] if len(found) == 1 else None
+        return found[0][:2] if len(found) == 1 else None
 
     def look(self, pid: int) -> None:
         per: dict[str, tuple[int, int]] = {}
@@ -222,7 +249,8 @@ class RunSampler(Sampler):
             if not v.executable:
                 continue
             pmd, rss = per.get(o.name, (0, 0))
-            per[o.name] = (pmd + sizes.get("FilePmdMapped", 0), rss + sizes.get("Rss", 0))
+            huge = sizes.get("FilePmdMapped", 0) + sizes.get("ShmemPmdMapped", 0)
+            per[o.name] = (pmd + huge, rss + sizes.get("Rss", 0))
             if kind == "copy" and self.scan and o.windows and not self.anonymous:
                 self._scan(pid, o, v, s)
         for name, (pmd, rss) in per.items():
@@ -253,8 +281,15 @@ class RunSampler(Sampler):
             if w < v.offset or lo + hp > v.end:
                 continue
             hit = [(a, b, c) for a, b, c in regions if a < lo + hp and b > lo]
+            pids = self.small_pids.setdefault((o.name, w), set())
             if any(c & Engine.PAGE_IS_HUGE and a <= lo and b >= lo + hp for a, b, c in hit):
                 s.huge.add(w)
+                pids.discard(pid)
             elif hit:
+                pids.add(pid)
+            if pids:
                 s.small.add(w)
-                s.small_in.setdefault(w, f"pid {pid}")
+                s.small_in[w] = f"pid {min(pids)}"
+            else:
+                s.small.discard(w)
+                s.small_in.pop(w, None)
