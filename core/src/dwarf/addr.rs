@@ -3,8 +3,8 @@
 //! with headers; the GNU split-DWARF extension of DWARF 4 has no headers at all.
 
 use super::info::UnitInfo;
+use super::unit::Unit;
 use super::{Edits, Refs, Sections};
-use crate::elf::read_u32;
 use crate::error::{Error, Reason, Result};
 use crate::plan::AddrMap;
 
@@ -54,28 +54,24 @@ pub(crate) fn repair(
     if !v5 {
         return entries(0, data.len() as u64, asz);
     }
-    let bad = |at: u64, what: &str| Error::new(Reason::BadDwarf, format!(".debug_addr at {at:#x}: {what}"));
     let mut at = 0u64;
     while at < data.len() as u64 {
-        let mut length = u64::from(read_u32(data, at).map_err(|_| bad(at, "truncated header"))?);
-        let mut header = 4;
-        if length == 0xffff_ffff {
-            length = crate::elf::read_u64(data, at + 4).map_err(|_| bad(at, "truncated header"))?;
-            header = 12;
+        let unit = Unit::at(data, at, ".debug_addr", "contribution")?;
+        let version = unit.version()?;
+        if version != 5 {
+            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_addr at {at:#x}: version {version}")));
         }
-        let end = (at + header)
-            .checked_add(length)
-            .filter(|&e| e <= data.len() as u64)
-            .ok_or_else(|| bad(at, "contribution runs past the section end"))?;
-        let version =
-            data.get((at + header) as usize..(at + header + 2) as usize).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let (Some(5), Some(&asz), Some(&0)) =
-            (version, data.get((at + header + 2) as usize), data.get((at + header + 3) as usize))
-        else {
-            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_addr at {at:#x}: unsupported header")));
-        };
-        entries(at + header + 4, end, asz)?;
-        at = end;
+        // The version, address_size, segment_selector_size.
+        let sizes = unit.header(2, 2)?;
+        let (asz, segment_selector_size) = (sizes[0], sizes[1]);
+        if segment_selector_size != 0 {
+            return Err(Error::new(
+                Reason::UnsupportedDwarf,
+                format!(".debug_addr at {at:#x}: segment selector size {segment_selector_size}"),
+            ));
+        }
+        entries(unit.fields + 4, unit.end, asz)?;
+        at = unit.end;
     }
     Ok(())
 }
@@ -143,5 +139,30 @@ mod tests {
         let cases =
             [(version_4.0, Reason::UnsupportedDwarf), (overrun.0, Reason::BadDwarf), (vec![1, 0], Reason::BadDwarf)];
         assert_refused(&cases, |data| walk(data, &[unit(5, 8)], &Refs::default(), 0));
+    }
+
+    #[test]
+    fn a_contribution_too_short_for_its_header_is_refused_not_read_from_the_next() {
+        // Lengths of 0 (no version) and 2 (a version, no sizes), 32-bit and 64-bit,
+        // each followed by a well-formed contribution whose bytes must not be borrowed.
+        let short = |initial: &[u8], fields: &[u8]| {
+            let mut b = Bytes::new();
+            b.raw(initial);
+            b.raw(fields);
+            contribution(&mut b, 8, &[0x1000]);
+            b.0
+        };
+        let dwarf64 = |length: u64| [&[0xff; 4][..], &length.to_le_bytes()].concat();
+        let cases = [
+            short(&0u32.to_le_bytes(), &[]),
+            short(&2u32.to_le_bytes(), &[5, 0]),
+            short(&3u32.to_le_bytes(), &[5, 0, 8]),
+            short(&dwarf64(2), &[5, 0]),
+        ];
+        for (i, data) in cases.iter().enumerate() {
+            let e = walk(data, &[unit(5, 8)], &Refs::default(), 0).unwrap_err();
+            assert_eq!(e.reason, Reason::BadDwarf, "case {i}: {}", e.detail);
+            assert!(e.detail.contains("header longer than the contribution"), "case {i}: {}", e.detail);
+        }
     }
 }

@@ -1,45 +1,35 @@
 //! `.debug_aranges`: sets of (address, length) tuples after a header; the tuples
 //! start at a multiple of their own size from the set's start.
 
+use super::unit::Unit;
 use super::{Edits, Sections};
-use crate::elf::{align_up, read_u16, read_u32, read_u64};
+use crate::elf::{align_up, read_u32, read_u64};
 use crate::error::{Error, Reason, Result};
 use crate::plan::AddrMap;
 
 pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<()> {
     let Some(sec) = secs.id(".debug_aranges") else { return Ok(()) };
     let data = secs.data(sec);
-    let bad = |at: u64, what: &str| Error::new(Reason::BadDwarf, format!(".debug_aranges at {at:#x}: {what}"));
-    let len = data.len() as u64;
     let mut set = 0u64;
-    while set < len {
-        let mut length = u64::from(read_u32(data, set).map_err(|_| bad(set, "truncated header"))?);
-        let (mut pos, offset_size) = (set + 4, 4);
-        let offset_size = if length == 0xffff_ffff {
-            length = read_u64(data, pos).map_err(|_| bad(set, "truncated header"))?;
-            pos += 8;
-            8
-        } else {
-            offset_size
-        };
-        let end =
-            pos.checked_add(length).filter(|&e| e <= len).ok_or_else(|| bad(set, "set runs past the section end"))?;
-        let version = read_u16(data, pos).map_err(|_| bad(set, "truncated header"))?;
+    while set < data.len() as u64 {
+        let unit = Unit::at(data, set, ".debug_aranges", "set")?;
+        let version = unit.version()?;
         if version != 2 {
             return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_aranges at {set:#x}: version {version}")));
         }
-        pos += 2 + offset_size;
-        let (asz, seg) =
-            (*data.get(pos as usize).ok_or_else(|| bad(set, "truncated header"))?, data.get(pos as usize + 1));
-        if seg != Some(&0) || !matches!(asz, 4 | 8) {
+        // The version, debug_info_offset, address_size, segment_selector_size.
+        let header = 2 + unit.offset_size + 2;
+        let sizes = unit.header(header - 2, 2)?;
+        let (asz, seg) = (sizes[0], sizes[1]);
+        if seg != 0 || !matches!(asz, 4 | 8) {
             return Err(Error::new(
                 Reason::UnsupportedDwarf,
                 format!(".debug_aranges at {set:#x}: address size {asz}"),
             ));
         }
         let tuple = 2 * u64::from(asz);
-        let mut at = set + align_up(pos + 2 - set, tuple);
-        while at + tuple <= end {
+        let mut at = set + align_up(unit.fields + header - set, tuple);
+        while at + tuple <= unit.end {
             let addr = if asz == 8 { read_u64(data, at)? } else { u64::from(read_u32(data, at)?) };
             let size = if asz == 8 { read_u64(data, at + 8)? } else { u64::from(read_u32(data, at + 4)?) };
             if addr == 0 && size == 0 {
@@ -48,7 +38,7 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
             ed.address(map, sec, at, addr, asz)?;
             at += tuple;
         }
-        set = end;
+        set = unit.end;
     }
     Ok(())
 }
@@ -123,5 +113,38 @@ mod tests {
             (vec![0, 0], Reason::BadDwarf),
         ];
         assert_refused(&cases, walk);
+    }
+
+    #[test]
+    fn a_set_too_short_for_its_header_is_refused_not_read_from_the_next() {
+        // A well-formed set follows; a short set's header must not borrow its bytes.
+        let next = |b: &mut Bytes| {
+            let len = set(b, 2, 8, 0);
+            b.u64(0x1000);
+            b.u64(0x10);
+            b.u64(0);
+            b.u64(0);
+            b.end_length(len);
+        };
+        // Lengths of 0 (no version), 2 (a version, no offset or sizes) and 7 (no
+        // segment selector size), 32-bit and 64-bit.
+        let short = |length: u32, fields: &[u8]| {
+            let mut b = Bytes::new();
+            b.u32(length);
+            b.raw(fields);
+            next(&mut b);
+            b.0
+        };
+        let mut dwarf64 = Bytes::new();
+        dwarf64.u32(0xffff_ffff);
+        dwarf64.u64(2);
+        dwarf64.u16(2);
+        next(&mut dwarf64);
+        let cases = [short(0, &[]), short(2, &[2, 0]), short(7, &[2, 0, 0, 0, 0, 0, 8]), dwarf64.0];
+        for (i, data) in cases.iter().enumerate() {
+            let e = walk(data).unwrap_err();
+            assert_eq!(e.reason, Reason::BadDwarf, "case {i}: {}", e.detail);
+            assert!(e.detail.contains("header longer than the set"), "case {i}: {}", e.detail);
+        }
     }
 }

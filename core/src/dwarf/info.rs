@@ -357,4 +357,23 @@ mod tests {
         ];
         assert_refused(&cases, walk);
     }
+
+    /// gimli reads a unit header from the unit's own bytes (it splits the unit off
+    /// at its length first); this pins that a unit too short for its header is
+    /// refused rather than completed from the next unit's bytes.
+    #[test]
+    fn a_unit_too_short_for_its_header_is_refused() {
+        let next = framed(
+            |b| unit_v4(b, 4, 8),
+            |b| {
+                b.uleb(5);
+                b.u64(0x1000);
+            },
+        );
+        walk(&next).unwrap();
+        let short = |fields: &[u8]| [&(fields.len() as u32).to_le_bytes()[..], fields, &next].concat();
+        // A version and no more, and a DWARF 5 header missing its abbreviation offset.
+        let cases = [(short(&[4, 0]), Reason::BadDwarf), (short(&[5, 0, 1, 8]), Reason::BadDwarf)];
+        assert_refused(&cases, walk);
+    }
 }

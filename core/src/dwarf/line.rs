@@ -247,4 +247,23 @@ mod tests {
         ];
         assert_refused(&cases, walk);
     }
+
+    /// gimli reads a line program header from the program's own bytes (it splits
+    /// the unit off at its length, then the header at header_length); this pins
+    /// that a program too short for its header is refused rather than completed
+    /// from the next program's bytes.
+    #[test]
+    fn a_program_too_short_for_its_header_is_refused() {
+        let mut next = Bytes::new();
+        let (len, _) = header_v4(&mut next);
+        set_address(&mut next, 0x1000, 8);
+        end_sequence(&mut next);
+        next.end_length(len);
+        walk(&next.0).unwrap();
+        // A unit of 2 bytes (a version only), and one of 6 whose header_length says
+        // the header goes on past the unit's end.
+        let short = |fields: &[u8]| [&(fields.len() as u32).to_le_bytes()[..], fields, &next.0].concat();
+        let cases = [(short(&[4, 0]), Reason::BadDwarf), (short(&[4, 0, 30, 0, 0, 0]), Reason::BadDwarf)];
+        assert_refused(&cases, walk);
+    }
 }

@@ -21,6 +21,7 @@ mod lists;
 mod sections;
 #[cfg(test)]
 pub(crate) mod testbytes;
+mod unit;
 
 use crate::elf::consts::PT_TLS;
 use crate::elf::Elf;
