@@ -186,6 +186,12 @@ def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Stat
                         "bytes": int(_need(f, "exposed_bytes", where)),
                         "sections": dict(_need(f, "exposed_sections", where)),
                     },
+                    # The program header table left e_phoff (dwz and eu-strip zero it there).
+                    # Reports written before the field existed say nothing, so neither does
+                    # their statement.
+                    **(
+                        {"phdr_table_displaced": bool(f["phdr_table_displaced"])} if "phdr_table_displaced" in f else {}
+                    ),
                 },
                 "shipped": {"build_id": _shipped_build_id(root / present[0].lstrip("/"), huge_page)},
             }

@@ -214,6 +214,9 @@ class FileReport(TypedDict):
     #: Bytes made executable that were not (policy exposure_limit), and where they lie.
     exposed_bytes: NotRequired[int]
     exposed_sections: NotRequired[dict[str, int]]
+    #: The program header table left e_phoff for a gap between sections (dwz and
+    #: eu-strip zero it there): a distribution must be able to find such files.
+    phdr_table_displaced: NotRequired[bool]
     build_id_before: NotRequired[str | None]
     build_id_after: NotRequired[str | None]
     sha256_before: NotRequired[str | None]
@@ -293,6 +296,7 @@ class Outcome(NamedTuple):
                     "coverage": round(res["covered_code"] / code, 4) if code else 0.0,
                     "exposed_bytes": res["exposed_read_only"],
                     "exposed_sections": res["exposed_sections"],
+                    "phdr_table_displaced": res["phdr_table_displaced"],
                     "huge_page": self.report["huge_page"],
                     "build_id_before": self.report["build_id"],
                     "build_id_after": res["build_id"],
