@@ -282,6 +282,11 @@ def copy_problem(store: int, rec: Record, original: os.stat_result | None) -> tu
     return None
 
 
+def memory_for(size: int) -> int:
+    """Bytes of tmpfs a copy of a file of `size` bytes takes: whole pages."""
+    return -(-size // 4096) * 4096
+
+
 def held(store: int, rec: Record) -> int:
     """Bytes of memory the copy holds (its tmpfs blocks)."""
     try:
@@ -552,7 +557,7 @@ class _Settling:
                 return Outcome("kept", copy=str(where / rec.name), held=size)
         if not src.before.st_mode & stat.S_IROTH:
             return Outcome("none", "copy-private", "not readable by everyone: a copy would show it to every user")
-        need = -(-src.before.st_size // 4096) * 4096
+        need = memory_for(src.before.st_size)
         if self.used + need > self.budget:
             return Outcome(
                 "none",

@@ -1,4 +1,4 @@
-"""The shared way of `hugify try` (docs/try.md, "How the hugified side gets huge pages").
+"""The shared way of `hugify try` (docs/try.md, "What it does", the page cache).
 
 Where the filesystem gives files no 2 MiB folios (ext4 before Linux 6.16, btrfs), a
 machine's hugified code is mapped from root's shared copies: one copy of each file on a
@@ -19,7 +19,7 @@ run it:
 
 The shared copies are the comparison's own, held while it runs; the policy's
 runtime.shared_budget is for a machine's lasting copies, so the store is sized for
-every file under test instead (said in the answer).
+every file under test instead (docs/try.md says so; the answer gives what they held).
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ class SharedWayError(Exception):
     """The shared way cannot be had here: one line saying why."""
 
 
-def _page_rounded(size: int) -> int:
-    return -(-size // 4096) * 4096
-
-
 class Mounts:
     """The tmpfs mounts of one comparison, unmounted (detached) by close()."""
 
@@ -65,7 +61,7 @@ class Mounts:
         """Mounts the copies' store in `rdir`, sized for files of `sizes`; the budget
         the copies are kept within. SharedWayError if it cannot be mounted or gives no
         huge pages."""
-        budget = sum(_page_rounded(s) for s in sizes)
+        budget = sum(shared.memory_for(s) for s in sizes)
         try:
             shared.ensure_mounted(rdir, budget)
         except shared.Refused as e:
@@ -76,7 +72,7 @@ class Mounts:
     def plain(self, where: Path, copies: list[Path]) -> list[Path]:
         """The copies, copied onto a tmpfs without huge pages mounted on `where` (one
         directory each, the file keeps its name and mode); their paths there."""
-        size = sum(_page_rounded(os.stat(c).st_size) for c in copies) + SLACK
+        size = sum(shared.memory_for(os.stat(c).st_size) for c in copies) + SLACK
         where.mkdir(mode=0o755)
         opts = f"mode=0755,uid=0,gid=0,huge=never,size={size}"
         libc = ctypes.CDLL(None, use_errno=True)
