@@ -174,10 +174,17 @@ def mount_of(path: Path) -> Mount | None:
     return found
 
 
-def ensure_mounted(rdir: Path, size: int) -> Mount:
-    """The tmpfs of the copies, mounted now (as root with CAP_SYS_ADMIN) if it is not.
-    Refused if there is none and it cannot be mounted (the boot service's sandbox may not
-    mount: run-hugify-shared.mount does), or the one there gives no huge pages."""
+def mount_size(budget: int) -> int:
+    """The tmpfs's size= for a budget: the copies' and the records' room."""
+    return budget + MOUNT_SLACK
+
+
+def ensure_mounted(rdir: Path, budget: int) -> Mount:
+    """The tmpfs of the copies, mounted now (as root with CAP_SYS_ADMIN) if it is not,
+    sized for `budget`. Refused if there is none and it cannot be mounted (the boot
+    service's sandbox may not mount: run-hugify-shared.mount does), or the one there
+    gives no huge pages or has no size (a tmpfs counts the memory it holds only when
+    bounded: the budget is kept with that count)."""
     where = shared_dir(rdir)
     m = mount_of(where)
     if m is None:
@@ -186,7 +193,7 @@ def ensure_mounted(rdir: Path, size: int) -> Mount:
         except OSError as e:
             raise Refused("shared-unavailable", f"cannot make {where}: {reasons.io_detail(e, with_file=False)}") from e
         libc = ctypes.CDLL(None, use_errno=True)
-        opts = f"{MOUNT_OPTIONS},size={size + MOUNT_SLACK}"
+        opts = f"{MOUNT_OPTIONS},size={mount_size(budget)}"
         rc = libc.mount(MOUNT_SOURCE.encode(), os.fsencode(where), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode())
         if rc != 0:
             err = ctypes.get_errno()
@@ -198,6 +205,12 @@ def ensure_mounted(rdir: Path, size: int) -> Mount:
         raise Refused(
             "shared-unavailable",
             f"the tmpfs on {where} is mounted with huge={m.huge}: its files get no huge pages (needs huge=within_size)",
+        )
+    if not m.size:
+        raise Refused(
+            "shared-unavailable",
+            f"the tmpfs on {where} is mounted without size=: what its copies hold cannot be counted "
+            "against runtime.shared_budget",
         )
     return m
 
@@ -515,6 +528,40 @@ def settle(rdir: Path, engine: Engine, targets: Iterable[Target], budget: int, c
     return report
 
 
+def tmpfs_used(store: int) -> int | None:
+    """Bytes of memory the store's tmpfs holds: every file in it, and every file removed
+    from it that a process still maps or holds open (freed when the last lets go). None
+    where the tmpfs has no size (it counts nothing then)."""
+    st = os.fstatvfs(store)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize if st.f_blocks else None
+
+
+def in_store(store: int) -> int:
+    """Bytes of memory the files present in the store hold (copies, records, what a run
+    left)."""
+    total = 0
+    for entry in os.scandir(store):
+        if entry.is_dir(follow_symlinks=False):
+            d = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
+            try:
+                total += sum(e.stat(follow_symlinks=False).st_blocks * 512 for e in os.scandir(d))
+            finally:
+                os.close(d)
+        else:
+            total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+@dataclass
+class _Want:
+    """A file that wants a copy, as planned: its copy kept, or one to make."""
+
+    target: Target
+    src: Original
+    kept: Record | None  # its usable copy, or None: one is to be made
+    size: int  # bytes it holds or will
+
+
 @dataclass
 class _Settling:
     store: int
@@ -522,57 +569,94 @@ class _Settling:
     engine: Engine
     budget: int
     report: Report
-    used: int = 0
+    #: Bytes that copies removed from the store still hold (processes map them).
+    removed: int = 0
 
     def run(self, targets: list[Target], want: list[Target], complete: bool) -> None:
+        """Plans in the run's order what the budget holds, beside what the run leaves
+        alone (copies of files it did not see) and what copies removed while mapped
+        still hold; drops every other copy; then makes the planned ones in order, each
+        only if the budget, measured again, still holds it."""
         have = records(self.store)
-        keep: set[str] = set()
-        for t in want:
-            identity = self.engine.file_id(t.fd)
-            if identity is None:
-                self.report.outcomes[t.path] = Outcome("none", "no-file", "its mapping names no inode")
-                continue
-            src = Original(t.fd, t.path, identity, tuple(w.offset for w in t.windows), os.fstat(t.fd), t.hp)
-            outcome = self.one(src, have)
-            self.report.outcomes[t.path] = outcome
-            if outcome.state != "none":
-                keep.add(key_of(identity))
         seen = {key_of(i) for i in (self.engine.file_id(t.fd) for t in targets if t.fd >= 0) if i}
-        for key, rec in have.items():
-            if key in keep:
+        stays = {
+            key: held(self.store, rec)
+            for key, rec in have.items()
+            if key not in seen and not complete and copy_problem(self.store, rec, _stat_original(rec)) is None
+        }
+        outcomes: dict[str, Outcome] = {}
+        self.removed = self._removed_but_held()
+        used = self.removed + sum(stays.values())
+        plan: list[_Want] = []
+        for t in want:
+            w = self.plan(t, have, outcomes)
+            if w is None:
                 continue
-            if key in seen or complete or copy_problem(self.store, rec, _stat_original(rec)) is not None:
-                drop(self.store, key)
-                self.report.dropped.append(rec.path)
+            if used + w.size > self.budget:
+                outcomes[t.path] = self._over(used, w.size)
+                continue
+            used += w.size
+            plan.append(w)
+        keep = {key_of(w.src.identity) for w in plan if w.kept is not None}
+        remade = {key_of(w.src.identity) for w in plan if w.kept is None}
+        for key, rec in have.items():
+            if key not in stays and key not in keep:
+                drop(self.store, key)  # first: what it frees is room for the copies to make
+                if key not in remade:
+                    self.report.dropped.append(rec.path)
+        self.removed = self._removed_but_held()
+        used = self.removed + sum(stays.values()) + sum(w.size for w in plan if w.kept is not None)
+        for w in plan:
+            if w.kept is not None:
+                copy = shared_dir(self.rdir) / w.kept.key / w.kept.name
+                outcomes[w.target.path] = Outcome("kept", copy=str(copy), held=w.size)
+            elif used + w.size > self.budget:
+                outcomes[w.target.path] = self._over(used, w.size)
+            else:
+                outcomes[w.target.path] = self.make(w)
+                used += outcomes[w.target.path].held
+        self.report.outcomes.update((t.path, outcomes[t.path]) for t in want)
 
-    def one(self, src: Original, have: dict[str, Record]) -> Outcome:
-        """Keeps the file's copy, or makes one."""
-        key = key_of(src.identity)
-        rec = have.get(key)
-        where = shared_dir(self.rdir) / key
-        if rec is not None and copy_problem(self.store, rec, src.before) is None and self._huge(rec, src.offsets):
-            size = held(self.store, rec)
-            if self.used + size <= self.budget:
-                self.used += size
-                return Outcome("kept", copy=str(where / rec.name), held=size)
-        if not src.before.st_mode & stat.S_IROTH:
-            return Outcome("none", "copy-private", "not readable by everyone: a copy would show it to every user")
-        need = memory_for(src.before.st_size)
-        if self.used + need > self.budget:
-            return Outcome(
-                "none",
-                "shared-budget",
-                f"the copies hold {self.used >> 20} MiB; {need >> 20} MiB more would pass runtime.shared_budget "
-                f"({self.budget >> 20} MiB)",
+    def plan(self, t: Target, have: dict[str, Record], outcomes: dict[str, Outcome]) -> _Want | None:
+        """What the file's copy takes: its copy kept, if usable, or one to make; None
+        (its outcome said) if it can have none."""
+        identity = self.engine.file_id(t.fd)
+        if identity is None:
+            outcomes[t.path] = Outcome("none", "no-file", "its mapping names no inode")
+            return None
+        before = os.fstat(t.fd)
+        src = Original(t.fd, t.path, identity, tuple(w.offset for w in t.windows), before, t.hp)
+        rec = have.get(key_of(identity))
+        if rec is not None and copy_problem(self.store, rec, before) is None and self._huge(rec, src.offsets):
+            return _Want(t, src, rec, held(self.store, rec))
+        if not before.st_mode & stat.S_IROTH:
+            outcomes[t.path] = Outcome(
+                "none", "copy-private", "not readable by everyone: a copy would show it to every user"
             )
+            return None
+        return _Want(t, src, None, memory_for(before.st_size))
+
+    def make(self, w: _Want) -> Outcome:
+        """Writes the planned copy."""
         try:
-            rec = write_copy(self.store, self.engine, src)
+            rec = write_copy(self.store, self.engine, w.src)
         except Refused as e:
             return Outcome("none", e.reason, e.detail)
-        have[key] = rec
-        size = held(self.store, rec)
-        self.used += size
-        return Outcome("made", copy=str(where / rec.name), held=size)
+        where = shared_dir(self.rdir) / rec.key
+        return Outcome("made", copy=str(where / rec.name), held=held(self.store, rec))
+
+    def _removed_but_held(self) -> int:
+        used = tmpfs_used(self.store)
+        return max(0, used - in_store(self.store)) if used is not None else 0
+
+    def _over(self, used: int, need: int) -> Outcome:
+        of_them = f" ({self.removed >> 20} MiB of them removed but still mapped)" if self.removed >> 20 else ""
+        return Outcome(
+            "none",
+            "shared-budget",
+            f"the copies hold {used >> 20} MiB{of_them}; {need >> 20} MiB more would pass runtime.shared_budget "
+            f"({self.budget >> 20} MiB)",
+        )
 
     def _huge(self, rec: Record, offsets: tuple[int, ...]) -> bool:
         """Whether every window of a recorded copy is still one PMD (one split, or swapped

@@ -238,6 +238,77 @@ def test_the_budget_fills_in_order_and_the_rest_stays_as_today(env: Env):
     assert result(got.stdout) == plain(env)
 
 
+def store_holds(e: Env) -> int:
+    """Bytes of memory the copies' tmpfs holds, as the kernel counts it: its files and
+    those removed from it that processes still map."""
+    st = os.statvfs(e.store)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_the_budget_bounds_every_copy_the_store_holds(env: Env):
+    """Two runs of `hugify prefetch FILE`, each for one file whose copy fits the budget
+    alone, both together not: the second makes none (the first's copy, of a file this
+    run did not see, is kept and counted), and the store holds at most the budget and a
+    page per record. On the old code each run counted only its own copies: the store
+    held both (10 MiB under an 8 MiB budget)."""
+    budget = max(shared.memory_for(f.stat().st_size) for f in (env.progs.lib, env.progs.plug)) + (1 << 20)
+    assert sum(shared.memory_for(f.stat().st_size) for f in (env.progs.lib, env.progs.plug)) > budget
+    policy = f"[runtime]\nshared_budget = {budget}\n"
+    first = prefetch(env, env.progs.lib, policy=policy)
+    assert "shared copy made" in first.stdout, first.stdout + first.stderr
+    second = prefetch(env, env.progs.plug, policy=policy)
+    assert store_holds(env) <= budget + len(copies_of(env)) * 4096, (store_holds(env), budget)
+    assert "(shared-budget)" in second.stdout, second.stdout + second.stderr
+    assert set(copies_of(env)) == {os.path.realpath(env.progs.lib)}
+
+
+def test_a_copy_removed_while_mapped_counts_until_its_memory_is_freed(env: Env):
+    """The library's copy, mapped by a running process, goes stale (its original
+    written in place) and is dropped: its memory stays held until the process exits,
+    so a new copy that would pass the budget beside it waits (shared-budget, the line
+    saying what the removed copy holds), and is made once the process is gone. On the
+    old code the new copy was made at once: the store held both, twice the budget."""
+    plug = env.progs.plug
+    budget = shared.memory_for(plug.stat().st_size) + (1 << 20)
+    policy = f"[runtime]\nshared_budget = {budget}\n"
+    assert "shared copy made" in prefetch(env, plug, policy=policy).stdout
+    (rec,) = copies_of(env).values()
+    p = waiting(env)
+    try:
+        assert str(env.store / rec.key / rec.name) in Path(f"/proc/{p.pid}/maps").read_text()
+        with plug.open("r+b") as fh:  # same inode, same bytes: a write in place
+            byte = fh.read(1)
+            fh.seek(0)
+            fh.write(byte)
+        again = prefetch(env, plug, policy=policy)
+        assert store_holds(env) <= budget, (store_holds(env), budget)
+        assert re.search(r"no shared copy: .*MiB of them removed but still mapped.*\(shared-budget\)", again.stdout), (
+            again.stdout + again.stderr
+        )
+        assert copies_of(env) == {}
+    finally:
+        finish(p)
+    last = prefetch(env, plug, policy=policy)
+    assert "shared copy made" in last.stdout, last.stdout + last.stderr
+    assert store_holds(env) <= budget + 4096
+
+
+def test_the_tmpfs_hugify_mounts_is_sized_by_the_policy(env: Env):
+    budget = 24 << 20
+    assert prefetch(env, env.progs.plug, policy=f"[runtime]\nshared_budget = {budget}\n").returncode == 0
+    mount = shared.mount_of(env.store)
+    assert mount is not None and mount.size == budget + shared.MOUNT_SLACK, mount
+
+
+def test_a_tmpfs_without_a_size_is_not_used(env: Env):
+    """A tmpfs without size= counts none of the memory it holds (statfs says nothing):
+    the budget could not be kept, so no copy is made there."""
+    mount_tmpfs(env.store, "mode=0755,huge=within_size")
+    res = prefetch(env)
+    assert "mounted without size=" in res.stdout and "(shared-unavailable)" in res.stdout, res.stdout
+    assert not list(env.store.iterdir())
+
+
 def test_shared_off_drops_every_copy(env: Env):
     assert prefetch(env).returncode == 0
     res = prefetch(env, policy='[runtime]\nshared = "off"\n')
