@@ -8,8 +8,9 @@ huge pages; the audit library maps the file's code windows from it in every proc
 build-id and symbols of the mapped file and core dumps name it as before.
 
 This module mounts the tmpfs where it may, writes, keeps and drops the copies and their
-records within the policy's budget, in the order it is given the files (the boot's
-order), and says what the copies hold for `hugify status`. Every file it creates is
+records — only of files every user may read already ("who may read an original" below),
+within the policy's budget of all the memory the store holds, in the order it is given
+the files (the boot's order) — and says what the copies hold for `hugify status`. Every file it creates is
 made under a name no reader looks at and renamed into place whole; the directory is
 locked for one run at a time.
 """
@@ -23,8 +24,9 @@ import fcntl
 import hashlib
 import os
 import stat
+import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -254,6 +256,160 @@ def _fs_type(fd: int) -> int:
     return int(buf.f_type) & 0xFFFFFFFF
 
 
+# --- who may read an original --------------------------------------------------------
+#
+# A copy is 0444 in directories every user may enter, and its record names the original:
+# it would show the file's bytes, name and path to every user. So a copy is made only of
+# a file every user but its owner may read already, by a path every such user may list:
+# the file and each directory of its path are checked on the descriptors the copy is made
+# from, and again on the same descriptors once it is written. What counts as "may":
+# - the mode: group and others may read the file, and read and search each directory
+#   (a group denied what others get is a restriction too);
+# - a POSIX ACL (system.posix_acl_access): every entry but the owner's grants as much
+#   (a named user, the owning group, a named group, the mask, others);
+# - an access control list hugify cannot judge (NFSv4's, richacl) restricts;
+# - a security label restricts unless it restricts nothing by its module's own rules:
+#   Smack's floor "_" and star "*"; SELinux's type enforcement is the loaded policy's to
+#   decide, which hugify does not judge, so any SELinux label restricts (no copies
+#   where files carry them); attributes that decide no access (file capabilities,
+#   IMA/EVM's, Smack's exec and transmute labels) do not.
+# A store only root may reach (the runtime directory of hugify try, in its own 0700
+# directory) shows nobody anything: there the originals are not checked.
+
+_ACL_ACCESS = "system.posix_acl_access"
+_ACL_VERSION = 2
+#: The tags of a POSIX ACL's entries (linux/posix_acl.h), as the detail names them.
+_ACL_TAGS = {1: "its owner", 2: "user {}", 4: "its group", 8: "group {}", 0x10: "the mask", 0x20: "others"}
+_ACL_USER_OBJ = 1
+#: Access control lists whose entries hugify does not read: any of them restricts.
+_OTHER_ACLS = ("system.nfs4_acl", "system.richacl")
+#: security.* attributes that decide no access to the file itself.
+_NOT_ACCESS_LABELS = (
+    "security.capability",
+    "security.ima",
+    "security.evm",
+    "security.SMACK64EXEC",
+    "security.SMACK64TRANSMUTE",
+)
+#: Smack labels every process may read: the floor and the star.
+_SMACK_OPEN = (b"_", b"*")
+_READ, _LIST = 4, 5  # rwx bits a user needs: read a file; read and search a directory
+
+
+def _denied(fd: int, st: os.stat_result, need: int) -> str | None:
+    """Why a user other than the owner of the open file or directory `fd` (state `st`)
+    may not `need` it (mode bits, 4 or 5), or None: every such user may."""
+    names = _xattrs(fd)
+    # Under an ACL the mode's group bits are its mask, checked with the entries below.
+    for who, shift in (("its group", 3), ("others", 0)):
+        if (st.st_mode >> shift) & need != need and not (shift and _ACL_ACCESS in names):
+            return f"mode {stat.S_IMODE(st.st_mode):04o} denies {who}"
+    for name in names:
+        if name == _ACL_ACCESS:
+            acl = os.getxattr(fd, name)
+            if len(acl) < 4 or (len(acl) - 4) % 8 or int.from_bytes(acl[:4], "little") != _ACL_VERSION:
+                return "an ACL of an unknown format"
+            for tag, perm, ident in struct.iter_unpack("<HHI", acl[4:]):
+                if tag not in _ACL_TAGS:
+                    return f"an ACL entry of an unknown tag ({tag:#x})"
+                if tag != _ACL_USER_OBJ and perm & need != need:
+                    return f"its ACL denies {_ACL_TAGS[tag].format(ident)}"
+        elif name in _OTHER_ACLS:
+            return f"an access control list hugify does not judge ({name})"
+        elif name.startswith("security.") and name not in _NOT_ACCESS_LABELS:
+            if name == "security.SMACK64" and os.getxattr(fd, name).rstrip(b"\0") in _SMACK_OPEN:
+                continue
+            return f"a security label that may deny some users ({name})"
+    return None
+
+
+def _xattrs(fd: int) -> list[str]:
+    """The extended attributes' names of an open file (none where the filesystem has
+    none)."""
+    try:
+        return os.listxattr(fd)
+    except OSError as e:
+        if e.errno == errno.EOPNOTSUPP:
+            return []
+        raise
+
+
+class Exposure:
+    """The proof that every user may read an original by its path: the directories of
+    its real path, open from / down."""
+
+    def __init__(self, src_fd: int, path: str) -> None:
+        self.path = os.path.realpath(path)
+        self.names = self.path.split("/")[1:]
+        self.dirs: list[tuple[int, str]] = []  # each open directory and its path
+        self.src_fd = src_fd
+
+    def prove(self) -> None:
+        """Opens the directories (no symbolic link followed) and checks them and the
+        file; Refused (copy-private) where some user may not read it."""
+        where = "/"
+        try:
+            self.dirs.append((os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), where))
+            for part in self.names[:-1]:
+                where = os.path.join(where, part)
+                fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dirs[-1][0])
+                self.dirs.append((fd, where))
+        except OSError as e:
+            raise Refused("copy-private", f"its path cannot be checked: {where}: {reasons.io_detail(e)}") from e
+        self.check()
+
+    def check(self) -> None:
+        """Checks, on the open directories and the open file: every user may read and
+        search each directory and read the file, and each is still the entry of its
+        name in the directory before it (nothing renamed the path elsewhere). Refused
+        (copy-private) otherwise."""
+        try:
+            for i, (fd, where) in enumerate(self.dirs):
+                st = os.fstat(fd)
+                why = _denied(fd, st, _LIST)
+                if why:
+                    raise Refused("copy-private", f"not readable by every user: {where}: {why}")
+                entry = os.stat(self.names[i], dir_fd=fd, follow_symlinks=False)
+                below = os.fstat(self.dirs[i + 1][0] if i + 1 < len(self.dirs) else self.src_fd)
+                if (entry.st_dev, entry.st_ino) != (below.st_dev, below.st_ino):
+                    raise Refused("copy-private", f"{os.path.join(where, self.names[i])} is not the file opened")
+            why = _denied(self.src_fd, os.fstat(self.src_fd), _READ)
+        except OSError as e:
+            raise Refused("copy-private", f"its path cannot be checked: {reasons.io_detail(e)}") from e
+        if why:
+            raise Refused("copy-private", f"not readable by every user: {why}")
+
+    def close(self) -> None:
+        for fd, _ in self.dirs:
+            os.close(fd)
+        self.dirs.clear()
+
+
+def reached_by_root_alone(store: int, where: Path) -> bool:
+    """Whether only root may reach the store's files: a directory of its real path (the
+    store's included) is root's and neither its group nor others may search it (under
+    an ACL the group bits are its mask, which bounds every named entry). Checked on
+    descriptors down to the store that is open."""
+    fds: list[int] = []
+    private = False
+    try:
+        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds.append(fd)
+        for part in os.path.realpath(where).split("/")[1:]:
+            fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            fds.append(fd)
+        for fd in fds:
+            st = os.fstat(fd)
+            private |= st.st_uid == 0 and not st.st_mode & (stat.S_IXGRP | stat.S_IXOTH)
+        st, mine = os.fstat(fds[-1]), os.fstat(store)
+        return private and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 # --- the copies -----------------------------------------------------------------------
 
 
@@ -354,6 +510,8 @@ class Original:
     offsets: tuple[int, ...]
     before: os.stat_result
     hp: int
+    #: The proof that every user may read it (None: the store is root's alone).
+    exposure: Exposure | None = None
 
 
 def write_copy(store: int, engine: Engine, src: Original) -> Record:
@@ -415,6 +573,11 @@ def _fill(d: int, engine: Engine, src: Original) -> Record:
         os.close(out)
     if _ns(os.fstat(src.fd)) != _ns(src.before):
         raise Refused("copy-stale", "the file changed while it was copied")
+    if src.exposure is not None:
+        try:
+            src.exposure.check()
+        except Refused as e:
+            raise Refused(e.reason, f"{e.detail} (changed while it was copied)") from None
     check = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
     try:
         pmd = engine.pmd_windows(check, list(src.offsets))
@@ -569,6 +732,8 @@ class _Settling:
     engine: Engine
     budget: int
     report: Report
+    #: Users other than root may reach the store: its copies must show them nothing new.
+    exposed: bool = True
     #: Bytes that copies removed from the store still hold (processes map them).
     removed: int = 0
 
@@ -578,6 +743,7 @@ class _Settling:
         still hold; drops every other copy; then makes the planned ones in order, each
         only if the budget, measured again, still holds it."""
         have = records(self.store)
+        self.exposed = not reached_by_root_alone(self.store, shared_dir(self.rdir))
         seen = {key_of(i) for i in (self.engine.file_id(t.fd) for t in targets if t.fd >= 0) if i}
         stays = {
             key: held(self.store, rec)
@@ -625,23 +791,37 @@ class _Settling:
             outcomes[t.path] = Outcome("none", "no-file", "its mapping names no inode")
             return None
         before = os.fstat(t.fd)
-        src = Original(t.fd, t.path, identity, tuple(w.offset for w in t.windows), before, t.hp)
+        src = Original(t.fd, os.path.realpath(t.path), identity, tuple(w.offset for w in t.windows), before, t.hp)
+        if self.exposed:
+            proof = Exposure(t.fd, t.path)
+            try:
+                proof.prove()
+            except Refused as e:
+                outcomes[t.path] = Outcome("none", e.reason, e.detail)
+                return None
+            finally:
+                proof.close()
         rec = have.get(key_of(identity))
         if rec is not None and copy_problem(self.store, rec, before) is None and self._huge(rec, src.offsets):
             return _Want(t, src, rec, held(self.store, rec))
-        if not before.st_mode & stat.S_IROTH:
-            outcomes[t.path] = Outcome(
-                "none", "copy-private", "not readable by everyone: a copy would show it to every user"
-            )
-            return None
         return _Want(t, src, None, memory_for(before.st_size))
 
     def make(self, w: _Want) -> Outcome:
-        """Writes the planned copy."""
+        """Writes the planned copy, proving again, on descriptors held until it is
+        written, that every user may read the original."""
+        src, proof = w.src, None
+        if self.exposed:
+            proof = Exposure(src.fd, w.target.path)
         try:
-            rec = write_copy(self.store, self.engine, w.src)
+            if proof is not None:
+                proof.prove()
+                src = replace(src, exposure=proof)
+            rec = write_copy(self.store, self.engine, src)
         except Refused as e:
             return Outcome("none", e.reason, e.detail)
+        finally:
+            if proof is not None:
+                proof.close()
         where = shared_dir(self.rdir) / rec.key
         return Outcome("made", copy=str(where / rec.name), held=held(self.store, rec))
 

@@ -72,6 +72,20 @@ def files_on_tmpfs(built: Programs, base: Path) -> Iterator[Env]:
         unmount(src)
 
 
+@contextlib.contextmanager
+def files_in_public(built: Programs) -> Iterator[Env]:
+    """files_on_tmpfs in a directory every user may list and a runtime directory every
+    user may enter, as /usr and /run/hugify are: root copies only what every user may
+    read there (pytest's own directories are root's 0700: a store there is root's alone,
+    whatever it copies)."""
+    base = Path(tempfile_dir())
+    try:
+        with files_on_tmpfs(built, base) as e:
+            yield e
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
 def prefetch(
     e: Env, *files: Path, policy: str | None = None, user: str | None = None
 ) -> subprocess.CompletedProcess[str]:

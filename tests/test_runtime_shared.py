@@ -39,6 +39,7 @@ from testkit.shared import (
     assert_kept,
     assert_mapped_from_copies,
     copies_of,
+    files_in_public,
     files_on_tmpfs,
     finish,
     meminfo,
@@ -57,8 +58,10 @@ from testkit.smaps import vmas
 
 
 @pytest.fixture
-def env(built: Programs, tmp_path: Path) -> Iterator[Env]:
-    with files_on_tmpfs(built, tmp_path) as e:
+def env(built: Programs) -> Iterator[Env]:
+    """The files and the runtime directory where every user may reach them, as on a
+    machine: root copies only what every user may read (tests/test_runtime_shared_private.py)."""
+    with files_in_public(built) as e:
         yield e
 
 

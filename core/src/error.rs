@@ -167,7 +167,7 @@ reasons! {
     SharedFull => (Info, "shared-full", "No shared copy: the tmpfs of the shared copies is full (its size= is below the policy's runtime.shared_budget, or another writer filled it)."),
     SharedBudget => (Info, "shared-budget", "No shared copy: the copies the store holds already hold as much as the policy's runtime.shared_budget allows: those of files before it in the boot's order, those of files the run did not see, and copies removed while processes still map them (until those exit)."),
     SharedUnavailable => (Info, "shared-unavailable", "No shared copies: their tmpfs is not mounted and cannot be (no CAP_SYS_ADMIN: the boot service relies on run-hugify-shared.mount), is not root's alone, gives no huge pages (mounted without huge=within_size), or has no size= (it then counts none of the memory it holds, which the budget is kept with)."),
-    CopyPrivate => (Info, "copy-private", "No shared copy: the file is not readable by everyone, and its copy would be."),
+    CopyPrivate => (Info, "copy-private", "No shared copy: some user may not read the file, or list a directory of its path (its mode, a POSIX ACL entry, an ACL hugify does not read, or a security label such as SELinux's), while its copy and record would show its bytes and path to every user; or that changed while it was copied. The message says what denies whom."),
     Traced => (Info, "traced", "A window of the program stays on its file mapping: a debugger is attached and may have written breakpoints into it, which mapping a shared copy over it would drop."),
     SelfCheck => (Internal, "self-check", "The rewritten file failed hugify's own consistency check; nothing was written."),
     Internal => (Internal, "internal", "An internal error (a bug in hugify)."),
