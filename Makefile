@@ -56,6 +56,10 @@ install: build
 	sed -e 's|/usr/bin/hugify|$(BINDIR)/hugify|' systemd/hugify-prefetch.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.service
 	install -m 0644 systemd/hugify-prefetch.timer $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.timer
 	install -m 0644 systemd/run-hugify-shared.mount $(DESTDIR)$(PREFIX)/lib/systemd/system/run-hugify-shared.mount
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system-generators
+	sed -e 's|@PYTHON@|$(PYTHON)|' -e 's|@PYDIR@|$(PYDIR)|' systemd/hugify-shared-generator.in \
+		> $(DESTDIR)$(PREFIX)/lib/systemd/system-generators/hugify-shared-generator
+	chmod 0755 $(DESTDIR)$(PREFIX)/lib/systemd/system-generators/hugify-shared-generator
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm

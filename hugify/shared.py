@@ -25,6 +25,7 @@ import hashlib
 import os
 import stat
 import struct
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,6 +50,10 @@ MOUNT_SOURCE = "hugify-shared"
 MOUNT_OPTIONS = "mode=0755,uid=0,gid=0,huge=within_size"
 #: Room in the tmpfs beyond the budget: each record takes a page, each directory none.
 MOUNT_SLACK = 4 << 20
+#: The drop-in hugify-shared-generator writes for run-hugify-shared.mount, in the
+#: directory systemd gives it: the tmpfs's size from the policy.
+MOUNT_UNIT = "run-hugify-shared.mount"
+MOUNT_DROPIN = "50-hugify-shared-budget.conf"
 #: huge= values with which a file written at its final size gets huge pages.
 HUGE_MOUNT_VALUES = ("within_size", "always")
 TMPFS_MAGIC = 0x01021994
@@ -179,6 +184,48 @@ def mount_of(path: Path) -> Mount | None:
 def mount_size(budget: int) -> int:
     """The tmpfs's size= for a budget: the copies' and the records' room."""
     return budget + MOUNT_SLACK
+
+
+def mount_unit_options(budget: int) -> str:
+    """The Options= of run-hugify-shared.mount for a budget (its mount flags as words)."""
+    return f"{MOUNT_OPTIONS},nosuid,nodev,size={mount_size(budget)}"
+
+
+def write_mount_dropin(unit_dir: Path, budget: int) -> Path:
+    """Writes the drop-in that sizes run-hugify-shared.mount for `budget` into a unit
+    directory; its path."""
+    d = unit_dir / f"{MOUNT_UNIT}.d"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / MOUNT_DROPIN
+    path.write_text(
+        "# Written by hugify-shared-generator, at boot and at every daemon-reload, from the\n"
+        '# policy\'s runtime.shared_budget (docs/runtime.md, "Shared copies").\n'
+        f"[Mount]\nOptions={mount_unit_options(budget)}\n"
+    )
+    return path
+
+
+def generate(argv: list[str]) -> int:
+    """hugify-shared-generator, a systemd generator (systemd.generator(7)): `argv` is
+    systemd's normal, early and late directories; the drop-in goes to the first, so
+    that an administrator's own in /etc (systemctl edit) still wins. A policy that is
+    not usable leaves the unit's own size, said in one line."""
+    if len(argv) not in (1, 3):
+        print("usage: hugify-shared-generator NORMAL_DIR [EARLY_DIR LATE_DIR]", file=sys.stderr)
+        return 2
+    from hugify import policy
+
+    try:
+        budget = policy.resolve(policy.load(), for_build=False).shared_budget
+    except policy.PolicyError as e:
+        first = str(e).strip().splitlines()[0]
+        print(
+            f"hugify-shared-generator: {MOUNT_UNIT} keeps its own size: the policy is not usable: {first}",
+            file=sys.stderr,
+        )
+        return 1
+    write_mount_dropin(Path(argv[0]), budget)
+    return 0
 
 
 def ensure_mounted(rdir: Path, budget: int) -> Mount:
@@ -818,12 +865,22 @@ class _Settling:
                 src = replace(src, exposure=proof)
             rec = write_copy(self.store, self.engine, src)
         except Refused as e:
-            return Outcome("none", e.reason, e.detail)
+            return Outcome("none", e.reason, e.detail + self._too_small() if e.reason == "shared-full" else e.detail)
         finally:
             if proof is not None:
                 proof.close()
         where = shared_dir(self.rdir) / rec.key
         return Outcome("made", copy=str(where / rec.name), held=held(self.store, rec))
+
+    def _too_small(self) -> str:
+        """What to do where the tmpfs is smaller than the budget needs."""
+        m = mount_of(shared_dir(self.rdir))
+        if m is None or not m.size or m.size >= mount_size(self.budget):
+            return ""
+        return (
+            f" (size={m.size >> 20}M, below the {mount_size(self.budget) >> 20}M runtime.shared_budget needs: "
+            f"systemctl daemon-reload && systemctl reload {MOUNT_UNIT})"
+        )
 
     def _removed_but_held(self) -> int:
         used = tmpfs_used(self.store)

@@ -356,10 +356,13 @@ def test_status_shows_the_copies_and_who_maps_them_counting_them_once(env: Env):
 
 def test_a_full_tmpfs_leaves_the_files_as_they_are(env: Env):
     """The copies' tmpfs mounted small (an administrator's size=): what does not fit is
-    refused before anything is written, and nothing half-written is left."""
+    refused before anything is written, and nothing half-written is left; the line says
+    the tmpfs is smaller than the budget needs and how to resize the boot's."""
     mount_tmpfs(env.store, "size=2M,mode=0755,huge=within_size")
     res = prefetch(env)
     assert res.stdout.count("(shared-full)") == 3, res.stdout
+    hint = "(size=2M, below the 260M runtime.shared_budget needs: systemctl daemon-reload && systemctl reload"
+    assert res.stdout.count(hint) == 3, res.stdout
     assert not [p for p in env.store.iterdir()], list(env.store.iterdir())
     assert_kept(env, run(env, [env.progs.prog, env.progs.plug]), "no-copy")
 

@@ -5,6 +5,7 @@ trigger helper run the way rpm and dpkg run it."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -21,6 +22,7 @@ SERVICE = UNITS / "hugify-prefetch.service"
 TIMER = UNITS / "hugify-prefetch.timer"
 TRIGGER = UNITS / "hugify-prefetch-trigger"
 MOUNT = UNITS / "run-hugify-shared.mount"
+GENERATOR = UNITS / "hugify-shared-generator.in"
 
 
 @pytest.fixture
@@ -94,6 +96,73 @@ def test_the_shared_copies_tmpfs_is_mounted_before_the_service_as_hugify_mounts_
     assert unit_value(SERVICE, "Wants") == [MOUNT.name]
     assert MOUNT.name in unit_value(SERVICE, "After")[0].split()
     assert unit_value(SERVICE, "ReadWritePaths") == ["-/run/hugify/shared"]
+
+
+def installed_generator(tmp_path: Path) -> Path:
+    """hugify-shared-generator as `make install` installs it, for this checkout's package."""
+    g = tmp_path / "hugify-shared-generator"
+    g.write_text(GENERATOR.read_text().replace("@PYTHON@", sys.executable).replace("@PYDIR@", str(REPO)))
+    g.chmod(0o755)
+    return g
+
+
+def run_generator(tmp_path: Path, policy: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The generator run as systemd runs one (its normal, early and late directories)
+    under the policy `policy` (HUGIFY_POLICY_PATH: in place of /usr/lib's and /etc's);
+    the normal directory."""
+    pfile = tmp_path / "policy.toml"
+    pfile.write_text(policy)
+    dirs = [tmp_path / d for d in ("normal", "early", "late")]
+    for d in dirs:
+        d.mkdir()
+    env = {**os.environ, "HUGIFY_POLICY_PATH": str(pfile)}
+    res = subprocess.run([installed_generator(tmp_path), *dirs], capture_output=True, text=True, env=env, check=False)
+    return res, dirs[0]
+
+
+def test_the_shared_copies_tmpfs_is_sized_from_the_policy(tmp_path: Path):
+    """hugify-shared-generator, which systemd runs at boot and at every daemon-reload,
+    writes a drop-in that sizes run-hugify-shared.mount from the policy's shared_budget
+    and the records' room, with the unit's own options besides; systemd-analyze loads
+    the unit with it (from the generator's directory in the unit path) cleanly, and the
+    kernel mounts a tmpfs with those options at that size. On the old code the unit's
+    size=260M held whatever the budget."""
+    from hugify import shared
+
+    budget = 64 << 20
+    res, normal = run_generator(tmp_path, '[runtime]\nshared_budget = "64M"\n')
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+    dropin = normal / f"{MOUNT.name}.d" / shared.MOUNT_DROPIN
+    (options,) = unit_value(dropin, "Options")
+    ((static,),) = [unit_value(MOUNT, "Options")]
+    besides = [o for o in static.split(",") if not o.startswith("size=")]
+    assert options.split(",") == [*besides, f"size={budget + shared.MOUNT_SLACK}"], (options, static)
+    units = tmp_path / "units"
+    units.mkdir()
+    shutil.copy(MOUNT, units / MOUNT.name)
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", MOUNT.name],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{normal}:{units}:"},
+        check=False,
+    )
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, ""), verify.stdout + verify.stderr
+    where = tmp_path / "shared"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, shared.MOUNT_SOURCE, str(where)], check=True)
+    try:
+        mount = shared.mount_of(where)
+        assert mount is not None and mount.size == budget + shared.MOUNT_SLACK and mount.huge == "within_size"
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_the_generator_leaves_the_unit_s_size_when_the_policy_is_not_usable(tmp_path: Path):
+    res, normal = run_generator(tmp_path, '[runtime]\nshared_budget = "lots"\n')
+    assert res.returncode == 1 and res.stdout == "", res
+    assert len(res.stderr.splitlines()) == 1 and "run-hugify-shared.mount keeps its own size" in res.stderr, res.stderr
+    assert not list(normal.iterdir())
 
 
 def test_service_is_sandboxed_tightly(tmp_path: Path, launcher: Path):
