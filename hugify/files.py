@@ -5,8 +5,8 @@ capability outside what they already own.
 
 The rules (docs/security.md says what they guarantee):
 
-* A directory is opened once (``O_DIRECTORY|O_NOFOLLOW``; below a tree's root,
-  component by component) and everything in it is done relative to that
+* A directory is opened once (``O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK``; below a
+  tree's root, component by component, each relative to its parent) and everything in it is done relative to that
   descriptor: ``openat``, ``fstatat``, ``linkat``, ``renameat``, ``unlinkat``.
 * A file to be replaced is looked at with ``fstatat`` (no symlink followed) and
   opened once, only when it is a regular file (``O_NOFOLLOW|O_NONBLOCK``: no
@@ -42,7 +42,9 @@ StrPath = str | os.PathLike[str]
 #: (st_dev, st_ino): which inode a name is.
 Identity = tuple[int, int]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: O_NONBLOCK and O_DIRECTORY: a FIFO or a device node swapped in for a directory is
+#: refused (ENOTDIR) before it is opened, never waited on or opened.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _NAME_MAX = 255
@@ -205,6 +207,12 @@ class Directory(_Descriptor):
             os.close(fd)
             raise
         return Directory(fd, path)
+
+    def subdirectory(self, name: str) -> Directory:
+        """The directory `name` in this one, opened relative to it with
+        O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK: a symbolic link (ELOOP), a FIFO, a device
+        node or any other file (ENOTDIR) is refused without being opened."""
+        return Directory(os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd), self.join(name))
 
     def identity_of(self, name: str) -> Identity | None:
         """Which inode `name` is now (a symlink itself, not its target); None if absent."""

@@ -573,6 +573,115 @@ def test_hostile_tree_with_files_swapped_while_hugify_runs(
     assert leftovers(root / "usr/bin") == []
 
 
+# --- the walk never opens what is swapped in for a directory ---------------------------------
+
+#: Run as `python -c WALK_RACE ROOT KIND OUTSIDE ASIDE MARK`: `hugify tree ROOT` in this
+#: process, where, while the walk reads usr/bin/a (step probed), usr/bin/sub (already
+#: listed as a directory, not yet entered) is moved to ASIDE and replaced by KIND: a
+#: FIFO, a character device (1:3, /dev/null's) or a symlink to OUTSIDE. A watchdog
+#: writes MARK if anything ever opens the FIFO for reading (opening it to write, with
+#: O_NONBLOCK, succeeds only then), which also ends the wait of a reader stuck on it.
+WALK_RACE = """
+import os, sys, threading, time
+from hugify import files
+from hugify.cli import main
+
+root, kind, outside, aside, mark = sys.argv[1:6]
+sub = os.path.join(root, "usr/bin/sub")
+
+def watch():
+    while True:
+        try:
+            os.close(os.open(sub, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            time.sleep(0.02)
+            continue
+        open(mark, "w").close()
+
+def swap(step):
+    if step.name != "probed" or step.target != os.path.join(root, "usr/bin/a") or os.path.exists(aside):
+        return
+    os.rename(sub, aside)
+    if kind == "fifo":
+        os.mkfifo(sub)
+        threading.Thread(target=watch, daemon=True).start()
+    elif kind == "device":
+        os.mknod(sub, 0o666 | 0o020000, os.makedev(1, 3))
+    else:
+        os.symlink(outside, sub)
+
+files.step_hook = swap
+sys.exit(main(["tree", root, "--no-progress", "--jobs", "1"]))
+"""
+OPENAT = re.compile(
+    r'^\d+\s+openat\((?P<dir>[^,]+), "(?P<name>[^"]*)", (?P<flags>[^,)]+)(?:, \d+)?\) = (?P<result>.*)$'
+)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "symlink"])
+def test_the_walk_never_opens_what_is_swapped_in_for_a_directory(
+    tmp_path: Path, program: Path, outside: Path, kind: str
+) -> None:
+    """A directory already listed is swapped, before the walk enters it, for a FIFO,
+    a device node or a symlink to the stand-in for /etc. The walk opens each directory
+    relative to its parent with O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK (strace), so the
+    swapped-in file is refused without being opened: the FIFO does not hang the run,
+    the device is not opened, the stand-in is not entered; the walk goes on and
+    transforms the program after it. On the old walk (os.fwalk opens each directory
+    O_RDONLY after an lstat) the FIFO was opened (it blocked), the device opened,
+    the stand-in's directory opened."""
+    root = tmp_path / "root"
+    for d in ("usr/bin/sub", "usr/sbin"):
+        (root / d).mkdir(parents=True)
+    (root / "usr/bin/a").write_text("not an ELF file\n")
+    (root / "usr/bin/sub/b").write_text("not an ELF file either\n")
+    shutil.copyfile(program, root / "usr/sbin/prog")
+    before = snapshot(outside)
+    aside, mark, log = tmp_path / "aside", tmp_path / "fifo-was-opened", tmp_path / "strace.log"
+    race = [sys.executable, "-c", WALK_RACE, str(root), kind, str(outside / "sub"), str(aside), str(mark)]
+    res = subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=open,openat,openat2", "-o", str(log), *race],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HUGIFY_POLICY_PATH": ""},
+        timeout=300,
+        check=False,
+    )
+    assert aside.is_dir(), "the swap never happened"
+    assert not mark.exists(), "the walk opened the FIFO swapped in for a directory"
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert exec_aligned(root / "usr/sbin/prog"), res.stdout
+    assert snapshot(outside) == before
+    opens = [m for m in map(OPENAT.match, log.read_text().splitlines()) if m]
+    walked = [m for m in opens if f"<{root}" in m["dir"] and "O_DIRECTORY" in m["flags"]]
+    assert {m["name"] for m in walked} >= {"usr", "bin", "sbin", "sub"}, walked
+    for m in walked:  # every directory below the root: relative to its parent, never following, never blocking
+        assert {"O_DIRECTORY", "O_NOFOLLOW", "O_NONBLOCK"} <= set(m["flags"].split("|")), m.group(0)
+    swapped = [m for m in opens if m["name"] == "sub"]  # the walk's (the watchdog names the whole path)
+    assert swapped and all(m["result"].startswith(("-1 ENOTDIR", "-1 ELOOP")) for m in swapped), swapped
+    reached = [m.group(0) for m in opens if f"<{outside}" in m["result"] or f"{root}/usr/bin/sub>" in m["result"]]
+    assert reached == []
+
+
+def test_the_walk_lists_files_before_subdirectories_by_name(tmp_path: Path) -> None:
+    """The walk's order (the log's and the report's, and the order of a hard-linked
+    file's names): a directory's files by name, then each subdirectory by name, whole;
+    symlinks, FIFOs and the like listed as the files they are, links not followed."""
+    from hugify import tree
+
+    root = tmp_path / "root"
+    for d in ("a/y", "c", "usr/lib/debug/usr/bin"):
+        (root / d).mkdir(parents=True)
+    for rel in ("b", "0", "a/z", "a/y/x", "c/d", "usr/lib/debug/usr/bin/p.debug"):
+        (root / rel).write_text(rel)
+    os.link(root / "b", root / "c/b-link")
+    os.symlink("a", root / "link-to-a")
+    os.mkfifo(root / "a/fifo")
+    order = [e.rel for e in tree.entries(root)]
+    assert order == ["0", "b", "a/fifo", "a/z", "a/y/x", "c/b-link", "c/d"]
+
+
 # --- no metadata change by path ----------------------------------------------------------------
 
 #: System calls that change a file's owner, mode, attributes or times; the path-based
