@@ -17,6 +17,8 @@ the stand-in; `strace -f` shows no path-based chown/chmod/setxattr/utime."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import re
@@ -25,10 +27,12 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -132,12 +136,63 @@ def run_cli(*args: str | Path) -> tuple[int, str, str]:
 
 
 def leftovers(directory: Path) -> list[str]:
-    """Regular files hugify's temporary names are (an attacker's symlink may stay)."""
-    return [p.name for p in directory.iterdir() if ".hugify-" in p.name and p.is_file() and not p.is_symlink()]
+    """hugify's temporary files, and its private directories (where the filesystem
+    cannot make a file without a name) but those holding what an attacker put there (a
+    symlink, which may stay)."""
+    out = []
+    for p in directory.iterdir():
+        if ".hugify-" not in p.name or p.is_symlink():
+            continue
+        if p.is_file() or (p.is_dir() and not any(c.is_symlink() for c in p.iterdir())):
+            out.append(p.name)
+    return out
+
+
+@contextmanager
+def bindfs(parent: Path) -> Iterator[Path]:
+    """A directory on a filesystem that cannot make a file without a name (O_TMPFILE
+    answers EOPNOTSUPP, as on NFS and vfat): bindfs (FUSE) over a directory of
+    `parent`, with owners, modes and extended attributes (security.capability too),
+    other users' access checked by the kernel (default_permissions, allow_other).
+    hugify's new files are made in a private directory there."""
+    backing, mounted = parent / "fuse-backing", parent / "fuse"
+    backing.mkdir()
+    mounted.mkdir()
+    subprocess.run(["bindfs", str(backing), str(mounted)], check=True)
+    try:
+        with pytest.raises(OSError) as refused:
+            os.close(os.open(mounted, os.O_TMPFILE | os.O_RDWR, 0o600))
+        assert refused.value.errno == errno.EOPNOTSUPP
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+
+
+@pytest.fixture
+def fuse(tmp_path: Path) -> Iterator[Path]:
+    with bindfs(tmp_path) as mounted:
+        yield mounted
+
+
+#: Where hugify's new file is made: without a name (O_TMPFILE, on tmp_path's ext4), or
+#: in a private directory (on the FUSE filesystem, which cannot make one without).
+WAYS = ("unnamed", "private-directory")
+
+
+@pytest.fixture
+def raced(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[tuple[str, ...], Path]:
+    """An indirect parameter (..., way): the parameter, and the directory to work in
+    for that way (tmp_path, or the FUSE filesystem)."""
+    param = cast(tuple[str, ...], request.param)
+    base = cast(Path, request.getfixturevalue("fuse")) if param[-1] == "private-directory" else tmp_path
+    return param, base
 
 
 # --- the race hook -----------------------------------------------------------------------------
 
+#: The steps of an in-place transform. hugify's new file has a name (the step's
+#: `temporary`) only from before-rename on where the filesystem makes it without one,
+#: at every step from created on where it is made in a private directory.
 IN_PLACE_STEPS = [
     "opened",
     "created",
@@ -148,8 +203,8 @@ IN_PLACE_STEPS = [
     "before-rename",
     "renamed",
 ]
-#: Steps at which a temporary file exists under its own name.
-WITH_TEMPORARY = IN_PLACE_STEPS[1:-1]
+#: Steps at which a temporary file exists under its own name, per way.
+WITH_TEMPORARY = {"unnamed": ["before-rename"], "private-directory": IN_PLACE_STEPS[1:-1]}
 
 
 @dataclass
@@ -203,8 +258,8 @@ class Scene:
         os.symlink(self.outside / "shadow", step.temporary)
 
 
-def scene(tmp_path: Path, program: Path, outside: Path, *, uid: int = NOBODY, mode: int = 0o755) -> Scene:
-    work = tmp_path / "work"
+def scene(base: Path, program: Path, outside: Path, *, uid: int = NOBODY, mode: int = 0o755) -> Scene:
+    work = base / "work"
     work.mkdir()
     os.chmod(work, 0o777)  # the other user may write here
     target = work / "app"
@@ -232,25 +287,28 @@ ATTACKS = ["swap_target_for_symlink", "swap_target_for_file", "swap_temporary_fo
 
 
 @pytest.mark.parametrize(
-    "case",
+    "raced",
     [
-        (step, attack)
+        (step, attack, way)
         for attack in ATTACKS
+        for way in WAYS
         for step in IN_PLACE_STEPS
-        if attack != "swap_temporary_for_symlink" or step in WITH_TEMPORARY
+        if (step in WITH_TEMPORARY[way] if attack == "swap_temporary_for_symlink" else way == "unnamed")
     ],
     ids="-".join,
+    indirect=True,
 )
 def test_transform_in_place_raced_at_each_step(
-    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race], case: tuple[str, str]
+    program: Path, outside: Path, race: Callable[[Race], Race], raced: tuple[tuple[str, ...], Path]
 ) -> None:
     """The other user's file, 0755 and theirs (uid 65534), in their directory: at
-    each step they swap the target or hugify's temporary file for a symlink to a
-    root-owned 0600 file, or the target for another file. The issue's reproduced
-    case is the temporary file swapped after the transform (step written): the
-    root-owned file became uid 65534, mode 0755."""
-    step, attack = case
-    s = scene(tmp_path, program, outside)
+    each step they swap the target or hugify's temporary file (where it has a name)
+    for a symlink to a root-owned 0600 file, or the target for another file. The
+    issue's reproduced case is the temporary file swapped after the transform (step
+    written): the root-owned file became uid 65534, mode 0755. (In the private
+    directory the other user cannot reach the temporary file; the test, as root, does.)"""
+    (step, attack, _), base = raced
+    s = scene(base, program, outside)
     before = snapshot(outside)
     r = race(Race(step, s.target, getattr(s, attack)))
     code, _, err = run_cli("transform", "--in-place", s.target)
@@ -270,11 +328,12 @@ def test_transform_in_place_raced_at_each_step(
 
 
 def test_issue_case_root_file_never_becomes_nobody_0755(
-    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race]
+    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race], fuse: Path
 ) -> None:
     """Issue 28 as reproduced: after the transform, before the chown, the temporary
-    file is swapped for a symlink to a root-owned 0600 file."""
-    s = scene(tmp_path, program, outside)
+    file is swapped for a symlink to a root-owned 0600 file (where it has a name
+    then: in its private directory, on a filesystem without O_TMPFILE)."""
+    s = scene(fuse, program, outside)
     victim = outside / "shadow"
     r = race(Race("before-chown", s.target, s.swap_temporary_for_symlink))
     code, _, err = run_cli("transform", "--in-place", s.target)
@@ -285,14 +344,25 @@ def test_issue_case_root_file_never_becomes_nobody_0755(
     assert state(s.target).same_file(s.before)
 
 
-@pytest.mark.parametrize("step", ["written", "before-chown", "before-xattrs", "before-rename"])
+@pytest.mark.parametrize(
+    "raced",
+    [
+        (step, way)
+        for way in WAYS
+        for step in ("written", "before-chown", "before-xattrs", "before-rename")
+        if step in WITH_TEMPORARY[way]
+    ],
+    ids="-".join,
+    indirect=True,
+)
 def test_a_capability_file_gives_its_capability_to_nobody_else(
-    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race], step: str
+    program: Path, outside: Path, race: Callable[[Race], Race], raced: tuple[tuple[str, ...], Path]
 ) -> None:
     """A root-owned setuid file with a capability in a writable directory: swapping
     the temporary file for a symlink never copies the capability or the mode onto
     the symlink's target (without the race, tests/test_tree.py shows both kept)."""
-    s = scene(tmp_path, program, outside, uid=0, mode=0o4755)
+    (step, _), base = raced
+    s = scene(base, program, outside, uid=0, mode=0o4755)
     subprocess.run(["setcap", "cap_net_raw+ep", str(s.target)], check=True)
     s.before = state(s.target)
     before = snapshot(outside)
@@ -302,6 +372,85 @@ def test_a_capability_file_gives_its_capability_to_nobody_else(
     assert snapshot(outside) == before
     assert code == UNSAFE and "(changed-meanwhile)" in err, err
     assert state(s.target).same_file(s.before)
+
+
+#: Run as the other user: WORK TARGET PID [PATH...]. Opens for writing every file it
+#: can find under WORK, the PATHs given (hugify's temporary file, where it has a name)
+#: and the descriptors of process PID (/proc/PID/fd/*), writes its own bytes into each
+#: but TARGET (its own file, opened as a control), and prints those it opened.
+ATTACKER = """
+import os, sys
+work, target, pid, *paths = sys.argv[1:]
+for d, _, names in os.walk(work):
+    paths += [os.path.join(d, n) for n in names]
+try:
+    paths += [f"/proc/{pid}/fd/{n}" for n in os.listdir(f"/proc/{pid}/fd")]
+except OSError:
+    pass
+for path in dict.fromkeys(paths):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        continue
+    if path != target:
+        os.pwrite(fd, b"the other user's bytes", 0)
+    os.close(fd)
+    print(path)
+"""
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+#: The steps before hugify's new file is complete (owner, mode, capabilities given).
+INCOMPLETE = ["created", "written", "before-chown", "before-chmod", "before-xattrs"]
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path is root's alone)."""
+    d = Path(tempfile.mkdtemp(prefix="hugify-rootsafe-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_no_one_else_can_open_the_new_file_before_it_is_complete(
+    public: Path, program: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    """The other user's setgid file (theirs, uid 65534, mode 02755, with a capability
+    root gave it) in a directory they can write: at every step until hugify's new
+    file has its owner, mode and capability, they (really uid 65534, setpriv) try to
+    open for writing every file they can find there, hugify's temporary file by its
+    name, and hugify's descriptors. They open only their own file: the new one has no
+    name (O_TMPFILE) or lies in hugify's private directory (on a filesystem without
+    O_TMPFILE) until it is complete, and the output is exactly the transform of their
+    file, with its owner, setgid mode and capability. On the old code the temporary
+    file was theirs before its mode and capability were set: they wrote their bytes
+    into it at before-chmod, and root made those setgid with the capability."""
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(bindfs(public)) if way == "private-directory" else public
+        s = scene(base, program, outside, uid=NOBODY, mode=0o2755)
+        subprocess.run(["setcap", "cap_net_raw+ep", str(s.target)], check=True)
+        before = state(s.target)
+        code, _, err = run_cli("transform", s.target, "-o", public / "expected")
+        assert code == 0, err
+        opened: dict[str, list[str]] = {}
+
+        def attack(step: files.Step) -> None:
+            if step.name in INCOMPLETE and Path(step.target) == s.target:
+                named = [step.temporary] if step.temporary else []
+                cmd = [*AS_NOBODY, "/usr/bin/python3", "-c", ATTACKER, str(s.work), str(s.target), str(os.getpid())]
+                res = subprocess.run([*cmd, *named], capture_output=True, text=True, check=True)
+                opened[step.name] = res.stdout.split()
+
+        monkeypatch.setattr(files, "step_hook", attack)
+        code, _, err = run_cli("transform", "--in-place", s.target)
+        assert code == 0, err
+        assert opened == {step: [str(s.target)] for step in INCOMPLETE}
+        after = state(s.target)
+        assert (after.uid, after.gid, after.mode, after.xattrs) == (NOBODY, NOBODY, 0o2755, before.xattrs)
+        assert after.data == (public / "expected").read_bytes() != before.data
+        assert leftovers(s.work) == []
 
 
 @pytest.mark.parametrize("step", ["opened", "written", "before-rename"])
@@ -503,8 +652,7 @@ def tree_in_process(root: Path, *extra: str) -> tuple[int, list[str]]:
     [
         ("opened", "file-for-symlink"),
         ("written", "file-for-symlink"),
-        ("before-chown", "temporary-for-symlink"),
-        ("before-xattrs", "temporary-for-symlink"),
+        ("before-rename", "temporary-for-symlink"),
         ("before-rename", "file-for-other"),
         ("opened", "directory-for-symlink"),
         ("linked", "other-name-for-symlink"),
