@@ -229,6 +229,10 @@ class FileReport(TypedDict):
     #: Bytes made executable that were not (policy exposure_limit), and where they lie.
     exposed_bytes: NotRequired[int]
     exposed_sections: NotRequired[dict[str, int]]
+    #: The largest base page size it was transformed to run with (policy page_size),
+    #: and the page its exposure was measured in.
+    page_size: NotRequired[int]
+    page: NotRequired[int]
     #: The program header table left e_phoff for a gap between sections (dwz and
     #: eu-strip zero it there): a distribution must be able to find such files.
     phdr_table_displaced: NotRequired[bool]
@@ -311,6 +315,8 @@ class Outcome(NamedTuple):
                     "coverage": round(res["covered_code"] / code, 4) if code else 0.0,
                     "exposed_bytes": res["exposed_read_only"],
                     "exposed_sections": res["exposed_sections"],
+                    "page_size": self.report["page_size"],
+                    "page": self.report["page"],
                     "phdr_table_displaced": res["phdr_table_displaced"],
                     "huge_page": self.report["huge_page"],
                     "build_id_before": self.report["build_id"],
@@ -505,7 +511,7 @@ def decide(c: Candidate, opts: Options) -> Settings | Outcome:
     hp = pol.huge_page(arch)
     if hp is None:
         return Outcome(c.paths, "skipped", "unsupported-arch", f"the policy has no huge_page_size for {arch}")
-    return Settings(hp, pol.threshold, pol.mode, pol.exposure_limit)
+    return Settings(hp, pol.threshold, pol.mode, pol.exposure_limit, pol.page_size(arch))
 
 
 class _Progress:
