@@ -75,6 +75,11 @@ class Report(TypedDict):
     huge_page: int
     #: Bytes per file allowed to become executable that were not (0 unless opted in).
     exposure_limit: int
+    #: The largest base page size the output runs with (the policy's, or the
+    #: architecture's largest), and the one exposure is measured in for this file (the
+    #: largest up to that modulo which its loads are congruent).
+    page_size: int
+    page: int
     segments: list[Segment]
     build_id: str | None
     plans: Plans
@@ -122,7 +127,12 @@ class Probe(TypedDict):
     problem: Refusal | None
 
 def inspect(
-    source: int | str | PathLike[str], huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0
+    source: int | str | PathLike[str],
+    huge_page: int,
+    threshold: int,
+    mode: str = "auto",
+    exposure_limit: int = 0,
+    page_size: int = 0,
 ) -> Report: ...
 def transform(
     src: int,
@@ -131,15 +141,18 @@ def transform(
     threshold: int,
     mode: str = "auto",
     exposure_limit: int = 0,
+    page_size: int = 0,
     *,
     src_name: str | None = None,
     out_name: str | None = None,
 ) -> Transformed:
     """Descriptors: `src` a regular file open for reading, `out` a new empty file open
-    for reading and writing (hugify/files.py opens both and renames `out` into place)."""
+    for reading and writing (hugify/files.py opens both and renames `out` into place).
+    `page_size`: the largest page size the output is to run with (0: the largest the
+    architecture's distribution kernels use); exposure is measured in such pages."""
 
 def transform_bytes(
-    data: bytes, huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0
+    data: bytes, huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0, page_size: int = 0
 ) -> tuple[Transformed, bytes]: ...
 def probe(source: int | str | PathLike[str], huge_page: int) -> Probe | None: ...
 def at_page_size(probe: Probe, huge_page: int) -> Probe:
@@ -149,3 +162,5 @@ def reasons() -> list[tuple[str, str, str]]: ...
 def arch_names() -> list[tuple[str, list[str]]]: ...
 def canonical_arch(name: str) -> str | None: ...
 def default_huge_pages() -> list[tuple[str, int]]: ...
+def default_page_sizes() -> list[tuple[str, int]]: ...
+def min_page_sizes() -> list[tuple[str, int]]: ...

@@ -44,8 +44,9 @@ def moved_debug_file(original: Path, debug: Path, shipped: FileReport, work: Pat
         raise RepackError("debug-mismatch", f"{debug.name} does not match {shipped['path']}: {e.detail}") from None
     try:
         # The limit the shipped file's plan needed: the debug half gets the same plan.
-        limit = shipped.get("exposed_bytes", 0)
-        report = rewrite(merged, moved, Settings(shipped["huge_page"], 0, shipped["mode"], limit), durable=False)
+        limit, page_size = shipped.get("exposed_bytes", 0), shipped.get("page_size", 0)
+        settings = Settings(shipped["huge_page"], 0, shipped["mode"], limit, page_size)
+        report = rewrite(merged, moved, settings, durable=False)
     except _core.HugifyError as e:
         raise RepackError("debug-mismatch", f"{shipped['path']} with its debug file: {e.detail} ({e.reason})") from e
     res = report["result"]

@@ -5,17 +5,20 @@ capability outside what they already own.
 
 The rules (docs/security.md says what they guarantee):
 
-* A directory is opened once (``O_DIRECTORY|O_NOFOLLOW``; below a tree's root,
-  component by component) and everything in it is done relative to that
+* A directory is opened once (``O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK``; below a
+  tree's root, component by component, each relative to its parent) and everything in it is done relative to that
   descriptor: ``openat``, ``fstatat``, ``linkat``, ``renameat``, ``unlinkat``.
 * A file to be replaced is looked at with ``fstatat`` (no symlink followed) and
   opened once, only when it is a regular file (``O_NOFOLLOW|O_NONBLOCK``: no
   FIFO to block on, no device opened); its content, owner, mode and extended
   attributes (``security.capability`` too) are read through that descriptor.
-* A new file is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a name no other run
-  can guess, filled, then given owner, mode, extended attributes and times
-  through its descriptor (``fchown`` first: it clears setuid bits and
-  capabilities), ``fsync``ed when it replaces a live system file.
+* A new file is complete before anyone else can open it: made without a name
+  (``O_TMPFILE``; where the filesystem cannot, ``O_CREAT|O_EXCL|O_NOFOLLOW`` in a
+  private directory, mode 0700, made beside the target), filled, given owner,
+  mode, extended attributes and times through its descriptor (``fchown`` first: it
+  clears setuid bits and capabilities), ``fsync``ed when it replaces a live system
+  file, and only then linked under a name no other run can guess (or renamed out
+  of the private directory).
 * Before the rename, the temporary name and the replaced name must still be the
   inodes hugify made and opened; otherwise nothing is renamed (changed-meanwhile).
   Nothing is ever chowned, chmodded, setxattr'd or utime'd by path.
@@ -42,7 +45,9 @@ StrPath = str | os.PathLike[str]
 #: (st_dev, st_ino): which inode a name is.
 Identity = tuple[int, int]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: O_NONBLOCK and O_DIRECTORY: a FIFO or a device node swapped in for a directory is
+#: refused (ENOTDIR) before it is opened, never waited on or opened.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _NAME_MAX = 255
@@ -66,7 +71,8 @@ def _no_step(step: Step) -> None:
 
 #: Called at each step (probed: opened by `hugify tree`'s walk; opened, created,
 #: written, before-chown, before-chmod, before-xattrs, before-rename, renamed,
-#: linked). Tests replace it in-process.
+#: linked). A new file has a name (the step's `temporary`) from before-rename on, or
+#: from created on where it is made in a private directory. Tests replace it in-process.
 step_hook: Callable[[Step], None] = _no_step
 
 
@@ -206,6 +212,12 @@ class Directory(_Descriptor):
             raise
         return Directory(fd, path)
 
+    def subdirectory(self, name: str) -> Directory:
+        """The directory `name` in this one, opened relative to it with
+        O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK: a symbolic link (ELOOP), a FIFO, a device
+        node or any other file (ENOTDIR) is refused without being opened."""
+        return Directory(os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd), self.join(name))
+
     def identity_of(self, name: str) -> Identity | None:
         """Which inode `name` is now (a symlink itself, not its target); None if absent."""
         try:
@@ -329,31 +341,91 @@ def _temporary_names(target: str) -> Iterator[str]:
         yield f".{stem}.hugify-{os.getpid()}-{os.urandom(8).hex()}"
 
 
+def _unnamed_files_linkable() -> bool:
+    """Whether a file made without a name can be given one: linkat through
+    /proc/self/fd (no capability needed; a chroot without /proc has none)."""
+    return os.path.isdir("/proc/self/fd")
+
+
+#: What openat(O_TMPFILE) answers on a filesystem (or kernel) that cannot make a
+#: file without a name (FUSE, NFS, vfat; before Linux 3.11 EISDIR).
+_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS)
+
+
 class NewFile:
-    """A new, empty file beside `target` in `directory` (mode 0600 until `give`),
-    open for reading and writing, to be renamed over `target` by `commit`. Leaving
-    the ``with`` block without a commit removes it."""
+    """A new file for `target` in `directory`, open for reading and writing, that
+    nobody but this process can open until it is complete: made without a name
+    (``O_TMPFILE``, mode 0600, owned by the running user), filled, given its owner,
+    mode, extended attributes and times (`give`), and only then linked under a
+    temporary name beside `target` and renamed over it (`commit`). Where the
+    filesystem cannot make a file without a name, it is made in a private directory
+    (mode 0700, the running user's) made beside `target` for it, which no other user
+    can search, and renamed from there. Leaving the ``with`` block without a commit
+    removes whatever was made."""
 
     def __init__(self, directory: Directory, target: str) -> None:
         self.directory, self.target = directory, target
         self.committed = False
-        for attempt, name in enumerate(_temporary_names(target)):
+        #: The directory the file has a name in before the rename, and that name:
+        #: none until `commit` links it (O_TMPFILE), or the private directory's file.
+        self.holder: Directory | None = None
+        self.name: str | None = None
+        #: The private directory's name in `directory` and its identity (the fallback).
+        self._private: tuple[str, Identity] | None = None
+        fd = self._unnamed() if _unnamed_files_linkable() else None
+        if fd is None:
+            fd = self._in_private_directory()
+        self.fd = fd
+        self.identity = identity(os.fstat(self.fd))
+        self.step("created")
+
+    def _unnamed(self) -> int | None:
+        """A file without a name in the target's directory (its filesystem), or None
+        where the filesystem cannot make one."""
+        try:
+            return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=self.directory.fd)
+        except OSError as e:
+            if e.errno in _NO_TMPFILE:
+                return None
+            raise
+
+    def _in_private_directory(self) -> int:
+        """A file in a new directory beside the target that only the running user can
+        search: whoever else can write the target's directory can rename or remove that
+        directory, never open what is inside."""
+        d = self.directory
+        for attempt, name in enumerate(_temporary_names(self.target)):
             try:
-                self.fd = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=directory.fd)
+                os.mkdir(name, 0o700, dir_fd=d.fd)
                 break
             except FileExistsError:
                 if attempt >= 100:
                     raise
-        self.name = name
-        self.identity = identity(os.fstat(self.fd))
-        self.step("created")
+        private = d.subdirectory(name)
+        st = os.fstat(private.fd)
+        self._private = (name, identity(st))
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            private.close()
+            raise UnsafeFile("changed-meanwhile", d.join(name), "hugify's private directory was replaced by another")
+        self.holder, self.name = private, "new"
+        try:
+            return os.open(self.name, _CREATE_FLAGS, 0o600, dir_fd=private.fd)
+        except BaseException:
+            self.name = None
+            self.discard()
+            private.close()
+            raise
 
     @property
     def path(self) -> str:
-        return self.directory.join(self.name)
+        """Where the file is, for messages: its name once it has one."""
+        if self.holder is not None and self.name is not None:
+            return self.holder.join(self.name)
+        return f"{self.directory.join(self.target)} (hugify's new file, not yet linked)"
 
     def step(self, name: str) -> None:
-        reached(Step(name, self.directory.join(self.target), self.path))
+        temporary = self.path if self.name is not None else None
+        reached(Step(name, self.directory.join(self.target), temporary))
 
     def write(self, data: bytes) -> None:
         view, offset = memoryview(data), 0
@@ -379,9 +451,9 @@ class NewFile:
 
     def give(self, meta: Metadata, *, skip: tuple[str, ...] = (), times: tuple[int, int] | None = None) -> None:
         """Owner, mode, extended attributes but `skip`, and times (ns) if given,
-        through the descriptor. chown clears setuid bits and capabilities, so it comes
-        first; then the mode, then the attributes (security.capability last of all
-        that could clear it)."""
+        through the descriptor, while nobody else can open the file. chown clears
+        setuid bits and capabilities (even root's), so it comes first; then the mode,
+        then the attributes (security.capability last of all that could clear it)."""
         self.step("before-chown")
         if os.geteuid() == 0 or meta.uid == os.geteuid():
             with contextlib.suppress(PermissionError):  # a group the user is not in
@@ -395,6 +467,18 @@ class NewFile:
         if times is not None:
             os.utime(self.fd, ns=times)
 
+    def _link(self) -> None:
+        """Gives the complete file without a name its temporary name beside the target."""
+        d = self.directory
+        for attempt, name in enumerate(_temporary_names(self.target)):
+            try:
+                os.link(f"/proc/self/fd/{self.fd}", name, dst_dir_fd=d.fd, follow_symlinks=True)
+                break
+            except FileExistsError:
+                if attempt >= 100:
+                    raise
+        self.holder, self.name = d, name
+
     def commit(self, *, replacing: Identity | None = None, durable: bool = False) -> None:
         """Renames the new file over `target`. Refused (changed-meanwhile) when the
         temporary name is no longer this file, or, with `replacing`, when `target` is
@@ -403,8 +487,11 @@ class NewFile:
         d = self.directory
         if durable:
             os.fsync(self.fd)
+        if self.holder is None:
+            self._link()
+        assert self.holder is not None and self.name is not None
         self.step("before-rename")
-        if d.identity_of(self.name) != self.identity:
+        if self.holder.identity_of(self.name) != self.identity:
             raise UnsafeFile(
                 "changed-meanwhile",
                 d.join(self.target),
@@ -418,17 +505,24 @@ class NewFile:
                 "renamed, removed or replaced (by a symlink or another file) while hugify worked on it; "
                 "the new file was not renamed over it",
             )
-        os.replace(self.name, self.target, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+        os.replace(self.name, self.target, src_dir_fd=self.holder.fd, dst_dir_fd=d.fd)
         self.committed = True
         if durable:
             os.fsync(d.fd)
         self.step("renamed")
 
     def discard(self) -> None:
-        """Removes the temporary name if it is still this file (never someone else's)."""
-        if not self.committed and self.directory.identity_of(self.name) == self.identity:
+        """Removes the temporary name and the private directory if they are still
+        this run's (never someone else's)."""
+        holder, name = self.holder, self.name
+        if not self.committed and holder is not None and name is not None and holder.identity_of(name) == self.identity:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.name, dir_fd=self.directory.fd)
+                os.unlink(name, dir_fd=holder.fd)
+        if self._private is not None:
+            private, made = self._private
+            if self.directory.identity_of(private) == made:
+                with contextlib.suppress(OSError):  # not empty: someone else's file, left
+                    os.rmdir(private, dir_fd=self.directory.fd)
 
     def __enter__(self) -> NewFile:
         return self
@@ -438,6 +532,8 @@ class NewFile:
             self.discard()
         finally:
             os.close(self.fd)
+            if self.holder is not None and self.holder is not self.directory:
+                self.holder.close()
 
 
 def link_replace(

@@ -141,6 +141,17 @@ def _check_huge_page(v: Any) -> int:
     return n
 
 
+def _check_page_size(v: Any) -> int:
+    n = _check_size(v)
+    if n < 4 << 10 or n > 256 << 10 or n & (n - 1):
+        raise _Bad(
+            f"{n} bytes is not a page size",
+            'a power of two between "4K" and "256K": the largest base page your kernels for it use; "4K" on '
+            'x86_64 and i386, "64K" on aarch64 where kernel-64k (RHEL) or -64k (Ubuntu) kernels may run the files',
+        )
+    return n
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if isinstance(v, str) and v in options:
@@ -283,6 +294,13 @@ FIELDS: dict[str, Field] = {
 HUGE_PAGE = Field(_check_huge_page, _core.DEFAULT_HUGE_PAGE, "huge-page size", is_size=True)
 #: Per architecture the rewriter supports, from the core's architecture table.
 DEFAULT_HUGE_PAGES = dict(_core.default_huge_pages())
+PAGE_SIZE = Field(
+    _check_page_size, 4096, "largest base page size the files run with (exposure is measured in it)", is_size=True
+)
+#: The largest page size each architecture's distribution kernels use (core's table).
+DEFAULT_PAGE_SIZES = dict(_core.default_page_sizes())
+#: Per-architecture tables: key -> the schema of each entry.
+ARCH_TABLES = {"huge_page_size": HUGE_PAGE, "page_size": PAGE_SIZE}
 SIGNING: dict[str, Field] = {
     "mode": Field(_choice("off", "optional", "required"), "off", "off, optional or required"),
     "key": Field(_check_key_ref, "", "private key file or KMS/PKCS#11 URI"),
@@ -321,8 +339,8 @@ def field_for(key: Key) -> Field:
     """The schema entry of a (valid) key, package overrides included."""
     if key[0] == "packages":
         key = key[2:]
-    if key[0] == "huge_page_size":
-        return HUGE_PAGE
+    if key[0] in ARCH_TABLES:
+        return ARCH_TABLES[key[0]]
     if key[0] == "signing":
         return SIGNING[key[1]]
     if key[0] == "runtime":
@@ -333,6 +351,7 @@ def field_for(key: Key) -> Field:
 def defaults() -> dict[Key, Setting]:
     out: dict[Key, Setting] = {(k,): Setting(f.default, DEFAULT_SOURCE) for k, f in FIELDS.items()}
     out.update({("huge_page_size", a): Setting(v, DEFAULT_SOURCE) for a, v in DEFAULT_HUGE_PAGES.items()})
+    out.update({("page_size", a): Setting(v, DEFAULT_SOURCE) for a, v in DEFAULT_PAGE_SIZES.items()})
     out.update({("signing", k): Setting(f.default, DEFAULT_SOURCE) for k, f in SIGNING.items()})
     out.update({("runtime", k): Setting(f.default, DEFAULT_SOURCE) for k, f in RUNTIME.items()})
     return out
@@ -464,13 +483,13 @@ class _Reader:
 
     def settings(self, doc: Mapping[str, Any], prefix: Key) -> None:
         top = not prefix
-        allowed = [*FIELDS, "huge_page_size", *(["signing", "runtime", "packages"] if top else [])]
+        allowed = [*FIELDS, *ARCH_TABLES, *(["signing", "runtime", "packages"] if top else [])]
         for name, value in doc.items():
             key = (*prefix, name)
             if name in FIELDS:
                 self.leaf(key, value, FIELDS[name])
-            elif name == "huge_page_size":
-                self.huge_pages(key, value)
+            elif name in ARCH_TABLES:
+                self.per_arch(key, value, ARCH_TABLES[name])
             elif name in ("signing", "runtime") and top:
                 schema = SIGNING if name == "signing" else RUNTIME
                 tbl = self.table(key, value)
@@ -492,7 +511,8 @@ class _Reader:
             else:
                 self.unknown(key, allowed)
 
-    def huge_pages(self, key: Key, value: Any) -> None:
+    def per_arch(self, key: Key, value: Any, field: Field) -> None:
+        """A table of one value per architecture ([huge_page_size], [page_size])."""
         seen: dict[str, str] = {}
         for arch, v in (self.table(key, value) or {}).items():
             canon = canonical_arch(arch)
@@ -509,8 +529,8 @@ class _Reader:
             else:
                 seen[canon] = arch
                 try:
-                    setting = Setting(HUGE_PAGE.check(v), self.file, _line_of(self.lines, (*key, arch)))
-                    self.out[(*key[:-1], "huge_page_size", canon)] = setting
+                    setting = Setting(field.check(v), self.file, _line_of(self.lines, (*key, arch)))
+                    self.out[(*key, canon)] = setting
                 except _Bad as e:
                     self.bad((*key, arch), f"{_dotted((*key, arch))}: {e.message}", e.hint)
 
@@ -643,6 +663,12 @@ class Policy:
         """The huge-page size for an architecture (any of its names), or None."""
         s = self.settings.get(("huge_page_size", canonical_arch(arch) or arch))
         return int(s.value) if s else None
+
+    def page_size(self, arch: str) -> int:
+        """The largest base page size files of an architecture run with, which exposure
+        is measured in; 0 (the core's default for it) where the policy has none."""
+        s = self.settings.get(("page_size", canonical_arch(arch) or arch))
+        return int(s.value) if s else 0
 
     def signing(self, name: str) -> Any:
         return self._get("signing", name)
@@ -807,7 +833,8 @@ def render(policy: Policy, layers: Layers, overrides: Mapping[str, Mapping[Key, 
 
     settings = policy.settings
     section(None, [((k,), settings[(k,)]) for k in FIELDS], 0)
-    section("huge_page_size", sorted((k, s) for k, s in settings.items() if k[0] == "huge_page_size"), 1)
+    for table in ARCH_TABLES:
+        section(table, sorted((k, s) for k, s in settings.items() if k[0] == table), 1)
     section("signing", [(("signing", k), settings[("signing", k)]) for k in SIGNING], 1)
     section("runtime", [(("runtime", k), settings[("runtime", k)]) for k in RUNTIME], 1)
     for pkg in sorted(overrides or {}):

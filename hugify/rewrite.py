@@ -35,6 +35,9 @@ class Settings(NamedTuple):
     mode: str = "auto"
     #: Bytes per file that may become executable that were not (policy exposure_limit).
     exposure_limit: int = 0
+    #: The largest base page size the output runs with, which exposure is measured in
+    #: (policy page_size; 0: the largest the architecture's distribution kernels use).
+    page_size: int = 0
 
 
 def hugify_error(reason: str, detail: str) -> _core.HugifyError:
@@ -83,6 +86,7 @@ def replace(
                 settings.threshold,
                 settings.mode,
                 settings.exposure_limit,
+                settings.page_size,
                 src_name=source.path,
                 out_name=new.path,
             )

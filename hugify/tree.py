@@ -10,9 +10,10 @@ inode). Symlinks are never followed or touched, nor is anything under
 stops the others. The policy's ``on_error`` decides the exit status.
 
 The tree may be hostile (hugify runs as root in package builds whose files the
-build, that is upstream's code, made): it is walked with directory descriptors
-(os.fwalk) and every file is opened and replaced relative to its directory, each
-directory below the root opened without following a symlink (hugify/files.py).
+build, that is upstream's code, made): it is walked with directory descriptors,
+each directory opened relative to its parent with O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK
+(a symlink, a FIFO or a device node swapped in for one is never opened), and every
+file is opened and replaced relative to its directory (hugify/files.py).
 FIFOs, device nodes and sockets are never opened and are skipped with reason
 not-regular; a file with hard links outside the tree is skipped (outside-links);
 a file swapped while hugify works on it is left alone (changed-meanwhile).
@@ -126,22 +127,36 @@ class Entry(NamedTuple):
 
 
 def entries(root: Path) -> Iterator[Entry]:
-    """Every file under root but directories and symbolic links, in a stable order.
-    Walked with directory descriptors: a symbolic link is never followed, a
-    directory swapped for one is not entered, pruned trees are skipped."""
+    """Every file under root but directories and symbolic links, in a stable order:
+    a directory's files by name, then its subdirectories by name, each walked whole.
+    Walked with directory descriptors (`files.Directory.subdirectory`): a symbolic
+    link is never followed, a directory swapped for a link, a FIFO or a device node is
+    neither opened nor entered, pruned trees are skipped."""
     with files.Directory.open(root, follow=True) as top:
-        for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=top.fd, follow_symlinks=False):
-            here = os.path.normpath(dirpath)
-            prefix = "" if here == "." else here + "/"
-            dirnames[:] = sorted(d for d in dirnames if "/" + prefix + d not in PRUNED)
-            directory = files.Directory(dir_fd, os.path.join(root, here), owned=False)
-            for name in sorted(filenames):
-                try:
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                except OSError:
-                    continue
-                if not (stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                    yield Entry(prefix + name, name, directory, st)
+        yield from _entries_in(top, "")
+
+
+def _entries_in(directory: files.Directory, prefix: str) -> Iterator[Entry]:
+    """The entries of `directory` (whose path below the root is `prefix`) and below.
+    The listing's file types only sort names into files and subdirectories; what a
+    name is when it is used is looked at again (fstatat, or opening it as a directory
+    without following it)."""
+    with os.scandir(directory.fd) as listing:
+        listed = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in listing)
+    for name, _ in (n for n in listed if not n[1]):
+        try:
+            st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if not (stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            yield Entry(prefix + name, name, directory, st)
+    for name, _ in (n for n in listed if n[1] and "/" + prefix + n[0] not in PRUNED):
+        try:
+            sub = directory.subdirectory(name)
+        except OSError:  # gone, or no longer a directory: nothing to walk there
+            continue
+        with sub:
+            yield from _entries_in(sub, prefix + name + "/")
 
 
 def walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
@@ -214,6 +229,10 @@ class FileReport(TypedDict):
     #: Bytes made executable that were not (policy exposure_limit), and where they lie.
     exposed_bytes: NotRequired[int]
     exposed_sections: NotRequired[dict[str, int]]
+    #: The largest base page size it was transformed to run with (policy page_size),
+    #: and the page its exposure was measured in.
+    page_size: NotRequired[int]
+    page: NotRequired[int]
     #: The program header table left e_phoff for a gap between sections (dwz and
     #: eu-strip zero it there): a distribution must be able to find such files.
     phdr_table_displaced: NotRequired[bool]
@@ -296,6 +315,8 @@ class Outcome(NamedTuple):
                     "coverage": round(res["covered_code"] / code, 4) if code else 0.0,
                     "exposed_bytes": res["exposed_read_only"],
                     "exposed_sections": res["exposed_sections"],
+                    "page_size": self.report["page_size"],
+                    "page": self.report["page"],
                     "phdr_table_displaced": res["phdr_table_displaced"],
                     "huge_page": self.report["huge_page"],
                     "build_id_before": self.report["build_id"],
@@ -490,7 +511,7 @@ def decide(c: Candidate, opts: Options) -> Settings | Outcome:
     hp = pol.huge_page(arch)
     if hp is None:
         return Outcome(c.paths, "skipped", "unsupported-arch", f"the policy has no huge_page_size for {arch}")
-    return Settings(hp, pol.threshold, pol.mode, pol.exposure_limit)
+    return Settings(hp, pol.threshold, pol.mode, pol.exposure_limit, pol.page_size(arch))
 
 
 class _Progress:

@@ -256,3 +256,34 @@ def test_the_runtime_maps_the_whole_windows_of_a_load_that_starts_mid_window(tmp
         assert run.returncode == 0, run.stderr
     for way, maps in (("prefetch", plain), ("hugify-run", parse_smaps(run.stdout))):
         assert maps[str(lib)].pmd == huge, (way, maps[str(lib)], run.stderr)
+
+
+def test_a_real_aarch64_file_is_measured_in_64k_pages(tmp_path: Path) -> None:
+    """A program GNU ld linked for aarch64 (loads 64 KiB aligned): under the default
+    policy it is measured in the pages of RHEL's kernel-64k and Ubuntu's -64k kernels,
+    64 KiB, and every load of the output stays congruent modulo 64 KiB (readelf), so
+    those kernels still map it; `--page-size 4K` (a distribution with 4 KiB kernels
+    only) measures it in 4 KiB pages. On the old code every file was measured in 4 KiB
+    pages and the report did not say which."""
+    from testkit.recipes import CROSS_DWARF_RECIPES
+
+    orig = build(next(r for r in CROSS_DWARF_RECIPES if r.name == "a64-dw-gcc-dwarf5")) / "prog"
+    assert all(ld.offset % 0x10000 == ld.vaddr % 0x10000 for ld in readelf_loads(orig))
+    report = transform(orig, tmp_path / "prog")
+    assert (report["page_size"], report["page"], report["result"]["exposed_read_only"]) == (0x10000, 0x10000, 0)
+    loads = readelf_loads(tmp_path / "prog")
+    assert all(ld.offset % 0x10000 == ld.vaddr % 0x10000 for ld in loads), loads
+    small = transform(orig, tmp_path / "prog-4k", "--page-size", "4K")
+    assert (small["page_size"], small["page"]) == (0x1000, 0x1000)
+
+
+def test_the_policys_page_size_is_validated_with_its_line(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('enabled = true\n[page_size]\nx86_64 = "4K"\narm64 = "3K"\nsparc = "8K"\n')
+    res = hugify("policy", "check", policy, check=False)
+    assert res.returncode != 0
+    assert f"{policy}:4: page_size.arm64: 3072 bytes is not a page size" in res.stderr, res.stderr
+    assert f'{policy}:5: unknown architecture "sparc" in page_size' in res.stderr, res.stderr
+    policy.write_text('[page_size]\narm64 = "16K"\n[packages.big]\npage_size = { aarch64 = "4K" }\n')
+    shown = hugify("policy", "show", "--policy", policy, "--package", "big").stdout
+    assert 'aarch64 = "4K"' in shown and 'x86_64 = "4K"' in shown, shown

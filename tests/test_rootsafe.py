@@ -17,6 +17,8 @@ the stand-in; `strace -f` shows no path-based chown/chmod/setxattr/utime."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import re
@@ -25,10 +27,12 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -132,12 +136,63 @@ def run_cli(*args: str | Path) -> tuple[int, str, str]:
 
 
 def leftovers(directory: Path) -> list[str]:
-    """Regular files hugify's temporary names are (an attacker's symlink may stay)."""
-    return [p.name for p in directory.iterdir() if ".hugify-" in p.name and p.is_file() and not p.is_symlink()]
+    """hugify's temporary files, and its private directories (where the filesystem
+    cannot make a file without a name) but those holding what an attacker put there (a
+    symlink, which may stay)."""
+    out = []
+    for p in directory.iterdir():
+        if ".hugify-" not in p.name or p.is_symlink():
+            continue
+        if p.is_file() or (p.is_dir() and not any(c.is_symlink() for c in p.iterdir())):
+            out.append(p.name)
+    return out
+
+
+@contextmanager
+def bindfs(parent: Path) -> Iterator[Path]:
+    """A directory on a filesystem that cannot make a file without a name (O_TMPFILE
+    answers EOPNOTSUPP, as on NFS and vfat): bindfs (FUSE) over a directory of
+    `parent`, with owners, modes and extended attributes (security.capability too),
+    other users' access checked by the kernel (default_permissions, allow_other).
+    hugify's new files are made in a private directory there."""
+    backing, mounted = parent / "fuse-backing", parent / "fuse"
+    backing.mkdir()
+    mounted.mkdir()
+    subprocess.run(["bindfs", str(backing), str(mounted)], check=True)
+    try:
+        with pytest.raises(OSError) as refused:
+            os.close(os.open(mounted, os.O_TMPFILE | os.O_RDWR, 0o600))
+        assert refused.value.errno == errno.EOPNOTSUPP
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+
+
+@pytest.fixture
+def fuse(tmp_path: Path) -> Iterator[Path]:
+    with bindfs(tmp_path) as mounted:
+        yield mounted
+
+
+#: Where hugify's new file is made: without a name (O_TMPFILE, on tmp_path's ext4), or
+#: in a private directory (on the FUSE filesystem, which cannot make one without).
+WAYS = ("unnamed", "private-directory")
+
+
+@pytest.fixture
+def raced(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[tuple[str, ...], Path]:
+    """An indirect parameter (..., way): the parameter, and the directory to work in
+    for that way (tmp_path, or the FUSE filesystem)."""
+    param = cast(tuple[str, ...], request.param)
+    base = cast(Path, request.getfixturevalue("fuse")) if param[-1] == "private-directory" else tmp_path
+    return param, base
 
 
 # --- the race hook -----------------------------------------------------------------------------
 
+#: The steps of an in-place transform. hugify's new file has a name (the step's
+#: `temporary`) only from before-rename on where the filesystem makes it without one,
+#: at every step from created on where it is made in a private directory.
 IN_PLACE_STEPS = [
     "opened",
     "created",
@@ -148,8 +203,8 @@ IN_PLACE_STEPS = [
     "before-rename",
     "renamed",
 ]
-#: Steps at which a temporary file exists under its own name.
-WITH_TEMPORARY = IN_PLACE_STEPS[1:-1]
+#: Steps at which a temporary file exists under its own name, per way.
+WITH_TEMPORARY = {"unnamed": ["before-rename"], "private-directory": IN_PLACE_STEPS[1:-1]}
 
 
 @dataclass
@@ -203,8 +258,8 @@ class Scene:
         os.symlink(self.outside / "shadow", step.temporary)
 
 
-def scene(tmp_path: Path, program: Path, outside: Path, *, uid: int = NOBODY, mode: int = 0o755) -> Scene:
-    work = tmp_path / "work"
+def scene(base: Path, program: Path, outside: Path, *, uid: int = NOBODY, mode: int = 0o755) -> Scene:
+    work = base / "work"
     work.mkdir()
     os.chmod(work, 0o777)  # the other user may write here
     target = work / "app"
@@ -232,25 +287,28 @@ ATTACKS = ["swap_target_for_symlink", "swap_target_for_file", "swap_temporary_fo
 
 
 @pytest.mark.parametrize(
-    "case",
+    "raced",
     [
-        (step, attack)
+        (step, attack, way)
         for attack in ATTACKS
+        for way in WAYS
         for step in IN_PLACE_STEPS
-        if attack != "swap_temporary_for_symlink" or step in WITH_TEMPORARY
+        if (step in WITH_TEMPORARY[way] if attack == "swap_temporary_for_symlink" else way == "unnamed")
     ],
     ids="-".join,
+    indirect=True,
 )
 def test_transform_in_place_raced_at_each_step(
-    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race], case: tuple[str, str]
+    program: Path, outside: Path, race: Callable[[Race], Race], raced: tuple[tuple[str, ...], Path]
 ) -> None:
     """The other user's file, 0755 and theirs (uid 65534), in their directory: at
-    each step they swap the target or hugify's temporary file for a symlink to a
-    root-owned 0600 file, or the target for another file. The issue's reproduced
-    case is the temporary file swapped after the transform (step written): the
-    root-owned file became uid 65534, mode 0755."""
-    step, attack = case
-    s = scene(tmp_path, program, outside)
+    each step they swap the target or hugify's temporary file (where it has a name)
+    for a symlink to a root-owned 0600 file, or the target for another file. The
+    issue's reproduced case is the temporary file swapped after the transform (step
+    written): the root-owned file became uid 65534, mode 0755. (In the private
+    directory the other user cannot reach the temporary file; the test, as root, does.)"""
+    (step, attack, _), base = raced
+    s = scene(base, program, outside)
     before = snapshot(outside)
     r = race(Race(step, s.target, getattr(s, attack)))
     code, _, err = run_cli("transform", "--in-place", s.target)
@@ -270,11 +328,12 @@ def test_transform_in_place_raced_at_each_step(
 
 
 def test_issue_case_root_file_never_becomes_nobody_0755(
-    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race]
+    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race], fuse: Path
 ) -> None:
     """Issue 28 as reproduced: after the transform, before the chown, the temporary
-    file is swapped for a symlink to a root-owned 0600 file."""
-    s = scene(tmp_path, program, outside)
+    file is swapped for a symlink to a root-owned 0600 file (where it has a name
+    then: in its private directory, on a filesystem without O_TMPFILE)."""
+    s = scene(fuse, program, outside)
     victim = outside / "shadow"
     r = race(Race("before-chown", s.target, s.swap_temporary_for_symlink))
     code, _, err = run_cli("transform", "--in-place", s.target)
@@ -285,14 +344,25 @@ def test_issue_case_root_file_never_becomes_nobody_0755(
     assert state(s.target).same_file(s.before)
 
 
-@pytest.mark.parametrize("step", ["written", "before-chown", "before-xattrs", "before-rename"])
+@pytest.mark.parametrize(
+    "raced",
+    [
+        (step, way)
+        for way in WAYS
+        for step in ("written", "before-chown", "before-xattrs", "before-rename")
+        if step in WITH_TEMPORARY[way]
+    ],
+    ids="-".join,
+    indirect=True,
+)
 def test_a_capability_file_gives_its_capability_to_nobody_else(
-    tmp_path: Path, program: Path, outside: Path, race: Callable[[Race], Race], step: str
+    program: Path, outside: Path, race: Callable[[Race], Race], raced: tuple[tuple[str, ...], Path]
 ) -> None:
     """A root-owned setuid file with a capability in a writable directory: swapping
     the temporary file for a symlink never copies the capability or the mode onto
     the symlink's target (without the race, tests/test_tree.py shows both kept)."""
-    s = scene(tmp_path, program, outside, uid=0, mode=0o4755)
+    (step, _), base = raced
+    s = scene(base, program, outside, uid=0, mode=0o4755)
     subprocess.run(["setcap", "cap_net_raw+ep", str(s.target)], check=True)
     s.before = state(s.target)
     before = snapshot(outside)
@@ -302,6 +372,85 @@ def test_a_capability_file_gives_its_capability_to_nobody_else(
     assert snapshot(outside) == before
     assert code == UNSAFE and "(changed-meanwhile)" in err, err
     assert state(s.target).same_file(s.before)
+
+
+#: Run as the other user: WORK TARGET PID [PATH...]. Opens for writing every file it
+#: can find under WORK, the PATHs given (hugify's temporary file, where it has a name)
+#: and the descriptors of process PID (/proc/PID/fd/*), writes its own bytes into each
+#: but TARGET (its own file, opened as a control), and prints those it opened.
+ATTACKER = """
+import os, sys
+work, target, pid, *paths = sys.argv[1:]
+for d, _, names in os.walk(work):
+    paths += [os.path.join(d, n) for n in names]
+try:
+    paths += [f"/proc/{pid}/fd/{n}" for n in os.listdir(f"/proc/{pid}/fd")]
+except OSError:
+    pass
+for path in dict.fromkeys(paths):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        continue
+    if path != target:
+        os.pwrite(fd, b"the other user's bytes", 0)
+    os.close(fd)
+    print(path)
+"""
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+#: The steps before hugify's new file is complete (owner, mode, capabilities given).
+INCOMPLETE = ["created", "written", "before-chown", "before-chmod", "before-xattrs"]
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path is root's alone)."""
+    d = Path(tempfile.mkdtemp(prefix="hugify-rootsafe-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_no_one_else_can_open_the_new_file_before_it_is_complete(
+    public: Path, program: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    """The other user's setgid file (theirs, uid 65534, mode 02755, with a capability
+    root gave it) in a directory they can write: at every step until hugify's new
+    file has its owner, mode and capability, they (really uid 65534, setpriv) try to
+    open for writing every file they can find there, hugify's temporary file by its
+    name, and hugify's descriptors. They open only their own file: the new one has no
+    name (O_TMPFILE) or lies in hugify's private directory (on a filesystem without
+    O_TMPFILE) until it is complete, and the output is exactly the transform of their
+    file, with its owner, setgid mode and capability. On the old code the temporary
+    file was theirs before its mode and capability were set: they wrote their bytes
+    into it at before-chmod, and root made those setgid with the capability."""
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(bindfs(public)) if way == "private-directory" else public
+        s = scene(base, program, outside, uid=NOBODY, mode=0o2755)
+        subprocess.run(["setcap", "cap_net_raw+ep", str(s.target)], check=True)
+        before = state(s.target)
+        code, _, err = run_cli("transform", s.target, "-o", public / "expected")
+        assert code == 0, err
+        opened: dict[str, list[str]] = {}
+
+        def attack(step: files.Step) -> None:
+            if step.name in INCOMPLETE and Path(step.target) == s.target:
+                named = [step.temporary] if step.temporary else []
+                cmd = [*AS_NOBODY, "/usr/bin/python3", "-c", ATTACKER, str(s.work), str(s.target), str(os.getpid())]
+                res = subprocess.run([*cmd, *named], capture_output=True, text=True, check=True)
+                opened[step.name] = res.stdout.split()
+
+        monkeypatch.setattr(files, "step_hook", attack)
+        code, _, err = run_cli("transform", "--in-place", s.target)
+        assert code == 0, err
+        assert opened == {step: [str(s.target)] for step in INCOMPLETE}
+        after = state(s.target)
+        assert (after.uid, after.gid, after.mode, after.xattrs) == (NOBODY, NOBODY, 0o2755, before.xattrs)
+        assert after.data == (public / "expected").read_bytes() != before.data
+        assert leftovers(s.work) == []
 
 
 @pytest.mark.parametrize("step", ["opened", "written", "before-rename"])
@@ -503,8 +652,7 @@ def tree_in_process(root: Path, *extra: str) -> tuple[int, list[str]]:
     [
         ("opened", "file-for-symlink"),
         ("written", "file-for-symlink"),
-        ("before-chown", "temporary-for-symlink"),
-        ("before-xattrs", "temporary-for-symlink"),
+        ("before-rename", "temporary-for-symlink"),
         ("before-rename", "file-for-other"),
         ("opened", "directory-for-symlink"),
         ("linked", "other-name-for-symlink"),
@@ -571,6 +719,115 @@ def test_hostile_tree_with_files_swapped_while_hugify_runs(
     for rel in ("usr/bin/capped", "usr/sbin/suid", "usr/libexec/app/helper"):  # the others go on
         assert_correct_output(root / rel, hostile.originals[rel])
     assert leftovers(root / "usr/bin") == []
+
+
+# --- the walk never opens what is swapped in for a directory ---------------------------------
+
+#: Run as `python -c WALK_RACE ROOT KIND OUTSIDE ASIDE MARK`: `hugify tree ROOT` in this
+#: process, where, while the walk reads usr/bin/a (step probed), usr/bin/sub (already
+#: listed as a directory, not yet entered) is moved to ASIDE and replaced by KIND: a
+#: FIFO, a character device (1:3, /dev/null's) or a symlink to OUTSIDE. A watchdog
+#: writes MARK if anything ever opens the FIFO for reading (opening it to write, with
+#: O_NONBLOCK, succeeds only then), which also ends the wait of a reader stuck on it.
+WALK_RACE = """
+import os, sys, threading, time
+from hugify import files
+from hugify.cli import main
+
+root, kind, outside, aside, mark = sys.argv[1:6]
+sub = os.path.join(root, "usr/bin/sub")
+
+def watch():
+    while True:
+        try:
+            os.close(os.open(sub, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            time.sleep(0.02)
+            continue
+        open(mark, "w").close()
+
+def swap(step):
+    if step.name != "probed" or step.target != os.path.join(root, "usr/bin/a") or os.path.exists(aside):
+        return
+    os.rename(sub, aside)
+    if kind == "fifo":
+        os.mkfifo(sub)
+        threading.Thread(target=watch, daemon=True).start()
+    elif kind == "device":
+        os.mknod(sub, 0o666 | 0o020000, os.makedev(1, 3))
+    else:
+        os.symlink(outside, sub)
+
+files.step_hook = swap
+sys.exit(main(["tree", root, "--no-progress", "--jobs", "1"]))
+"""
+OPENAT = re.compile(
+    r'^\d+\s+openat\((?P<dir>[^,]+), "(?P<name>[^"]*)", (?P<flags>[^,)]+)(?:, \d+)?\) = (?P<result>.*)$'
+)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "symlink"])
+def test_the_walk_never_opens_what_is_swapped_in_for_a_directory(
+    tmp_path: Path, program: Path, outside: Path, kind: str
+) -> None:
+    """A directory already listed is swapped, before the walk enters it, for a FIFO,
+    a device node or a symlink to the stand-in for /etc. The walk opens each directory
+    relative to its parent with O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK (strace), so the
+    swapped-in file is refused without being opened: the FIFO does not hang the run,
+    the device is not opened, the stand-in is not entered; the walk goes on and
+    transforms the program after it. On the old walk (os.fwalk opens each directory
+    O_RDONLY after an lstat) the FIFO was opened (it blocked), the device opened,
+    the stand-in's directory opened."""
+    root = tmp_path / "root"
+    for d in ("usr/bin/sub", "usr/sbin"):
+        (root / d).mkdir(parents=True)
+    (root / "usr/bin/a").write_text("not an ELF file\n")
+    (root / "usr/bin/sub/b").write_text("not an ELF file either\n")
+    shutil.copyfile(program, root / "usr/sbin/prog")
+    before = snapshot(outside)
+    aside, mark, log = tmp_path / "aside", tmp_path / "fifo-was-opened", tmp_path / "strace.log"
+    race = [sys.executable, "-c", WALK_RACE, str(root), kind, str(outside / "sub"), str(aside), str(mark)]
+    res = subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=open,openat,openat2", "-o", str(log), *race],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HUGIFY_POLICY_PATH": ""},
+        timeout=300,
+        check=False,
+    )
+    assert aside.is_dir(), "the swap never happened"
+    assert not mark.exists(), "the walk opened the FIFO swapped in for a directory"
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert exec_aligned(root / "usr/sbin/prog"), res.stdout
+    assert snapshot(outside) == before
+    opens = [m for m in map(OPENAT.match, log.read_text().splitlines()) if m]
+    walked = [m for m in opens if f"<{root}" in m["dir"] and "O_DIRECTORY" in m["flags"]]
+    assert {m["name"] for m in walked} >= {"usr", "bin", "sbin", "sub"}, walked
+    for m in walked:  # every directory below the root: relative to its parent, never following, never blocking
+        assert {"O_DIRECTORY", "O_NOFOLLOW", "O_NONBLOCK"} <= set(m["flags"].split("|")), m.group(0)
+    swapped = [m for m in opens if m["name"] == "sub"]  # the walk's (the watchdog names the whole path)
+    assert swapped and all(m["result"].startswith(("-1 ENOTDIR", "-1 ELOOP")) for m in swapped), swapped
+    reached = [m.group(0) for m in opens if f"<{outside}" in m["result"] or f"{root}/usr/bin/sub>" in m["result"]]
+    assert reached == []
+
+
+def test_the_walk_lists_files_before_subdirectories_by_name(tmp_path: Path) -> None:
+    """The walk's order (the log's and the report's, and the order of a hard-linked
+    file's names): a directory's files by name, then each subdirectory by name, whole;
+    symlinks, FIFOs and the like listed as the files they are, links not followed."""
+    from hugify import tree
+
+    root = tmp_path / "root"
+    for d in ("a/y", "c", "usr/lib/debug/usr/bin"):
+        (root / d).mkdir(parents=True)
+    for rel in ("b", "0", "a/z", "a/y/x", "c/d", "usr/lib/debug/usr/bin/p.debug"):
+        (root / rel).write_text(rel)
+    os.link(root / "b", root / "c/b-link")
+    os.symlink("a", root / "link-to-a")
+    os.mkfifo(root / "a/fifo")
+    order = [e.rel for e in tree.entries(root)]
+    assert order == ["0", "b", "a/fifo", "a/z", "a/y/x", "c/b-link", "c/d"]
 
 
 # --- no metadata change by path ----------------------------------------------------------------

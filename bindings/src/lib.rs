@@ -40,14 +40,14 @@ fn failure_to_py(py: Python<'_>, f: Failure) -> PyErr {
     }
 }
 
-fn options(huge_page: u64, threshold: u64, mode: &str, exposure_limit: u64) -> PyResult<Options> {
+fn options(huge_page: u64, threshold: u64, mode: &str, exposure_limit: u64, page_size: u64) -> PyResult<Options> {
     let mode = match mode {
         "auto" => ModeChoice::Auto,
         "shift" => ModeChoice::Shift,
         "align" => ModeChoice::Align,
         m => return Err(PyValueError::new_err(format!("unknown mode {m:?} (auto, shift, align)"))),
     };
-    Ok(Options { huge_page, threshold, mode, exposure_limit })
+    Ok(Options { huge_page, threshold, mode, exposure_limit, page_size })
 }
 
 fn segments<'py>(py: Python<'py>, phdrs: &[Phdr]) -> PyResult<Bound<'py, PyList>> {
@@ -134,6 +134,8 @@ fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>>
     d.set_item("windows_before", windows(py, &r.windows_before)?)?;
     d.set_item("huge_page", r.huge_page)?;
     d.set_item("exposure_limit", r.exposure_limit)?;
+    d.set_item("page_size", r.page_size)?;
+    d.set_item("page", r.page)?;
     d.set_item("segments", segments(py, &r.phdrs)?)?;
     d.set_item("build_id", r.build_id.as_deref().map(hex))?;
     let plans = PyDict::new(py);
@@ -182,7 +184,7 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Sen
 
 /// Reports a file's layout and both plans.
 #[pyfunction]
-#[pyo3(signature = (source, huge_page, threshold, mode="auto", exposure_limit=0))]
+#[pyo3(signature = (source, huge_page, threshold, mode="auto", exposure_limit=0, page_size=0))]
 fn inspect<'py>(
     py: Python<'py>,
     source: Source,
@@ -190,8 +192,9 @@ fn inspect<'py>(
     threshold: u64,
     mode: &str,
     exposure_limit: u64,
+    page_size: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = options(huge_page, threshold, mode, exposure_limit)?;
+    let opts = options(huge_page, threshold, mode, exposure_limit, page_size)?;
     let input = source.input(None);
     let report = guarded(py, || {
         let (_f, m) = fileio::map(&input)?;
@@ -204,8 +207,10 @@ fn inspect<'py>(
 /// open for reading and writing, and self-checks what it wrote. Descriptors, not
 /// paths: the caller (hugify/files.py) opened both where no one could swap them and
 /// renames the output into place. `src_name`, `out_name`: what errors call them.
+/// `page_size`: the largest page size the output is to run with (0: the largest its
+/// architecture's distribution kernels use).
 #[pyfunction]
-#[pyo3(signature = (src, out, huge_page, threshold, mode="auto", exposure_limit=0, *, src_name=None, out_name=None))]
+#[pyo3(signature = (src, out, huge_page, threshold, mode="auto", exposure_limit=0, page_size=0, *, src_name=None, out_name=None))]
 #[allow(clippy::too_many_arguments)]
 fn transform<'py>(
     py: Python<'py>,
@@ -215,10 +220,11 @@ fn transform<'py>(
     threshold: u64,
     mode: &str,
     exposure_limit: u64,
+    page_size: u64,
     src_name: Option<String>,
     out_name: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = options(huge_page, threshold, mode, exposure_limit)?;
+    let opts = options(huge_page, threshold, mode, exposure_limit, page_size)?;
     let input = Source::Fd(src).input(src_name);
     let out_label = out_name.unwrap_or_else(|| format!("<fd {out}>"));
     let t = guarded(py, || fileio::transform_fd(&input, out, &out_label, &opts))?;
@@ -229,7 +235,7 @@ fn transform<'py>(
 
 /// Transforms bytes in memory (tests and fuzzing): returns (report, output bytes).
 #[pyfunction]
-#[pyo3(signature = (data, huge_page, threshold, mode="auto", exposure_limit=0))]
+#[pyo3(signature = (data, huge_page, threshold, mode="auto", exposure_limit=0, page_size=0))]
 fn transform_bytes<'py>(
     py: Python<'py>,
     data: &[u8],
@@ -237,8 +243,9 @@ fn transform_bytes<'py>(
     threshold: u64,
     mode: &str,
     exposure_limit: u64,
+    page_size: u64,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyBytes>)> {
-    let opts = options(huge_page, threshold, mode, exposure_limit)?;
+    let opts = options(huge_page, threshold, mode, exposure_limit, page_size)?;
     let (t, out) = guarded(py, || hugify_core::transform_to_vec(data, &opts).map_err(Failure::Core))?;
     let d = report_dict(py, &t.report)?;
     d.set_item("result", plan_dict(py, &Ok(t.summary().clone()))?)?;
@@ -329,6 +336,19 @@ fn default_huge_pages() -> Vec<(&'static str, u64)> {
     ARCH_NAMES.iter().filter_map(|a| Some((a.name, a.rewriting?.default_huge_page))).collect()
 }
 
+/// The page size a policy measures exposure in for each architecture the rewriter
+/// supports, unless it sets one: the largest its distribution kernels use.
+#[pyfunction]
+fn default_page_sizes() -> Vec<(&'static str, u64)> {
+    ARCH_NAMES.iter().filter_map(|a| Some((a.name, a.rewriting?.max_page))).collect()
+}
+
+/// The smallest page size of each architecture the rewriter supports.
+#[pyfunction]
+fn min_page_sizes() -> Vec<(&'static str, u64)> {
+    ARCH_NAMES.iter().filter_map(|a| Some((a.name, a.rewriting?.min_page))).collect()
+}
+
 /// The canonical name of any spelling of an architecture (`amd64` -> `x86_64`).
 #[pyfunction]
 fn canonical_arch(name: &str) -> Option<&'static str> {
@@ -356,5 +376,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(arch_names, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_arch, m)?)?;
     m.add_function(wrap_pyfunction!(default_huge_pages, m)?)?;
+    m.add_function(wrap_pyfunction!(default_page_sizes, m)?)?;
+    m.add_function(wrap_pyfunction!(min_page_sizes, m)?)?;
     Ok(())
 }

@@ -47,14 +47,20 @@ pub struct Rewriting {
     pub trap: &'static [u8],
     /// The smallest page size the architecture's kernels use.
     pub min_page: u64,
+    /// The largest page size its distributions' kernels use: what a policy measures
+    /// exposure in and keeps loads congruent modulo unless it sets another
+    /// ([`crate::Options::page_size`]).
+    pub max_page: u64,
     /// The huge-page size a policy uses unless it sets one: a PMD with 4 KiB pages.
     pub default_huge_page: u64,
 }
 
-/// x86-64 and i386: `int3`.
-const X86: Rewriting = Rewriting { trap: &[0xcc], min_page: 4096, default_huge_page: 2 << 20 };
-/// `brk #0` (0xd4200000), little-endian; a PMD of the 4 KiB granule.
-const AARCH64: Rewriting = Rewriting { trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096, default_huge_page: 2 << 20 };
+/// x86-64 and i386: `int3`; 4 KiB pages only.
+const X86: Rewriting = Rewriting { trap: &[0xcc], min_page: 4096, max_page: 4096, default_huge_page: 2 << 20 };
+/// `brk #0` (0xd4200000), little-endian; a PMD of the 4 KiB granule. RHEL's
+/// `kernel-64k` and Ubuntu's `-64k` kernels map 64 KiB pages.
+const AARCH64: Rewriting =
+    Rewriting { trap: &[0x00, 0x00, 0x20, 0xd4], min_page: 4096, max_page: 0x10000, default_huge_page: 2 << 20 };
 
 /// The huge-page size where no architecture is known yet (x86-64's, the one every
 /// supported architecture shares with 4 KiB pages).
@@ -117,6 +123,8 @@ pub struct Arch {
     pub trap: &'static [u8],
     /// The smallest page size the architecture's kernels use.
     pub min_page: u64,
+    /// The largest page size its distributions' kernels use ([`Rewriting::max_page`]).
+    pub max_page: u64,
 }
 
 impl Arch {
@@ -126,7 +134,7 @@ impl Arch {
         let (machine, is64) = (elf.ehdr.e_machine, elf.class.is64);
         match ArchName::of_header(machine, is64, true) {
             Some(&ArchName { machine, name, rewriting: Some(r), .. }) => {
-                Ok(Arch { machine, name, trap: r.trap, min_page: r.min_page })
+                Ok(Arch { machine, name, trap: r.trap, min_page: r.min_page, max_page: r.max_page })
             }
             _ => Err(Error::new(
                 Reason::UnsupportedFormat,
@@ -187,16 +195,16 @@ mod tests {
 
     #[test]
     fn rewritten_architectures_and_their_facts() {
-        let rewritten: Vec<(&str, &[u8], u64, u64)> = ARCH_NAMES
+        let rewritten: Vec<(&str, &[u8], u64, u64, u64)> = ARCH_NAMES
             .iter()
-            .filter_map(|a| a.rewriting.map(|r| (a.name, r.trap, r.min_page, r.default_huge_page)))
+            .filter_map(|a| a.rewriting.map(|r| (a.name, r.trap, r.min_page, r.max_page, r.default_huge_page)))
             .collect();
         assert_eq!(
             rewritten,
             [
-                ("x86_64", &[0xcc][..], 4096, 2 << 20),
-                ("aarch64", &[0x00, 0x00, 0x20, 0xd4][..], 4096, 2 << 20),
-                ("i386", &[0xcc][..], 4096, 2 << 20)
+                ("x86_64", &[0xcc][..], 4096, 4096, 2 << 20),
+                ("aarch64", &[0x00, 0x00, 0x20, 0xd4][..], 4096, 0x10000, 2 << 20),
+                ("i386", &[0xcc][..], 4096, 4096, 2 << 20)
             ]
         );
         assert_eq!(DEFAULT_HUGE_PAGE, 2 << 20);

@@ -3,18 +3,23 @@
 //! file byte ranges from the two files' own headers, never from a plan.
 //!
 //! **Executable in the input** are the file bytes of every executable PT_LOAD
-//! (`[p_offset, p_offset + p_filesz)` of each `PF_X` load) and the bytes of every
-//! `SHF_EXECINSTR` section. So a GNU ld 2-LOAD or gold file's `.rodata` and
-//! `.eh_frame`, which its `R E` load maps already, stay executable without exposing
-//! anything new; lld's `.rodata`, `.eh_frame_hdr` and `.eh_frame`, which its `R` load
-//! maps, are not executable and must not become so.
+//! (`[p_offset, p_offset + p_filesz)` of each `PF_X` load), and nothing else: what
+//! the loader maps, not what section headers (which the loader never reads) claim. So
+//! a GNU ld 2-LOAD or gold file's `.rodata` and `.eh_frame`, which its `R E` load maps
+//! already, stay executable without exposing anything new; lld's `.rodata`,
+//! `.eh_frame_hdr` and `.eh_frame`, which its `R` load maps, are not executable and
+//! must not become so, nor a section outside every `PF_X` load that claims
+//! `SHF_EXECINSTR`.
 //!
 //! **Executable in the output** is what the loader maps with `PROT_EXEC`: each
-//! executable PT_LOAD's file bytes rounded out to whole pages of the architecture's
-//! smallest page size (the kernel and ld.so map pages, so the bytes that share the
-//! first and last page with the segment are mapped too), except that bytes past
-//! `p_filesz` in the last page of a segment whose `p_memsz` is larger are cleared by
-//! the loader.
+//! executable PT_LOAD's file bytes rounded out to whole pages (the kernel and ld.so
+//! map pages, so the bytes that share the first and last page with the segment are
+//! mapped too), except that bytes past `p_filesz` in the last page of a segment whose
+//! `p_memsz` is larger are cleared by the loader. The pages are the largest the
+//! output may run with: the largest its architecture's distribution kernels use
+//! (64 KiB on aarch64: RHEL's `kernel-64k`, Ubuntu's `-64k`), or the policy's
+//! `page_size`, as far as the file's loads are congruent modulo it
+//! ([`crate::layout::Analysis::page`]).
 //!
 //! **Exposed** is every byte executable in the output that is not, by where it came
 //! from, a byte executable in the input and not trap padding (each byte of
@@ -28,7 +33,6 @@
 //! input byte must be executable.
 
 use crate::assemble::PAD_SECTION;
-use crate::elf::consts::*;
 use crate::elf::{align_down, align_up, Elf};
 
 /// The name exposure reports give bytes that lie in no section (gaps between sections).
@@ -87,11 +91,10 @@ fn contains(ranges: &[(u64, u64)], at: u64) -> bool {
     ranges.iter().any(|&(x, y)| at >= x && at < y)
 }
 
-/// The input's executable file ranges (see the module documentation).
+/// The input's executable file ranges (see the module documentation): what its
+/// executable loads map, whatever its section headers say.
 pub fn input_executable(elf: &Elf) -> Vec<(u64, u64)> {
-    let loads = elf.loads().filter(|p| p.is_exec()).map(|p| (p.p_offset, p.fend()));
-    let code = elf.shdrs.iter().filter(|s| s.sh_flags & SHF_EXECINSTR != 0 && s.has_file_data());
-    merged(loads.chain(code.map(|s| (s.sh_offset, s.fend()))).collect())
+    merged(elf.loads().filter(|p| p.is_exec()).map(|p| (p.p_offset, p.fend())).collect())
 }
 
 /// The file ranges the loader maps executable (see the module documentation), clipped
@@ -271,5 +274,81 @@ mod tests {
         out[*at as usize] = 0x90;
         let exposed = measure(&old, &Elf::parse(&out).unwrap(), brk, 4096);
         assert_eq!(exposed.sections, [(PAD_SECTION.to_owned(), 1)]);
+    }
+
+    #[test]
+    fn a_section_that_claims_to_be_code_is_not_executable_unless_a_pf_x_load_maps_it() {
+        // lld's layout, 0x280000 bytes of code: the R load holds the metadata and then
+        // .rodata (file 0x2c0-0x300), .eh_frame_hdr and .eh_frame (to 0x36c); the RX
+        // load is .text alone, from file offset 0x1000 (address 0x2000). A .rodata whose
+        // header claims SHF_EXECINSTR is still mapped by the R load: the input's
+        // executable bytes are the RX load's, [0x1000, 0x1000 + 0x280000), and nothing
+        // of .rodata may share the code's executable load in the output.
+        use crate::elf::consts::SHF_EXECINSTR;
+        use crate::testelf::{opts, Arrangement, Dso};
+        let dso = Dso::new(Arrangement::RodataFirst, 0x28_0000);
+        let mut data = dso.build().data;
+        let rodata = Elf::parse(&data).unwrap().section(".rodata").unwrap().index as u64;
+        let flags = (Elf::parse(&data).unwrap().ehdr.e_shoff + rodata * 64 + 8) as usize;
+        data[flags] |= SHF_EXECINSTR as u8;
+        let old = Elf::parse(&data).unwrap();
+        assert_eq!((old.shdrs[rodata as usize].sh_offset, old.shdrs[rodata as usize].sh_size), (0x2c0, 0x40));
+        assert_eq!(input_executable(&old), [(0x1000, 0x1000 + 0x28_0000)]);
+        let (t, out) = crate::transform_to_vec(&data, &opts(crate::ModeChoice::Shift, 2 << 20)).unwrap();
+        let new = Elf::parse(&out).unwrap();
+        let (ro, x) = (&new.shdrs[rodata as usize], new.loads().find(|l| l.is_exec()).unwrap());
+        assert!(ro.fend() <= align_down(x.p_offset, 4096), "{ro:x?} {x:x?}");
+        assert_eq!((t.summary().exposed, measure(&old, &new, &[0xcc], 4096)), (0, Exposure::default()));
+    }
+
+    #[test]
+    fn a_64k_kernel_maps_executable_what_shares_a_64k_page_with_the_code() {
+        // An RX load 32 KiB into a 64 KiB page, below it 32 KiB of the R load (filled
+        // with 0xcc, not the trap measured with): 4 KiB pages map the RX load's bytes
+        // alone; 64 KiB pages the whole first 64 KiB of the file, the ELF header (64
+        // bytes), the program headers (2 x 56) and the R load's rest included.
+        use crate::testelf::{Seg, TestElf};
+        let r = Seg::data(0, 0, 0x8000).align(0x10000);
+        let data = TestElf::pie(&[r, Seg::code(0x8000, 0x1_8000, 0x8000).align(0x10000)]).build();
+        let elf = Elf::parse(&data).unwrap();
+        let brk: &[u8] = &[0x00, 0x00, 0x20, 0xd4];
+        assert_eq!(mapped_executable(&elf, 0x1000), [(0x8000, 0x10000)]);
+        assert_eq!(mapped_executable(&elf, 0x10000), [(0, 0x10000)]);
+        assert_eq!(measure(&elf, &elf, brk, 0x1000), Exposure::default());
+        let at_64k = measure(&elf, &elf, brk, 0x10000);
+        assert_eq!(at_64k.bytes, 0x8000);
+        let want = [("(ELF header)", 64), ("(program headers)", 112), (OUTSIDE_SECTIONS, 0x8000 - 176)];
+        assert_eq!(at_64k.sections, want.map(|(n, b)| (n.to_owned(), b)));
+    }
+
+    #[test]
+    fn aarch64_files_are_measured_and_laid_out_in_64k_pages_as_far_as_their_loads_allow() {
+        // GNU ld and lld lay aarch64 loads out for 64 KiB pages: such a file runs under
+        // RHEL's kernel-64k, and is measured and shifted in 64 KiB pages unless the
+        // policy says 16 KiB (or 4 KiB); one linked for 4 KiB pages runs on no such
+        // kernel and is measured in 4 KiB; x86-64 has 4 KiB pages only.
+        use crate::elf::consts::EM_AARCH64;
+        use crate::layout::analyse_for;
+        use crate::testelf::{opts, Arrangement, Dso};
+        let aarch64 = |page| {
+            // lld's arrangement: each load after the first one page above its offset.
+            let mut dso = Dso::new(Arrangement::RodataFirst, 0x28_0000);
+            (dso.machine, dso.page) = (EM_AARCH64, page);
+            dso.build().data
+        };
+        let (linked_64k, linked_4k) = (aarch64(0x10000), aarch64(0x1000));
+        let x86 = Dso::new(Arrangement::RodataFirst, 0x28_0000).build().data;
+        let page = |data: &[u8], limit| {
+            let an = analyse_for(&Elf::parse(data).unwrap(), limit).unwrap();
+            (an.page, an.page_limit)
+        };
+        assert_eq!(page(&linked_64k, 0), (0x10000, 0x10000));
+        assert_eq!(page(&linked_64k, 0x4000), (0x4000, 0x4000));
+        assert_eq!(page(&linked_4k, 0), (0x1000, 0x10000));
+        assert_eq!(page(&x86, 0), (0x1000, 0x1000));
+        let (t, out) = crate::transform_to_vec(&linked_64k, &opts(crate::ModeChoice::Shift, 2 << 20)).unwrap();
+        assert_eq!((t.report.page_size, t.report.page, t.summary().exposed), (0x10000, 0x10000, 0));
+        let new = Elf::parse(&out).unwrap();
+        assert!(new.loads().all(|l| l.p_offset % 0x10000 == l.p_vaddr % 0x10000), "{:x?}", new.phdrs);
     }
 }

@@ -84,6 +84,14 @@ pub enum LoadPlace {
 pub struct Analysis {
     /// The target architecture.
     pub arch: Arch,
+    /// The page size the layout keeps loads congruent modulo and exposure is measured
+    /// in ([`crate::exposure`]): the largest power of two up to `page_limit` modulo
+    /// which every load of the file is congruent (a file linked for 4 KiB pages runs
+    /// on no kernel with larger ones), at least the architecture's smallest page.
+    pub page: u64,
+    /// The largest page size the file is to run with: the policy's, or the largest its
+    /// architecture's distribution kernels use ([`Arch::max_page`]).
+    pub page_limit: u64,
     /// PIE, static-pie, DSO or executable.
     pub kind: FileKind,
     /// The layout class.
@@ -146,8 +154,26 @@ fn refused(reason: Reason, detail: impl Into<String>) -> Error {
     Error::new(reason, detail)
 }
 
-/// Analyses a parsed file. Fails for files the rewriter does not handle at all.
+/// The largest power of two from `min` up to `limit` modulo which every load's file
+/// offset is congruent to its address (what a kernel with pages of that size can
+/// map); `min` where none is.
+pub fn congruent_page(loads: &[Phdr], min: u64, limit: u64) -> u64 {
+    let mut page = min;
+    while page < limit && loads.iter().all(|l| l.p_offset % (page * 2) == l.p_vaddr % (page * 2)) {
+        page *= 2;
+    }
+    page
+}
+
+/// Analyses a parsed file for the architecture's largest page size.
 pub fn analyse(elf: &Elf) -> Result<Analysis> {
+    analyse_for(elf, 0)
+}
+
+/// Analyses a parsed file to run with pages of up to `page_size` bytes (0: the
+/// largest its architecture's distribution kernels use). Fails for files the
+/// rewriter does not handle at all.
+pub fn analyse_for(elf: &Elf, page_size: u64) -> Result<Analysis> {
     let arch = Arch::for_file(elf)?;
     let kind = file_kind(elf)?;
     if elf.shdrs.is_empty() {
@@ -216,8 +242,11 @@ pub fn analyse(elf: &Elf) -> Result<Analysis> {
         .map(|s| s.sh_size)
         .sum();
     let layout = classify(&loads, exec, &alloc, split);
+    let page_limit = if page_size == 0 { arch.max_page } else { page_size.max(arch.min_page) };
     Ok(Analysis {
         arch,
+        page: congruent_page(&loads, arch.min_page, page_limit),
+        page_limit,
         kind,
         layout,
         linker: linker_name(elf),

@@ -63,6 +63,11 @@ pub struct Options {
     /// Bytes per file that were not executable in the input ([`exposure`]) and may
     /// become executable: 0 unless a policy opts in, whatever the mode.
     pub exposure_limit: u64,
+    /// The largest page size the output is to run with (a power of two; 0: the
+    /// largest the architecture's distribution kernels use, [`arch::Rewriting::max_page`]):
+    /// exposure is measured in such pages and loads stay congruent modulo them, as far
+    /// as the input's are ([`layout::Analysis::page`]).
+    pub page_size: u64,
 }
 
 impl Default for Options {
@@ -72,6 +77,7 @@ impl Default for Options {
             threshold: DEFAULT_THRESHOLD,
             mode: ModeChoice::Auto,
             exposure_limit: 0,
+            page_size: 0,
         }
     }
 }
@@ -140,6 +146,12 @@ pub struct Report {
     pub huge_page: u64,
     /// The exposure limit planned with ([`Options::exposure_limit`]).
     pub exposure_limit: u64,
+    /// The largest page size the output is to run with ([`Options::page_size`], 0
+    /// resolved to the architecture's), and the one exposure is measured in for this
+    /// file ([`layout::Analysis::page`]: smaller where its loads are congruent only so).
+    pub page_size: u64,
+    /// See `page_size`.
+    pub page: u64,
     /// The shift plan, or why not.
     pub shift: Result<PlanSummary>,
     /// The alignment-only plan, or why not.
@@ -156,6 +168,7 @@ pub struct Transformed {
     pub output: Output,
     plan: Plan,
     exposure_limit: u64,
+    page_size: u64,
 }
 
 impl Transformed {
@@ -186,8 +199,11 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
             format!("huge-page size {:#x} is not a power of two >= 4096", opts.huge_page),
         ));
     }
+    if opts.page_size != 0 && !opts.page_size.is_power_of_two() {
+        return Err(Error::new(Reason::Internal, format!("page size {:#x} is not a power of two", opts.page_size)));
+    }
     let elf = Elf::parse(data)?;
-    let an = layout::analyse(&elf)?;
+    let an = layout::analyse_for(&elf, opts.page_size)?;
     let pre = plan::precheck(&an, opts.huge_page, opts.threshold).and_then(|()| check_sections(&elf));
     if !all_plans {
         pre.clone()?;
@@ -233,6 +249,8 @@ fn plan_file<'e>(data: &'e [u8], opts: &Options, all_plans: bool) -> Result<Plan
         build_id,
         huge_page: opts.huge_page,
         exposure_limit: opts.exposure_limit,
+        page_size: an.page_limit,
+        page: an.page,
         shift,
         align,
         chosen,
@@ -321,7 +339,7 @@ fn transform_planned(data: &[u8], opts: &Options, adjust: impl FnOnce(&mut Plan)
     if let Ok(s) = chosen {
         s.growth = output.size as i64 - data.len() as i64;
     }
-    Ok(Transformed { report, output, plan, exposure_limit: opts.exposure_limit })
+    Ok(Transformed { report, output, plan, exposure_limit: opts.exposure_limit, page_size: opts.page_size })
 }
 
 /// Re-parses `out` (the bytes of `t.output`) and checks every invariant of the
@@ -330,7 +348,7 @@ fn transform_planned(data: &[u8], opts: &Options, adjust: impl FnOnce(&mut Plan)
 /// recorded in the summary of the plan carried out.
 pub fn verify(input: &[u8], out: &[u8], t: &mut Transformed) -> Result<()> {
     let elf = Elf::parse(input)?;
-    let an = layout::analyse(&elf)?;
+    let an = layout::analyse_for(&elf, t.page_size)?;
     let measured = verify::check(&elf, &an, &t.plan, t.exposure_limit, out)?;
     let chosen = match t.plan.mode {
         Mode::Shift => &mut t.report.shift,

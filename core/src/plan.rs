@@ -185,7 +185,7 @@ pub fn candidates(elf: &Elf, an: &Analysis, huge_page: u64, exposure_limit: u64)
 /// Largest alignment among what moves: segment alignments, TLS alignment and
 /// section alignments. `dv` must be a multiple of it.
 fn moved_alignment(elf: &Elf, an: &Analysis) -> Result<u64> {
-    let mut a = an.arch.min_page;
+    let mut a = an.page;
     for (l, place) in an.loads.iter().zip(&an.places) {
         if *place != LoadPlace::Stays {
             a = a.max(l.p_align);
@@ -247,7 +247,7 @@ fn around<'e>(elf: &'e Elf, an: &Analysis) -> Result<Around<'e>> {
     }
     let split = an.places[first_moved] == LoadPlace::Split;
     let align = moved_alignment(elf, an)?;
-    let page = an.arch.min_page;
+    let page = an.page;
     let start = an.move_start;
     // Read-only content between the split point and the code (lld's .rodata, .eh_frame
     // before .text) moves with the code by the same dv: the code reaches it pc-relatively.
@@ -292,7 +292,8 @@ fn around<'e>(elf: &'e Elf, an: &Analysis) -> Result<Around<'e>> {
         .shdrs
         .iter()
         .filter(|s| an.section_moves[s.index] && s.sh_size > 0 && s.sh_addr < code_start)
-        .filter(|s| s.sh_flags & SHF_EXECINSTR == 0 && !s.is_tls_bss())
+        // Below the code, outside the executable load: data, whatever its flags say.
+        .filter(|s| !s.is_tls_bss())
         .collect();
     Ok(Around {
         first_moved,
@@ -312,7 +313,7 @@ fn around<'e>(elf: &'e Elf, an: &Analysis) -> Result<Around<'e>> {
 /// sits on a huge-page boundary, how far below the code it starts) and the one that
 /// puts the most code on whole windows, exposing no more than `exposure_limit`.
 fn search(elf: &Elf, an: &Analysis, hp: u64, g: &Around, exposure_limit: u64) -> Result<Plan> {
-    let (page, align, code_start, t) = (an.arch.min_page, g.align, g.code_start, g.t);
+    let (page, align, code_start, t) = (an.page, g.align, g.code_start, g.t);
     // The executable load runs from `lead` bytes below the code to T; `dv` puts a
     // huge-page boundary at one of its ends (T + dv, or the start) and is then raised
     // in steps that keep it there. With the code's end on a boundary, every boundary
@@ -402,7 +403,7 @@ fn checked_gain(p: Plan, g: &Around, exposure_limit: u64, exposing: Option<&Plan
 /// The shift whose executable load starts `lead` bytes below the code, with `dv` the
 /// smallest displacement congruent to `dv0` modulo max(hp, align) that clears what stays.
 fn shift_with(elf: &Elf, an: &Analysis, hp: u64, g: &Around, lead: u64, dv0: u64) -> Result<Plan> {
-    let page = an.arch.min_page;
+    let page = an.page;
     // Input addresses (as distances below the code) of the lowest moved byte and of the
     // executable segment's start.
     let below_code = (g.code_start - g.start).max(lead);
@@ -589,7 +590,7 @@ impl Moved {
 /// hp, the lowest one after what stays; the loads after the code follow, each at an
 /// offset congruent to its address.
 fn placements(an: &Analysis, g: &Around, hp: u64, lead: u64, below_code: u64, dv: u64, stay: &Staying) -> Moved {
-    let page = an.arch.min_page;
+    let page = an.page;
     let window_start = g.code_start + dv - lead;
     let window_end = g.t + dv;
     let lowest = stay.fend + (below_code - lead);
@@ -767,7 +768,7 @@ fn gaps(copies: &[Placement], from: u64, to: u64) -> Vec<(u64, u64)> {
 
 fn plan_align(elf: &Elf, an: &Analysis, hp: u64) -> Result<Plan> {
     let x = an.exec_load();
-    let page = an.arch.min_page;
+    let page = an.page;
     // The smallest file displacement that makes the code's offset congruent to its address.
     let mut d = (x.p_vaddr % hp + hp - x.p_offset % hp) % hp;
     if d == 0 && an.kind.fixed_addresses() {

@@ -39,7 +39,12 @@ impl Sec {
 /// after it, the file padded to cover every segment, then `sections` (indices from
 /// 1, in order), a `.shstrtab` and the section header table. Without sections the
 /// file has no section headers at all.
-pub(crate) fn write(e_type: u16, entry: u64, phdrs: &[Phdr], mut sections: Vec<Sec>) -> Vec<u8> {
+pub(crate) fn write(e_type: u16, entry: u64, phdrs: &[Phdr], sections: Vec<Sec>) -> Vec<u8> {
+    write_for(EM_X86_64, e_type, entry, phdrs, sections)
+}
+
+/// [`write`] for another machine (`e_machine`).
+pub(crate) fn write_for(machine: u16, e_type: u16, entry: u64, phdrs: &[Phdr], mut sections: Vec<Sec>) -> Vec<u8> {
     let mut out = vec![0u8; (EHDR_SIZE + PHDR_SIZE * phdrs.len() as u64) as usize];
     for (i, p) in phdrs.iter().enumerate() {
         let at = (EHDR_SIZE + PHDR_SIZE * i as u64) as usize;
@@ -77,7 +82,7 @@ pub(crate) fn write(e_type: u16, entry: u64, phdrs: &[Phdr], mut sections: Vec<S
 
     out[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', ELFCLASS64, ELFDATA2LSB, EV_CURRENT, 0]);
     out[16..18].copy_from_slice(&e_type.to_le_bytes());
-    out[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
+    out[18..20].copy_from_slice(&machine.to_le_bytes());
     out[20..24].copy_from_slice(&1u32.to_le_bytes()); // e_version
     out[24..32].copy_from_slice(&entry.to_le_bytes());
     out[32..40].copy_from_slice(&(if phdrs.is_empty() { 0 } else { EHDR_SIZE }).to_le_bytes());
@@ -136,6 +141,11 @@ mod for_tests {
         /// The same load with another `p_align`.
         pub fn align(self, align: u64) -> Seg {
             Seg { align, ..self }
+        }
+
+        /// A read-only load of `size` file bytes, 4 KiB aligned.
+        pub fn data(offset: u64, vaddr: u64, size: u64) -> Seg {
+            Seg { flags: PF_R, ..Seg::code(offset, vaddr, size) }
         }
     }
 
@@ -235,6 +245,11 @@ mod for_tests {
         pub symbols: Vec<(&'static str, &'static str)>,
         /// More non-allocated sections: (name, contents).
         pub extra: Vec<(&'static str, Vec<u8>)>,
+        /// `e_machine`: EM_X86_64 or EM_AARCH64 (its RELATIVE relocation type).
+        pub machine: u16,
+        /// The page the linker lays loads out for (its max-page-size): 4 KiB, or 64 KiB
+        /// as GNU ld and lld do for aarch64.
+        pub page: u64,
     }
 
     /// Where the builder put a section.
@@ -306,6 +321,8 @@ mod for_tests {
                 debug: Debug::None,
                 symbols: Vec::new(),
                 extra: Vec::new(),
+                machine: EM_X86_64,
+                page: PAGE,
             }
         }
 
@@ -336,7 +353,8 @@ mod for_tests {
                 TextInFirst => vec![(rx, [&meta[..], &text[..], &ro[..]].concat()), (rw_, rw.to_vec())],
                 RodataFirst => vec![(r, [&meta[..], &ro[..]].concat()), (rx, text.to_vec()), (rw_, rw.to_vec())],
             };
-            let skew = if self.arrangement == RodataFirst { PAGE } else { 0 };
+            let page = self.page;
+            let skew = if self.arrangement == RodataFirst { page } else { 0 };
             let phnum = loads.len() as u64 + 3 + u64::from(self.eh_frame);
 
             let mut placed = Vec::new();
@@ -345,14 +363,14 @@ mod for_tests {
             let mut types = Vec::new();
             for (i, (flags, secs)) in loads.iter().enumerate() {
                 // Linkers start and align a load by its most aligned section.
-                let align = secs.iter().map(|s| s.3).fold(PAGE, u64::max);
+                let align = secs.iter().map(|s| s.3).fold(page, u64::max);
                 let (start, skew) = match (i, self.contiguous) {
                     (0, _) => (0, 0),
                     (_, false) => (align_up(cursor, align), skew),
                     (_, true) => {
                         let start = align_up(cursor, secs.iter().map(|s| s.3).fold(1, u64::max));
                         let vend = phdrs.last().map_or(0, Phdr::vend);
-                        (start, align_up(vend, PAGE) + start % PAGE - start)
+                        (start, align_up(vend, page) + start % page - start)
                     }
                 };
                 cursor = cursor.max(start);
@@ -418,7 +436,8 @@ mod for_tests {
             put(".dynstr", DYNSTR.to_vec());
             let data = a(".data");
             let relative = |place: u64, addend: u64| {
-                [place.to_le_bytes(), u64::from(R_X86_64_RELATIVE).to_le_bytes(), addend.to_le_bytes()].concat()
+                let kind = if self.machine == EM_AARCH64 { R_AARCH64_RELATIVE } else { R_X86_64_RELATIVE };
+                [place.to_le_bytes(), u64::from(kind).to_le_bytes(), addend.to_le_bytes()].concat()
             };
             put(
                 ".rela.dyn",
@@ -494,7 +513,7 @@ mod for_tests {
             for (name, data) in &self.extra {
                 secs.push(Sec::new(name, SHT_PROGBITS, 0, data.clone()));
             }
-            Built { data: write(ET_DYN, text, &phdrs, secs), placed: b.placed }
+            Built { data: write_for(self.machine, ET_DYN, text, &phdrs, secs), placed: b.placed }
         }
 
         /// .symtab (locals first) and .strtab, and the index of the first global.
@@ -634,7 +653,7 @@ mod for_tests {
 
     /// Options with no threshold.
     pub fn opts(mode: ModeChoice, huge_page: u64) -> Options {
-        Options { huge_page, threshold: 0, mode, exposure_limit: 0 }
+        Options { huge_page, threshold: 0, mode, exposure_limit: 0, page_size: 0 }
     }
 
     /// Builds, transforms (and self-checks) a file.

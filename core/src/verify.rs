@@ -23,7 +23,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[
     // inside a PT_LOAD at a consistent offset.
     let new_an = layout::analyse(&new).map_err(|e| fail(format!("output layout: {e}")))?;
     let hp = plan.huge_page;
-    let page = an.arch.min_page;
+    let page = an.page;
     let x = new_an.exec_load();
 
     // The executable segment: whole pages, offsets congruent to addresses modulo hp,
@@ -103,8 +103,10 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[
     }
 
     // No byte that was not executable became executable, beyond the limit: measured
-    // from the two files' headers by byte ranges, whatever the plan says.
-    let exposed = exposure::measure(elf, &new, an.arch.trap, page);
+    // from the two files' headers by byte ranges, whatever the plan says, in the
+    // largest pages (up to the limit) a kernel could map the output with.
+    let mappable = layout::congruent_page(&new_an.loads, an.arch.min_page, an.page_limit).max(page);
+    let exposed = exposure::measure(elf, &new, an.arch.trap, mappable);
     if exposed.bytes > exposure_limit {
         return Err(fail(format!(
             "{} that were not executable became executable, over the exposure limit of {exposure_limit}",

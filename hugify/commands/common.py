@@ -57,11 +57,24 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         help="bytes of a file that were not executable (read-only data) allowed to become executable, "
         "in any mode (default: 0, none)",
     )
+    p.add_argument(
+        "--page-size",
+        type=size_arg,
+        default=0,
+        metavar="SIZE",
+        help="largest base page size the output runs with, which exposure is measured in and loads stay "
+        "congruent modulo (default: the largest the architecture's distribution kernels use: 64K on aarch64, "
+        "4K on x86_64 and i386)",
+    )
 
 
 def settings(args: argparse.Namespace) -> Settings:
     return Settings(
-        huge_page=args.huge_page_size, threshold=args.threshold, mode=args.mode, exposure_limit=args.exposure_limit
+        huge_page=args.huge_page_size,
+        threshold=args.threshold,
+        mode=args.mode,
+        exposure_limit=args.exposure_limit,
+        page_size=args.page_size,
     )
 
 

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> Exit:
     results: list[dict[str, Any]] = []
     for path in args.files:
         try:
-            r = _core.inspect(path, s.huge_page, s.threshold, s.mode, s.exposure_limit)
+            r = _core.inspect(path, s.huge_page, s.threshold, s.mode, s.exposure_limit, s.page_size)
         except (_core.HugifyError, OSError) as e:
             code, info = failure(e, path)
             codes.append(code)
