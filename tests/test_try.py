@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from hugify import files
 from hugify.reasons import LOG_ENV
 from testkit.recipes import build_itlb
 from testkit.runtime import REPO, RUNTIME, build_runtime
@@ -489,7 +491,7 @@ def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
     prog = _cc(tmp_path / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
     cache = tmp_path / "cache"
     cache.mkdir()
-    options = "ro,size=1M" if kind == "read-only" else "size=1M"
+    options = "ro,size=1M,mode=0755" if kind == "read-only" else "size=1M,mode=0755"  # root's alone
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(cache)], check=True)
     try:
         res = _hugify_try("--cache-dir", cache, "--", prog, cwd=tmp_path)
@@ -559,6 +561,7 @@ def test_explain_and_usage() -> None:
         "behaviour-differs": 7,
         "try-cache": 5,
         "try-shared": 4,
+        "try-cache-unsafe": 6,
     }
     res = subprocess.run(
         [sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO, capture_output=True, text=True, check=False
@@ -664,3 +667,124 @@ def test_entries_of_another_hugify_go_once_unused_for_a_day(tmp_path: Path) -> N
     res = _hugify_try("--cache-dir", cache, "--", "sh", "-c", "exit 1", cwd=tmp_path)
     assert res.returncode == 3, res.stderr
     assert not old.exists() and recent.is_dir()
+
+
+# --- the cache holds only what it says (issue 38) --------------------------------------
+
+
+def _marked(path: Path, marker: str, extra: str = "") -> Path:
+    """A program of 1.5 MiB of code (a copy is made of it) that does some 70 ms of
+    work (well over what hugify try can measure), says `marker` and exits 0; `extra`:
+    more C statements before that."""
+    main = (
+        "int main(void) { long x = 1; for (int r = 600; r > 0; r--) x = exe_all(x);"
+        f' {extra} puts("{marker}"); return x < 0; }}\n'
+    )
+    return _cc(path, HUGE_CODE + _functions("exe", 96) + main, "-fPIE", "-pie")
+
+
+#: What the programs another user plants do besides: leave a file, as whoever runs them.
+PWN = 'FILE *f = fopen("pwned", "w"); if (f) fclose(f);'
+
+
+def test_a_cache_entry_holds_the_bytes_its_name_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user who can replace a file the command loads renames other bytes over
+    it once hugify try has hashed it (inotify's IN_CLOSE_NOWRITE says when): forced
+    here at that very point by a hook. The entry named by the digest of the bytes
+    hashed holds their copy, not the other bytes, because both come from one read of
+    one descriptor. On the old code (the hook's step added after its hash), the copy,
+    made from a second open of the path, was the other program's under the first
+    one's digest: every later root hugify try of a command loading it ran it."""
+    from hugify.trial.cache import Cache
+    from hugify.trial.session import try_policy
+
+    build_runtime()
+    good = _marked(tmp_path / "good", "the-good-bytes")
+    evil = _marked(tmp_path / "evil", "the-evil-bytes")
+    original = tmp_path / "prog"
+    shutil.copy2(good, original)
+    fired: list[files.Step] = []
+
+    def rename_over(step: files.Step) -> None:
+        if step.name == "hashed" and step.target == str(original) and not fired:
+            fired.append(step)
+            os.rename(evil, original)
+
+    monkeypatch.setattr(files, "step_hook", rename_over)
+    cache = Cache(tmp_path / "cache", try_policy(None))
+    cache.open()
+    try:
+        (copy,) = cache.copies([str(original)], jobs=1)
+    finally:
+        cache.close()
+    assert fired, "the hashed step was never reached"
+    assert b"the-evil-bytes" in original.read_bytes()  # renamed over it
+    digest = hashlib.sha256(good.read_bytes()).hexdigest()
+    assert copy.status == "transformed" and copy.sha256 == digest and copy.path is not None
+    assert copy.path.parent.name.startswith(f"{digest}-")
+    data = copy.path.read_bytes()
+    assert b"the-good-bytes" in data and b"the-evil-bytes" not in data
+
+
+def _as(user: str, *cmd: str | Path) -> None:
+    ids = ["--reuid", user, "--regid", str(pwd.getpwnam(user).pw_gid), "--clear-groups"]
+    subprocess.run(["setpriv", *ids, *map(str, cmd)], check=True)
+
+
+def test_a_cache_another_user_made_is_refused(shared_dir: Path) -> None:
+    """--cache-dir names a directory another user made (in a sticky directory all may
+    write, as /tmp) and planted an entry in, under the name the copy of root's program
+    would have (names are computable by anyone): root's hugify try refuses it in one
+    line with its reason id, status 6, before anything runs, and the planted program
+    never runs. On the old code it was bind-mounted over the program and run as root."""
+    from hugify.trial.cache import code_key
+    from hugify.trial.session import try_policy
+
+    build_runtime()
+    prog = _marked(shared_dir / "prog", "same")
+    evil = _marked(shared_dir / "evil", "same", PWN)
+    public = shared_dir / "public"
+    public.mkdir()
+    public.chmod(0o1777)
+    cache = public / "cache"
+    entry = cache / f"{hashlib.sha256(prog.read_bytes()).hexdigest()}-{code_key(try_policy(None))}"
+    _as("nobody", "mkdir", "-p", entry)
+    outcome = json.dumps({"status": "transformed", "reason": None, "detail": "", "mode": "shift"})
+    _as("nobody", "sh", "-c", f"cp {evil} {entry}/file && echo '{outcome}' > {entry}/outcome.json")
+    res = _hugify_try("--cache-dir", cache, "--min-rounds", "1", "--max-rounds", "1", "--", prog, cwd=shared_dir)
+    assert res.returncode == 6, res.stderr
+    assert res.stderr == (
+        f"hugify try: the cache of hugified copies, {cache}, is not safe to use: {cache} is owned by uid 65534 "
+        "(nobody), not by uid 0 (root); give --cache-dir a directory of your own that nobody else can write "
+        "(try-cache-unsafe)\n"
+    )
+    assert not (shared_dir / "pwned").exists()
+    assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # nothing written there
+
+
+@pytest.mark.parametrize("how", ["other bytes", "another user's"])
+def test_an_entry_that_is_not_what_it_says_is_made_again(shared_dir: Path, how: str) -> None:
+    """An entry of root's own cache whose copy is not the bytes its record says (the
+    file replaced), or that is not root's (planted when the directory was another's):
+    the next run does not use it (the planted program never runs), but makes the entry
+    again. On the old code any entry found was bind-mounted as it was."""
+    build_runtime()
+    prog = _marked(shared_dir / "prog", "same")
+    evil = _marked(shared_dir / "evil", "same", PWN)
+    cache = shared_dir / "cache"
+    args = ("--json", "--cache-dir", cache, "--min-rounds", "1", "--max-rounds", "1", "--", prog)
+    first = _hugify_try(*args, cwd=shared_dir)
+    assert first.returncode == 0, first.stderr
+    (copy,) = [Path(o["copy"]) for o in _json(first)["objects"] if o["path"] == str(prog)]
+    copy.chmod(0o755)
+    shutil.copyfile(evil, copy)
+    copy.chmod(0o555)
+    if how == "another user's":
+        subprocess.run(["chown", "-R", "nobody", copy.parent], check=True)
+    res = _hugify_try(*args, cwd=shared_dir)
+    assert res.returncode == 0, res.stderr
+    assert not (shared_dir / "pwned").exists()
+    (obj,) = [o for o in _json(res)["objects"] if o["path"] == str(prog)]
+    assert obj["status"] == "transformed" and not obj["cached"] and obj["copy"] == str(copy)
+    assert b"same" in copy.read_bytes() and copy.stat().st_uid == 0
+    assert b"pwned" not in copy.read_bytes()

@@ -19,7 +19,8 @@ EPILOG = (
     "Exit status: 0 measured (whatever the answer); 3 the command failed on the original files, "
     "its output differs between two runs on them, or it changed a file under test; 4 refused: a setuid "
     "program, no private namespace here, nothing to hugify, or no C runtime; 5 the cache cannot be "
-    "written; 7 the hugified files behave differently (output, exit status or --compare-files); "
+    "written; 6 the cache is another user's or others can write it; 7 the hugified files behave differently "
+    "(output, exit status or --compare-files); "
     "2 usage; 70 a run used the other side's files. `hugify explain ID` describes each reason."
 )
 
@@ -207,7 +208,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         metavar="DIR",
         help="where the hugified copies are kept (default: /var/cache/hugify/try for root, else "
-        "$XDG_CACHE_HOME/hugify/try or ~/.cache/hugify/try)",
+        "$XDG_CACHE_HOME/hugify/try or ~/.cache/hugify/try); it must be the caller's and writable by nobody else",
     )
     p.add_argument(
         "--policy",

@@ -3,7 +3,8 @@
 1. The command's program is found as a shell would; a setuid, setgid or
    file-capability program is refused (its privileges would not survive a user
    namespace, nor a copy).
-2. The cache opens (its scratch directory holds everything the run writes).
+2. The cache opens (its scratch directory holds everything the run writes); one
+   another user could change is refused (hugify.trial.cache).
 3. The originals' side starts in its namespace and runs the command once
    (hugify.trial.discover): a command that fails there is reported, not measured.
 4. Each object it loaded with enough code goes through the cache (a copy made like
@@ -41,7 +42,7 @@ from hugify import _core, abtest, files, reasons, tree
 from hugify import prefetch as pf
 from hugify.policy import Policy
 from hugify.trial import discover
-from hugify.trial.cache import Cache, CacheError, Copy, default_root
+from hugify.trial.cache import Cache, CacheError, Copy, UntrustedCache, default_root
 from hugify.trial.pagecache import PageCache, cache_drops
 from hugify.trial.sharedway import Mounts, SharedWayError
 from hugify.trial.sides import Bind, NamespaceError, Result, Side
@@ -158,10 +159,12 @@ class Timed:
 
 @dataclass(frozen=True)
 class _Usable:
-    """An object under test: its original, and its copy in the cache."""
+    """An object under test: its original, and its copy in the cache (the inode whose
+    bytes were checked)."""
 
     original: str
     file: Path
+    identity: tuple[int, int]
 
 
 class _Runner:
@@ -265,21 +268,24 @@ class Trial:
             raise TryError(
                 "try-shared", "only root makes shared copies: run hugify try as root, or give --way anonymous"
             )
-        if os.geteuid() == 0 and opts.way in ("auto", "shared"):
-            try:
-                self.mounts.enter()  # the tmpfs mounts of the shared way are this run's own
-            except SharedWayError as e:
-                if opts.way == "shared":
-                    raise TryError("try-shared", str(e)) from None
-                self.note(f"no shared copies: {e}")
         cache = Cache(opts.cache_dir or default_root(), opts.policy)
         try:
+            # checked before anything is written or mounted there
             self.scratch = cache.open()
+            if os.geteuid() == 0 and opts.way in ("auto", "shared"):
+                try:
+                    self.mounts.enter()  # the tmpfs mounts of the shared way are this run's own
+                except SharedWayError as e:
+                    if opts.way == "shared":
+                        raise TryError("try-shared", str(e)) from None
+                    self.note(f"no shared copies: {e}")
             with pf.session(str(self.scratch / "run")) as engine:
                 problem = engine.system.problem(self.hp)
                 if problem:
                     raise TryError("nothing-to-try", problem)
                 return self._compare(cache, engine)
+        except UntrustedCache as e:
+            raise TryError("try-cache-unsafe", str(e), self.found) from None
         except CacheError as e:
             raise TryError("try-cache", str(e), self.found) from None
         finally:
@@ -287,7 +293,8 @@ class Trial:
                 side.close()
             self.mounts.close()
             if self.scratch:
-                shutil.rmtree(self.scratch, ignore_errors=True)
+                cache.remove_scratch(self.scratch)
+            cache.close()
 
     def _side(self, name: str, binds: list[Bind]) -> Side:
         try:
@@ -307,7 +314,7 @@ class Trial:
         usable = self._copies(first, cache)
         if self.mounts.entered:
             usable = self._shared_store(usable, rdir)
-        hugified = self._side("hugified", [Bind(c.file, c.original) for c in usable])
+        hugified = self._side("hugified", [Bind(c.file, c.original, c.identity) for c in usable])
         pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
         b_env = self._prepare(pages, engine)
         watched = self._watched(usable)
@@ -354,7 +361,7 @@ class Trial:
         else:
             copies = cache.copies(objects, self.opts.jobs)
         self.found["objects"] = self._describe(first, copies)
-        usable = [_Usable(c.original, c.path) for c in copies if c.path is not None]
+        usable = [_Usable(c.original, c.path, c.identity) for c in copies if c.path and c.identity]
         if not usable:
             raise TryError("nothing-to-try", self._nothing(copies, first), self.found)
         return usable
@@ -368,7 +375,9 @@ class Trial:
         try:
             if self.opts.way == "shared":
                 moved = self.mounts.plain(self.scratch / "plain", [c.file for c in usable])
-                usable = [_Usable(c.original, f) for c, f in zip(usable, moved, strict=True)]
+                usable = [
+                    _Usable(c.original, f, files.identity(os.stat(f))) for c, f in zip(usable, moved, strict=True)
+                ]
             self.shared_budget = self.mounts.store(rdir, [os.stat(c.file).st_size for c in usable])
         except (SharedWayError, OSError) as e:
             why = reasons.io_detail(e) if isinstance(e, OSError) else str(e)

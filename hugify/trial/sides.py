@@ -62,10 +62,12 @@ class NamespaceError(Exception):
 
 @dataclass(frozen=True)
 class Bind:
-    """A hugified copy, shown at the path of its original."""
+    """A hugified copy, shown at the path of its original; `identity`, (st_dev,
+    st_ino) of the copy whose bytes were checked: the inode the bind mount must show."""
 
     copy: Path
     target: str
+    identity: tuple[int, int]
 
 
 @dataclass
@@ -146,9 +148,9 @@ def _enter(binds: list[Bind]) -> None:
         keep = sum(ms for st, ms in LOCKED_FLAGS.items() if locked & st)
         if libc.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, None) != 0:
             raise NamespaceError(f"cannot make {b.target} read-only: {os.strerror(ctypes.get_errno())}")
-        seen, want = os.stat(b.target), os.stat(b.copy)
-        if (seen.st_dev, seen.st_ino) != (want.st_dev, want.st_ino):
-            raise NamespaceError(f"the bind mount over {b.target} does not show {b.copy}")
+        seen = os.stat(b.target)
+        if (seen.st_dev, seen.st_ino) != b.identity:
+            raise NamespaceError(f"the bind mount over {b.target} does not show the copy checked, {b.copy}")
 
 
 def _children(pid: int) -> list[int]:
