@@ -542,8 +542,9 @@ def test_without_user_namespaces_a_user_is_told_why(shared_dir: Path) -> None:
     res = subprocess.run(cmd, cwd=shared_dir, env=env, capture_output=True, text=True, check=False)
     assert res.returncode == 4, res.stderr
     assert res.stderr == (
-        "hugify try: cannot make a private mount namespace (unshare CLONE_NEWUSER|CLONE_NEWNS: No space left on "
-        "device): user namespaces are disabled (user.max_user_namespaces = 0); run as root (no-namespace)\n"
+        "hugify try: cannot make a private mount namespace (unshare CLONE_NEWUSER|CLONE_NEWNS|CLONE_NEWPID: "
+        "No space left on device): user namespaces are disabled (user.max_user_namespaces = 0); run as root "
+        "(no-namespace)\n"
     )
     assert _leftovers(cache) == []
 
@@ -788,3 +789,59 @@ def test_an_entry_that_is_not_what_it_says_is_made_again(shared_dir: Path, how: 
     assert obj["status"] == "transformed" and not obj["cached"] and obj["copy"] == str(copy)
     assert b"same" in copy.read_bytes() and copy.stat().st_uid == 0
     assert b"pwned" not in copy.read_bytes()
+
+
+def _mount_lines(needle: str) -> list[str]:
+    """Every mount of every process's namespace whose line names `needle`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit():
+                found += [line for line in (d / "mountinfo").read_text().splitlines() if needle in line]
+    return found
+
+
+def test_a_killed_comparison_leaves_no_process_and_no_mount(tmp_path: Path) -> None:
+    """hugify try killed with SIGKILL in the middle of a run of the hugified side
+    (which root's namespace shows the copies bind-mounted in, and the shared copies'
+    tmpfs): within seconds no process of the command is left (the sides are PID
+    namespaces, which end with their init, which ends with hugify try), and no
+    namespace of any process holds a mount of the run. On the old code the command
+    went on as root, reparented to init, its namespace and the tmpfs alive."""
+    build_runtime()
+    prog = _marked(tmp_path / "prog", "same")
+    marker = "4321.875"
+    cache = tmp_path / "cache"
+    state = _system_state(tmp_path)
+    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    script = f"sleep {marker} & {prog}; sleep 3"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        with subprocess.Popen([*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stderr=subprocess.PIPE) as p:
+            deadline = time.monotonic() + 120
+            # a run of the hugified side: its namespace shows the copy over the program
+            while not any(str(cache) in line for pid in _running(f"sleep\0{marker}")
+                          for line in _proc_text(pid, "mountinfo").splitlines()):  # fmt: skip
+                assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.stderr else ""
+                time.sleep(0.05)
+            assert _mount_lines(str(cache))
+            p.kill()
+            p.wait()
+        deadline = time.monotonic() + 10
+        while (_running(f"sleep\0{marker}") or _mount_lines(str(tmp_path))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(f"sleep\0{marker}"), "the command's process was left running"
+        assert not _running(script), "the command was left running"
+        assert _mount_lines(str(tmp_path)) == [], "a namespace of the run is alive"
+        assert _system_state(tmp_path) == state
+    finally:
+        for pid in _running(f"sleep\0{marker}"):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _proc_text(pid: int, name: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text()
+    except OSError:
+        return ""

@@ -99,6 +99,16 @@ def executable_files(pid: int) -> list[Vma]:
         return [v for v in map(vma_header, f) if v and v.executable and v.inode and v.path.startswith("/")]
 
 
+def pid_inside(pid: int) -> int:
+    """The pid a process has in its own PID namespace (a side's, where the record
+    library writes its pid down), from the last field of NSpid; `pid` if unknown."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    return pid
+
+
 def _identity(pid: int) -> tuple[int, int, bytes]:
     """The program file and the arguments of a process: a child the side's process
     spawned is that process until it executes the command."""
@@ -151,12 +161,12 @@ class FileSampler(Sampler):
     def __init__(self, root: int) -> None:
         super().__init__(root)
         self.files: dict[str, tuple[int, int]] = {}  # path -> (dev, inode)
-        self.processes: set[int] = set()
+        self.processes: set[int] = set()  # by their pids in the side's PID namespace
 
     def look(self, pid: int) -> None:
         for v in executable_files(pid):
             self.files.setdefault(v.path, (v.dev, v.inode))
-        self.processes.add(pid)
+        self.processes.add(pid_inside(pid))
 
 
 @dataclass(frozen=True)
