@@ -24,7 +24,7 @@ import pytest
 from hugify import files
 from hugify.reasons import LOG_ENV
 from testkit.recipes import build_itlb
-from testkit.runtime import REPO, RUNTIME, build_runtime
+from testkit.runtime import HP, HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime
 
 RECORD_LIB = RUNTIME / "libhugify-record.so"
 
@@ -845,3 +845,40 @@ def _proc_text(pid: int, name: str) -> str:
         return Path(f"/proc/{pid}/{name}").read_text()
     except OSError:
         return ""
+
+
+def test_the_watcher_counts_anonymous_copies_as_the_objects_code(built: Programs) -> None:
+    """With the runtime's anonymous copies, a process's code windows are anonymous
+    memory once copied (at its start), and its file's mapping holds only the rest: the
+    watcher counts the copies as the object's resident code and huge pages, whenever it
+    looks. The old watcher counted only the file's mapping, whose code it saw only
+    while the copying lasted: the root cause of the speedup benchmark's quick
+    clang-anon round failing under load (its libclang-cpp copied in half a second,
+    before a loaded watcher's first look; the program here is past its copying by the
+    time it says "waiting")."""
+    from hugify import prefetch as pf
+    from hugify.trial.watch import RunSampler, Watched
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "HUGIFY_ANONYMOUS")}
+    argv = [str(HUGIFY_RUN), "--anonymous=always", str(built.prog), str(built.plug), "wait"]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) as p:
+        try:
+            assert p.stdout is not None and p.stdout.readline() == "waiting\n"
+            watched = []
+            for f in (built.prog, built.lib):
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    windows = pf.read_windows(fd, HP, str(f)).offsets
+                finally:
+                    os.close(fd)
+                st = f.stat()
+                watched.append(Watched(os.path.realpath(f), (0, 0), (st.st_dev, st.st_ino), windows))
+            sampler = RunSampler(os.getpid(), watched, HP, None, anonymous=True)
+            sampler.look(p.pid)
+        finally:
+            p.kill()
+    assert sampler.anon_held > 0
+    for w in watched:
+        seen = sampler.seen[w.name]
+        assert w.windows and seen.rss >= len(w.windows) * HP, (w.name, seen)
+    assert sum(sampler.seen[w.name].pmd for w in watched) == sampler.anon_held
