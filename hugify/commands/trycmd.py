@@ -20,8 +20,9 @@ EPILOG = (
     "its output differs between two runs on them, or it changed a file under test; 4 refused: a setuid "
     "program, no private namespace here, nothing to hugify, or no C runtime; 5 the cache cannot be "
     "written; 6 the cache is another user's or others can write it; 7 the hugified files behave differently "
-    "(output, exit status or --compare-files); "
-    "2 usage; 70 a run used the other side's files. `hugify explain ID` describes each reason."
+    "(output, exit status or --compare-files); 8 the command cannot be measured: too short, its runs too rarely "
+    "seen, or the --control shows a difference; 2 usage; 70 a run used the other side's files. `hugify explain ID` "
+    "describes each reason."
 )
 
 
@@ -127,6 +128,12 @@ def run(args: argparse.Namespace) -> Exit:
         _dump(result)
     else:
         sys.stdout.write(report.text(result))
+    failed = report.FAILED.get(verdict)
+    if failed:
+        sys.stdout.flush()
+        reasons.printed([failed])
+        print(f"hugify try: {line}", file=sys.stderr)
+        return Exit.for_kind(reasons.table()[failed][0])
     return Exit.INTERNAL if result["problems"] else Exit.OK
 
 

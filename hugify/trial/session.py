@@ -15,12 +15,15 @@
    (hugify.trial.sharedway; root only), else runs with the runtime's anonymous copies
    (LD_AUDIT=libhugify-audit.so, HUGIFY_ANONYMOUS): said in the answer. --way picks
    one of the three.
-7. One untimed run of each side, then rounds (hugify.abtest: A, A2, B in turn),
-   each run watched (hugify.trial.watch), each round's exit statuses, outputs and
-   --compare-files compared: a difference between the two originals' runs means the
-   command is not deterministic; between the originals and the hugified copies, that
-   they behave differently. Either stops the comparison.
-8. The figures, the coverage each side got, and an answer (hugify.trial.report).
+7. Untimed runs: the originals twice, then the hugified side. Their exit statuses,
+   outputs and --compare-files are compared, the two originals' first: a difference
+   between them means the command is not deterministic; one between the originals
+   and the hugified side only if further runs of the originals agree with the first,
+   that they behave differently. Either stops the comparison. So does a command that
+   takes too little CPU time to measure (too-short).
+8. Rounds (hugify.abtest: A, A2, B in turn), each run watched (hugify.trial.watch),
+   each round's behaviour compared as above, until the limits say stop.
+9. The figures, the coverage each side got, and an answer (hugify.trial.report).
 
 Failures that stop it early are TryError: a reason id of the core's table and one
 line.
@@ -50,6 +53,14 @@ from hugify.trial.watch import RunSampler, Seen, Watched
 
 AUDIT_LIB = "libhugify-audit.so"
 MIB = 1 << 20
+#: Less CPU time than this per run of the original files cannot be measured: such a run
+#: is mostly the process's start and exit (exec, mapping and faulting in its files), in
+#: which the two sides differ by how their files are cached rather than by what code on
+#: huge pages does, and the watcher, looking every 25 ms, sees few of its runs (docs/try.md).
+MIN_CPU_S = 0.02
+#: Runs of the original files made to tell a non-deterministic command from one whose
+#: hugified files behave differently, when the hugified side's first run differs.
+CONFIRMING_RUNS = 2
 
 
 class TryError(Exception):
@@ -419,14 +430,16 @@ class Trial:
     ) -> tuple[list[dict[str, Timed]], str, list[str]]:
         """The untimed runs, then rounds until the limits say stop."""
         opts = self.opts
-        opts.progress("one untimed run of each side")
-        self._check_behaviour({label: runner.one(label) for label in (abtest.ORIGINAL, abtest.CHANGED)})
+        opts.progress("untimed runs: the original files twice, then the hugified ones")
+        warm = {label: runner.one(label) for label in (abtest.ORIGINAL, abtest.ORIGINAL_AGAIN, abtest.CHANGED)}
+        self._check_behaviour(warm, runner)
+        self._check_measurable(warm)
         rounds: list[dict[str, Timed]] = []
         start = time.monotonic()
         while True:
             runs = {label: runner.one(label) for label in abtest.order(len(rounds))}
             rounds.append(runs)
-            self._check_behaviour(runs)
+            self._check_behaviour(runs, runner)
             changed = [c for c in before if _identity(c) != before[c]]
             if changed:
                 why = f"{changed[0]} changed during the comparison (did the command rebuild it?): its copy is stale"
@@ -553,21 +566,20 @@ class Trial:
 
     # --- checking -----------------------------------------------------------------------
 
-    def _check_behaviour(self, runs: dict[str, Timed]) -> None:
+    def _check_behaviour(self, runs: dict[str, Timed], runner: _Runner) -> None:
+        """The runs agree: the originals' first (else the command is not
+        deterministic), then the hugified side with the originals (else, once
+        CONFIRMING_RUNS more runs of the originals agree with the first, the hugified
+        files behave differently)."""
         a = runs[abtest.ORIGINAL]
         if abtest.ORIGINAL_AGAIN in runs:
-            again = runs[abtest.ORIGINAL_AGAIN]
-            diff = a.behaviour.differences(again.behaviour)
-            if diff:
-                raise TryError(
-                    "not-deterministic",
-                    f"two runs on the original files differ in {', '.join(diff)}{self._where(diff, a, again)}: "
-                    "the behaviour of the hugified files cannot be compared",
-                    self.found,
-                )
+            self._deterministic(a, runs[abtest.ORIGINAL_AGAIN])
         b = runs[abtest.CHANGED]
         diff = a.behaviour.differences(b.behaviour)
         if diff:
+            for _ in range(CONFIRMING_RUNS):
+                again = runner.one(abtest.ORIGINAL_AGAIN)
+                self._deterministic(a, again)
             where = self._where(diff, a, b)
             self.found["difference"] = {"what": diff, "where": where.removeprefix("; ")}
             raise TryError(
@@ -579,6 +591,30 @@ class Trial:
         for t in runs.values():  # compared: not needed any more
             t.stdout.unlink(missing_ok=True)
             t.stdout.with_suffix(".stderr").unlink(missing_ok=True)
+
+    def _deterministic(self, a: Timed, again: Timed) -> None:
+        """TryError (not-deterministic) where two runs on the original files differ."""
+        diff = a.behaviour.differences(again.behaviour)
+        if diff:
+            raise TryError(
+                "not-deterministic",
+                f"two runs on the original files differ in {', '.join(diff)}{self._where(diff, a, again)}: "
+                "the behaviour of the hugified files cannot be compared",
+                self.found,
+            )
+
+    def _check_measurable(self, warm: dict[str, Timed]) -> None:
+        """TryError (too-short) for a command whose untimed runs on the original files
+        took less than MIN_CPU_S of CPU time (their median)."""
+        cpu = statistics.median(warm[label].result.cpu for label in (abtest.ORIGINAL, abtest.ORIGINAL_AGAIN))
+        if cpu < MIN_CPU_S:
+            raise TryError(
+                "too-short",
+                f"the command takes {cpu * 1000:.1f} ms of CPU time on the original files, less than the "
+                f"{MIN_CPU_S * 1000:.0f} ms hugify try can measure: its runs are mostly the start and exit of its "
+                "processes; measure a longer command (more work per run, or a loop of it in a shell script)",
+                self.found,
+            )
 
     @staticmethod
     def _where(diff: list[str], a: Timed, b: Timed) -> str:
