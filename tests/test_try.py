@@ -941,6 +941,74 @@ def test_runs_the_watcher_did_not_see_give_no_answer() -> None:
     assert report.answer(result | {"verified_runs": {"hugified": {"seen": 5, "runs": 10}}})[0] == "gain"
 
 
+def test_an_interrupted_comparison_reports_its_rounds_and_leaves_nothing(tmp_path: Path) -> None:
+    """SIGINT once rounds were made: the report of those rounds is printed, marked as
+    stopped, the command's processes and the scratch files go, and hugify try ends by
+    SIGINT (a shell shows 130). On the old code Ctrl-C threw every round away."""
+    build_runtime()
+    prog = _marked(tmp_path / "prog", "same")
+    marker = "765.4321"
+    cache = tmp_path / "cache"
+    log = tmp_path / "runs.log"
+    script = f"echo run >> {log}; sleep {marker} & {prog}"
+    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as p:
+        deadline = time.monotonic() + 120
+        # the first run, three untimed runs, a round of three, and the next run begun
+        while not (log.exists() and len(log.read_text().splitlines()) >= 8):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.02)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGINT, err
+    rounds = int(err.split("stopped by SIGINT after ")[1].split(" ")[0])
+    assert rounds >= 1 and err.endswith("round(s); the command's processes and the run's files are gone\n"), err
+    assert f"  {rounds} rounds of 3 runs (stopped: by SIGINT after {rounds} round(s));" in out, out
+    assert f"\nanswer: (stopped by SIGINT: {rounds} round(s) only) " in out, out
+    assert not _running(f"sleep\0{marker}")
+    assert _leftovers(cache) == [] and _system_state(tmp_path)[0] == []
+
+
+def test_the_report_says_where_the_cache_is_and_how_to_clear_it(tmp_path: Path) -> None:
+    """The text report names the cache and what it holds, and how to empty it;
+    `hugify try --clear-cache` does, and says what it removed. On the old code the
+    report did not mention the cache and there was no such option."""
+    build_runtime()
+    prog = _marked(tmp_path / "prog", "same")
+    cache = tmp_path / "cache"
+    res = _hugify_try("--cache-dir", cache, "--min-rounds", "1", "--max-rounds", "1", "--", prog, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    entries = [e for e in cache.iterdir() if not e.name.startswith(".")]
+    held = sum(f.stat().st_size for e in entries for f in e.iterdir())
+    assert entries and f"\n  cache: {cache}, {held / (1 << 20):.1f} MiB (hugify try --clear-cache empties it)\n" in (
+        res.stdout
+    )
+    res = _hugify_try("--clear-cache", "--cache-dir", cache, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"hugify try: removed {len(entries)} entries ({held / (1 << 20):.1f} MiB) from {cache}\n"
+    assert list(cache.iterdir()) == []
+
+
+def test_a_plot_in_a_missing_directory_and_no_rounds_are_refused_at_once(tmp_path: Path) -> None:
+    """--plot into a directory that does not exist: one line, status 5, before
+    anything runs, and the directory is not made (hugify try runs as root). On the old
+    code it measured, then made the directory. --max-rounds 0 is a usage error about
+    --max-rounds (the old code complained about --min-rounds)."""
+    plot = tmp_path / "missing" / "p.svg"
+    res = _hugify_try("--cache-dir", tmp_path / "cache", "--plot", plot, "--", "true", cwd=tmp_path)
+    assert res.returncode == 5, res.stderr
+    assert (
+        res.stderr == f"hugify try: cannot write the plot {plot}: {plot.parent}: No such file or directory (io-error)\n"
+    )
+    assert not plot.parent.exists() and not (tmp_path / "cache").exists()
+    res = _hugify_try("--max-rounds", "0", "--", "true", cwd=tmp_path)
+    assert res.returncode == 2 and "argument --max-rounds: give 1 or more" in res.stderr, res.stderr
+    assert "--min-rounds" not in res.stderr.splitlines()[-1]
+
+
 def test_the_watcher_counts_anonymous_copies_as_the_objects_code(built: Programs) -> None:
     """With the runtime's anonymous copies, a process's code windows are anonymous
     memory once copied (at its start), and its file's mapping holds only the rest: the

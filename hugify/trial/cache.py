@@ -13,7 +13,7 @@ whole, so a reader never sees half an entry and an interrupted run leaves none (
 run removes the temporary directories of runs that are gone). Entries are never
 changed, but their time says when a run last used them: those of another hugify or
 another policy (another KEY) go once unused for a day. The whole cache can be removed
-at any time.
+at any time (`hugify try --clear-cache`).
 
 What an entry holds is what its name says, whoever else can write where the command's
 files are: root's hugify try bind-mounts the copies over the originals of every command
@@ -502,17 +502,36 @@ def _entry_size(root_fd: int, name: str) -> int:
     return total
 
 
-def _sweep(root_fd: int, key: str) -> None:
+def _sweep(root_fd: int, key: str | None) -> tuple[int, int]:
     """Removes the temporary directories of runs whose process is gone (interrupted
     hard), and the entries of another hugify or policy (not of `key`) unused for
-    STALE_SECONDS."""
+    STALE_SECONDS, or every entry if `key` is None; how many entries went, and their
+    bytes."""
     now = time.time()
+    gone = held = 0
     for d in os.scandir(root_fd):
         kind, _, rest = d.name.partition("-")
         pid = rest.split("-")[0]
         if kind in (NEW, RUN) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
             _rmtree_at(root_fd, d.name)
-        elif not d.name.startswith(".") and not d.name.endswith(f"-{key}"):
+        elif not d.name.startswith(".") and (key is None or not d.name.endswith(f"-{key}")):
             with contextlib.suppress(OSError):
-                if now - d.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+                if key is None or now - d.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+                    size = _entry_size(root_fd, d.name)
                     _rmtree_at(root_fd, d.name)
+                    gone, held = gone + 1, held + size
+    return gone, held
+
+
+def clear(root: Path) -> tuple[int, int] | None:
+    """Removes every entry of the cache at `root`, and what runs that are gone left
+    (not the scratch directories of runs under way); (entries, bytes) removed, None
+    where there is no cache. UntrustedCache when another user could change it,
+    OSError when it cannot be read."""
+    fd = open_root(Path(os.path.realpath(root)), create=False)
+    if fd is None:
+        return None
+    try:
+        return _sweep(fd, None)
+    finally:
+        os.close(fd)

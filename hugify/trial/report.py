@@ -185,7 +185,12 @@ def text(result: dict[str, Any]) -> str:
     out += terminal_plot(result)
     out += [f"  problem: {p}" for p in result.get("problems", [])]
     out += [f"  note: {n}" for n in result.get("notes", [])]
-    out.append(f"answer: {answer(result)[1]}")
+    cache = result["cache"]
+    out.append(f"  cache: {cache['root']}, {mib(cache['bytes'])} (hugify try --clear-cache empties it)")
+    stopped = (
+        f"(stopped by {result['interrupted']}: {result['rounds']} round(s) only) " if result.get("interrupted") else ""
+    )
+    out.append(f"answer: {stopped}{answer(result)[1]}")
     return "\n".join(out) + "\n"
 
 

@@ -22,7 +22,9 @@
    that they behave differently. Either stops the comparison. So does a command that
    takes too little CPU time to measure (too-short).
 8. Rounds (hugify.abtest: A, A2, B in turn), each run watched (hugify.trial.watch),
-   each round's behaviour compared as above, until the limits say stop.
+   each round's behaviour compared as above, until the limits say stop, or a signal
+   (SIGINT, SIGTERM, SIGHUP) does: the rounds made so far are reported, marked as
+   stopped.
 9. The figures, the coverage each side got, and an answer (hugify.trial.report).
 
 Failures that stop it early are TryError: a reason id of the core's table and one
@@ -34,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -69,6 +72,15 @@ class TryError(Exception):
     def __init__(self, reason: str, detail: str, found: dict[str, Any] | None = None) -> None:
         super().__init__(f"{detail} ({reason})")
         self.reason, self.detail, self.found = reason, detail, found or {}
+
+
+class Interrupted(Exception):
+    """A signal stops the comparison (raised by the caller's signal handler): the
+    rounds made so far are reported if there are any, else it goes on up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 @dataclass
@@ -428,7 +440,7 @@ class Trial:
     def _rounds(
         self, runner: _Runner, before: dict[str, tuple[int, int, int]]
     ) -> tuple[list[dict[str, Timed]], str, list[str]]:
-        """The untimed runs, then rounds until the limits say stop."""
+        """The untimed runs, then rounds until the limits (or a signal) say stop."""
         opts = self.opts
         opts.progress("untimed runs: the original files twice, then the hugified ones")
         warm = {label: runner.one(label) for label in (abtest.ORIGINAL, abtest.ORIGINAL_AGAIN, abtest.CHANGED)}
@@ -436,21 +448,28 @@ class Trial:
         self._check_measurable(warm)
         rounds: list[dict[str, Timed]] = []
         start = time.monotonic()
-        while True:
-            runs = {label: runner.one(label) for label in abtest.order(len(rounds))}
-            rounds.append(runs)
-            self._check_behaviour(runs, runner)
-            changed = [c for c in before if _identity(c) != before[c]]
-            if changed:
-                why = f"{changed[0]} changed during the comparison (did the command rebuild it?): its copy is stale"
-                raise TryError("files-changed", why, self.found)
-            problems = self._check_mappings(runs)
-            if problems:
-                return rounds, "a run used the other side's files", problems
-            stopped = opts.limits.stop(_ratios(rounds, abtest.CHANGED, "cpu"), time.monotonic() - start)
-            if stopped:
-                return rounds, stopped, []
-            opts.progress(self._progress(rounds, time.monotonic() - start))
+        try:
+            while True:
+                runs = {label: runner.one(label) for label in abtest.order(len(rounds))}
+                self._check_behaviour(runs, runner)
+                changed = [c for c in before if _identity(c) != before[c]]
+                if changed:
+                    why = f"{changed[0]} changed during the comparison (did the command rebuild it?): its copy is stale"
+                    raise TryError("files-changed", why, self.found)
+                rounds.append(runs)
+                problems = self._check_mappings(runs)
+                if problems:
+                    return rounds, "a run used the other side's files", problems
+                stopped = opts.limits.stop(_ratios(rounds, abtest.CHANGED, "cpu"), time.monotonic() - start)
+                if stopped:
+                    return rounds, stopped, []
+                opts.progress(self._progress(rounds, time.monotonic() - start))
+        except Interrupted as e:
+            if not rounds:
+                raise
+            name = signal.Signals(e.signum).name
+            self.found["interrupted"] = name
+            return rounds, f"by {name} after {len(rounds)} round(s)", []
 
     # --- choosing -----------------------------------------------------------------------
 
