@@ -804,6 +804,30 @@ def test_a_cache_another_user_made_is_refused(shared_dir: Path) -> None:
     assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # nothing written there
 
 
+def test_only_a_group_the_caller_alone_is_in_may_write_the_caches_directories(tmp_path: Path) -> None:
+    """A directory on the way to the cache that its group may write is another user's
+    way in, unless nobody but the caller is in that group (a user private group, which
+    umask 002 makes group-writable): root's own group may, nogroup (nobody's, _apt's)
+    may not, and nothing is made below a directory refused."""
+    import grp
+
+    from hugify.trial.cache import UntrustedCache, open_root
+
+    private = tmp_path / "private"
+    private.mkdir()
+    private.chmod(0o775)  # root:root
+    fd = open_root(private / "cache", create=True)
+    assert fd is not None and (private / "cache").is_dir()
+    os.close(fd)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, grp.getgrnam("nogroup").gr_gid)
+    shared.chmod(0o775)
+    with pytest.raises(UntrustedCache, match=f": {shared} is writable by its group \\(mode 0775\\);"):
+        open_root(shared / "cache", create=True)
+    assert list(shared.iterdir()) == []
+
+
 @pytest.mark.parametrize("how", ["other bytes", "another user's"])
 def test_an_entry_that_is_not_what_it_says_is_made_again(shared_dir: Path, how: str) -> None:
     """An entry of root's own cache whose copy is not the bytes its record says (the

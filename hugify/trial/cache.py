@@ -26,7 +26,8 @@ user's code as root.
 * The root and everything below it are the caller's alone: the root, and each
   directory hugify makes on the way to it, owned by the caller and writable by nobody
   else; each directory above it owned by root or the caller and writable by nobody
-  else unless sticky (/tmp). Otherwise it is refused (`try-cache-unsafe`), before
+  else unless sticky (/tmp). A group nobody is in but the caller (a user private
+  group) counts as nobody else. Otherwise it is refused (`try-cache-unsafe`), before
   anything is written or mounted there. Everything in it is done relative to the
   root's descriptor: entries and scratch directories made with mkdirat, files created
   O_CREAT|O_EXCL|O_NOFOLLOW, nothing followed through a symbolic link.
@@ -116,16 +117,38 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _private_group(gid: int) -> bool:
+    """Whether a group has nobody in it but the caller: its primary group, which no
+    other user has as theirs or as a member (a user private group, as Debian makes
+    them; its directories may be group-writable under umask 002)."""
+    import grp
+    import pwd
+
+    me = os.geteuid()
+    try:
+        mine = pwd.getpwuid(me)
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    if gid != mine.pw_gid or members - {mine.pw_name}:
+        return False
+    return not any(p.pw_gid == gid and p.pw_uid != me for p in pwd.getpwall())
+
+
 def _unsafe(st: os.stat_result, *, own: bool) -> str | None:
     """Why another user could change what a directory holds, or None. `own`: the
     directory must be the caller's (the root, and what hugify made on the way to it);
     otherwise root's will do, and a sticky directory (/tmp) may be writable by others,
-    who cannot rename or remove what they do not own there."""
+    who cannot rename or remove what they do not own there. Its group may write it
+    when that group is the caller's alone."""
     me = os.geteuid()
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != me and (own or st.st_uid != 0):
         return f"is owned by {_owner(st.st_uid)}, not by {_owner(me)}"
-    others = [who for bit, who in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if mode & bit]
+    writers = ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others"))
+    others = [who for bit, who in writers if mode & bit]
+    if others == ["its group"] and _private_group(st.st_gid):
+        others = []
     if others and (own or not mode & stat.S_ISVTX):
         return f"is writable by {' and '.join(others)} (mode {mode:04o})"
     return None
