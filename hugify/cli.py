@@ -18,7 +18,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Rewrite ELF programs and libraries so that their code lives on huge pages.",
         epilog="Exit status: 0 done, 1 some files of a batch failed, 2 usage, 3 invalid input, "
         "4 refused, 5 I/O error, 6 unsafe file (a symlink, FIFO, device or file swapped while hugify worked; "
-        "nothing written), 7 the command behaved differently on hugified files (try), 70 internal error. "
+        "nothing written), 7 the command behaved differently on hugified files (try), 8 the command cannot be "
+        "measured (try), 70 internal error. "
         "`hugify explain` lists the refusal reasons.",
     )
     parser.add_argument("--version", action="version", version=f"hugify {_core.VERSION}")

@@ -24,6 +24,9 @@ class Exit(enum.IntEnum):
     UNSAFE = 6
     #: ``hugify try``: the command behaved differently on the hugified files.
     DIFFERS = 7
+    #: ``hugify try``: the command cannot be measured (too short, its runs unseen, or
+    #: the A/A control shows a difference).
+    UNMEASURED = 8
     #: A bug in hugify; nothing was written.
     INTERNAL = 70
 
@@ -35,6 +38,7 @@ class Exit(enum.IntEnum):
             "io": cls.IO,
             "unsafe": cls.UNSAFE,
             "differs": cls.DIFFERS,
+            "unmeasured": cls.UNMEASURED,
             "info": cls.OK,
         }
         return known.get(kind, cls.INTERNAL)
@@ -42,5 +46,6 @@ class Exit(enum.IntEnum):
 
 def worst(codes: list[Exit]) -> Exit:
     """The status of a multi-file run: the most serious of its files."""
-    order = [Exit.OK, Exit.REFUSED, Exit.INVALID, Exit.IO, Exit.UNSAFE, Exit.FAILED, Exit.DIFFERS, Exit.INTERNAL]
+    order = [Exit.OK, Exit.REFUSED, Exit.INVALID, Exit.IO, Exit.UNSAFE, Exit.FAILED, Exit.DIFFERS, Exit.UNMEASURED,
+             Exit.INTERNAL]  # fmt: skip
     return max(codes, key=order.index, default=Exit.OK)

@@ -24,6 +24,8 @@ pub enum Kind {
     Internal,
     /// `hugify try`: the command behaved differently on the hugified files.
     Differs,
+    /// `hugify try`: the method cannot measure the command here.
+    Unmeasured,
     /// Not a failure: something a report notes.
     Info,
 }
@@ -38,6 +40,7 @@ impl Kind {
             Kind::Unsafe => "unsafe",
             Kind::Internal => "internal",
             Kind::Differs => "differs",
+            Kind::Unmeasured => "unmeasured",
             Kind::Info => "info",
         }
     }
@@ -157,6 +160,10 @@ reasons! {
     BehaviourDiffers => (Differs, "behaviour-differs", "hugify try: the command behaved differently on the hugified files than on the originals (exit status, standard output or a --compare-files file): a program that depends on its code's addresses or layout, or a bug; the message says where the outputs part."),
     TryShared => (Refused, "try-shared", "hugify try: the hugified side cannot map its code from root's shared copies (--way shared): only root makes them (run it as root, or use --way anonymous), or their tmpfs cannot be mounted, or shared-memory huge pages are refused (transparent_hugepage/shmem_enabled deny); the message says which."),
     TryCache => (Io, "try-cache", "hugify try: its cache of hugified copies cannot be written (read-only, full, not permitted, or on a noexec mount); the message names the directory. --cache-dir picks another."),
+    TryCacheUnsafe => (Unsafe, "try-cache-unsafe", "hugify try: its cache of hugified copies, or a directory on the way to it, could be changed by another user (owned by another user, or writable by group or others; a directory above it may be root's, and writable by others only if sticky, as /tmp); the copies it holds run in place of the command's files, so nothing is written or run. The message names the directory. --cache-dir picks one of the caller's own."),
+    TooShort => (Unmeasured, "too-short", "hugify try: the command takes too little CPU time on the original files to be measured: a run of it is mostly the start and exit of its processes, where the sides differ by how their files are cached rather than by code on huge pages, and the watcher sees few of its runs. Measure a longer command."),
+    RunsUnseen => (Unmeasured, "runs-unseen", "hugify try: the watcher saw fewer than half of the hugified side's runs use its copies (their processes live too briefly to be watched, or load none of them), so what they ran on cannot be told and no answer is given."),
+    ControlFailed => (Unmeasured, "control-failed", "hugify try: the A/A control (--control) has an interval that excludes no change, where nothing differs but the files' inodes (how the files are cached, where their pages lie): on this machine, results of that size for this command are not evidence."),
     Replaced => (Info, "replaced", "A window stays as the process mapped it: the file now at the object's path is not the inode the process mapped (another version renamed over it since it was loaded, e.g. by a package upgrade), or that could not be proven; nothing of the other file is mapped in or copied."),
     NotMapped => (Info, "not-mapped", "A window stays as it is, cold or small, untouched: the process does not map it from the object's file at the window's offset (another load of a malformed object overlaps it)."),
     NoCopy => (Info, "no-copy", "A window stays on its file mapping: root keeps no shared copy of the inode the process maps (none made yet, not wanted because file-backed huge pages work, beyond the budget, or the file was replaced since, e.g. by a package upgrade)."),

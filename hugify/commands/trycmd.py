@@ -19,8 +19,11 @@ EPILOG = (
     "Exit status: 0 measured (whatever the answer); 3 the command failed on the original files, "
     "its output differs between two runs on them, or it changed a file under test; 4 refused: a setuid "
     "program, no private namespace here, nothing to hugify, or no C runtime; 5 the cache cannot be "
-    "written; 7 the hugified files behave differently (output, exit status or --compare-files); "
-    "2 usage; 70 a run used the other side's files. `hugify explain ID` describes each reason."
+    "written, or the --plot file; 6 the cache is another user's or others can write it; 7 the hugified files "
+    "behave differently (output, exit status or --compare-files); 8 the command cannot be measured: too "
+    "short, its runs too rarely seen, or the --control shows a difference; 2 usage; 70 a run used the other "
+    "side's files. Stopped by SIGINT, SIGTERM or SIGHUP, it reports the rounds made so far and ends by the "
+    "signal. `hugify explain ID` describes each reason."
 )
 
 
@@ -32,6 +35,16 @@ def _percent(text: str) -> float:
     if not 0 < value < 100:
         raise argparse.ArgumentTypeError("give a percentage between 0 and 100, e.g. 1 or 0.5%")
     return value / 100
+
+
+def _rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of rounds: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("give 1 or more")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -56,9 +69,11 @@ def _progress(enabled: bool) -> Callable[[str], None]:
 
 
 def run(args: argparse.Namespace) -> Exit:
-    from hugify import abtest, files
+    from hugify import abtest
     from hugify.trial import report, session
 
+    if args.clear_cache:
+        return _clear_cache(args)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -68,6 +83,13 @@ def run(args: argparse.Namespace) -> Exit:
     if args.min_rounds > args.max_rounds:
         print("hugify try: --min-rounds is more than --max-rounds", file=sys.stderr)
         return Exit.USAGE
+    if args.plot:
+        where = args.plot.parent
+        if not where.is_dir():  # found out now, not after the comparison; and never made
+            why = "not a directory" if where.exists() else "No such file or directory"
+            reasons.printed(["io-error"])
+            print(f"hugify try: cannot write the plot {args.plot}: {where}: {why} (io-error)", file=sys.stderr)
+            return Exit.IO
     from hugify.policy import PolicyError
 
     try:
@@ -92,15 +114,12 @@ def run(args: argparse.Namespace) -> Exit:
     try:
         with _stopped_by_signals():
             result = session.run(opts)
-    except _Stopped as e:
+    except session.Interrupted as e:
         if tty:
             sys.stderr.write("\r\x1b[K")
-        print(f"hugify try: stopped by {signal.Signals(e.signum).name}; the command's processes and the run's "
-              "files are gone", file=sys.stderr)  # fmt: skip
-        sys.stderr.flush()
-        signal.signal(e.signum, signal.SIG_DFL)  # ends by the same signal, as a shell expects
-        os.kill(os.getpid(), e.signum)
-        return Exit.INTERNAL
+        print(f"hugify try: stopped by {signal.Signals(e.signum).name} before a report could be made; the command's "
+              "processes and the run's files are gone", file=sys.stderr)  # fmt: skip
+        return _end_by(e.signum)
     except session.TryError as e:
         if tty:
             sys.stderr.write("\r\x1b[K")
@@ -116,23 +135,75 @@ def run(args: argparse.Namespace) -> Exit:
     result["verdict"], result["answer"] = verdict, line
     if args.plot:
         try:
-            # Renamed in, never written through a symlink at that name: hugify try may
-            # run as root in a directory others can write (/tmp).
-            files.write_text_atomic(args.plot, report.svg(result))
+            _write_plot(args.plot, report.svg(result))
         except OSError as e:
-            print(f"hugify try: cannot write {reasons.io_detail(e)}", file=sys.stderr)
+            reasons.printed(["io-error"])
+            print(f"hugify try: cannot write the plot {reasons.io_detail(e)} (io-error)", file=sys.stderr)
             return Exit.IO
     if args.json:
         _dump(result)
     else:
         sys.stdout.write(report.text(result))
+    if result.get("interrupted"):
+        sys.stdout.flush()
+        print(f"hugify try: stopped by {result['interrupted']} after {result['rounds']} round(s); the command's "
+              "processes and the run's files are gone", file=sys.stderr)  # fmt: skip
+        return _end_by(signal.Signals[result["interrupted"]])
+    failed = report.FAILED.get(verdict)
+    if failed:
+        sys.stdout.flush()
+        reasons.printed([failed])
+        print(f"hugify try: {line}", file=sys.stderr)
+        return Exit.for_kind(reasons.table()[failed][0])
     return Exit.INTERNAL if result["problems"] else Exit.OK
 
 
-class _Stopped(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+def _end_by(signum: int) -> Exit:
+    """Ends this process by the signal that stopped it, as a shell expects (it then
+    shows 128 + the signal's number, 130 for SIGINT)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return Exit.INTERNAL
+
+
+def _write_plot(path: Path, text: str) -> None:
+    """The picture renamed in, in the directory named (never made: hugify try may run
+    as root, where a typo would make directories); never written through a symlink
+    at that name (others may write the directory, as /tmp)."""
+    from hugify import files
+
+    with files.Directory.open(path.parent, follow=True) as d, files.NewFile(d, path.name) as new:
+        new.write(text.encode())
+        os.fchmod(new.fd, 0o644)
+        new.commit()
+
+
+def _clear_cache(args: argparse.Namespace) -> Exit:
+    """--clear-cache: every entry of the cache removed (not what runs under way use)."""
+    from hugify.trial import cache, report
+
+    if args.command and args.command != ["--"]:
+        print("hugify try: --clear-cache takes no command", file=sys.stderr)
+        return Exit.USAGE
+    root = Path(os.path.realpath(args.cache_dir or cache.default_root()))
+    try:
+        removed = cache.clear(root)
+    except cache.UntrustedCache as e:
+        reasons.printed(["try-cache-unsafe"])
+        print(f"hugify try: {e} (try-cache-unsafe)", file=sys.stderr)
+        return Exit.UNSAFE
+    except OSError as e:
+        reasons.printed(["try-cache"])
+        print(f"hugify try: cannot clear the cache of hugified copies in {root} ({reasons.io_detail(e)}) "
+              "(try-cache)", file=sys.stderr)  # fmt: skip
+        return Exit.IO
+    if removed is None:
+        print(f"hugify try: no cache of hugified copies in {root}")
+    else:
+        print(f"hugify try: removed {removed[0]} entries ({report.mib(removed[1])}) from {root}")
+    return Exit.OK
 
 
 @contextlib.contextmanager
@@ -140,9 +211,10 @@ def _stopped_by_signals() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP end the comparison through its clean-up (the sides'
     processes and the command's are killed, the scratch files removed) instead of
     killing this process on the spot; a signal the caller ignores stays ignored."""
+    from hugify.trial.session import Interrupted
 
     def stop(signum: int, frame: object) -> None:
-        raise _Stopped(signum)
+        raise Interrupted(signum)
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -190,9 +262,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="stop after this long of timed rounds (seconds, or 90s, 5m, 1h; default: 300)",
     )
     p.add_argument(
-        "--min-rounds", type=int, default=6, metavar="N", help="rounds before the target may stop it (default: 6)"
+        "--min-rounds", type=_rounds, default=6, metavar="N", help="rounds before the target may stop it (default: 6)"
     )
-    p.add_argument("--max-rounds", type=int, default=200, metavar="N", help="most rounds (default: 200)")
+    p.add_argument("--max-rounds", type=_rounds, default=200, metavar="N", help="most rounds (default: 200)")
     p.add_argument(
         "--compare-files",
         nargs="+",
@@ -207,7 +279,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         metavar="DIR",
         help="where the hugified copies are kept (default: /var/cache/hugify/try for root, else "
-        "$XDG_CACHE_HOME/hugify/try or ~/.cache/hugify/try)",
+        "$XDG_CACHE_HOME/hugify/try or ~/.cache/hugify/try); it must be the caller's and writable by nobody else",
     )
     p.add_argument(
         "--policy",
@@ -232,4 +304,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the method shows where nothing differs (it must claim no difference)",
     )
     p.add_argument("--jobs", type=int, metavar="N", help="copies made in parallel (default: the CPUs)")
+    p.add_argument(
+        "--clear-cache",
+        action="store_true",
+        help="remove every entry of the cache (the one --cache-dir names, else the default) and run nothing; "
+        "runs under way keep what they use",
+    )
     p.set_defaults(func=run)

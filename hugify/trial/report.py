@@ -32,26 +32,40 @@ def huge_bytes(result: dict[str, Any]) -> int:
     return int(cov["anonymous_held"] if result.get("way") == "anonymous" else cov["hugified_pmd_mapped"])
 
 
+#: The verdicts that are no answer about the command, and their reason ids: the
+#: method could not measure it (exit status 8).
+FAILED = {"unmeasurable": "runs-unseen", "control-failed": "control-failed"}
+
+
 def answer(result: dict[str, Any]) -> tuple[str, str]:
     """(verdict, one line): gain, loss, no-gain, no-huge-pages or no-interval; for
-    the A/A control, control-passed or control-failed."""
+    the A/A control, control-passed or control-failed; unmeasurable where the watcher
+    saw too few of the hugified side's runs to tell what they ran on."""
     cpu, floor = result["cpu"], result["noise_floor"]["cpu"]
     huge = huge_bytes(result)
+    seen = result.get("verified_runs", {}).get("hugified", {"seen": 0, "runs": 0})
+    if 2 * seen["seen"] < seen["runs"]:
+        return (
+            "unmeasurable",
+            f"cannot measure: the watcher saw {seen['seen']} of the hugified side's {seen['runs']} runs use its "
+            "copies (its processes live too briefly to be watched, or load none of them), so what they ran on "
+            f"cannot be told ({FAILED['unmeasurable']})",
+        )
     if not cpu or not cpu["ci95"]:
         return "no-interval", "one round gives no interval: give --min-rounds 2 or more"
     lo, hi = cpu["ci95"]
     flo, fhi = floor["ci95"] if floor and floor["ci95"] else (1.0, 1.0)
-    # a difference is claimed only outside 1 and clear of the A/A floor's interval
-    faster, slower = hi < 1 and hi < flo, lo > 1 and lo > fhi
     if result.get("control"):
         interval = f"CPU time [{change(lo)}, {change(hi)}] % (A/A noise floor [{change(flo)}, {change(fhi)}] %)"
-        if not faster and not slower:
+        if lo <= 1 <= hi:
             return "control-passed", f"A/A control: {interval}: no difference claimed where nothing differs"
         return (
             "control-failed",
-            f"A/A control: {interval}: a difference where nothing differs but the files' inodes; on this machine, "
-            "for this command, results of that size are not evidence",
+            f"A/A control: {interval}: the interval excludes 0 where nothing differs but the files' inodes; on this "
+            f"machine, for this command, results of that size are not evidence ({FAILED['control-failed']})",
         )
+    # a difference is claimed only outside 1 and clear of the A/A floor's interval
+    faster, slower = hi < 1 and hi < flo, lo > 1 and lo > fhi
     if not huge:
         return (
             "no-huge-pages",
@@ -171,7 +185,12 @@ def text(result: dict[str, Any]) -> str:
     out += terminal_plot(result)
     out += [f"  problem: {p}" for p in result.get("problems", [])]
     out += [f"  note: {n}" for n in result.get("notes", [])]
-    out.append(f"answer: {answer(result)[1]}")
+    cache = result["cache"]
+    out.append(f"  cache: {cache['root']}, {mib(cache['bytes'])} (hugify try --clear-cache empties it)")
+    stopped = (
+        f"(stopped by {result['interrupted']}: {result['rounds']} round(s) only) " if result.get("interrupted") else ""
+    )
+    out.append(f"answer: {stopped}{answer(result)[1]}")
     return "\n".join(out) + "\n"
 
 

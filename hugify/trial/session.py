@@ -3,7 +3,8 @@
 1. The command's program is found as a shell would; a setuid, setgid or
    file-capability program is refused (its privileges would not survive a user
    namespace, nor a copy).
-2. The cache opens (its scratch directory holds everything the run writes).
+2. The cache opens (its scratch directory holds everything the run writes); one
+   another user could change is refused (hugify.trial.cache).
 3. The originals' side starts in its namespace and runs the command once
    (hugify.trial.discover): a command that fails there is reported, not measured.
 4. Each object it loaded with enough code goes through the cache (a copy made like
@@ -14,12 +15,17 @@
    (hugify.trial.sharedway; root only), else runs with the runtime's anonymous copies
    (LD_AUDIT=libhugify-audit.so, HUGIFY_ANONYMOUS): said in the answer. --way picks
    one of the three.
-7. One untimed run of each side, then rounds (hugify.abtest: A, A2, B in turn),
-   each run watched (hugify.trial.watch), each round's exit statuses, outputs and
-   --compare-files compared: a difference between the two originals' runs means the
-   command is not deterministic; between the originals and the hugified copies, that
-   they behave differently. Either stops the comparison.
-8. The figures, the coverage each side got, and an answer (hugify.trial.report).
+7. Untimed runs: the originals twice, then the hugified side. Their exit statuses,
+   outputs and --compare-files are compared, the two originals' first: a difference
+   between them means the command is not deterministic; one between the originals
+   and the hugified side only if further runs of the originals agree with the first,
+   that they behave differently. Either stops the comparison. So does a command that
+   takes too little CPU time to measure (too-short).
+8. Rounds (hugify.abtest: A, A2, B in turn), each run watched (hugify.trial.watch),
+   each round's behaviour compared as above, until the limits say stop, or a signal
+   (SIGINT, SIGTERM, SIGHUP) does: the rounds made so far are reported, marked as
+   stopped.
+9. The figures, the coverage each side got, and an answer (hugify.trial.report).
 
 Failures that stop it early are TryError: a reason id of the core's table and one
 line.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -41,7 +48,7 @@ from hugify import _core, abtest, files, reasons, tree
 from hugify import prefetch as pf
 from hugify.policy import Policy
 from hugify.trial import discover
-from hugify.trial.cache import Cache, CacheError, Copy, default_root
+from hugify.trial.cache import Cache, CacheError, Copy, UntrustedCache, default_root
 from hugify.trial.pagecache import PageCache, cache_drops
 from hugify.trial.sharedway import Mounts, SharedWayError
 from hugify.trial.sides import Bind, NamespaceError, Result, Side
@@ -49,6 +56,14 @@ from hugify.trial.watch import RunSampler, Seen, Watched
 
 AUDIT_LIB = "libhugify-audit.so"
 MIB = 1 << 20
+#: Less CPU time than this per run of the original files cannot be measured: such a run
+#: is mostly the process's start and exit (exec, mapping and faulting in its files), in
+#: which the two sides differ by how their files are cached rather than by what code on
+#: huge pages does, and the watcher, looking every 25 ms, sees few of its runs (docs/try.md).
+MIN_CPU_S = 0.02
+#: Runs of the original files made to tell a non-deterministic command from one whose
+#: hugified files behave differently, when the hugified side's first run differs.
+CONFIRMING_RUNS = 2
 
 
 class TryError(Exception):
@@ -57,6 +72,15 @@ class TryError(Exception):
     def __init__(self, reason: str, detail: str, found: dict[str, Any] | None = None) -> None:
         super().__init__(f"{detail} ({reason})")
         self.reason, self.detail, self.found = reason, detail, found or {}
+
+
+class Interrupted(Exception):
+    """A signal stops the comparison (raised by the caller's signal handler): the
+    rounds made so far are reported if there are any, else it goes on up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 @dataclass
@@ -158,10 +182,12 @@ class Timed:
 
 @dataclass(frozen=True)
 class _Usable:
-    """An object under test: its original, and its copy in the cache."""
+    """An object under test: its original, and its copy in the cache (the inode whose
+    bytes were checked)."""
 
     original: str
     file: Path
+    identity: tuple[int, int]
 
 
 class _Runner:
@@ -265,21 +291,24 @@ class Trial:
             raise TryError(
                 "try-shared", "only root makes shared copies: run hugify try as root, or give --way anonymous"
             )
-        if os.geteuid() == 0 and opts.way in ("auto", "shared"):
-            try:
-                self.mounts.enter()  # the tmpfs mounts of the shared way are this run's own
-            except SharedWayError as e:
-                if opts.way == "shared":
-                    raise TryError("try-shared", str(e)) from None
-                self.note(f"no shared copies: {e}")
         cache = Cache(opts.cache_dir or default_root(), opts.policy)
         try:
+            # checked before anything is written or mounted there
             self.scratch = cache.open()
+            if os.geteuid() == 0 and opts.way in ("auto", "shared"):
+                try:
+                    self.mounts.enter()  # the tmpfs mounts of the shared way are this run's own
+                except SharedWayError as e:
+                    if opts.way == "shared":
+                        raise TryError("try-shared", str(e)) from None
+                    self.note(f"no shared copies: {e}")
             with pf.session(str(self.scratch / "run")) as engine:
                 problem = engine.system.problem(self.hp)
                 if problem:
                     raise TryError("nothing-to-try", problem)
                 return self._compare(cache, engine)
+        except UntrustedCache as e:
+            raise TryError("try-cache-unsafe", str(e), self.found) from None
         except CacheError as e:
             raise TryError("try-cache", str(e), self.found) from None
         finally:
@@ -287,7 +316,8 @@ class Trial:
                 side.close()
             self.mounts.close()
             if self.scratch:
-                shutil.rmtree(self.scratch, ignore_errors=True)
+                cache.remove_scratch(self.scratch)
+            cache.close()
 
     def _side(self, name: str, binds: list[Bind]) -> Side:
         try:
@@ -307,7 +337,7 @@ class Trial:
         usable = self._copies(first, cache)
         if self.mounts.entered:
             usable = self._shared_store(usable, rdir)
-        hugified = self._side("hugified", [Bind(c.file, c.original) for c in usable])
+        hugified = self._side("hugified", [Bind(c.file, c.original, c.identity) for c in usable])
         pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
         b_env = self._prepare(pages, engine)
         watched = self._watched(usable)
@@ -354,7 +384,7 @@ class Trial:
         else:
             copies = cache.copies(objects, self.opts.jobs)
         self.found["objects"] = self._describe(first, copies)
-        usable = [_Usable(c.original, c.path) for c in copies if c.path is not None]
+        usable = [_Usable(c.original, c.path, c.identity) for c in copies if c.path and c.identity]
         if not usable:
             raise TryError("nothing-to-try", self._nothing(copies, first), self.found)
         return usable
@@ -368,7 +398,9 @@ class Trial:
         try:
             if self.opts.way == "shared":
                 moved = self.mounts.plain(self.scratch / "plain", [c.file for c in usable])
-                usable = [_Usable(c.original, f) for c, f in zip(usable, moved, strict=True)]
+                usable = [
+                    _Usable(c.original, f, files.identity(os.stat(f))) for c, f in zip(usable, moved, strict=True)
+                ]
             self.shared_budget = self.mounts.store(rdir, [os.stat(c.file).st_size for c in usable])
         except (SharedWayError, OSError) as e:
             why = reasons.io_detail(e) if isinstance(e, OSError) else str(e)
@@ -408,27 +440,36 @@ class Trial:
     def _rounds(
         self, runner: _Runner, before: dict[str, tuple[int, int, int]]
     ) -> tuple[list[dict[str, Timed]], str, list[str]]:
-        """The untimed runs, then rounds until the limits say stop."""
+        """The untimed runs, then rounds until the limits (or a signal) say stop."""
         opts = self.opts
-        opts.progress("one untimed run of each side")
-        self._check_behaviour({label: runner.one(label) for label in (abtest.ORIGINAL, abtest.CHANGED)})
+        opts.progress("untimed runs: the original files twice, then the hugified ones")
+        warm = {label: runner.one(label) for label in (abtest.ORIGINAL, abtest.ORIGINAL_AGAIN, abtest.CHANGED)}
+        self._check_behaviour(warm, runner)
+        self._check_measurable(warm)
         rounds: list[dict[str, Timed]] = []
         start = time.monotonic()
-        while True:
-            runs = {label: runner.one(label) for label in abtest.order(len(rounds))}
-            rounds.append(runs)
-            self._check_behaviour(runs)
-            changed = [c for c in before if _identity(c) != before[c]]
-            if changed:
-                why = f"{changed[0]} changed during the comparison (did the command rebuild it?): its copy is stale"
-                raise TryError("files-changed", why, self.found)
-            problems = self._check_mappings(runs)
-            if problems:
-                return rounds, "a run used the other side's files", problems
-            stopped = opts.limits.stop(_ratios(rounds, abtest.CHANGED, "cpu"), time.monotonic() - start)
-            if stopped:
-                return rounds, stopped, []
-            opts.progress(self._progress(rounds, time.monotonic() - start))
+        try:
+            while True:
+                runs = {label: runner.one(label) for label in abtest.order(len(rounds))}
+                self._check_behaviour(runs, runner)
+                changed = [c for c in before if _identity(c) != before[c]]
+                if changed:
+                    why = f"{changed[0]} changed during the comparison (did the command rebuild it?): its copy is stale"
+                    raise TryError("files-changed", why, self.found)
+                rounds.append(runs)
+                problems = self._check_mappings(runs)
+                if problems:
+                    return rounds, "a run used the other side's files", problems
+                stopped = opts.limits.stop(_ratios(rounds, abtest.CHANGED, "cpu"), time.monotonic() - start)
+                if stopped:
+                    return rounds, stopped, []
+                opts.progress(self._progress(rounds, time.monotonic() - start))
+        except Interrupted as e:
+            if not rounds:
+                raise
+            name = signal.Signals(e.signum).name
+            self.found["interrupted"] = name
+            return rounds, f"by {name} after {len(rounds)} round(s)", []
 
     # --- choosing -----------------------------------------------------------------------
 
@@ -544,21 +585,20 @@ class Trial:
 
     # --- checking -----------------------------------------------------------------------
 
-    def _check_behaviour(self, runs: dict[str, Timed]) -> None:
+    def _check_behaviour(self, runs: dict[str, Timed], runner: _Runner) -> None:
+        """The runs agree: the originals' first (else the command is not
+        deterministic), then the hugified side with the originals (else, once
+        CONFIRMING_RUNS more runs of the originals agree with the first, the hugified
+        files behave differently)."""
         a = runs[abtest.ORIGINAL]
         if abtest.ORIGINAL_AGAIN in runs:
-            again = runs[abtest.ORIGINAL_AGAIN]
-            diff = a.behaviour.differences(again.behaviour)
-            if diff:
-                raise TryError(
-                    "not-deterministic",
-                    f"two runs on the original files differ in {', '.join(diff)}{self._where(diff, a, again)}: "
-                    "the behaviour of the hugified files cannot be compared",
-                    self.found,
-                )
+            self._deterministic(a, runs[abtest.ORIGINAL_AGAIN])
         b = runs[abtest.CHANGED]
         diff = a.behaviour.differences(b.behaviour)
         if diff:
+            for _ in range(CONFIRMING_RUNS):
+                again = runner.one(abtest.ORIGINAL_AGAIN)
+                self._deterministic(a, again)
             where = self._where(diff, a, b)
             self.found["difference"] = {"what": diff, "where": where.removeprefix("; ")}
             raise TryError(
@@ -570,6 +610,30 @@ class Trial:
         for t in runs.values():  # compared: not needed any more
             t.stdout.unlink(missing_ok=True)
             t.stdout.with_suffix(".stderr").unlink(missing_ok=True)
+
+    def _deterministic(self, a: Timed, again: Timed) -> None:
+        """TryError (not-deterministic) where two runs on the original files differ."""
+        diff = a.behaviour.differences(again.behaviour)
+        if diff:
+            raise TryError(
+                "not-deterministic",
+                f"two runs on the original files differ in {', '.join(diff)}{self._where(diff, a, again)}: "
+                "the behaviour of the hugified files cannot be compared",
+                self.found,
+            )
+
+    def _check_measurable(self, warm: dict[str, Timed]) -> None:
+        """TryError (too-short) for a command whose untimed runs on the original files
+        took less than MIN_CPU_S of CPU time (their median)."""
+        cpu = statistics.median(warm[label].result.cpu for label in (abtest.ORIGINAL, abtest.ORIGINAL_AGAIN))
+        if cpu < MIN_CPU_S:
+            raise TryError(
+                "too-short",
+                f"the command takes {cpu * 1000:.1f} ms of CPU time on the original files, less than the "
+                f"{MIN_CPU_S * 1000:.0f} ms hugify try can measure: its runs are mostly the start and exit of its "
+                "processes; measure a longer command (more work per run, or a loop of it in a shell script)",
+                self.found,
+            )
 
     @staticmethod
     def _where(diff: list[str], a: Timed, b: Timed) -> str:

@@ -15,9 +15,15 @@ runs with the same uid and gid; supplementary groups keep working but show as th
 overflow group inside. Where the system allows neither, NamespaceError says why in one
 line.
 
-The side's process is forked before the comparison starts any thread, and is a child
-subreaper: what the command leaves running when it exits is killed and reaped after
-each run, so a run never leaks processes into the next one. The command's CPU time is
+Each side is also a PID namespace of its own (CLONE_NEWPID, with its own /proc), so
+that every process of a run ends with the comparison however it ends: the side's
+process is forked before the comparison starts any thread, makes the namespaces and
+forks the namespace's init, which starts the runs; both die with their parent
+(PR_SET_PDEATHSIG), and the kernel kills every process of a PID namespace when its
+init dies. So a hugify try killed with SIGKILL leaves no command running (as root,
+reparented to the system's init), and no namespace, bind mount or tmpfs alive. The
+init also kills and reaps, after each run, what the command left running when it
+exited, so a run never leaks processes into the next one. The command's CPU time is
 user + system time from wait4 (its own and that of the descendants it waited for);
 its wall time runs from the spawn to its exit.
 """
@@ -40,10 +46,11 @@ from hugify import reasons
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
 MS_REC, MS_PRIVATE, MS_RELATIME = 0x4000, 0x40000, 0x200000
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+PR_SET_PDEATHSIG = 1
 #: statvfs flags -> the mount flags a remount inside a user namespace must keep (the
 #: kernel locks them on mounts it copied from a more privileged namespace).
 LOCKED_FLAGS = {
@@ -62,10 +69,12 @@ class NamespaceError(Exception):
 
 @dataclass(frozen=True)
 class Bind:
-    """A hugified copy, shown at the path of its original."""
+    """A hugified copy, shown at the path of its original; `identity`, (st_dev,
+    st_ino) of the copy whose bytes were checked: the inode the bind mount must show."""
 
     copy: Path
     target: str
+    identity: tuple[int, int]
 
 
 @dataclass
@@ -112,16 +121,26 @@ def why_no_namespace(step: str, err: int) -> str:
     return f"{base}: the system does not let this user make one (a container's seccomp filter?); run as root"
 
 
-def own_namespace() -> None:
+def own_namespace(*, pids: bool = False) -> None:
     """Moves this process into a private mount namespace (inside a user namespace that
     maps the user's own ids unless root) with propagation turned off: what it mounts
     from then on is its own, seen by the processes it forks after, and ends with the
-    last of them. NamespaceError on any failure. A process with threads cannot do it."""
+    last of them. `pids`: the processes it forks after go in a PID namespace of their
+    own too, the first of them its init. NamespaceError on any failure. A process with
+    threads cannot do it."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
+    flags = (CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER) | (CLONE_NEWPID if pids else 0)
     if libc.unshare(flags) != 0:
-        what = "CLONE_NEWNS" if uid == 0 else "CLONE_NEWUSER|CLONE_NEWNS"
+        what = "|".join(
+            name
+            for bit, name in (
+                (CLONE_NEWUSER, "CLONE_NEWUSER"),
+                (CLONE_NEWNS, "CLONE_NEWNS"),
+                (CLONE_NEWPID, "CLONE_NEWPID"),
+            )
+            if flags & bit
+        )
         raise NamespaceError(why_no_namespace(f"unshare {what}", ctypes.get_errno()))
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
@@ -134,9 +153,9 @@ def own_namespace() -> None:
 
 
 def _enter(binds: list[Bind]) -> None:
-    """Moves this process into its own mount namespace and bind-mounts the copies;
-    NamespaceError on any failure."""
-    own_namespace()
+    """Moves this process into its own mount namespace (its children into their own
+    PID namespace) and bind-mounts the copies; NamespaceError on any failure."""
+    own_namespace(pids=True)
     libc = _libc()
     for b in binds:
         target = os.fsencode(b.target)
@@ -146,9 +165,9 @@ def _enter(binds: list[Bind]) -> None:
         keep = sum(ms for st, ms in LOCKED_FLAGS.items() if locked & st)
         if libc.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, None) != 0:
             raise NamespaceError(f"cannot make {b.target} read-only: {os.strerror(ctypes.get_errno())}")
-        seen, want = os.stat(b.target), os.stat(b.copy)
-        if (seen.st_dev, seen.st_ino) != (want.st_dev, want.st_ino):
-            raise NamespaceError(f"the bind mount over {b.target} does not show {b.copy}")
+        seen = os.stat(b.target)
+        if (seen.st_dev, seen.st_ino) != b.identity:
+            raise NamespaceError(f"the bind mount over {b.target} does not show the copy checked, {b.copy}")
 
 
 def _children(pid: int) -> list[int]:
@@ -172,7 +191,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _kill_leftovers() -> int:
-    """Kills and reaps what runs below this process (a subreaper): the count."""
+    """Kills and reaps what runs below this process (the init of its PID namespace,
+    which orphans are given to): the count."""
     killed = 0
     while True:
         rest = descendants(os.getpid())
@@ -216,27 +236,66 @@ def _spawn(req: dict[str, Any], out: TextIO) -> dict[str, Any]:
     }
 
 
-def _serve(requests: int, replies: int, binds: list[Bind], parent: int) -> None:
-    """The side's process: enters its namespace, says whether it could, then runs
-    what it is asked to until the request pipe closes."""
+def _mount_proc() -> None:
+    """A /proc of the PID namespace this process is the init of (it sees its own
+    processes by their pids there, and the command sees the same)."""
+    libc = _libc()
+    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        raise NamespaceError(why_no_namespace("mounting /proc for its PID namespace", ctypes.get_errno()))
+
+
+def _parent_gone(alive: int) -> bool:
+    """Whether the process holding the write end of the pipe `alive` has ended."""
+    import select
+
+    return bool(select.select([alive], [], [], 0)[0])
+
+
+def _serve(requests: int, replies: int, binds: list[Bind], parent: int) -> int:
+    """The side's process: dies with the comparison, enters its namespaces, says
+    whether it could, and forks the init of its PID namespace, which runs what it is
+    asked to until the request pipe closes; the init's exit status."""
     out = os.fdopen(replies, "w")
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the comparison ended before the death signal was set
+        return 0
     try:
         _enter(binds)
     except (NamespaceError, OSError) as e:
         out.write(json.dumps({"error": str(e)}) + "\n")
         out.flush()
-        return
-    libc = _libc()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    if os.getppid() != parent:  # the comparison ended before the death signal was set
-        return
-    out.write(json.dumps({"ready": True}) + "\n")
-    out.flush()
-    with os.fdopen(requests) as lines:
-        for line in lines:
-            out.write(json.dumps(_spawn(json.loads(line), out)) + "\n")
+        return 0
+    alive_r, alive_w = os.pipe()
+    init = os.fork()
+    if init == 0:  # pragma: no cover (the init of the side's PID namespace)
+        code = 0
+        try:
+            os.close(alive_w)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if _parent_gone(alive_r):  # it died before the death signal was set
+                os._exit(0)
+            try:
+                _mount_proc()
+            except NamespaceError as e:
+                out.write(json.dumps({"error": str(e)}) + "\n")
+                out.flush()
+                os._exit(0)
+            out.write(json.dumps({"ready": True}) + "\n")
             out.flush()
+            with os.fdopen(requests) as lines:
+                for line in lines:
+                    out.write(json.dumps(_spawn(json.loads(line), out)) + "\n")
+                    out.flush()
+        except BaseException:
+            code = 70
+        os._exit(code)
+    # Only the init talks to the comparison: it sees an end of file when the init ends.
+    os.close(alive_r)
+    os.close(requests)
+    out.close()
+    _, status = os.waitpid(init, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 class Side:
@@ -265,7 +324,7 @@ class Side:
                     # ignored, so that the command gets it ignored as from a shell.
                     if signal.getsignal(sig) is not signal.SIG_IGN:
                         signal.signal(sig, lambda signum, frame: None)
-                _serve(requests_r, replies_w, binds, parent)
+                code = _serve(requests_r, replies_w, binds, parent)
             except BaseException:
                 code = 70
             os._exit(code)

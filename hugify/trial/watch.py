@@ -11,9 +11,13 @@ the kernel has PAGEMAP_SCAN (Linux 6.7), which of the copy's huge-page windows a
 process had PMD-mapped or executed on small pages (a window a process had small and
 later huge counts as huge: the audit library's probe faults a window in small pages
 before it maps the window from a shared copy). With the runtime's anonymous copies
-it also records the AnonHugePages they held (hugify.anoncopies). Root's shared copies
-(the shared way) count as the copy they were made of, their ShmemPmdMapped as its
-huge pages.
+(hugify.anoncopies) the copies of an object's windows are its code, their
+AnonHugePages its huge pages: the audit library copies the windows at the process's
+start and unmaps them from the file, so the file's mapping shows the code only while
+it copies (for libclang-cpp about half a second, which a loaded machine's watcher can
+miss entirely); the most the copies held in one process is recorded too. Root's shared
+copies (the shared way) count as the copy they were made of, their ShmemPmdMapped as
+its huge pages.
 
 A process that lives less than SAMPLE_INTERVAL may be missed; the counts say how many
 samples saw anything.
@@ -99,6 +103,16 @@ def executable_files(pid: int) -> list[Vma]:
         return [v for v in map(vma_header, f) if v and v.executable and v.inode and v.path.startswith("/")]
 
 
+def pid_inside(pid: int) -> int:
+    """The pid a process has in its own PID namespace (a side's, where the record
+    library writes its pid down), from the last field of NSpid; `pid` if unknown."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    return pid
+
+
 def _identity(pid: int) -> tuple[int, int, bytes]:
     """The program file and the arguments of a process: a child the side's process
     spawned is that process until it executes the command."""
@@ -151,12 +165,12 @@ class FileSampler(Sampler):
     def __init__(self, root: int) -> None:
         super().__init__(root)
         self.files: dict[str, tuple[int, int]] = {}  # path -> (dev, inode)
-        self.processes: set[int] = set()
+        self.processes: set[int] = set()  # by their pids in the side's PID namespace
 
     def look(self, pid: int) -> None:
         for v in executable_files(pid):
             self.files.setdefault(v.path, (v.dev, v.inode))
-        self.processes.add(pid)
+        self.processes.add(pid_inside(pid))
 
 
 @dataclass(frozen=True)
@@ -175,7 +189,9 @@ class Seen:
     """What the processes of one side mapped of one object."""
 
     mapped: set[str] = field(default_factory=set)  # "original", "copy"
-    pmd: int = 0  # most FilePmdMapped (ShmemPmdMapped) of its code in one process at one time
+    #: most huge pages of its code in one process at one time (FilePmdMapped,
+    #: ShmemPmdMapped, or its anonymous copies' AnonHugePages)
+    pmd: int = 0
     rss: int = 0  # most resident code in one process at one time
     huge: set[int] = field(default_factory=set)  # windows seen PMD-mapped
     small: set[int] = field(default_factory=set)  # windows seen executed on small pages
@@ -253,15 +269,18 @@ class RunSampler(Sampler):
             per[o.name] = (pmd + huge, rss + sizes.get("Rss", 0))
             if kind == "copy" and self.scan and o.windows and not self.anonymous:
                 self._scan(pid, o, v, s)
-        for name, (pmd, rss) in per.items():
-            s = self.seen[name]
-            s.pmd, s.rss = max(s.pmd, pmd), max(s.rss, rss)
         if self.anonymous:
-            names = {o.name for o in self.objects}
-            held = sum(c.anon_huge for c in anoncopies.running_copies(self.hp, pids=[pid]) if c.path in names)
+            copies = [c for c in anoncopies.running_copies(self.hp, pids=[pid]) if c.path in self.seen]
+            for c in copies:
+                pmd, rss = per.get(c.path, (0, 0))
+                per[c.path] = (pmd + c.anon_huge, rss + c.rss)
+            held = sum(c.anon_huge for c in copies)
             self.anon_held = max(self.anon_held, held)
             if held:
                 self.copied_in.add(pid)
+        for name, (pmd, rss) in per.items():
+            s = self.seen[name]
+            s.pmd, s.rss = max(s.pmd, pmd), max(s.rss, rss)
 
     def _scan(self, pid: int, o: Watched, v: Vma, s: Seen) -> None:
         """Classifies the copy's windows inside this mapping: PMD-mapped, or some page
