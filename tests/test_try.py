@@ -807,6 +807,30 @@ def test_a_cache_another_user_made_is_refused(shared_dir: Path) -> None:
     assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # nothing written there
 
 
+def test_a_copy_of_a_private_program_is_no_more_readable_than_the_program(shared_dir: Path) -> None:
+    """Root tries a program kept in a directory only root may enter (a 0755 file in a
+    0700 directory, as in /root/bin): its hugified copy in the cache is no more readable
+    by another user than the program, whose bytes nobody else could read. On the old
+    code the entry was 0755 and nobody read the copy."""
+    build_runtime()
+    private = shared_dir / "private"
+    private.mkdir(mode=0o700)
+    prog = _marked(private / "prog", "same")
+    cache = shared_dir / "cache"
+    res = _hugify_try(
+        "--json", "--cache-dir", cache, "--min-rounds", "1", "--max-rounds", "1", "--", prog, cwd=shared_dir
+    )
+    assert res.returncode == 0, res.stderr
+    (copy,) = [Path(o["copy"]) for o in _json(res)["objects"] if o["path"] == str(prog)]
+    assert copy.is_file() and copy.stat().st_mode & 0o004  # the file itself, as its original
+    ids = ["--reuid", "nobody", "--regid", str(pwd.getpwnam("nobody").pw_gid), "--clear-groups"]
+    seen = subprocess.run(
+        ["setpriv", *ids, "cat", str(copy)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+    )
+    assert seen.returncode != 0 and "Permission denied" in seen.stderr, seen
+    assert sorted(oct(p.stat().st_mode & 0o777) for p in [cache, copy.parent]) == ["0o700", "0o700"]
+
+
 def test_only_a_group_the_caller_alone_is_in_may_write_the_caches_directories(tmp_path: Path) -> None:
     """A directory on the way to the cache that its group may write is another user's
     way in, unless nobody but the caller is in that group (a user private group, which

@@ -158,7 +158,7 @@ def open_root(root: Path, *, create: bool) -> int | None:
     """The cache's root, open (O_DIRECTORY), each component from / opened relative to
     the one before without following a symbolic link (a symlink in the name given is
     resolved first) and checked as the module's docstring says; missing ones made
-    (mode 0755) when `create`, else None. UntrustedCache when another user could
+    (mode 0700) when `create`, else None. UntrustedCache when another user could
     change it; OSError when it cannot be opened or made."""
     real = Path(os.path.realpath(root))
     fd = os.open("/", _DIR)
@@ -175,14 +175,14 @@ def open_root(root: Path, *, create: bool) -> int | None:
                     os.close(fd)
                     return None
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, 0o700, dir_fd=fd)
                     made = True
                 child = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = child
             st = os.fstat(fd)
             if made and st.st_uid == os.geteuid():
-                os.fchmod(fd, 0o755)  # whatever the umask
+                os.fchmod(fd, 0o700)  # whatever the umask: the caller's alone (see _store)
                 st = os.fstat(fd)
             why = _unsafe(st, own=made or i == len(parts) - 1)
             if why:
@@ -472,7 +472,11 @@ class Cache:
                 os.unlink(COPY, dir_fd=wfd)
             with _opened(OUTCOME, _CREATE, wfd, 0o444) as f:
                 os.write(f, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
-            os.fchmod(wfd, 0o755)
+            # The caller's alone, like the root hugify makes: a copy of a file in a
+            # directory others cannot enter (root's /root/bin, a 0700 build tree) must
+            # not become readable beside it. The command's processes reach the copies
+            # through their bind mounts, whatever user they run as.
+            os.fchmod(wfd, 0o700)
         name = f"{digest}-{self.key}"
         try:
             os.rename(work, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
