@@ -16,9 +16,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hugify",
         description="Rewrite ELF programs and libraries so that their code lives on huge pages.",
-        epilog="Exit status: 0 done, 1 some files of a batch failed, 2 usage, 3 invalid input, "
-        "4 refused, 5 I/O error, 6 unsafe file (a symlink, FIFO, device or file swapped while hugify worked; "
-        "nothing written), 7 the command behaved differently on hugified files (try), 70 internal error. "
+        epilog="Exit status: 0 done, 1 some files of a batch failed, 2 usage, 3 invalid input (a malformed "
+        "file, a directory or device where a file is wanted, an unusable policy), 4 refused, 5 I/O error, "
+        "6 unsafe file (a symlink where a file is replaced or written, a file swapped while hugify worked, "
+        "a device at an output's name; nothing written), 7 the command behaved differently on hugified files "
+        "(try), 10-13 verify's verdicts, 70 internal error; the same in every command (exit-status.md). "
         "`hugify explain` lists the refusal reasons.",
     )
     parser.add_argument("--version", action="version", version=f"hugify {_core.VERSION}")

@@ -699,7 +699,11 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise NotHugified("not a regular file")
+                from hugify.files import describe
+
+                os.close(fd)
+                t.error = ("wrong-file-type", f"{describe(st.st_mode)}, not a regular file{where}")
+                continue
             key = (st.st_dev, st.st_ino)
             if key in by_inode:  # a hardlink: the inode is prefetched once
                 first = by_inode[key]

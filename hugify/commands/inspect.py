@@ -9,6 +9,7 @@ from typing import Any
 from hugify import _core, reasons
 from hugify.commands.common import add_plan_options, failure, say_failure, settings
 from hugify.exitcodes import Exit, worst
+from hugify.rewrite import hugify_error
 
 
 def run(args: argparse.Namespace) -> Exit:
@@ -23,6 +24,8 @@ def run(args: argparse.Namespace) -> Exit:
         try:
             r = _core.inspect(path, s.huge_page, s.threshold, s.mode, s.exposure_limit)
         except (_core.HugifyError, OSError) as e:
+            if isinstance(e, _core.HugifyError) and e.reason == "not-regular":
+                e = hugify_error("wrong-file-type", e.detail)  # a path named on the command line
             code, info = failure(e, path)
             codes.append(code)
             results.append({"path": path, "error": info})

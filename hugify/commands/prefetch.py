@@ -106,11 +106,12 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify.commands.common import usable_policy
 
     # Read once: the boot's budget and the anonymous programs both come from it. Without
-    # a usable policy the boot's run cannot know its bound; other runs go on and leave
-    # the anonymous record as it was (usable_policy said why).
+    # a usable policy the boot's run cannot know its bound, and a --policy named here is
+    # a mistake to stop at; other runs go on and leave the anonymous record as it was
+    # (usable_policy said why).
     pol = usable_policy(args.policy, for_build=False)
-    if pol is None and args.boot:
-        return Exit.USAGE
+    if pol is None and (args.boot or args.policy):
+        return Exit.INVALID  # the boot's bound unknown, or the policy named here unusable
     with pf.session(args.runtime_dir) as r:
         if pol is not None and args.boot and pf.first_run_this_boot(r.engine):
             r.engine.set_budget(pol.boot_budget)  # the boot's run: bounded (policy runtime.boot_budget)

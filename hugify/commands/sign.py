@@ -16,8 +16,8 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify import policy, signing
 
     root = build_root(args.root)
-    if root is None:
-        return Exit.USAGE
+    if isinstance(root, Exit):
+        return root
     pol = usable_policy(args.policy, args.package)
     if pol is None:
         return Exit.INVALID

@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify.rewrite import hugify_error
 
     root = build_root(args.root)
-    if root is None:
-        return Exit.USAGE
+    if isinstance(root, Exit):
+        return root
     if not args.allow_live_root and live_root(root):
         detail = (
             "this is the running system's root, not a package build root; hint: give the build root "

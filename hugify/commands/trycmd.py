@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> Exit:
         pol = session.try_policy(args.policy)
     except PolicyError as e:
         print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
-        return Exit.USAGE
+        return Exit.INVALID  # as every other command's unusable policy (docs/exit-status.md)
     tty = sys.stderr.isatty() and not args.json
     opts = session.Options(
         argv=command,

@@ -28,6 +28,24 @@ def _installed_path(arg: str, root: Path) -> str:
     return os.path.normpath("/" + arg.lstrip("/"))
 
 
+def _listed_hugified(root: Path) -> set[str]:
+    """The installed paths the manifests in ROOT list (docs/manifest.md): the
+    packages' and, on the running system, the rpm file triggers' discovered list.
+    What `verify --all` reports as "no statement" when no statement names them."""
+    from hugify import manifest
+
+    listings = sorted((root / manifest.MANIFEST_DIR.relative_to("/")).glob("*.list"))
+    discovered = manifest.discovered_list() if root == Path("/") else root / "var/lib/hugify" / manifest.DISCOVERED
+    out: set[str] = set()
+    for f in [*listings, discovered]:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # hugify status says which manifest cannot be read
+        out |= {e.path for e in manifest.parse(text, str(f)) if (root / e.path.lstrip("/")).exists()}
+    return out
+
+
 def _public_keys(args: argparse.Namespace, signing_key: str, public_key: str | tuple[str, ...]) -> list[str]:
     if args.key:
         return list(args.key)
@@ -52,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         installed = [_installed_path(p, root) for p in args.paths]
         absent = [p for p in installed if not (root / p.lstrip("/")).exists()]
         if absent:
-            print(f"hugify: verify: no such file: {', '.join(absent)}", file=sys.stderr)
-            return Exit.USAGE
+            reasons.printed(["io-error"])
+            for p in absent:
+                print(f"hugify: {p}: no such file (io-error)", file=sys.stderr)
+            return Exit.IO
     directory = Path(args.attestations) if args.attestations else root / signing.ATTESTATION_DIR.lstrip("/")
     keys = _public_keys(args, pol.signing("key"), pol.signing("public_key"))
     # Signatures made after the build: a package of them installs them, or they are given.
@@ -62,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         attestations = signing.load_attestations(directory, signing.BundleIndex(detached))
         with tempfile.TemporaryDirectory(prefix="hugify-verify-") as tmp:
             check = signing.Verifier(keys, pol.signing("tlog_upload"), Path(tmp))
+            if args.all:  # every statement's files, and the hugified files no statement names
+                subjects = {p for a in attestations for p in a.subjects}
+                installed = sorted(subjects | _listed_hugified(root))
             results = signing.verify(root, installed, attestations, check)
     except signing.SigningError as e:
         print(f"hugify: verify: {e}", file=sys.stderr)
@@ -79,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(r.line())
         counts_text = ", ".join(f"{n} {v.text}" for v in signing.Verdict if (n := sum(r.verdict is v for r in results)))
-        print(f"hugify: verify: {counts_text or 'no hugified files'}")
+        nothing = "no hugified files (no statement lists any, and no manifest)"
+        print(f"hugify: verify: {counts_text or nothing}")
     return status
 
 
