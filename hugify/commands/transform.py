@@ -31,12 +31,29 @@ def run(args: argparse.Namespace) -> Exit:
             say_failure(args.file, info)
         return code
     out = str(dst or src)
+    _say_if_stripped(src, out, r["huge_page"])
     if args.json:
         json.dump({"path": args.file, "output": out, **r}, sys.stdout, indent=2, sort_keys=True)
         print()
     else:
         print(render.transform_line(out, r))
     return Exit.OK
+
+
+def _say_if_stripped(src: str, out: str, huge_page: int) -> None:
+    """transform applies no policy; where the policy's refuse_stripped would have kept
+    a build from rewriting this file (no symbol table), it says so, once."""
+    try:
+        p = _core.probe(out, huge_page)
+    except (_core.HugifyError, OSError):
+        return
+    if p is not None and p["has_symtab"] is False:
+        print(
+            f"hugify: note: {src} has no symbol table; transform applies no policy, so refuse_stripped "
+            "(which hugify tree, dh_hugify and brp-hugify apply) did not skip it: references to the ELF header "
+            "were ruled out by the byte probe only, not by name",
+            file=sys.stderr,
+        )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
