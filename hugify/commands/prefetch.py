@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> Exit:
         work = pf.open_targets([t for t in targets if not t.error], r.hp)
         try:
             r.prefetch(work)
+            r.probe_kernel(work)  # where no window was cold: status must not stay "unknown"
             if pol is not None:
                 messages += _shared_copies(r, work, pol, complete=args.all)
         finally:
