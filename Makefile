@@ -16,7 +16,9 @@ PYDIR = $(LIBDIR)/python
 CARGO ?= cargo
 MANDIR = $(PREFIX)/share/man
 PERL5DIR ?= $(PREFIX)/share/perl5
-HELP2MAN ?= help2man
+# Man pages come from hugify's own parsers (tools/manpages), which load the built
+# extension: not for another architecture's build.
+MAN ?= $(if $(CROSS),no,yes)
 VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 VENV = .venv
 EXT = hugify/_core.abi3.so
@@ -38,6 +40,8 @@ $(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml binding
 	$(CARGO_LINKER) $(CARGO) build --release --locked -p hugify-python $(if $(CARGO_TARGET),--target $(CARGO_TARGET))
 	install -m 0644 $(CARGO_OUT)/lib_core.so $(EXT)
 
+# dh_hugify's man pages need pod2man (Debian's perl, which debhelper, needed by the
+# add-on, pulls in): left out without it.
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PYDIR)/hugify/commands $(DESTDIR)$(PYDIR)/hugify/trial
 	install -m 0644 hugify/*.py hugify/py.typed $(DESTDIR)$(PYDIR)/hugify/
@@ -59,13 +63,14 @@ install: build
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
-	for c in dh_hugify dh_hugify_sign; do \
-		pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
-	done
-	$(HELP2MAN) --no-info --name='put the code of ELF programs and libraries on huge pages' --include=spec/hugify.h2m \
-		--output=$(DESTDIR)$(MANDIR)/man1/hugify.1 'env PYTHONPATH=$(CURDIR) $(PYTHON) -m hugify.cli'
-	$(HELP2MAN) --no-info --name='load a program and its libraries as huge pages, then run it' \
-		--output=$(DESTDIR)$(MANDIR)/man1/hugify-run.1 runtime/hugify-run
+ifeq ($(MAN),yes)
+	env PYTHONPATH=$(CURDIR) $(PYTHON) tools/manpages $(DESTDIR)$(MANDIR)/man1 runtime/hugify-run
+	if command -v pod2man >/dev/null; then \
+		for c in dh_hugify dh_hugify_sign; do \
+			pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
+		done; \
+	else echo "make install: no pod2man (Debian's perl): the man pages of dh_hugify and dh_hugify_sign are left out"; fi
+endif
 
 setup:
 	tools/setup-dev-env

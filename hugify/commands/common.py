@@ -20,6 +20,22 @@ if TYPE_CHECKING:
     from hugify.policy import Policy
 
 
+def examples(*pairs: tuple[str, str]) -> str:
+    """The examples paragraph that ends a command's --help: each command line, then
+    what it does, indented (cli.HelpFormatter keeps indented lines as written;
+    tools/manpages makes the EXAMPLES section of the command's man page from it)."""
+    lines = ["examples:"]
+    for command, what in pairs:
+        lines += [f"  {command}", f"      {what}"]
+    return "\n".join(lines)
+
+
+def epilog(pairs: tuple[tuple[str, str], ...], status: str) -> str:
+    """A command's --help epilog: its examples, then its exit statuses
+    (docs/exit-status.md)."""
+    return f"{examples(*pairs)}\n\nExit status: {status}"
+
+
 def size_arg(text: str) -> int:
     """argparse type for sizes such as 2M or 4096."""
     try:

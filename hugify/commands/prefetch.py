@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
@@ -233,10 +234,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Loads the code of hugified files into the page cache as 2 MiB folios, so that every "
         "process that maps them gets huge pages, and reports per file how many 2 MiB windows are huge, "
         "busy (small folios mapped by running processes) or failed, with the reason.",
-        epilog="Exit status: 0 every window is huge, busy, or left to the kernel; 1 some window failed; "
-        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once), or this "
-        "installation lacks the C runtime (no-engine); "
-        "5 a file is missing or unreadable; 2 usage.",
+        epilog=epilog(
+            (
+                ("sudo hugify prefetch --all", "every installed hugified file: what the boot service does"),
+                ("hugify prefetch ./gdb.huge", "one file (another user's: only what the kernel lets it see)"),
+                ("sudo hugify prefetch --clear-records", "forget this boot's verdicts, to find them out again"),
+            ),
+            "0 every window is huge, busy, or left to the kernel; 1 some window failed; 2 usage; 3 a file is "
+            "not hugified or not a file, or the policy is not usable; 4 the system or its filesystem cannot do it "
+            "(said once), or this installation lacks the C runtime (no-engine); 5 a file is missing or unreadable.",
+        ),
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to prefetch (or manifests, with --manifests)")
     p.add_argument(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit
 
 if TYPE_CHECKING:
@@ -483,7 +484,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "list kept by the rpm file triggers (or the given files) with the share of their code that the page "
         "cache holds in 2 MiB folios right now, and the system settings that matter. Reads nothing into the "
         "page cache.",
-        epilog="Exit status: 0 reported; 4 this installation lacks the C runtime (no-engine); 2 usage.",
+        epilog=epilog(
+            (
+                ("hugify status", "what this machine gets, then the installed hugified files"),
+                ("hugify status --json | jq .machine", "the per-filesystem answer, for a script"),
+                ("hugify status ./gdb.huge", "how much of this file's code is huge now"),
+            ),
+            "0 reported; 2 usage; 4 this installation lacks the C runtime (no-engine).",
+        ),
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to report instead of the installed ones")
     p.add_argument(

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from hugify import _core
-from hugify.commands.common import add_plan_options, failure, say_failure, settings
+from hugify.commands.common import add_plan_options, epilog, failure, say_failure, settings
 from hugify.exitcodes import Exit
 from hugify.rewrite import rewrite
 
@@ -57,8 +57,24 @@ def _say_if_stripped(src: str, out: str, huge_page: int) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("transform", help="rewrite one file atomically; on failure the original is untouched")
-    p.add_argument("file", metavar="FILE")
+    p = sub.add_parser(
+        "transform",
+        help="rewrite one file atomically; on failure the original is untouched",
+        description="Rewrites FILE so that its code lies on whole huge-page windows, into OUT or in place, "
+        "and says in one line what it did or why not (a reason id, `hugify explain`). The result is checked "
+        "before it is renamed into place; on any failure the original is byte-identical and nothing is left "
+        "beside it. Applies no policy: the plan options below are all it reads.",
+        epilog=epilog(
+            (
+                ("hugify transform /usr/bin/gdb -o gdb.huge", "a rewritten copy; /usr/bin/gdb stays as it is"),
+                ("hugify transform --in-place --threshold 0 ./prog", "rewrite ./prog itself, however small its code"),
+            ),
+            "0 transformed; 2 usage; 3 invalid input (a malformed file, a directory or device); 4 refused (the "
+            "reason id says why); 5 I/O error (reading FILE or writing OUT); 6 unsafe file (a symlink where it "
+            "would replace a file, a file swapped meanwhile, a device at OUT); 70 internal error.",
+        ),
+    )
+    p.add_argument("file", metavar="FILE", help="the ELF program or library to rewrite")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", metavar="OUT", help="write the result to OUT")
     out.add_argument("--in-place", action="store_true", help="replace FILE, keeping owner, mode and xattrs")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hugify import reasons
+from hugify.commands.common import examples
 from hugify.exitcodes import Exit
 
 EPILOG = (
@@ -21,6 +22,13 @@ EPILOG = (
     "program, no private namespace here, nothing to hugify, or no C runtime; 5 the cache cannot be "
     "written; 7 the hugified files behave differently (output, exit status or --compare-files); "
     "2 usage; 70 a run used the other side's files. `hugify explain ID` describes each reason."
+)
+
+
+#: The examples that end --help (and the man page).
+EXAMPLES = (
+    ("hugify try -- make -j4", "is this build faster with hugified compilers and libraries?"),
+    ("hugify try --budget 60 --compare-files out.o -- cc -O2 -c big.c -o out.o", "a shorter run, also comparing out.o"),
 )
 
 
@@ -172,7 +180,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "hugified/original ratios of CPU and wall time with 95 % intervals, an A/A noise floor, the huge-page "
         "coverage each side got, and one line of answer. Both sides must behave the same: exit status, standard "
         "output and --compare-files are compared after every round. Details: docs/try.md.",
-        epilog=EPILOG,
+        epilog=f"{examples(*EXAMPLES)}\n\n{EPILOG}",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the command to compare")
     p.add_argument(

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import usable_policy
+from hugify.commands.common import epilog, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -117,9 +117,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that signs exactly this statement: in ROOT/usr/share/hugify/signatures or a --bundles directory), "
         "check that the statement is what was signed, and compare the file's sha256 with the "
         "signed one. Verdicts and exit statuses: verified 0, no statement 10, unsigned 11, modified since "
-        "signing 12, bad signature 13 (a run exits with the highest); 2 usage or no public key, 3 unusable "
-        "policy, 5 I/O error. With --all, files listed but not installed (a subpackage) are reported as "
-        "such and do not change the status.",
+        "signing 12, bad signature 13 (a run exits with the highest). With --all, also every hugified file "
+        "the manifests in ROOT list (no statement: 10); files a statement lists but not installed (a "
+        "subpackage) are reported as such and do not change the status.",
+        epilog=epilog(
+            (
+                ("hugify verify /usr/bin/foo", "is this file what its package's signed statement says?"),
+                ("hugify verify --all --bundles /srv/signatures", "every hugified file, with bundles signed later"),
+            ),
+            "0 verified; 2 usage or no public key; 3 unusable policy; 5 I/O error (a file given is missing); "
+            "10 no statement; 11 unsigned; 12 modified since signing; 13 bad signature.",
+        ),
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="installed files (or files inside --root)")
     p.add_argument("--all", action="store_true", help="every file of every statement")
