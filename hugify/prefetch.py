@@ -904,6 +904,9 @@ class Run:
             except OSError:
                 continue
             ((state, why, pages),) = got
+            if state not in GOOD_STATES:  # settled again once (a race with another reader)
+                with contextlib.suppress(OSError):
+                    ((state, why, pages),), _ = self.engine.run(t.fd, [w.offset], False, aware)
             if state not in GOOD_STATES:  # else it stays what this run made it (repaired, loaded)
                 w.state, w.reason = state, why
                 w.detail = self._explain(t, why, pages) if why else ""
