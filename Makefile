@@ -1,6 +1,7 @@
 # hugify — conventional targets:
 #   make                      build the Rust core and its Python extension (in place)
-#   make install DESTDIR= PREFIX=/usr   install the CLI and its package
+#   make install DESTDIR= PREFIX=/usr   install the CLI and its package (PREFIX=~/.local: yours alone)
+#   make deb                  hugify's own .deb in dist/, from a copy of the tracked sources
 #   make test                 install test dependencies and run every test
 #   make demo                 build and rewrite the bundled example program, run it on huge pages
 #   make build CROSS=aarch64-linux-gnu- CARGO_TARGET=aarch64-unknown-linux-gnu
@@ -13,7 +14,8 @@ PYTHON ?= /usr/bin/python3
 BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib/hugify
 PYDIR = $(LIBDIR)/python
-CARGO ?= cargo
+# cargo on PATH, else rustup's (tools/setup-dev-env installs it there when it must).
+CARGO ?= $(or $(shell command -v cargo),$(HOME)/.cargo/bin/cargo)
 MANDIR = $(PREFIX)/share/man
 PERL5DIR ?= $(PREFIX)/share/perl5
 # Man pages come from hugify's own parsers (tools/manpages), which load the built
@@ -28,18 +30,26 @@ CARGO_OUT = $(or $(CARGO_TARGET_DIR),target)/$(if $(CARGO_TARGET),$(CARGO_TARGET
 # cargo's variable for the target's linker: CARGO_TARGET_<TRIPLE>_LINKER.
 CARGO_LINKER = $(if $(CARGO_TARGET),CARGO_TARGET_$(shell echo '$(CARGO_TARGET)' | tr a-z- A-Z_)_LINKER=$(CROSS)gcc)
 
-.PHONY: all build install test lint unit pytest demo setup setup-demo clean dist
+.PHONY: all build install test lint unit pytest demo setup setup-demo clean dist deb
 
 all: build
 
+# A fresh machine needs no step before `make install` or `make demo`: a recipe whose tool
+# is missing runs tools/setup-dev-env --demo first (apt-get through sudo, Rust through
+# rustup); where the tools are there (a package build), nothing is installed.
+need = command -v $(1) >/dev/null 2>&1 || tools/setup-dev-env --demo
+
 build: $(EXT)
+	@$(call need,$(CROSS)gcc)
 	$(MAKE) -C runtime PREFIX=$(PREFIX)
 
 # The extension is a plain cdylib; no build frontend is needed to install it.
 $(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml bindings/Cargo.toml Cargo.toml
+	@$(call need,$(CARGO))
 	$(CARGO_LINKER) $(CARGO) build --release --locked -p hugify-python $(if $(CARGO_TARGET),--target $(CARGO_TARGET))
 	install -m 0644 $(CARGO_OUT)/lib_core.so $(EXT)
 
+PRIVATE_NOTE = ; a private prefix: README.md (Install) says what to add to PATH and PERL5LIB
 # dh_hugify's man pages need pod2man (Debian's perl, which debhelper, needed by the
 # add-on, pulls in): left out without it.
 install: build
@@ -71,6 +81,7 @@ ifeq ($(MAN),yes)
 		done; \
 	else echo "make install: no pod2man (Debian's perl): the man pages of dh_hugify and dh_hugify_sign are left out"; fi
 endif
+	@echo "installed hugify $(VERSION) in $(DESTDIR)$(PREFIX)$(if $(filter-out /usr /usr/local,$(PREFIX)),$(PRIVATE_NOTE))"
 
 setup:
 	tools/setup-dev-env
@@ -100,6 +111,28 @@ test:
 
 demo: setup-demo build
 	tools/demo
+
+# hugify's own .deb, in dist/: built by dpkg-buildpackage in a copy of the tracked sources
+# (dist/deb; the checkout's debian/ and build products stay as they are), after
+# tools/setup-dev-env --deb has installed the build dependencies (apt-get, through sudo
+# where not root). Rust from the archive where it is new enough (Debian 13's cargo),
+# else rustup's (build profile pkg.hugify.rustup). Compiled crates are reused from target/.
+DEB_PROFILE = $(if $(filter /usr/bin/cargo,$(shell command -v cargo)),,-Ppkg.hugify.rustup)
+DEB_SRC = dist/deb/hugify-$(VERSION)
+deb:
+	tools/setup-dev-env --deb
+	rm -rf dist/deb && mkdir -p $(DEB_SRC)
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!testkit' \
+			| tar --null -T - -cf - | tar -xf - -C $(DEB_SRC); \
+	else \
+		tar --exclude=./dist --exclude=./target --exclude=./.venv --exclude='*.so' --exclude=./tests \
+			--exclude=./bench --exclude=./testkit --exclude=__pycache__ -cf - . | tar -xf - -C $(DEB_SRC); \
+	fi
+	cd $(DEB_SRC) && env CARGO_TARGET_DIR=$(CURDIR)/target dpkg-buildpackage -us -uc -b $(DEB_PROFILE)
+	mv dist/deb/*.deb dist/deb/*.changes dist/deb/*.buildinfo dist/
+	rm -rf dist/deb
+	@echo "built: $$(ls dist/hugify_$(VERSION)_*.deb); install it with: sudo apt install ./$$(ls dist/hugify_$(VERSION)_*.deb)"
 
 # A source tarball of the last commit (what spec/hugify.spec builds from).
 dist:
