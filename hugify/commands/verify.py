@@ -130,7 +130,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="installed files (or files inside --root)")
-    p.add_argument("--all", action="store_true", help="every file of every statement")
+    p.add_argument(
+        "--all", action="store_true", help="every file of every statement, and every hugified file the manifests list"
+    )
     p.add_argument("--root", default="/", metavar="DIR", help="the system (or extracted packages) to check")
     p.add_argument(
         "--attestations", metavar="DIR", help="where the statements are (default: ROOT/usr/share/hugify/attestations)"
