@@ -75,7 +75,8 @@ install: build
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
 ifeq ($(MAN),yes)
 	env PYTHONPATH=$(CURDIR) $(PYTHON) tools/manpages $(DESTDIR)$(MANDIR)/man1 runtime/hugify-run
-	if command -v pod2man >/dev/null; then \
+	@if command -v pod2man >/dev/null; then \
+		echo "pod2man: $(DESTDIR)$(MANDIR)/man1/dh_hugify.1 dh_hugify_sign.1"; \
 		for c in dh_hugify dh_hugify_sign; do \
 			pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
 		done; \
