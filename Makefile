@@ -1,6 +1,7 @@
 # hugify — conventional targets:
 #   make                      build the Rust core and its Python extension (in place)
-#   make install DESTDIR= PREFIX=/usr   install the CLI and its package
+#   make install DESTDIR= PREFIX=/usr   install the CLI and its package (PREFIX=~/.local: yours alone)
+#   make deb                  hugify's own .deb in dist/, from a copy of the tracked sources
 #   make test                 install test dependencies and run every test
 #   make demo                 build and rewrite the bundled example program, run it on huge pages
 #   make build CROSS=aarch64-linux-gnu- CARGO_TARGET=aarch64-unknown-linux-gnu
@@ -13,10 +14,13 @@ PYTHON ?= /usr/bin/python3
 BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib/hugify
 PYDIR = $(LIBDIR)/python
-CARGO ?= cargo
+# cargo on PATH, else rustup's (tools/setup-dev-env installs it there when it must).
+CARGO ?= $(or $(shell command -v cargo),$(HOME)/.cargo/bin/cargo)
 MANDIR = $(PREFIX)/share/man
 PERL5DIR ?= $(PREFIX)/share/perl5
-HELP2MAN ?= help2man
+# Man pages come from hugify's own parsers (tools/manpages), which load the built
+# extension: not for another architecture's build.
+MAN ?= $(if $(CROSS),no,yes)
 VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 VENV = .venv
 EXT = hugify/_core.abi3.so
@@ -26,18 +30,28 @@ CARGO_OUT = $(or $(CARGO_TARGET_DIR),target)/$(if $(CARGO_TARGET),$(CARGO_TARGET
 # cargo's variable for the target's linker: CARGO_TARGET_<TRIPLE>_LINKER.
 CARGO_LINKER = $(if $(CARGO_TARGET),CARGO_TARGET_$(shell echo '$(CARGO_TARGET)' | tr a-z- A-Z_)_LINKER=$(CROSS)gcc)
 
-.PHONY: all build install test lint unit pytest demo setup setup-demo clean dist
+.PHONY: all build install test lint unit pytest demo setup setup-demo clean dist deb
 
 all: build
 
+# A fresh machine needs no step before `make install` or `make demo`: a recipe whose tool
+# is missing runs tools/setup-dev-env --demo first (apt-get through sudo, Rust through
+# rustup); where the tools are there (a package build), nothing is installed.
+need = command -v $(1) >/dev/null 2>&1 || tools/setup-dev-env --demo
+
 build: $(EXT)
+	@$(call need,$(CROSS)gcc)
 	$(MAKE) -C runtime PREFIX=$(PREFIX)
 
 # The extension is a plain cdylib; no build frontend is needed to install it.
 $(EXT): $(shell find core/src bindings/src -name '*.rs') core/Cargo.toml bindings/Cargo.toml Cargo.toml
+	@$(call need,$(CARGO))
 	$(CARGO_LINKER) $(CARGO) build --release --locked -p hugify-python $(if $(CARGO_TARGET),--target $(CARGO_TARGET))
 	install -m 0644 $(CARGO_OUT)/lib_core.so $(EXT)
 
+PRIVATE_NOTE = ; a private prefix: README.md (Install) says what to add to PATH and PERL5LIB
+# dh_hugify's man pages need pod2man (Debian's perl, which debhelper, needed by the
+# add-on, pulls in): left out without it.
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PYDIR)/hugify/commands $(DESTDIR)$(PYDIR)/hugify/trial
 	install -m 0644 hugify/*.py hugify/py.typed $(DESTDIR)$(PYDIR)/hugify/
@@ -63,13 +77,16 @@ install: build
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
-	for c in dh_hugify dh_hugify_sign; do \
-		pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
-	done
-	$(HELP2MAN) --no-info --name='put the code of ELF programs and libraries on huge pages' --include=spec/hugify.h2m \
-		--output=$(DESTDIR)$(MANDIR)/man1/hugify.1 'env PYTHONPATH=$(CURDIR) $(PYTHON) -m hugify.cli'
-	$(HELP2MAN) --no-info --name='load a program and its libraries as huge pages, then run it' \
-		--output=$(DESTDIR)$(MANDIR)/man1/hugify-run.1 runtime/hugify-run
+ifeq ($(MAN),yes)
+	env PYTHONPATH=$(CURDIR) $(PYTHON) tools/manpages $(DESTDIR)$(MANDIR)/man1 runtime/hugify-run
+	@if command -v pod2man >/dev/null; then \
+		echo "pod2man: $(DESTDIR)$(MANDIR)/man1/dh_hugify.1 dh_hugify_sign.1"; \
+		for c in dh_hugify dh_hugify_sign; do \
+			pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
+		done; \
+	else echo "make install: no pod2man (Debian's perl): the man pages of dh_hugify and dh_hugify_sign are left out"; fi
+endif
+	@echo "installed hugify $(VERSION) in $(DESTDIR)$(PREFIX)$(if $(filter-out /usr /usr/local,$(PREFIX)),$(PRIVATE_NOTE))"
 
 setup:
 	tools/setup-dev-env
@@ -99,6 +116,28 @@ test:
 
 demo: setup-demo build
 	tools/demo
+
+# hugify's own .deb, in dist/: built by dpkg-buildpackage in a copy of the tracked sources
+# (dist/deb; the checkout's debian/ and build products stay as they are), after
+# tools/setup-dev-env --deb has installed the build dependencies (apt-get, through sudo
+# where not root). Rust from the archive where it is new enough (Debian 13's cargo),
+# else rustup's (build profile pkg.hugify.rustup). Compiled crates are reused from target/.
+DEB_PROFILE = $(if $(filter /usr/bin/cargo,$(shell command -v cargo)),,-Ppkg.hugify.rustup)
+DEB_SRC = dist/deb/hugify-$(VERSION)
+deb:
+	tools/setup-dev-env --deb
+	rm -rf dist/deb && mkdir -p $(DEB_SRC)
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!testkit' \
+			| tar --null -T - -cf - | tar -xf - -C $(DEB_SRC); \
+	else \
+		tar --exclude=./dist --exclude=./target --exclude=./.venv --exclude='*.so' --exclude=./tests \
+			--exclude=./bench --exclude=./testkit --exclude=__pycache__ -cf - . | tar -xf - -C $(DEB_SRC); \
+	fi
+	cd $(DEB_SRC) && env CARGO_TARGET_DIR=$(CURDIR)/target dpkg-buildpackage -us -uc -b $(DEB_PROFILE)
+	mv dist/deb/*.deb dist/deb/*.changes dist/deb/*.buildinfo dist/
+	rm -rf dist/deb
+	@echo "built: $$(ls dist/hugify_$(VERSION)_*.deb); install it with: sudo apt install ./$$(ls dist/hugify_$(VERSION)_*.deb)"
 
 # A source tarball of the last commit (what spec/hugify.spec builds from).
 dist:

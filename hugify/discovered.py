@@ -50,6 +50,9 @@ def _read(listing: Path) -> list[manifest.Entry]:
 
 
 def _write(listing: Path, entries: list[manifest.Entry]) -> None:
+    # hugify's own state directory (/var/lib/hugify, $HUGIFY_STATE_DIR): made here, as
+    # no output path a user names is (files.directory_for makes none).
+    listing.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     write_text_atomic(listing, manifest.render(entries))
 
 

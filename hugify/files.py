@@ -584,12 +584,14 @@ def within(root: StrPath, path: StrPath) -> str | None:
 
 @contextlib.contextmanager
 def directory_for(path: StrPath, *, tree: StrPath | None = None) -> Iterator[tuple[Directory, str]]:
-    """The directory of `path`, made if need be, and the file's name in it. Inside
-    `tree` (a build root, an unpacked package) every directory below the tree's root
-    is opened or made without following a symlink. Elsewhere (a report or statement
-    path the user named outside any tree) the directories are as named, symlinks
-    too: what goes there is hugify's own text, owned by the running user, mode 0644,
-    renamed in under the name given, never written through a symlink there."""
+    """The directory of `path` and the file's name in it. Inside `tree` (a build root,
+    an unpacked package) every directory below the tree's root is opened, or made,
+    without following a symlink. Elsewhere (a report or statement path the user named
+    outside any tree) the directory must exist, as for any output a command names
+    (`transform -o`): a mistyped path is an error, not a new directory (as root, in
+    /); it is opened as named, symlinks too: what goes there is hugify's own text,
+    owned by the running user, mode 0644, renamed in under the name given, never
+    written through a symlink there."""
     rel = within(tree, path) if tree is not None else None
     if tree is not None and rel is not None:
         head, name = split_relative(rel)
@@ -599,8 +601,6 @@ def directory_for(path: StrPath, *, tree: StrPath | None = None) -> Iterator[tup
     head, name = os.path.split(os.fspath(path))
     if not name:
         raise IsADirectoryError(errno.EISDIR, "a directory, not a file", os.fspath(path))
-    if head:
-        Path(head).mkdir(parents=True, exist_ok=True)
     with Directory.open(head or ".", follow=True) as d:
         yield d, name
 
@@ -618,12 +618,17 @@ def write_atomic(
     a reader sees the old file or the new one, never a part; on failure the old one
     stays. `epoch`: the new file's access and modification time. `tree`: the root
     `path` may lie in (see `directory_for`)."""
-    with directory_for(path, tree=tree) as (d, name), NewFile(d, name) as new:
-        new.write(data)
-        os.fchmod(new.fd, mode)
-        if epoch is not None:
-            os.utime(new.fd, (epoch, epoch))
-        new.commit(durable=durable)
+    try:
+        with directory_for(path, tree=tree) as (d, name), NewFile(d, name) as new:
+            new.write(data)
+            os.fchmod(new.fd, mode)
+            if epoch is not None:
+                os.utime(new.fd, (epoch, epoch))
+            new.commit(durable=durable)
+    except UnsafeFile:
+        raise
+    except OSError as e:  # said of the file written: not its directory, nor a temporary name
+        raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from None
 
 
 def write_text_atomic(path: StrPath, text: str, epoch: int | None = None, *, tree: StrPath | None = None) -> None:

@@ -174,7 +174,7 @@ def _kernel_version(release: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def _large_folios_since(engine: Engine, fstype: str) -> int:
+def large_folios_since(engine: Engine, fstype: str) -> int:
     """Since which Linux version (major * 1000 + minor) files on `fstype` get large
     folios, from the runtime's table (hp_large_folios_since); 0 in no kernel hugify
     knows, -1 where hugify does not know the filesystem."""
@@ -185,7 +185,7 @@ def _large_folios_since(engine: Engine, fstype: str) -> int:
 def gives_large_folios(engine: Engine, fstype: str, release: str | None = None) -> bool | None:
     """Whether files on `fstype` get large folios on this kernel (or `release`); None
     where hugify does not know the filesystem."""
-    since = _large_folios_since(engine, fstype)
+    since = large_folios_since(engine, fstype)
     if since < 0:
         return None
     return since > 0 and _kernel_version(release or os.uname().release) >= divmod(since, 1000)
@@ -194,7 +194,7 @@ def gives_large_folios(engine: Engine, fstype: str, release: str | None = None) 
 def large_folios_remedy(engine: Engine, fstype: str, release: str | None = None) -> str:
     """Which kernel would give files on `fstype` large folios, in a few words (from the
     runtime's table, hp_large_folios_since)."""
-    since = _large_folios_since(engine, fstype)
+    since = large_folios_since(engine, fstype)
     if since < 0:
         return f"whether a newer kernel gives {fstype} large folios is not known to hugify"
     if since == 0:
@@ -227,6 +227,9 @@ class Filesystem:
     device: str  # "MAJOR:MINOR" as mountinfo says (btrfs files have st_dev of their subvolume)
     fstype: str
     mountpoint: str
+    #: The filesystem's own options (mountinfo's super options: ext4's data=journal,
+    #: tmpfs's huge=), as a tuple of "key" or "key=value".
+    options: tuple[str, ...] = ()
 
 
 def mounts() -> list[Filesystem]:
@@ -234,9 +237,10 @@ def mounts() -> list[Filesystem]:
     out = []
     for line in (_read("/proc/self/mountinfo") or "").splitlines():
         left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) > 4 and right:
-            out.append(Filesystem(fields[2], right.split()[0], fields[4].replace("\\040", " ")))
+        fields, tail = left.split(), right.split()
+        if len(fields) > 4 and tail:
+            options = tuple(tail[2].split(",")) if len(tail) > 2 else ()
+            out.append(Filesystem(fields[2], tail[0], fields[4].replace("\\040", " "), options))
     return out
 
 
@@ -293,6 +297,9 @@ class System:
     process_thp_disabled: bool  # prctl(PR_SET_THP_DISABLE) in force for this process
     cachestat: bool
     exec_pmd_readahead: bool | None  # the recorded verdict; None: not found out this boot
+    #: transparent_hugepage/shmem_enabled (deny: no shared-memory huge pages even where a
+    #: tmpfs asks with huge=, which root's shared copies need); None: not in this kernel.
+    shmem_enabled: str | None = None
 
     def problem(self, huge_page: int | None = None) -> str | None:
         """Why nothing can be done on this system, or None."""
@@ -321,6 +328,7 @@ class System:
             "process_thp_disabled": self.process_thp_disabled,
             "cachestat": self.cachestat,
             "exec_pmd_readahead": self.exec_pmd_readahead,
+            "shmem_enabled": self.shmem_enabled,
         }
 
 
@@ -556,6 +564,7 @@ def system_info(engine: Engine, hp: int, rdir: Path) -> System:
         process_thp_disabled=engine.has(Engine.THP_DISABLED),
         cachestat=engine.has(Engine.CACHESTAT),
         exec_pmd_readahead=read_verdict(engine),
+        shmem_enabled=_bracketed(_read(THP / "shmem_enabled")),
     )
 
 
@@ -699,7 +708,11 @@ def open_targets(targets: list[Target], hp: int) -> list[Target]:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise NotHugified("not a regular file")
+                from hugify.files import describe
+
+                os.close(fd)
+                t.error = ("wrong-file-type", f"{describe(st.st_mode)}, not a regular file{where}")
+                continue
             key = (st.st_dev, st.st_ino)
             if key in by_inode:  # a hardlink: the inode is prefetched once
                 first = by_inode[key]
@@ -871,6 +884,36 @@ class Run:
                 if users:
                     w.pids = users[:8]
                     w.detail = "small folios mapped by running processes: " + ", ".join(users[:3])
+
+    def probe_kernel(self, targets: list[Target]) -> None:
+        """Finds out whether the kernel reads exec mappings as PMD folios by itself where
+        this run met no cold window to probe it on (every window was cached, in small
+        folios or huge: the engine probes only a cold one): one window this run made
+        huge and no process maps is evicted and settled again, which probes it, at the
+        cost of reading it once more; once a boot, by root, whose record keeps it."""
+        if self.system.exec_pmd_readahead is not None or not self.engine.may_record():
+            return
+        made = [(t, w) for t in targets for w in t.windows if w.state in (LOADED, REPAIRED)]
+        mapped, _ = mappers_of({t.key for t, _ in made}) if made else ({}, 0)
+        for t, w in made:
+            if any(lo < w.offset + self.hp and hi > w.offset for lo, hi, _ in mapped.get(t.key, [])):
+                continue
+            os.posix_fadvise(t.fd, w.offset, self.hp, os.POSIX_FADV_DONTNEED)
+            try:
+                got, aware = self.engine.run(t.fd, [w.offset], False, None)
+            except OSError:
+                continue
+            ((state, why, pages),) = got
+            if state not in GOOD_STATES:  # settled again once (a race with another reader)
+                with contextlib.suppress(OSError):
+                    ((state, why, pages),), _ = self.engine.run(t.fd, [w.offset], False, aware)
+            if state not in GOOD_STATES:  # else it stays what this run made it (repaired, loaded)
+                w.state, w.reason = state, why
+                w.detail = self._explain(t, why, pages) if why else ""
+            if aware is not None:
+                self.system.exec_pmd_readahead = aware
+                self.record()
+                return
 
     def measure(self, targets: list[Target]) -> None:
         """Current huge-page coverage, reading nothing into the page cache (the engine

@@ -57,12 +57,13 @@ def io_detail(e: OSError, *, with_file: bool = True) -> str:
 def say_error(e: OSError, what: str = "") -> Exit:
     """Says in one line on stderr ("hugify: error: WHAT...") why a command's own
     output failed: an unsafe file's refusal (with its reason id, exit status 6) or the
-    I/O error (5)."""
+    I/O error (io-error, 5)."""
     if isinstance(e, files.UnsafeFile):
         printed([e.reason])
         print(f"hugify: error: {what}{e}", file=sys.stderr)
         return Exit.UNSAFE
-    print(f"hugify: error: {what}{io_detail(e)}", file=sys.stderr)
+    printed(["io-error"])
+    print(f"hugify: error: {what}{io_detail(e)} (io-error)", file=sys.stderr)
     return Exit.IO
 
 

@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 
 PT_LOAD = 1
 PF_X, PF_W = 1, 2
-WINDOW_CHARS = 8
-MAX_WINDOWS = 20
+#: Characters per window, finest first: the finest with which every window fits the
+#: width is taken; where none does, the coarsest, and the middle windows are elided.
+WINDOW_CHARS = (8, 4, 2)
+#: The width of a picture's line when the terminal's is unknown (not a terminal).
+DEFAULT_WIDTH = 80
 
 
 def _loads(segments: Sequence[_core.Segment]) -> list[_core.Segment]:
@@ -31,26 +34,33 @@ def _kind(seg: _core.Segment) -> str:
     return "R"
 
 
-def picture(segments: list[_core.Segment], runs: list[_core.WindowRun], hp: int, label: str) -> list[str]:
-    """Two lines: the segments per window (R, X, W, '.' for nothing), and '^' under
-    every window that can be a huge page (the core's windows)."""
+def picture(
+    segments: list[_core.Segment], runs: list[_core.WindowRun], hp: int, label: str, width: int = DEFAULT_WIDTH
+) -> list[str]:
+    """Two lines at most `width` columns wide: the segments per window (R, X, W, '.' for
+    nothing), and '^' under every window that can be a huge page (the core's windows).
+    Each window gets 8, 4 or 2 characters, as many as let every window fit; where
+    even 2 do not, the windows in the middle are elided."""
     loads = _loads(segments)
     end = max((s["vaddr"] + s["memsz"] for s in loads), default=0)
     nwin = max(1, -(-end // hp))
+    room = max(width - 10, 24)  # the label (8) and the bars around the windows
+    chars = next((c for c in WINDOW_CHARS if nwin * (c + 1) <= room), WINDOW_CHARS[-1])
     windows = list(range(nwin))
-    if nwin > MAX_WINDOWS:
-        half = MAX_WINDOWS // 2
+    if nwin * (chars + 1) > room:
+        gap = f" …{nwin} windows… "  # the most a count of the elided windows can need
+        half = max(1, (room - len(gap)) // (chars + 1) // 2)
         windows = [*windows[:half], -1, *windows[-half:]]
     huge = {w for run in runs for w in range(run["vaddr"] // hp, (run["vaddr"] + run["len"]) // hp)}
-    step = hp // WINDOW_CHARS
+    step = hp // chars
     top, bottom = [], []
     for w in windows:
         if w < 0:
-            top.append(f" …{nwin - 2 * (MAX_WINDOWS // 2)} windows… ")
+            top.append(f" …{nwin - len(windows) + 1} windows… ")
             bottom.append(" " * len(top[-1]))
             continue
         cells = []
-        for c in range(WINDOW_CHARS):
+        for c in range(chars):
             lo, hi = w * hp + c * step, w * hp + (c + 1) * step
             best, best_len = ".", 0
             for s in loads:
@@ -59,8 +69,8 @@ def picture(segments: list[_core.Segment], runs: list[_core.WindowRun], hp: int,
                     best, best_len = _kind(s), overlap
             cells.append(best)
         top.append("".join(cells))
-        bottom.append(("^" if w in huge else " ") * WINDOW_CHARS)
-    return [f"{label:<8}|" + "|".join(top) + "|", " " * 9 + " ".join(bottom)]
+        bottom.append(("^" if w in huge else " ") * chars)
+    return [f"{label:<8}|" + "|".join(top) + "|", (" " * 9 + " ".join(bottom)).rstrip()]
 
 
 def exposure_text(plan: _core.Plan, limit: int) -> str:
@@ -91,8 +101,8 @@ def _plan_line(name: str, plan: _core.Plan | _core.PlanRefused, code: int, chose
     )
 
 
-def inspect_text(path: str, r: _core.Report) -> str:
-    """The report `hugify inspect` prints for one file."""
+def inspect_text(path: str, r: _core.Report, width: int = DEFAULT_WIDTH) -> str:
+    """The report `hugify inspect` prints for one file; its picture as wide as `width`."""
     hp = r["huge_page"]
     code = r["code_bytes"]
     linker = f", linked by {r['linker']}" if r["linker"] else ""
@@ -110,10 +120,10 @@ def inspect_text(path: str, r: _core.Report) -> str:
         ref = r["refusal"]
         lines.append(f"  refused: {ref['detail']} ({ref['reason']})")
     lines.append("  windows of " + human(hp) + " (R read-only, X executable, W writable, ^ huge page):")
-    lines += ["  " + line for line in picture(r["segments"], r["windows_before"], hp, "before")]
+    lines += [f"  {line}".rstrip() for line in picture(r["segments"], r["windows_before"], hp, "before", width - 2)]
     after = r["plans"]["shift" if r["chosen"] == "shift" else "align"]
     if r["chosen"] and after["ok"] is True:
-        lines += ["  " + line for line in picture(after["segments"], after["windows"], hp, "after")]
+        lines += [f"  {line}".rstrip() for line in picture(after["segments"], after["windows"], hp, "after", width - 2)]
     return "\n".join(lines)
 
 

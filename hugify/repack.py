@@ -131,7 +131,7 @@ def run(opts: Options) -> Exit:
     out = opts.out or sys.stdout
     try:
         layers = load_policy(opts.policy)
-        opts.outdir.mkdir(parents=True, exist_ok=True)
+        opts.outdir.mkdir(exist_ok=True)  # DIR itself, never its parents (a mistyped path is an error)
         with tempfile.TemporaryDirectory(prefix=".hugify-repack-", dir=opts.outdir) as tmp:
             work = Path(tmp).absolute()  # rpmbuild runs its steps elsewhere
             built = _repack_all(opts, layers, work, out)
@@ -179,10 +179,10 @@ def _repack_all(opts: Options, layers: Layers, work: Path, out: TextIO) -> list[
                 "suffix-not-higher",
                 f"{p.src}: {p.name} {new} does not sort above {old}: the suffix {suffix_of[fmt.name]!r} lowers it",
             )
-    for _, p in pkgs:
+    for fmt, p in pkgs:
         if p.debug_of is None:
             try:
-                _transform(p, repack_policy(layers, p.name), opts, epoch)
+                _transform(p, repack_policy(layers, p.name), opts, epoch, discovered=fmt.name == "rpm")
             except RepackError as e:
                 raise _in(p.src, e) from None
     for _, p in pkgs:
@@ -222,10 +222,11 @@ def source_epoch(pkgs: list[Package]) -> int:
     return newest
 
 
-def _transform(pkg: Package, pol: Policy, opts: Options, epoch: int) -> None:
+def _transform(pkg: Package, pol: Policy, opts: Options, epoch: int, discovered: bool) -> None:
     """Runs `hugify tree` on the package's files, keeping a hard link to each ELF
     file's original (debug files are matched with those), then adds the manifest
-    and, when the policy signs, the signed statement."""
+    and, when the policy signs, the signed statement. `discovered`: the format's
+    hugified files are found at installation without a manifest (rpm)."""
     found = tree.candidates(pkg.root)
     # A FIFO or device node the package ships is a candidate only to be reported.
     if all(c.refusal and c.refusal[0] == "not-regular" for c in found):
@@ -262,10 +263,35 @@ def _transform(pkg: Package, pol: Policy, opts: Options, epoch: int) -> None:
         if not any(f["status"] in ("transformed", "as-is") for f in pkg.report["files"]):
             why = "; ".join(sorted({f"{f['reason']}" for f in pkg.report["files"]}))
             raise RepackError("all-refused", f"no ELF file of {pkg.name} was transformed ({why})")
+        _refuse_no_op(pkg, discovered)
         if manifest.parse(listing.read_text(encoding="utf-8"), str(listing)):
             dest = pkg.root / manifest.MANIFEST_DIR.relative_to("/") / pkg.manifest_name
             add_file(pkg.root, dest, listing.read_bytes(), epoch)
         _sign(pkg, pol, report, epoch)
+
+
+def _refuse_no_op(pkg: Package, discovered: bool) -> None:
+    """Refuses a package the repack would not change (already-hugified): no file was
+    transformed, only listed as it is, and the manifest is there already (the package
+    ships one) or is not needed (`discovered`: an rpm, whose hugified files hugify's
+    file triggers list at installation, docs/manifest.md)."""
+    assert pkg.report is not None
+    if any(f["status"] == "transformed" for f in pkg.report["files"]):
+        return
+    shipped = sorted((pkg.root / manifest.MANIFEST_DIR.relative_to("/")).glob("*.list"))
+    if not (shipped or discovered):
+        return  # the repack adds the manifest the runtime needs
+    as_is = sum(f["status"] == "as-is" for f in pkg.report["files"])
+    has = (
+        f"ships {'/' + shipped[0].relative_to(pkg.root).as_posix()}"
+        if shipped
+        else "is an rpm (hugify's file triggers list its hugified files at installation)"
+    )
+    raise RepackError(
+        "already-hugified",
+        f"{pkg.name} {pkg.version}: no ELF file would change ({as_is} already on whole huge-page windows: "
+        f"built with hugify) and it {has}; a repack would be a no-op upgrade",
+    )
 
 
 def _sign(pkg: Package, pol: Policy, report: Path, epoch: int) -> None:

@@ -9,6 +9,7 @@ and the original is untouched."""
 from __future__ import annotations
 
 import os
+import stat
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from hugify import _core, files
@@ -49,8 +50,10 @@ def hugify_error(reason: str, detail: str) -> _core.HugifyError:
     return e
 
 
-def unsafe_error(e: files.UnsafeFile) -> _core.HugifyError:
-    return hugify_error(e.reason, e.detail)
+def unsafe_error(e: files.UnsafeFile, about: str | None = None) -> _core.HugifyError:
+    """The refusal of an unsafe file; `about`: what it concerns ("the output OUT"),
+    named in the detail, where it is not the file the message is said of."""
+    return hugify_error(e.reason, f"{about}: {e.detail}" if about else e.detail)
 
 
 class Written(NamedTuple):
@@ -109,6 +112,32 @@ def replace(
     return Written(report, new.identity)
 
 
+def _output_failed(e: OSError, what: str) -> OSError:
+    """An I/O error met while writing the output, said of the output (`what`: "the
+    output OUT", or "a new file beside it" in place), never of hugify's temporary name."""
+    why = str(e.strerror or e)
+    return OSError(e.errno, f"cannot write {what}: {why}")
+
+
+def _source_failed(e: OSError, src: str) -> OSError:
+    """An I/O error met while opening the input, named by the path the caller gave
+    (not the name inside its directory)."""
+    return OSError(e.errno, str(e.strerror or e), src)
+
+
+def _no_device_over(d: files.Directory, name: str) -> None:
+    """Refuses an output name that is a directory, device node, FIFO or socket: the
+    rename would replace it (root renaming over /dev/null). A symbolic link there is
+    replaced, never followed."""
+    try:
+        st = os.stat(name, dir_fd=d.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        what = f"{files.describe(st.st_mode)}, not a regular file"
+        raise files.UnsafeFile("not-regular", d.join(name), f"{what}: hugify writes over a regular file only")
+
+
 def rewrite(
     src: StrPath,
     dst: StrPath | None,
@@ -124,40 +153,75 @@ def rewrite(
     a symlink and `src` is replaced there only if its name still is the file that was
     read. With `dst`, `src` is only read, so it may be a symlink or be reached through
     symlinked directories (as ``cp`` and ``readelf`` read it; still never a FIFO or a
-    device), and `dst`'s directory is opened like an in-place one.
+    device), and `dst`'s directory is opened like an in-place one; `dst` itself must
+    be a regular file, a symlink (replaced, not followed) or a new name.
     Returns the core's report. Raises ``_core.HugifyError`` for refused, invalid,
-    unsafe or internal failures and ``OSError`` for I/O failures; in every failure
-    case the target is unchanged and no temporary file remains. A file carrying an
+    unsafe or internal failures and ``OSError`` for I/O failures: one about the input
+    names `src`, one about the output says "cannot write the output DST" (or "a new
+    file beside it" in place), never hugify's temporary name. In every failure case
+    the target is unchanged and no temporary file remains. A file carrying an
     IMA/EVM signature is refused (signed-file) once the core would rewrite it, unless
     `drop_signatures`: then the result has every attribute but those, and the report
     lists them under ``dropped_signatures``. `durable`: fsync before and after the
     rename (a crash leaves the old file or the new one, never an empty one).
     """
+    src_text = os.fspath(src)
+    dst_text = None if dst is None else os.fspath(dst)
+    what = "a new file beside it" if dst_text is None else f"the output {dst_text}"
     try:
         if dst is None:
             d, name = files.Directory.containing(src)
-            out, out_name = d, name
         else:
-            head, name = os.path.split(os.fspath(src))
+            head, name = os.path.split(src_text)
             d = files.Directory.open(head or ".", follow=True)
-            out = None
-        with d, files.open_source(d, name, follow=dst is not None) as source:
-            if out is None:
-                out, out_name = files.Directory.containing(cast(StrPath, dst))
-            try:
-                times = (source.st.st_atime_ns, source.st.st_mtime_ns) if keep_times else None
-                return replace(
-                    source,
-                    out,
-                    out_name,
-                    settings,
-                    in_place=dst is None,
-                    times=times,
-                    drop_signatures=drop_signatures,
-                    durable=durable,
-                ).report
-            finally:
-                if out is not d:
-                    out.close()
+        try:
+            source = files.open_source(d, name, follow=dst is not None)
+        except BaseException:
+            d.close()
+            raise
     except files.UnsafeFile as e:
+        if e.reason == "not-regular":  # the path the caller named: not a file to read at all
+            raise hugify_error("wrong-file-type", e.detail) from None
         raise unsafe_error(e) from None
+    except IsADirectoryError as e:
+        raise hugify_error("wrong-file-type", str(e.strerror)) from None
+    except OSError as e:
+        raise _source_failed(e, src_text) from None
+    with d, source:
+        try:
+            out, out_name = d, name
+            if dst_text is not None:
+                out, out_name = files.Directory.containing(dst_text)
+        except files.UnsafeFile as e:
+            raise unsafe_error(e, about=what) from None
+        except IsADirectoryError as e:
+            raise unsafe_error(files.UnsafeFile("not-regular", dst_text or src_text, str(e.strerror)), what) from None
+        except OSError as e:
+            raise _output_failed(e, what) from None
+        try:
+            if dst_text is not None:
+                _no_device_over(out, out_name)
+            times = (source.st.st_atime_ns, source.st.st_mtime_ns) if keep_times else None
+            return replace(
+                source,
+                out,
+                out_name,
+                settings,
+                in_place=dst is None,
+                times=times,
+                drop_signatures=drop_signatures,
+                durable=durable,
+            ).report
+        except files.UnsafeFile as e:
+            raise unsafe_error(e, about=what if dst_text is not None else None) from None
+        except _core.HugifyError as e:
+            if dst_text is not None and e.kind == "unsafe":  # replace() said it of the output
+                raise hugify_error(e.reason, f"{what}: {e.detail}") from None
+            raise
+        except OSError as e:
+            if e.filename == source.path:  # the core reading the input
+                raise _source_failed(e, src_text) from None
+            raise _output_failed(e, what) from None
+        finally:
+            if out is not d:
+                out.close()

@@ -192,3 +192,20 @@ def test_file_larger_than_2_gib(original: Path, tmp_path: Path) -> None:
     assert out.stat().st_size < 16 << 20
     assert run_program(out) == run_program(original / "prog")
     out.unlink()
+
+
+def test_transform_of_a_stripped_file_says_the_policy_is_not_applied(original: Path, tmp_path: Path) -> None:
+    """transform applies no policy; on a file without a symbol table, which the default
+    policy's refuse_stripped would keep a package build from rewriting, it says so (the
+    old code said nothing) and still transforms it as asked."""
+    prog = _copy(original, tmp_path)
+    subprocess.run(["strip", str(prog)], check=True)
+    res = hugify("transform", "--threshold", "0", prog, "-o", tmp_path / "out")
+    assert res.stderr.strip().splitlines() == [
+        f"hugify: note: {prog} has no symbol table; transform applies no policy, so refuse_stripped (which "
+        "hugify tree, dh_hugify and brp-hugify apply) did not skip it: references to the ELF header were ruled "
+        "out by the byte probe only, not by name"
+    ]
+    assert "transformed" in res.stdout
+    unstripped = hugify("transform", "--threshold", "0", original / "prog", "-o", tmp_path / "out2")
+    assert unstripped.stderr == ""

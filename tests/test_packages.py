@@ -25,6 +25,7 @@ Builds and sessions are cached under the test cache, keyed by their inputs.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from hugify import manifest
+from hugify.commands import COMMANDS
 from testkit import REPO
 from testkit.cache import CachedBuild, build_dir, cache_root, cached_build, drop_stale, locked, save_result
 from testkit.debian import (
@@ -148,7 +150,7 @@ SHIPPED = [
     "usr/lib/rpm/brp-hugify",
     "usr/lib/rpm/macros.d/macros.hugify",
 ]
-MAN_PAGES = ["hugify.1", "hugify-run.1", "dh_hugify.1", "dh_hugify_sign.1"]
+MAN_PAGES = ["hugify.1", "hugify-run.1", "dh_hugify.1", "dh_hugify_sign.1"] + [f"hugify-{c}.1" for c in COMMANDS]
 
 
 @slow
@@ -171,6 +173,15 @@ def test_hugify_deb_is_built_with_cargo_locked_and_ships_everything(hugify_deb: 
     # The launcher runs the packaged CLI.
     launcher = (root / "usr/bin/hugify").read_text()
     assert launcher.startswith("#!/usr/bin/python3\n") and "/usr/lib/hugify/python" in launcher
+    # Every document the man pages and units name is there under that name (not .md.gz).
+    named = set()
+    for page in (root / "usr/share/man/man1").glob("*.gz"):
+        named |= set(re.findall(r"/usr/share/doc/hugify/[\w.-]+\.md", gzip.decompress(page.read_bytes()).decode()))
+    for unit in (root / d for d in ("lib/systemd/system", "usr/lib/systemd/system")):
+        for u in unit.glob("*"):
+            named |= set(re.findall(r"/usr/share/doc/hugify/[\w.-]+\.md", u.read_text()))
+    assert "/usr/share/doc/hugify/exit-status.md" in named and "/usr/share/doc/hugify/runtime.md" in named, named
+    assert [n for n in sorted(named) if not (root / n.lstrip("/")).is_file()] == []
 
 
 @slow

@@ -503,3 +503,68 @@ def test_signing_policy_ships_a_signed_statement_that_verifies(archive_debs: dic
     assert res.returncode == 3 and "no signing.key" in res.stderr and "(bad-policy)" in res.stderr, res.stderr
     assert len(res.stderr.splitlines()) == 1, res.stderr
     assert not empty.exists() or list(empty.iterdir()) == []
+
+
+# --- a package built with hugify already (issue 42) ---------------------------------------
+
+
+def _hugified_prog(tmp_path: Path) -> Path:
+    """The suite's PIE, transformed as a package build would have: what a package built
+    with hugify ships."""
+    from testkit.recipes import BY_NAME, build
+
+    prog = tmp_path / "prog"
+    hugify("transform", "--threshold", "0", build(BY_NAME["gcc-bfd"]) / "prog", "-o", prog)
+    return prog
+
+
+def test_a_deb_built_with_hugify_is_refused_not_repacked_as_a_no_op(tmp_path: Path) -> None:
+    """A .deb whose ELF file is hugified and which ships its manifest (dh_hugify's
+    output): nothing would change, so no +hugify1 upgrade is written. On the old code
+    the repack wrote one (exit 0)."""
+    tree = tmp_path / "built"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(
+        "Package: built\nVersion: 1\nArchitecture: amd64\nMaintainer: t <t@example.org>\nDescription: d\n d\n"
+    )
+    (tree / "usr/bin").mkdir(parents=True)
+    shutil.copy(_hugified_prog(tmp_path), tree / "usr/bin/prog")
+    manifest_dir = tree / "usr/lib/hugify/manifest.d"
+    manifest_dir.mkdir(parents=True)
+    listed = hugify("tree", tree, "--manifest-only", "--manifest", manifest_dir / "built.list", "--policy", "/dev/null")
+    assert "1 aligned file(s) listed" in listed.stdout, listed.stdout
+    deb = tmp_path / "built_1_amd64.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(tree), str(deb)], check=True, capture_output=True)
+    out = tmp_path / "out"
+    res = repack(deb, "-o", out, check=False)
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    assert res.stderr.strip().splitlines() == [
+        f"hugify: {deb}: built 1: no ELF file would change (1 already on whole huge-page windows: built with hugify) "
+        "and it ships /usr/lib/hugify/manifest.d/built.list; a repack would be a no-op upgrade (already-hugified)"
+    ], res.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_an_rpm_built_with_hugify_is_refused_not_repacked_as_a_no_op(tmp_path: Path) -> None:
+    """An rpm whose ELF file is hugified, without a manifest (no %{?hugify_manifest}: the
+    rpm file triggers list such files at installation): the issue's case, where the old
+    code wrote a no-op .hugify1 upgrade."""
+    top = tmp_path / "rpmbuild"
+    (top / "SOURCES").mkdir(parents=True)
+    shutil.copy(_hugified_prog(tmp_path), top / "SOURCES" / "prog")
+    spec = tmp_path / "built.spec"
+    spec.write_text(
+        "Name: built\nVersion: 1\nRelease: 1\nSummary: s\nLicense: MIT\n%description\nd\n"
+        "%install\ninstall -D -m 0755 %{_sourcedir}/prog %{buildroot}/usr/bin/prog\n"
+        "%files\n/usr/bin/prog\n"
+    )
+    defines = {"_topdir": str(top), "__os_install_post": "%{nil}", "debug_package": "%{nil}", "_hugify": "0"}
+    args = [a for k, v in defines.items() for a in ("--define", f"{k} {v}")]
+    subprocess.run(["rpmbuild", "-bb", *args, str(spec)], check=True, capture_output=True)
+    (rpm,) = (top / "RPMS").rglob("*.rpm")
+    out = tmp_path / "out"
+    res = repack(rpm, "-o", out, check=False)
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    assert "(already-hugified)" in res.stderr and "is an rpm" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert list(out.iterdir()) == []

@@ -44,7 +44,7 @@ from testkit.elf import readelf_loads
 from testkit.recipes import BY_NAME, build
 
 NOBODY = 65534
-UNSAFE = 6
+INVALID, UNSAFE = 3, 6
 CAPABILITY = "security.capability"
 
 
@@ -506,8 +506,10 @@ def one_line(err: str, reason: str) -> None:
 
 
 def test_fifo_device_and_symlinks_are_refused_without_blocking(tmp_path: Path, program: Path, outside: Path) -> None:
-    """Each refused with one line, exit status 6, and left as it was; a FIFO without
-    a writer does not block (the run has a time limit)."""
+    """Each refused with one line and left as it was; a FIFO without a writer does not
+    block (the run has a time limit). A FIFO or device named as the file to transform is
+    the wrong type of file (wrong-file-type, exit status 3, as a directory); a symlink
+    where hugify would replace a file is unsafe (6)."""
     work = tmp_path / "work"
     work.mkdir()
     os.mkfifo(work / "fifo")
@@ -518,13 +520,13 @@ def test_fifo_device_and_symlinks_are_refused_without_blocking(tmp_path: Path, p
     shutil.copyfile(program, outside / "sub" / "prog")
     before, here = snapshot(outside), snapshot(work)
     cases = [
-        (work / "fifo", "not-regular", "a FIFO"),
-        (work / "null", "not-regular", "a character device"),
-        (work / "loop", "not-regular", "a block device"),
-        (work / "link", "symlink", "a symbolic link"),
-        (work / "dir" / "prog", "symlink", "a symbolic link"),  # its directory
+        (work / "fifo", "wrong-file-type", "a FIFO", INVALID),
+        (work / "null", "wrong-file-type", "a character device", INVALID),
+        (work / "loop", "wrong-file-type", "a block device", INVALID),
+        (work / "link", "symlink", "a symbolic link", UNSAFE),
+        (work / "dir" / "prog", "symlink", "a symbolic link", UNSAFE),  # its directory
     ]
-    for path, reason, words in cases:
+    for path, reason, words, status in cases:
         for args in (["--in-place"], ["-o", str(work / "out")]):
             if args[0] == "-o" and path.name in ("prog", "link"):
                 continue  # -o only reads its source: test_transform_to_output_reads_through_a_symlink
@@ -536,7 +538,7 @@ def test_fifo_device_and_symlinks_are_refused_without_blocking(tmp_path: Path, p
                 timeout=60,
                 check=False,
             )
-            assert res.returncode == UNSAFE, (path, args, res.stderr)
+            assert res.returncode == status, (path, args, res.stderr)
             one_line(res.stderr, reason)
             assert words in res.stderr
     assert snapshot(work) == here and snapshot(outside) == before

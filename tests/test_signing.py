@@ -351,8 +351,8 @@ def test_deb_dh_hugify_sign_runs_after_dh_strip_and_installs_into_the_package() 
     listed = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     for suffix in (".intoto.json", ".bundle"):
         assert f"./{ATTEST}/hugify-sign-test{suffix}" in listed
-        installed = (b.root / ATTEST / f"hugify-sign-test{suffix}").read_bytes()
-        assert (b.published / f"hugify-sign-test_1.0_amd64{suffix}").read_bytes() == installed
+    # Nothing beside the .debs: a copy there would not be in the .changes and go stale.
+    assert list(b.published.iterdir()) == []
 
 
 # --- both: what the statement says, and who can check it ---------------------------------------------
@@ -664,7 +664,7 @@ def test_verify_usage_errors(tree: Tree, tmp_path: Path) -> None:
     assert verify(tree.root).returncode == 2
     assert verify(tree.root, "--all", "/usr/bin/prog").returncode == 2
     res = verify(tree.root, "/usr/bin/absent")
-    assert res.returncode == 2 and "no such file: /usr/bin/absent" in res.stderr
+    assert res.returncode == 5 and "hugify: /usr/bin/absent: no such file (io-error)" in res.stderr
     key, _ = keypair(tmp_path / "keys")
     sign(tree, "--policy", write_policy(tmp_path / "p.toml", f'[signing]\nmode = "required"\nkey = "{key}"\n'))
     res = verify(tree.root, "--all")  # a bundle to check, and no public key
@@ -757,12 +757,12 @@ def test_dh_hugify_sign_signs_each_package_dh_hugify_reported(tmp_path: Path) ->
     subprocess.run(["dh_hugify_sign", "--", "--policy", "p.toml"], cwd=src, env=run_env, check=True)
     report = "debian/.debhelper/generated/hugify-sign-test/hugify-report.json"
     lib_report = "debian/.debhelper/generated/libhugify-sign1/hugify-report.json"
+    # No copy beside the packages (it would not be in the .changes, and go stale there).
     assert calls.read_text().splitlines() == [
-        f"sign debian/hugify-sign-test --report {report} --package hugify-sign-test "
-        f"--output ../hugify-sign-test_1.0_{arch} --policy p.toml",
+        f"sign debian/hugify-sign-test --report {report} --package hugify-sign-test --policy p.toml",
         # Multi-Arch: same: installed once per architecture, so named after it.
         f"sign debian/libhugify-sign1 --report {lib_report} --package libhugify-sign1 "
-        f"--name libhugify-sign1:{arch} --output ../libhugify-sign1_1.0_{arch} --policy p.toml",
+        f"--name libhugify-sign1:{arch} --policy p.toml",
     ]
     calls.unlink()
     subprocess.run(["dh_hugify_sign", "--destdir=/pub"], cwd=src, env=run_env, check=True)
@@ -780,3 +780,22 @@ def test_dh_hugify_sign_signs_each_package_dh_hugify_reported(tmp_path: Path) ->
 def test_dh_hugify_sign_man_page_is_valid_pod() -> None:
     res = subprocess.run(["podchecker", str(DH_DIR / "dh_hugify_sign")], capture_output=True, text=True, check=False)
     assert res.returncode == 0 and "pod syntax OK" in res.stdout + res.stderr, res.stderr
+
+
+def test_verify_all_tells_no_statement_from_no_hugified_file(tmp_path: Path) -> None:
+    """A root whose manifest lists a hugified file that no statement lists: each such
+    file is "no statement" (exit 10), not "no hugified files" with exit 0, which the old
+    code said; a root with neither says there is nothing, and exits 0."""
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    hugify("transform", "--threshold", "0", build(BY_NAME["gcc-bfd"]) / "prog", "-o", root / "usr/bin/prog")
+    listing = root / "usr/lib/hugify/manifest.d/demo.list"
+    listing.parent.mkdir(parents=True)
+    hugify("tree", root, "--manifest-only", "--manifest", listing, "--policy", "/dev/null")
+    res = verify(root, "--all")
+    assert res.returncode == signing.Verdict.NO_STATEMENT.status == 10, res.stdout + res.stderr
+    assert res.stdout.splitlines() == ["/usr/bin/prog: no statement", "hugify: verify: 1 no statement"]
+    listing.unlink()
+    res = verify(root, "--all")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines() == ["hugify: verify: no hugified files (no statement lists any, and no manifest)"]

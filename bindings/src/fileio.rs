@@ -89,7 +89,8 @@ pub fn map(input: &Input) -> Result<(File, Option<Mmap>), Failure> {
         } else {
             "not a regular file"
         };
-        return Err(Failure::Core(Error::new(Reason::NotRegular, format!("{label}: {what}, not a regular file"))));
+        // The caller names the file: the detail says only what it is.
+        return Err(Failure::Core(Error::new(Reason::NotRegular, format!("{what}, not a regular file"))));
     }
     if meta.len() == 0 {
         return Ok((f, None));

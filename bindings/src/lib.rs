@@ -33,10 +33,20 @@ fn to_py_err(py: Python<'_>, e: &Error) -> PyErr {
     err
 }
 
+/// The system's message for an I/O error, as Python's own OSError gives it ("No such
+/// file or directory"), without the " (os error 2)" Rust's Display appends.
+fn system_message(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match e.raw_os_error() {
+        Some(n) => text.strip_suffix(&format!(" (os error {n})")).unwrap_or(&text).to_string(),
+        None => text,
+    }
+}
+
 fn failure_to_py(py: Python<'_>, f: Failure) -> PyErr {
     match f {
         Failure::Core(e) => to_py_err(py, &e),
-        Failure::Io(path, e) => PyOSError::new_err((e.raw_os_error().unwrap_or(0), e.to_string(), path)),
+        Failure::Io(path, e) => PyOSError::new_err((e.raw_os_error().unwrap_or(0), system_message(&e), path)),
     }
 }
 

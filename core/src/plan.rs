@@ -157,6 +157,15 @@ fn refused(reason: Reason, detail: impl Into<String>) -> Error {
     Error::new(reason, detail)
 }
 
+/// A huge-page size as messages name it: "2 MiB", or "0x10000-byte" below 1 MiB.
+fn window_name(hp: u64) -> String {
+    if hp % (1 << 20) == 0 {
+        format!("{} MiB", hp >> 20)
+    } else {
+        format!("{hp:#x}-byte")
+    }
+}
+
 /// Checks shared by every mode: threshold and whether the work is already done.
 pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
     let x = an.exec_load();
@@ -166,8 +175,20 @@ pub fn precheck(an: &Analysis, huge_page: u64, threshold: u64) -> Result<()> {
             format!("executable segment is {} bytes, below the threshold of {threshold}", x.p_memsz),
         ));
     }
-    if huge_placed(x, an.kind.fixed_addresses(), huge_page) {
-        let how = if an.kind.fixed_addresses() { "at its fixed address" } else { "with its p_align" };
+    let fixed = an.kind.fixed_addresses();
+    if huge_placed(x, fixed, huge_page) {
+        let how = if fixed { "at its fixed address" } else { "with its p_align" };
+        // The probe's windows (windows.rs): none means placed, yet nothing to gain.
+        if huge_windows(&an.loads, fixed, huge_page).is_empty() {
+            return Err(refused(
+                Reason::NoWholeWindow,
+                format!(
+                    "executable segment is placed {how} with its file offset congruent to its address, \
+                     but its code spans no whole {} window",
+                    window_name(huge_page)
+                ),
+            ));
+        }
         return Err(refused(
             Reason::AlreadyAligned,
             format!("executable segment is placed {how} with its file offset congruent to its address"),
@@ -1286,6 +1307,15 @@ mod tests {
         let done = Elf::parse(&out).unwrap();
         let e = precheck(&analyse(&done).unwrap(), HP, 0).unwrap_err();
         assert_eq!(e.reason, Reason::AlreadyAligned);
+        // Placed (congruent, p_align of a huge page) but no whole window of code: a
+        // reason of its own, not "already aligned" (the probe finds no window either).
+        let mut placed = analyse(&elf).unwrap();
+        let x = placed.exec;
+        placed.loads[x].p_align = HP;
+        assert_eq!(placed.loads[x].p_vaddr % HP, placed.loads[x].p_offset % HP);
+        let e = precheck(&placed, HP, 0).unwrap_err();
+        assert_eq!(e.reason, Reason::NoWholeWindow);
+        assert!(e.detail.contains("no whole 2 MiB window"), "{e}");
         // Aligned for 64 KiB pages is not aligned for 2 MiB ones.
         let (_, small) =
             crate::transform_to_vec(&data, &crate::testelf::opts(crate::ModeChoice::Shift, 0x10000)).unwrap();

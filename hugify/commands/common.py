@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import stat
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,22 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from hugify.policy import Policy
+
+
+def examples(*pairs: tuple[str, str]) -> str:
+    """The examples paragraph that ends a command's --help: each command line, then
+    what it does, indented (cli.HelpFormatter keeps indented lines as written;
+    tools/manpages makes the EXAMPLES section of the command's man page from it)."""
+    lines = ["examples:"]
+    for command, what in pairs:
+        lines += [f"  {command}", f"      {what}"]
+    return "\n".join(lines)
+
+
+def epilog(pairs: tuple[tuple[str, str], ...], status: str) -> str:
+    """A command's --help epilog: its examples, then its exit statuses
+    (docs/exit-status.md)."""
+    return f"{examples(*pairs)}\n\nExit status: {status}"
 
 
 def size_arg(text: str) -> int:
@@ -98,15 +115,23 @@ def say_failure(path: str, info: dict[str, Any]) -> None:
     print(f"hugify: {path}: {info['detail']} ({info['reason']})", file=sys.stderr)
 
 
-def build_root(text: str) -> Path | None:
-    """The build root a command works on, or None after saying it is not a directory."""
+def build_root(text: str) -> Path | Exit:
+    """The build root a command works on, or the exit status after saying why it is
+    not one: missing (io-error, 5) or not a directory (wrong-file-type, 3)."""
+    import os
     from pathlib import Path
 
-    root = Path(text)
-    if not root.is_dir():
-        print(f"hugify: {root}: not a directory", file=sys.stderr)
-        return None
-    return root
+    try:
+        st = os.stat(text)
+    except OSError as e:
+        reasons.printed(["io-error"])
+        print(f"hugify: {text}: {reasons.io_detail(e, with_file=False)} (io-error)", file=sys.stderr)
+        return Exit.IO
+    if not stat.S_ISDIR(st.st_mode):
+        reasons.printed(["wrong-file-type"])
+        print(f"hugify: {text}: not a directory: give the build root (wrong-file-type)", file=sys.stderr)
+        return Exit.INVALID
+    return Path(text)
 
 
 def usable_policy(path: Path | None, package: str | None = None, *, for_build: bool = True) -> Policy | None:

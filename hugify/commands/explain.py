@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from hugify import reasons
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit
 
 
@@ -23,6 +24,18 @@ def run(args: argparse.Namespace) -> Exit:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("explain", help="describe refusal reasons (all, or the IDs given)")
-    p.add_argument("ids", nargs="*", metavar="ID")
+    p = sub.add_parser(
+        "explain",
+        help="describe refusal reasons (all, or the IDs given)",
+        description="Says what each reason id that hugify prints means, its kind and its exit status "
+        "(docs/exit-status.md).",
+        epilog=epilog(
+            (
+                ("hugify explain", "every reason id"),
+                ("hugify explain no-whole-window wrong-file-type", "just these"),
+            ),
+            "0; 2 an ID hugify does not know.",
+        ),
+    )
+    p.add_argument("ids", nargs="*", metavar="ID", help="reason ids, as hugify prints them in parentheses")
     p.set_defaults(func=run)

@@ -7,22 +7,28 @@ import sys
 from typing import Any
 
 from hugify import _core, reasons
-from hugify.commands.common import add_plan_options, failure, say_failure, settings
+from hugify.commands.common import add_plan_options, epilog, failure, say_failure, settings
 from hugify.exitcodes import Exit, worst
+from hugify.rewrite import hugify_error
 
 
 def run(args: argparse.Namespace) -> Exit:
     import json
+    import shutil
 
     from hugify import render
 
     s = settings(args)
+    # The terminal's width ($COLUMNS first); 80 where stdout is no terminal.
+    width = shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns
     codes: list[Exit] = []
     results: list[dict[str, Any]] = []
     for path in args.files:
         try:
             r = _core.inspect(path, s.huge_page, s.threshold, s.mode, s.exposure_limit, s.page_size)
         except (_core.HugifyError, OSError) as e:
+            if isinstance(e, _core.HugifyError) and e.reason == "not-regular":
+                e = hugify_error("wrong-file-type", e.detail)  # a path named on the command line
             code, info = failure(e, path)
             codes.append(code)
             results.append({"path": path, "error": info})
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> Exit:
         reasons.printed([r["refusal"] and r["refusal"]["reason"], *(p["reason"] for p in plans if p["ok"] is False)])
         results.append({"path": path, **r})
         if not args.json:
-            print(render.inspect_text(path, r))
+            print(render.inspect_text(path, r, width))
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
         print()
@@ -45,9 +51,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "inspect",
         help="show the layout, both plans and the chosen one",
-        description="Exit status is what `transform` would return: 0 eligible, 3 invalid, 4 refused.",
+        description="Reads each FILE (nothing is written) and shows its layout, the shift and align plans with "
+        "the share of code each puts on huge pages, the one `transform` would choose or why it refuses, and a "
+        "picture of the loadable segments against huge-page windows, before and after, as wide as the terminal.",
+        epilog=epilog(
+            (
+                ("hugify inspect /usr/bin/gdb", "the layout, both plans and a picture of the windows"),
+                ("hugify inspect --json /usr/lib/x86_64-linux-gnu/libLLVM-14.so.1", "the same, for a script"),
+            ),
+            "0 eligible, 3 invalid input (a malformed file, a directory or device), 4 refused (the reason id "
+            "says why), 5 I/O error: what `transform` would return; several files: the most serious.",
+        ),
     )
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE", help="ELF programs or libraries to look at")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_plan_options(p)
     p.set_defaults(func=run)

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from hugify import reasons
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit
 
 
@@ -42,13 +43,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "of this system's PMD huge page, with its file offset congruent to its address, at an address "
         "the loader aligns to that size (an ET_EXEC at its fixed address; a PIE or library with "
         "p_align of at least that size).",
+        epilog=epilog(
+            (
+                ("rpm -ql foo | hugify manifest record --from-stdin", "what the rpm file trigger does"),
+                ("hugify manifest forget /usr/bin/foo", "drop a path whose package is being erased"),
+            ),
+            "0; 2 usage; 5 the list cannot be written.",
+        ),
     )
     cmds = p.add_subparsers(dest="manifest_command", required=True, metavar="ACTION")
     for name, text in (
         ("record", "look at the given installed paths: list the hugified ones, drop the others"),
         ("forget", "drop the given paths from the list (their package is being erased)"),
     ):
-        c = cmds.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        example = (f"rpm -ql foo | hugify manifest {name} --from-stdin", text)
+        c = cmds.add_parser(
+            name,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            epilog=epilog((example,), "0; 2 usage; 5 the list cannot be written."),
+        )
         c.add_argument("paths", nargs="*", metavar="PATH")
         c.add_argument("--from-stdin", action="store_true", help="read the paths from standard input, one a line")
         c.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit
 
 
@@ -52,13 +53,31 @@ def check(args: argparse.Namespace) -> Exit:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("policy", help="show the effective policy, or validate policy files")
+    p = sub.add_parser(
+        "policy",
+        help="show the effective policy, or validate policy files",
+        description="The policy decides which files hugify transforms and how (threshold, mode, include and "
+        "exclude globs, failure mode, huge-page size per architecture, signing, runtime), in layers: built-in "
+        "defaults, /usr/lib/hugify/policy.toml, /etc/hugify/policy.toml, --policy FILE.",
+        epilog=epilog(
+            (
+                ("hugify policy show", "every value in effect and the file it came from"),
+                ("hugify policy show --package foo --json", "the values for the package foo"),
+                ("hugify policy check /etc/hugify/policy.toml", "mistakes with file, line and a hint"),
+            ),
+            "0; 2 usage; 3 a policy is not usable.",
+        ),
+    )
     cmds = p.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     s = cmds.add_parser(
         "show",
         help="print the effective policy and the file each value came from",
         description="Layers, later wins: built-in defaults, /usr/lib/hugify/policy.toml, "
         "/etc/hugify/policy.toml (HUGIFY_POLICY_PATH replaces these two), --policy FILE.",
+        epilog=epilog(
+            (("hugify policy show --package foo", "the values in effect for the package foo"),),
+            "0; 2 usage; 3 the policy is not usable.",
+        ),
     )
     s.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
     s.add_argument("--package", metavar="NAME", help="show the values in effect for this package")
@@ -68,6 +87,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "check",
         help="validate policy files (exit status 3 if any is invalid)",
         description="Reports every unknown key, wrong type and bad value with file, line and a hint.",
+        epilog=epilog(
+            (("hugify policy check debian/hugify-policy.toml", "check a package's policy"),),
+            "0 every file is valid; 3 one is not.",
+        ),
     )
     c.add_argument("files", nargs="+", metavar="FILE")
     c.set_defaults(func=check)

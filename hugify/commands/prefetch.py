@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
@@ -106,11 +107,12 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify.commands.common import usable_policy
 
     # Read once: the boot's budget and the anonymous programs both come from it. Without
-    # a usable policy the boot's run cannot know its bound; other runs go on and leave
-    # the anonymous record as it was (usable_policy said why).
+    # a usable policy the boot's run cannot know its bound, and a --policy named here is
+    # a mistake to stop at; other runs go on and leave the anonymous record as it was
+    # (usable_policy said why).
     pol = usable_policy(args.policy, for_build=False)
-    if pol is None and args.boot:
-        return Exit.USAGE
+    if pol is None and (args.boot or args.policy):
+        return Exit.INVALID  # the boot's bound unknown, or the policy named here unusable
     with pf.session(args.runtime_dir) as r:
         if pol is not None and args.boot and pf.first_run_this_boot(r.engine):
             r.engine.set_budget(pol.boot_budget)  # the boot's run: bounded (policy runtime.boot_budget)
@@ -130,6 +132,7 @@ def run(args: argparse.Namespace) -> Exit:
         work = pf.open_targets([t for t in targets if not t.error], r.hp)
         try:
             r.prefetch(work)
+            r.probe_kernel(work)  # where no window was cold: status must not stay "unknown"
             if pol is not None:
                 messages += _shared_copies(r, work, pol, complete=args.all)
         finally:
@@ -231,10 +234,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Loads the code of hugified files into the page cache as 2 MiB folios, so that every "
         "process that maps them gets huge pages, and reports per file how many 2 MiB windows are huge, "
         "busy (small folios mapped by running processes) or failed, with the reason.",
-        epilog="Exit status: 0 every window is huge, busy, or left to the kernel; 1 some window failed; "
-        "3 a file is not hugified; 4 the system or its filesystem cannot do it (said once), or this "
-        "installation lacks the C runtime (no-engine); "
-        "5 a file is missing or unreadable; 2 usage.",
+        epilog=epilog(
+            (
+                ("sudo hugify prefetch --all", "every installed hugified file: what the boot service does"),
+                ("hugify prefetch ./gdb.huge", "one file (another user's: only what the kernel lets it see)"),
+                ("sudo hugify prefetch --clear-records", "forget this boot's verdicts, to find them out again"),
+            ),
+            "0 every window is huge, busy, or left to the kernel; 1 some window failed; 2 usage; 3 a file is "
+            "not hugified or not a file, or the policy is not usable; 4 the system or its filesystem cannot do it "
+            "(said once), or this installation lacks the C runtime (no-engine); 5 a file is missing or unreadable.",
+        ),
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to prefetch (or manifests, with --manifests)")
     p.add_argument(

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit
 
 
@@ -41,12 +42,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "allowed), adds the runtime manifest (and the signed statement when the policy signs), and "
         "rebuilds it with the same name, relationships, scripts, triggers, conffiles, modes and owners "
         "and a version suffix. A debug package (-dbgsym, -debuginfo) given with its package is repacked "
-        "to match. Prints a summary. Run as root or under fakeroot. Exit status: 0; 2 usage; 3 not a "
-        "package or unusable policy; 4 nothing to transform (reason id, see `hugify explain`); "
-        "5 I/O or tool failure; a --suffix that does not sort above the original version is refused "
-        "(3). An rpm header tag repack cannot carry is refused by name (4). A package whose symlinks "
-        "would lead what hugify adds or rewrites out of it is refused (6, symlink). On failure nothing "
-        "is written to DIR.",
+        "to match. Prints a summary. Run as root or under fakeroot. On failure nothing is written to DIR "
+        "(DIR is made if missing, not its parents).",
+        epilog=epilog(
+            (
+                (
+                    "sudo hugify repack foo_1.2-3_amd64.deb foo-dbgsym_1.2-3_amd64.deb -o out/",
+                    "out/foo_1.2-3+hugify1_amd64.deb and its -dbgsym, which install as upgrades",
+                ),
+                ("fakeroot hugify repack --dry-run foo-1.2-3.x86_64.rpm -o out/", "what it would change"),
+            ),
+            "0; 2 usage; 3 not a package, an unusable policy, or a --suffix that does not sort above the "
+            "original version; 4 nothing to transform, a package built with hugify already, or an rpm header "
+            "tag repack cannot carry (the reason id says which); 5 I/O or tool failure; 6 a symlink of the "
+            "package would lead what hugify adds or rewrites out of it.",
+        ),
     )
     p.add_argument("packages", nargs="+", metavar="PACKAGE", help=".deb or .rpm files")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="where the new packages go")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import build_root, usable_policy
+from hugify.commands.common import build_root, epilog, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -16,8 +16,8 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify import policy, signing
 
     root = build_root(args.root)
-    if root is None:
-        return Exit.USAGE
+    if isinstance(root, Exit):
+        return root
     pol = usable_policy(args.policy, args.package)
     if pol is None:
         return Exit.INVALID
@@ -72,9 +72,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "statement (signing/predicate-v1.md) to ROOT/usr/share/hugify/attestations/NAME.intoto.json, signed "
         "with cosign into NAME.bundle as the policy's [signing] section says (signing.key or "
         "$HUGIFY_SIGNING_KEY; cosign from $HUGIFY_COSIGN or PATH; COSIGN_PASSWORD for key files). "
-        'Exit status: 0; 1 when signing failed and signing.mode is "required" (nothing written); '
-        "2 usage; 3 unusable policy or report; 5 I/O error; 6 when the attestation directory in ROOT is "
-        "reached through a symlink (nothing is written outside ROOT).",
+        "dh_hugify_sign and rpm's signing step run it in package builds.",
+        epilog=epilog(
+            (
+                (
+                    "hugify sign debian/foo --report debian/.debhelper/generated/foo/hugify-report.json",
+                    "the statement of what dh_hugify changed in the package foo (what dh_hugify_sign does)",
+                ),
+            ),
+            '0; 1 signing failed and signing.mode is "required" (nothing written); 2 usage; 3 an unusable policy '
+            "or report, or ROOT is not a directory; 5 I/O error (--output's directory must exist); 6 the "
+            "attestation directory in ROOT is reached through a symlink (nothing is written outside ROOT).",
+        ),
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
     p.add_argument("--report", required=True, metavar="REPORT.json", help="the report `hugify tree --report` wrote")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hugify.commands.common import usable_policy
+from hugify.commands.common import epilog, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -44,10 +44,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with that sha256 and hugified by its program headers, under the package's name and architecture. "
         "Then signs each statement with cosign and writes the bundle and a copy of the statement beside the "
         "package (or into -o DIR): PACKAGE_VERSION_ARCH.bundle, N-V-R.A.bundle. The packages are not changed. "
-        "Nothing is written unless every statement passed. Exit status: 0; 2 usage; 3 a damaged package or "
-        ".changes (not-a-package, bad-changes, changes-mismatch) or a statement that does not describe the "
-        "packages (statement-mismatch); 4 hugified files but no statement (statement-missing); 5 I/O error or "
-        "signing failed (signing-failed).",
+        "Nothing is written unless every statement passed.",
+        epilog=epilog(
+            (
+                ("hugify sign-packages --key cosign.key foo_1.2-3_amd64.changes", "sign a Debian upload's statements"),
+                (
+                    "hugify sign-packages --key awskms:///alias/hugify RPMS/x86_64/*.rpm",
+                    "an rpm build's, with a KMS key",
+                ),
+            ),
+            "0; 2 usage; 3 a damaged package or .changes (not-a-package, bad-changes, changes-mismatch), a "
+            "statement that does not describe the packages (statement-mismatch) or an unusable policy; 4 hugified "
+            "files but no statement (statement-missing); 5 I/O error or signing failed (signing-failed).",
+        ),
     )
     p.add_argument(
         "artefacts", nargs="+", metavar="ARTEFACT", help="a .changes file, .deb/.udeb or .rpm packages (all of a build)"

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
+from hugify.commands.common import epilog
 from hugify.exitcodes import Exit
 
 if TYPE_CHECKING:
     from hugify.anoncopies import Copy
     from hugify.glibc_thp import Advice
-    from hugify.prefetch import Run, System, Target
+    from hugify.prefetch import Engine, Filesystem, Run, System, Target
     from hugify.shared import Held, Removed
 
 
@@ -42,6 +44,150 @@ class Found:
     thp_advice: Advice
     no_large: list[dict[str, Any]]  # filesystems recorded as giving no large folios
     files_no_large: list[dict[str, Any]]  # files recorded so where their filesystem may
+    ways: list[Way]  # what each filesystem holding programs gives hugified code
+    may_record: bool  # this process is root's, who keeps records: what "unknown" means
+
+
+# --- what this machine gets ------------------------------------------------------------
+
+#: Where programs and libraries are installed: the filesystems `status` judges, with
+#: those of the directories in PATH and of the files it reports.
+PROGRAM_DIRS = (
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib",
+    "/usr/lib64",
+    "/usr/libexec",
+    "/usr/local/bin",
+    "/usr/local/lib",
+    "/opt",
+)
+#: The kernel release the verdicts are judged for, in place of this kernel's: the
+#: tests' seam for kernels the machine cannot boot (ext4 before 6.16 on a 6.18 host).
+RELEASE_ENV = "HUGIFY_FORCE_KERNEL_RELEASE"
+#: The ways hugified code can get huge pages, best first (docs/runtime.md).
+FILE_BACKED, SHARED, ANONYMOUS, NONE, UNKNOWN = (
+    "file-backed huge pages",
+    "shared copies",
+    "anonymous only",
+    "none",
+    "unknown",
+)
+
+
+@dataclass(frozen=True)
+class Way:
+    """What hugified code on one mounted filesystem gets on this machine, and why."""
+
+    mountpoint: str
+    fstype: str
+    device: str
+    way: str  # FILE_BACKED, SHARED, ANONYMOUS, NONE or UNKNOWN
+    why: str
+    holds: tuple[str, ...]  # the program directories (or files) it holds
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "mountpoint": self.mountpoint,
+            "type": self.fstype,
+            "device": self.device,
+            "way": self.way,
+            "why": self.why,
+            "holds": list(self.holds),
+        }
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the machine showed, per mount point: root's records of this boot that its
+    files got no large folios, and windows seen in 2 MiB folios now."""
+
+    recorded_none: frozenset[str] = frozenset()
+    seen_huge: frozenset[str] = frozenset()
+
+
+def program_filesystems(mounted: list[Filesystem], files: list[str]) -> dict[Filesystem, list[str]]:
+    """The mounted filesystems that hold programs: those of PROGRAM_DIRS, of PATH's
+    directories and of `files`, each with what it holds, in mount-point order."""
+    from hugify import prefetch as pf
+
+    places = [*PROGRAM_DIRS, *os.environ.get("PATH", "").split(":"), *files]
+    out: dict[Filesystem, list[str]] = {}
+    for place in places:
+        if not place or not os.path.exists(place):
+            continue
+        fs = pf.filesystem_of(place, mounted)
+        if fs is not None and place not in out.setdefault(fs, []):
+            out[fs].append(place)
+    return dict(sorted(out.items(), key=lambda kv: kv[0].mountpoint))
+
+
+def _shared_or_anonymous(s: System, shared_policy: str, none_because: str) -> tuple[str, str]:
+    """Where files get no large folios: root's shared copies, unless they are off, else
+    the opt-in anonymous copies."""
+    if shared_policy == "off":
+        off = 'shared copies are off (policy runtime.shared = "off")'
+    elif s.shmem_enabled == "deny":
+        off = "shared copies cannot be huge (transparent_hugepage/shmem_enabled is deny)"
+    else:
+        return SHARED, (
+            f"{none_because}; root's shared copies take their place: one copy of each hugified file on a "
+            "huge-page tmpfs, made by the boot service and mapped by every process"
+        )
+    return ANONYMOUS, (
+        f"{none_because}; {off}; per program, opt in to anonymous copies (a copy in each process): "
+        "hugify-run --anonymous PROGRAM, or the policy's [runtime] anonymous"
+    )
+
+
+def judge(
+    fs: Filesystem, holds: list[str], *, s: System, release: str, engine: Engine, shared_policy: str, seen: Evidence
+) -> Way:
+    """What hugified code on `fs` gets on this machine: from the kernel's THP settings,
+    its version (`release`) and the filesystem's type and options (the runtime's table
+    of large folios, hugify.prefetch), and from what was seen this boot."""
+    from hugify import prefetch as pf
+
+    def way(kind: str, why: str) -> Way:
+        return Way(fs.mountpoint, fs.fstype, fs.device, kind, why, tuple(holds))
+
+    if s.thp_enabled is None:
+        return way(NONE, "this kernel has no transparent huge pages (CONFIG_TRANSPARENT_HUGEPAGE is off)")
+    if s.thp_enabled == "never":
+        return way(NONE, f"transparent huge pages are off ({pf.THP}/enabled is never): no huge page of any kind")
+    if fs.fstype in ("tmpfs", "ramfs"):
+        huge = next((o.partition("=")[2] for o in fs.options if o.startswith("huge=")), "never")
+        if huge in ("within_size", "always"):
+            return way(FILE_BACKED, f"a tmpfs mounted huge={huge}: its files are held in huge pages as written")
+        return way(NONE, f"a {fs.fstype} holds its files in memory as written (huge={huge}: small pages)")
+    if fs.mountpoint in seen.seen_huge:
+        return way(FILE_BACKED, "seen: windows of its hugified files are in 2 MiB folios now")
+    large = pf.gives_large_folios(engine, fs.fstype, release)
+    if large is None:
+        return way(
+            UNKNOWN,
+            f"hugify does not know whether {fs.fstype} gives files large folios; a prefetch finds out on its "
+            "files, and where it gives none, root's shared copies take their place",
+        )
+    if fs.mountpoint in seen.recorded_none:
+        why = (
+            f"root's record of this boot says {fs.fstype} gave two of its files no large folios "
+            "(`hugify prefetch --clear-records` forgets it)"
+        )
+        return way(*_shared_or_anonymous(s, shared_policy, why))
+    if not large:
+        remedy = pf.large_folios_remedy(engine, fs.fstype, release)
+        why = f"{fs.fstype} gives files no large folios on Linux {release}; {remedy}"
+        return way(*_shared_or_anonymous(s, shared_policy, why))
+    if fs.fstype == "ext4" and "data=journal" in fs.options:
+        why = "ext4 mounted data=journal gives its files no large folios (ext4 decides per file from Linux 6.16)"
+        return way(*_shared_or_anonymous(s, shared_policy, why))
+    since = pf.large_folios_since(engine, fs.fstype)
+    return way(
+        FILE_BACKED,
+        f"{fs.fstype} gives files large folios from Linux {since // 1000}.{since % 1000}, and this kernel is "
+        f"{release}: the boot service loads hugified code as 2 MiB folios, shared by every process",
+    )
 
 
 def gather(r: Run, targets: list[Target], problems: list[str]) -> Found:
@@ -80,6 +226,22 @@ def gather(r: Run, targets: list[Target], problems: list[str]) -> Found:
         if fs.inode is None
     ]
     files_no_large = [{"device": fs.device, "inode": fs.inode, "type": fs.fstype} for fs in records if fs.inode]
+    mounted = pf.mounts()
+    seen = Evidence(
+        recorded_none=frozenset(fs.mountpoint for fs in records if fs.inode is None and fs.mountpoint),
+        seen_huge=frozenset(
+            m.mountpoint
+            for t in work
+            if t.count(pf.HUGE, pf.REPAIRED, pf.LOADED) and (m := pf.filesystem_of(t.path, mounted))
+        ),
+    )
+    release = os.environ.get(RELEASE_ENV) or s.kernel
+    shared_policy = _shared_policy()
+    holding = program_filesystems(mounted, [t.path for t in targets])
+    ways = [
+        judge(fs, holds, s=s, release=release, engine=r.engine, shared_policy=shared_policy, seen=seen)
+        for fs, holds in holding.items()
+    ]
     return Found(
         hp=r.hp,
         system=s,
@@ -94,7 +256,20 @@ def gather(r: Run, targets: list[Target], problems: list[str]) -> Found:
         thp_advice=thp_advice,
         no_large=no_large,
         files_no_large=files_no_large,
+        ways=ways,
+        may_record=os.geteuid() == 0,  # the engine's may_record would make the directory
     )
+
+
+def _shared_policy() -> str:
+    """The policy's [runtime] shared, "auto" (its default) where the policy is not
+    usable (the commands that act on it say why)."""
+    from hugify import policy
+
+    try:
+        return policy.resolve(policy.load(None), None, for_build=False).shared
+    except policy.PolicyError:
+        return "auto"
 
 
 def as_json(f: Found) -> dict[str, Any]:
@@ -115,6 +290,7 @@ def as_json(f: Found) -> dict[str, Any]:
             "files_without_large_folios": f.files_no_large,
         }
         | {"glibc_elf_thp": f.thp_advice.as_json()},
+        "machine": {"filesystems": [w.as_json() for w in f.ways], "measure": TRY_HINT},
         "files": files,
         "problems": f.problems,
         "anonymous_copies": [c.as_json(f.hp) for c in f.copies],
@@ -127,6 +303,36 @@ def as_json(f: Found) -> dict[str, Any]:
     }
 
 
+TRY_HINT = "hugify try -- COMMAND"
+
+
+def _print_ways(f: Found) -> None:
+    """The answer to "what does this machine get?", per filesystem holding programs."""
+    print("what hugified code gets on this machine, per filesystem holding programs:")
+    for w in f.ways:
+        more = f" and {len(w.holds) - 3} more" if len(w.holds) > 3 else ""
+        print(f"  {w.mountpoint} ({w.fstype}, holding {', '.join(w.holds[:3])}{more}): {w.way}: {w.why}")
+    if not f.ways:
+        print("  no filesystem holding programs found")
+    print(f"whether that makes a command faster here: {TRY_HINT} (docs/try.md)")
+
+
+def _cachestat(f: Found) -> str:
+    """cachestat(2) as this process found it: the kernel answers it only to a file's
+    owner, root or a writer, so another user's "no" is a refusal, not a missing call."""
+    if f.features["cachestat"] or f.may_record:
+        return _yes(f.features["cachestat"])
+    return "cannot tell as this user (permission: the kernel answers it only to a file's owner, root or a writer)"
+
+
+def _exec_verdict(f: Found) -> str:
+    if f.system.exec_pmd_readahead is not None:
+        return _yes(f.system.exec_pmd_readahead)
+    if f.may_record:
+        return "unknown (not probed yet this boot: a prefetch as root probes it)"
+    return "unknown (not recorded this boot: root's prefetch, the boot service's, records it)"
+
+
 def _print_system(f: Found) -> None:
     from hugify.sizes import human
 
@@ -136,10 +342,9 @@ def _print_system(f: Found) -> None:
         f"defrag={s.thp_defrag or '-'}; PMD huge page {human(s.pmd_size)}; base page {human(s.page_size)}"
     )
     print(
-        f"kernel features: cachestat {_yes(f.features['cachestat'])}; "
+        f"kernel features: cachestat {_cachestat(f)}; "
         f"PAGEMAP_SCAN {_yes(f.features['pagemap_scan'])}; "
-        f"exec mappings read as PMD folios by the kernel itself "
-        f"{_yes(s.exec_pmd_readahead, 'unknown (not probed yet: a prefetch probes it when it reads a cold window)')}; "
+        f"exec mappings read as PMD folios by the kernel itself {_exec_verdict(f)}; "
         f"read-only THP for filesystems {_yes(f.features['read_only_thp_for_fs'])}"
     )
     problem = s.problem()
@@ -232,6 +437,7 @@ def _print_files(f: Found) -> None:
 
 
 def print_text(f: Found, *, files_given: bool) -> None:
+    _print_ways(f)
     _print_system(f)
     for p in f.problems:
         print(f"hugify: {p}", file=sys.stderr)
@@ -269,12 +475,23 @@ def run(args: argparse.Namespace) -> Exit:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
-        help="installed hugified files and how much of their code is on huge pages now",
-        description="Lists the files of the installed manifests and of the discovered list kept by the rpm "
-        "file triggers (or the given files) with the share of "
-        "their code that the page cache holds in 2 MiB folios right now, and the system settings that "
-        "matter. Reads nothing into the page cache.",
-        epilog="Exit status: 0 reported; 4 this installation lacks the C runtime (no-engine); 2 usage.",
+        help="what hugified code gets on this machine, and how much of the installed files' code is huge now",
+        description="First says, per mounted filesystem holding programs (those of /usr, /opt, PATH and the "
+        "files reported), what hugified code gets on this machine: file-backed huge pages, root's shared "
+        "copies, anonymous copies only, or none, each with its reason (the kernel's version and THP settings, "
+        "the filesystem's type and options, what was seen this boot), and the command that measures it for a "
+        "command of yours (hugify try). Then lists the files of the installed manifests and of the discovered "
+        "list kept by the rpm file triggers (or the given files) with the share of their code that the page "
+        "cache holds in 2 MiB folios right now, and the system settings that matter. Reads nothing into the "
+        "page cache.",
+        epilog=epilog(
+            (
+                ("hugify status", "what this machine gets, then the installed hugified files"),
+                ("hugify status --json | jq .machine", "the per-filesystem answer, for a script"),
+                ("hugify status ./gdb.huge", "how much of this file's code is huge now"),
+            ),
+            "0 reported; 2 usage; 4 this installation lacks the C runtime (no-engine).",
+        ),
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to report instead of the installed ones")
     p.add_argument(

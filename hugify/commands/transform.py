@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from hugify import _core
-from hugify.commands.common import add_plan_options, failure, say_failure, settings
+from hugify.commands.common import add_plan_options, epilog, failure, say_failure, settings
 from hugify.exitcodes import Exit
 from hugify.rewrite import rewrite
 
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> Exit:
             say_failure(args.file, info)
         return code
     out = str(dst or src)
+    _say_if_stripped(src, out, r["huge_page"])
     if args.json:
         json.dump({"path": args.file, "output": out, **r}, sys.stdout, indent=2, sort_keys=True)
         print()
@@ -39,9 +40,41 @@ def run(args: argparse.Namespace) -> Exit:
     return Exit.OK
 
 
+def _say_if_stripped(src: str, out: str, huge_page: int) -> None:
+    """transform applies no policy; where the policy's refuse_stripped would have kept
+    a build from rewriting this file (no symbol table), it says so, once."""
+    try:
+        p = _core.probe(out, huge_page)
+    except (_core.HugifyError, OSError):
+        return
+    if p is not None and p["has_symtab"] is False:
+        print(
+            f"hugify: note: {src} has no symbol table; transform applies no policy, so refuse_stripped "
+            "(which hugify tree, dh_hugify and brp-hugify apply) did not skip it: references to the ELF header "
+            "were ruled out by the byte probe only, not by name",
+            file=sys.stderr,
+        )
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("transform", help="rewrite one file atomically; on failure the original is untouched")
-    p.add_argument("file", metavar="FILE")
+    p = sub.add_parser(
+        "transform",
+        help="rewrite one file atomically; on failure the original is untouched",
+        description="Rewrites FILE so that its code lies on whole huge-page windows, into OUT or in place, "
+        "and says in one line what it did or why not (a reason id, `hugify explain`). The result is checked "
+        "before it is renamed into place; on any failure the original is byte-identical and nothing is left "
+        "beside it. Applies no policy: the plan options below are all it reads.",
+        epilog=epilog(
+            (
+                ("hugify transform /usr/bin/gdb -o gdb.huge", "a rewritten copy; /usr/bin/gdb stays as it is"),
+                ("hugify transform --in-place --threshold 0 ./prog", "rewrite ./prog itself, however small its code"),
+            ),
+            "0 transformed; 2 usage; 3 invalid input (a malformed file, a directory or device); 4 refused (the "
+            "reason id says why); 5 I/O error (reading FILE or writing OUT); 6 unsafe file (a symlink where it "
+            "would replace a file, a file swapped meanwhile, a device at OUT); 70 internal error.",
+        ),
+    )
+    p.add_argument("file", metavar="FILE", help="the ELF program or library to rewrite")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", metavar="OUT", help="write the result to OUT")
     out.add_argument("--in-place", action="store_true", help="replace FILE, keeping owner, mode and xattrs")

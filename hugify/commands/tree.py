@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from hugify.commands.common import build_root, failure, say_failure, usable_policy
+from hugify.commands.common import build_root, epilog, failure, say_failure, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify.rewrite import hugify_error
 
     root = build_root(args.root)
-    if root is None:
-        return Exit.USAGE
+    if isinstance(root, Exit):
+        return root
     if not args.allow_live_root and live_root(root):
         detail = (
             "this is the running system's root, not a package build root; hint: give the build root "
@@ -79,11 +79,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="transform the eligible ELF files of a package build root in place",
         description="Selects ELF executables and shared objects by content, applies the policy, and "
         "transforms each inode once, in parallel, keeping owner, mode, xattrs, times and hardlinks. "
-        "Logs one line per ELF file and a summary. Exit status: 0, or 1 when files failed and the "
-        'policy says on_error = "fail"; 3 for an unusable policy; 4 when ROOT is the running system\'s root '
-        "(live-root) and --allow-live-root is not given; 6 when the manifest or report would be written "
-        "through a symlink in ROOT. Nothing below ROOT is reached through a symbolic link; FIFOs, device "
-        "nodes and sockets are never opened (docs/security.md).",
+        "Logs one line per ELF file and a summary. Nothing below ROOT is reached through a symbolic link; "
+        "FIFOs, device nodes and sockets are never opened (docs/security.md). brp-hugify and dh_hugify run it "
+        "in package builds.",
+        epilog=epilog(
+            (
+                (
+                    "hugify tree debian/foo --package foo --manifest foo.list --report foo.json",
+                    "what dh_hugify does for the package foo",
+                ),
+                ("hugify tree --manifest-only root/ --manifest m.list", "list the files already on whole windows"),
+            ),
+            '0, or 1 when files failed and the policy says on_error = "fail"; 2 usage; 3 an unusable policy, or '
+            "ROOT is not a directory; 4 ROOT is the running system's root (live-root) and --allow-live-root is not "
+            "given; 5 the manifest or report cannot be written (its directory must exist); 6 they would be "
+            "written through a symlink in ROOT.",
+        ),
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hugify import reasons
+from hugify.commands.common import examples
 from hugify.exitcodes import Exit
 
 EPILOG = (
@@ -24,6 +25,13 @@ EPILOG = (
     "short, its runs too rarely seen, or the --control shows a difference; 2 usage; 70 a run used the other "
     "side's files. Stopped by SIGINT, SIGTERM or SIGHUP, it reports the rounds made so far and ends by the "
     "signal. `hugify explain ID` describes each reason."
+)
+
+
+#: The examples that end --help (and the man page).
+EXAMPLES = (
+    ("hugify try -- make -j4", "is this build faster with hugified compilers and libraries?"),
+    ("hugify try --budget 60 --compare-files out.o -- cc -O2 -c big.c -o out.o", "a shorter run, also comparing out.o"),
 )
 
 
@@ -96,7 +104,7 @@ def run(args: argparse.Namespace) -> Exit:
         pol = session.try_policy(args.policy)
     except PolicyError as e:
         print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
-        return Exit.USAGE
+        return Exit.INVALID  # as every other command's unusable policy (docs/exit-status.md)
     tty = sys.stderr.isatty() and not args.json
     opts = session.Options(
         argv=command,
@@ -244,7 +252,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "hugified/original ratios of CPU and wall time with 95 % intervals, an A/A noise floor, the huge-page "
         "coverage each side got, and one line of answer. Both sides must behave the same: exit status, standard "
         "output and --compare-files are compared after every round. Details: docs/try.md.",
-        epilog=EPILOG,
+        epilog=f"{examples(*EXAMPLES)}\n\n{EPILOG}",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the command to compare")
     p.add_argument(

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import usable_policy
+from hugify.commands.common import epilog, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -26,6 +26,24 @@ def _installed_path(arg: str, root: Path) -> str:
     if real_root != Path("/") and full.is_relative_to(real_root):
         return "/" + full.relative_to(real_root).as_posix()
     return os.path.normpath("/" + arg.lstrip("/"))
+
+
+def _listed_hugified(root: Path) -> set[str]:
+    """The installed paths the manifests in ROOT list (docs/manifest.md): the
+    packages' and, on the running system, the rpm file triggers' discovered list.
+    What `verify --all` reports as "no statement" when no statement names them."""
+    from hugify import manifest
+
+    listings = sorted((root / manifest.MANIFEST_DIR.relative_to("/")).glob("*.list"))
+    discovered = manifest.discovered_list() if root == Path("/") else root / "var/lib/hugify" / manifest.DISCOVERED
+    out: set[str] = set()
+    for f in [*listings, discovered]:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # hugify status says which manifest cannot be read
+        out |= {e.path for e in manifest.parse(text, str(f)) if (root / e.path.lstrip("/")).exists()}
+    return out
 
 
 def _public_keys(args: argparse.Namespace, signing_key: str, public_key: str | tuple[str, ...]) -> list[str]:
@@ -52,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         installed = [_installed_path(p, root) for p in args.paths]
         absent = [p for p in installed if not (root / p.lstrip("/")).exists()]
         if absent:
-            print(f"hugify: verify: no such file: {', '.join(absent)}", file=sys.stderr)
-            return Exit.USAGE
+            reasons.printed(["io-error"])
+            for p in absent:
+                print(f"hugify: {p}: no such file (io-error)", file=sys.stderr)
+            return Exit.IO
     directory = Path(args.attestations) if args.attestations else root / signing.ATTESTATION_DIR.lstrip("/")
     keys = _public_keys(args, pol.signing("key"), pol.signing("public_key"))
     # Signatures made after the build: a package of them installs them, or they are given.
@@ -62,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         attestations = signing.load_attestations(directory, signing.BundleIndex(detached))
         with tempfile.TemporaryDirectory(prefix="hugify-verify-") as tmp:
             check = signing.Verifier(keys, pol.signing("tlog_upload"), Path(tmp))
+            if args.all:  # every statement's files, and the hugified files no statement names
+                subjects = {p for a in attestations for p in a.subjects}
+                installed = sorted(subjects | _listed_hugified(root))
             results = signing.verify(root, installed, attestations, check)
     except signing.SigningError as e:
         print(f"hugify: verify: {e}", file=sys.stderr)
@@ -79,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(r.line())
         counts_text = ", ".join(f"{n} {v.text}" for v in signing.Verdict if (n := sum(r.verdict is v for r in results)))
-        print(f"hugify: verify: {counts_text or 'no hugified files'}")
+        nothing = "no hugified files (no statement lists any, and no manifest)"
+        print(f"hugify: verify: {counts_text or nothing}")
     return status
 
 
@@ -93,12 +117,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "that signs exactly this statement: in ROOT/usr/share/hugify/signatures or a --bundles directory), "
         "check that the statement is what was signed, and compare the file's sha256 with the "
         "signed one. Verdicts and exit statuses: verified 0, no statement 10, unsigned 11, modified since "
-        "signing 12, bad signature 13 (a run exits with the highest); 2 usage or no public key, 3 unusable "
-        "policy, 5 I/O error. With --all, files listed but not installed (a subpackage) are reported as "
-        "such and do not change the status.",
+        "signing 12, bad signature 13 (a run exits with the highest). With --all, also every hugified file "
+        "the manifests in ROOT list (no statement: 10); files a statement lists but not installed (a "
+        "subpackage) are reported as such and do not change the status.",
+        epilog=epilog(
+            (
+                ("hugify verify /usr/bin/foo", "is this file what its package's signed statement says?"),
+                ("hugify verify --all --bundles /srv/signatures", "every hugified file, with bundles signed later"),
+            ),
+            "0 verified; 2 usage or no public key; 3 unusable policy; 5 I/O error (a file given is missing); "
+            "10 no statement; 11 unsigned; 12 modified since signing; 13 bad signature.",
+        ),
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="installed files (or files inside --root)")
-    p.add_argument("--all", action="store_true", help="every file of every statement")
+    p.add_argument(
+        "--all", action="store_true", help="every file of every statement, and every hugified file the manifests list"
+    )
     p.add_argument("--root", default="/", metavar="DIR", help="the system (or extracted packages) to check")
     p.add_argument(
         "--attestations", metavar="DIR", help="where the statements are (default: ROOT/usr/share/hugify/attestations)"
