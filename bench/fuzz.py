@@ -33,6 +33,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 
 from testkit.bench import REPO
+from testkit.cache import cache_root
 from testkit.cli import command
 
 FUZZ = REPO / "fuzz"
@@ -45,8 +46,8 @@ RUNTIME_TARGETS = {
     "run-reader": ("run_reader.c", ["hp_core.c", "hp_verdict.c", "hp_map.c"]),
 }
 TARGETS = [*CORE_TARGETS, *RUNTIME_TARGETS]
-CACHE = Path(os.environ.get("HUGIFY_TEST_CACHE", "/var/cache/hugify-tests")) / "fuzz"
-CARGO_FUZZ_ROOT = Path("/var/cache/hugify-tests/cargo-fuzz")
+CACHE = cache_root() / "fuzz"
+CARGO_FUZZ_ROOT = cache_root() / "cargo-fuzz"  # where tools/setup-dev-env installs it
 CARGO_FUZZ_VERSION = "0.13.2"
 
 SEED_SOURCE = r"""

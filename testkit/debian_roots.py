@@ -12,11 +12,10 @@ configuration is left alone: apt-get source runs with a private sources list
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 from pathlib import Path
 
-from testkit.cache import cache_root, drop_stale, locked
+from testkit.cache import building, cache_root, locked, note_used
 from testkit.debian import deb_field, tool_versions
 
 SUITE = "bookworm"
@@ -32,26 +31,22 @@ def debian_root(name: str, *args: str, fmt: str = "directory", suite: str = SUIT
     group = cache_root() / "debian-roots"
     final = group / f"{name}-{key}"
     out = final / ("root.tar" if fmt == "tar" else "root")
+    note_used(final)
     if out.exists():
         return out
     with locked(group / f"{name}.lock"):
         if out.exists():
             return out
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        target = work / out.name
-        res = subprocess.run(
-            ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, suite, str(target), MIRROR],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
-        assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
-        work.rename(final)
-        drop_stale(final)
+        with building(final) as work:
+            res = subprocess.run(
+                ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, suite, str(work / out.name), MIRROR],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=1200,
+                check=False,
+            )
+            assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
     return out
 
 
@@ -95,18 +90,16 @@ def source_package(name: str) -> Path:
         ).stdout
         dsc_name = next(w.strip("'") for line in uris.splitlines() for w in line.split()[1:2] if w.endswith(".dsc"))
         dsc = group / dsc_name.removesuffix(".dsc") / dsc_name
+        note_used(dsc.parent)
         if not dsc.exists():
-            work = dsc.parent.with_name(dsc.parent.name + ".tmp")
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            subprocess.run(
-                ["apt-get", "-q", *opts, "source", "--download-only", name],
-                cwd=work,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            work.rename(dsc.parent)
+            with building(dsc.parent, stale=False) as work:  # kept per version
+                subprocess.run(
+                    ["apt-get", "-q", *opts, "source", "--download-only", name],
+                    cwd=work,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
     return dsc
 
 

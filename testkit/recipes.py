@@ -28,7 +28,7 @@ import pytest
 
 from testkit import REPO
 from testkit.annobin_notes import annotate
-from testkit.cache import cache_root, cached, locked
+from testkit.cache import building, cache_root, cached, locked, note_used
 from testkit.cli import transform
 
 PROGRAMS = REPO / "tests" / "programs"
@@ -402,6 +402,7 @@ def debian_packages(name: str, packages: list[str]) -> Path:
         debs = sorted(line.split()[1] for line in uris.splitlines())
         key = hashlib.sha256("\n".join(debs).encode()).hexdigest()[:16]
         root = cache / f"root-{key}"
+        note_used(root)
         if root.is_dir():
             return root
         for stale in cache.iterdir():
@@ -409,11 +410,10 @@ def debian_packages(name: str, packages: list[str]) -> Path:
                 shutil.rmtree(stale)
             elif stale.name not in debs:
                 stale.unlink()
-        subprocess.run(["apt-get", "download", *packages], cwd=cache, check=True, capture_output=True)
-        work = cache / f".{root.name}.tmp"
-        for deb in debs:
-            subprocess.run(["dpkg-deb", "-x", str(cache / deb), str(work)], check=True)
-        work.rename(root)
+        with building(root, stale=False) as work:  # the older roots went above
+            subprocess.run(["apt-get", "download", *packages], cwd=cache, check=True, capture_output=True)
+            for deb in debs:
+                subprocess.run(["dpkg-deb", "-x", str(cache / deb), str(work)], check=True)
     return root
 
 

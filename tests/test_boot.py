@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
-from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.cache import build_dir, building, cache_root, locked
 from testkit.debian import EXEC, LIB, PROG, build_hugify_deb, build_variant, files_key
 from testkit.debian_roots import systemd_root
 from testkit.elf import readelf_windows, window_offsets
@@ -185,25 +185,21 @@ def boot() -> Boot:
     with locked(cache_root() / "boot" / "session.lock"):
         if (final / "share" / "out" / "done").exists():
             return Boot(final)
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        for d in ("upper", "work", "merged", "share/out", "share/debs/first", "share/debs/second"):
-            (work / d).mkdir(parents=True)
-        for p in first:
-            shutil.copy(p, work / "share/debs/first")
-        for p in second:
-            shutil.copy(p, work / "share/debs/second")
-        (work / "share" / "inside.sh").write_text(INSIDE)
-        (work / TEST_UNIT).write_text(UNIT)
-        run_session(work, root)
-        # The overlay's layers are only needed while it runs.
-        for d in ("upper", "work", "merged"):
-            shutil.rmtree(work / d, ignore_errors=True)
-        if (work / "share" / "out" / "done").exists():
-            work.rename(final)
-            drop_stale(final)
-            return Boot(final)
-    return Boot(work)
+        with building(final, finished=lambda work: (work / "share" / "out" / "done").exists()) as work:
+            for d in ("upper", "work", "merged", "share/out", "share/debs/first", "share/debs/second"):
+                (work / d).mkdir(parents=True)
+            for p in first:
+                shutil.copy(p, work / "share/debs/first")
+            for p in second:
+                shutil.copy(p, work / "share/debs/second")
+            (work / "share" / "inside.sh").write_text(INSIDE)
+            (work / TEST_UNIT).write_text(UNIT)
+            run_session(work, root)
+            # The overlay's layers are only needed while it runs.
+            for d in ("upper", "work", "merged"):
+                shutil.rmtree(work / d, ignore_errors=True)
+    # Unfinished, the session stays in its scratch directory, for the tests to report.
+    return Boot(final if final.is_dir() else work)
 
 
 def test_container_boots_with_systemd_as_pid1(boot: Boot) -> None:

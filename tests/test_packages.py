@@ -42,7 +42,7 @@ import pytest
 from hugify import manifest
 from hugify.commands import COMMANDS
 from testkit import REPO
-from testkit.cache import CachedBuild, build_dir, cache_root, cached_build, drop_stale, locked, save_result
+from testkit.cache import CachedBuild, build_dir, building, cache_root, cached_build, locked, save_result
 from testkit.debian import (
     EXEC,
     LIB,
@@ -471,33 +471,29 @@ def run_session(name: str, script: str, inputs_key: str, prepare: Callable[[Path
 def _run_session(name: str, script: str, prepare: Callable[[Path], None], final: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"hugify-{name}-", dir="/tmp"))  # outside the overlays
     try:
-        prepare(work)
-        (work / "session.sh").write_text(NAMESPACE_SETUP + script)
-        env = clean_env(PATH=STD_PATH, RPMDB=rpm_dbpath(), RPM_TEST=str(RPM_TEST))
-        res = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "bash", str(work / "session.sh"), str(work)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            timeout=1800,
-            check=False,
-        )
-        out = final.with_name(final.name + ".tmp")
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        for f in work.iterdir():
-            if f.is_file():
-                shutil.copy(f, out / f.name)
-        if (work / "src").is_dir():
-            collect(work / "src", out / "deb")
-            save_result(out / "deb", int((work / "build.rc").read_text()), (work / "build.log").read_text())
-        if (work / "top").is_dir():
-            collect_rpms(work / "top", out / "rpm")
-        (out / "session.log").write_text(res.stdout)
-        (out / "session.rc").write_text(str(res.returncode))
-        out.rename(final)
-        drop_stale(final)
+        with building(final) as out:
+            prepare(work)
+            (work / "session.sh").write_text(NAMESPACE_SETUP + script)
+            env = clean_env(PATH=STD_PATH, RPMDB=rpm_dbpath(), RPM_TEST=str(RPM_TEST))
+            res = subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "bash", str(work / "session.sh"), str(work)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                timeout=1800,
+                check=False,
+            )
+            for f in work.iterdir():
+                if f.is_file():
+                    shutil.copy(f, out / f.name)
+            if (work / "src").is_dir():
+                collect(work / "src", out / "deb")
+                save_result(out / "deb", int((work / "build.rc").read_text()), (work / "build.log").read_text())
+            if (work / "top").is_dir():
+                collect_rpms(work / "top", out / "rpm")
+            (out / "session.log").write_text(res.stdout)
+            (out / "session.rc").write_text(str(res.returncode))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

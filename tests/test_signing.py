@@ -35,7 +35,7 @@ from testkit.cli import hugify, rpm_env
 from testkit.elf import bits_differing, readelf_build_id
 from testkit.recipes import BY_NAME, build
 
-COSIGN = Path(os.environ.get("HUGIFY_COSIGN") or "/var/cache/hugify-tests/cosign-v2.6.5/bin/cosign")
+COSIGN = Path(os.environ.get("HUGIFY_COSIGN") or cache_root() / "cosign-v2.6.5" / "bin" / "cosign")
 PASSWORD = "hugify-tests-Passw0rd"
 BRP = REPO / "brp-scripts" / "brp-hugify"
 MACROS = REPO / "brp-scripts" / "macros.hugify"

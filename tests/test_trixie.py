@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO
-from testkit.cache import cache_root, locked
+from testkit.cache import building, cache_root, locked, note_used
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -92,31 +92,28 @@ def trixie_root() -> Path:
     """The cached root, made on first use (a few minutes: about 1 GiB of packages)."""
     base = cache_root() / SUITE
     root = base / f"root-{root_key()}"
+    note_used(root)
     with locked(cache_root() / f"{SUITE}.lock"):
         if root.is_dir():
             return root
         for stale in base.glob("root-*"):
             shutil.rmtree(stale)
-        work = base / f".{root.name}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        base.mkdir(parents=True, exist_ok=True)
-        # The package lists stay, so that apt-get download inside (the corpus) sees
-        # the archive as it was when the root was made.
-        cmd = [
-            "mmdebstrap",
-            "--mode=root",
-            "--variant=apt",
-            "--skip=cleanup/apt/lists",
-            f"--include={','.join(PACKAGES)}",
-            SUITE,
-            str(work),
-            MIRROR,
-        ]
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            shutil.rmtree(work, ignore_errors=True)
-            raise AssertionError(f"mmdebstrap failed ({res.returncode}):\n{res.stderr[-5000:]}")
-        work.rename(root)
+        with building(root, stale=False) as work:  # the older roots went above
+            # The package lists stay, so that apt-get download inside (the corpus) sees
+            # the archive as it was when the root was made.
+            cmd = [
+                "mmdebstrap",
+                "--mode=root",
+                "--variant=apt",
+                "--skip=cleanup/apt/lists",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(work),
+                MIRROR,
+            ]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                raise AssertionError(f"mmdebstrap failed ({res.returncode}):\n{res.stderr[-5000:]}")
     return root
 
 

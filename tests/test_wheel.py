@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO
-from testkit.cache import cache_root, drop_stale, locked
+from testkit.cache import build_dir, building, cache_root, locked
 from testkit.elf import hugified
 from testkit.recipes import BY_NAME, build
 
@@ -49,15 +48,14 @@ def built_wheel() -> Path:
     h = hashlib.sha256(subprocess.run([str(maturin), "--version"], capture_output=True, check=True).stdout)
     for p in _wheel_inputs():
         h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes() + b"\0")
-    final = cache_root() / "wheel" / f"hugify-{h.hexdigest()[:16]}"
+    final = build_dir("wheel", "hugify", h.hexdigest()[:16])
     with locked(cache_root() / "wheel" / "build.lock"):
         if not (final / "done").exists():
-            shutil.rmtree(final, ignore_errors=True)
-            cmd = [str(maturin), "build", "--release", "--locked", "--out", str(final)]
-            res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
-            assert res.returncode == 0, res.stderr[-4000:]
-            (final / "done").touch()
-            drop_stale(final)
+            with building(final) as work:
+                cmd = [str(maturin), "build", "--release", "--locked", "--out", str(work)]
+                res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+                assert res.returncode == 0, res.stderr[-4000:]
+                (work / "done").touch()
     (wheel,) = final.glob("hugify-*.whl")
     return wheel
 

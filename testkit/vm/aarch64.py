@@ -45,7 +45,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from testkit.cache import build_dir, cache_root, cached_build, drop_stale, locked
+from testkit.cache import build_dir, building, cache_root, cached_build, locked
 from testkit.cli import hugify
 from testkit.debian import (
     DebBuild,
@@ -286,19 +286,17 @@ def root_image() -> tuple[Path, str]:
     with locked(cache_root() / "aarch64" / "root.lock"):
         if image.exists():
             return image, key
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        _run(["truncate", "-s", IMAGE_SIZE, str(work / "root.img")])
-        _run(["mkfs.xfs", "-q", "-f", str(work / "root.img")])
-        with tempfile.TemporaryDirectory(prefix="hugify-aarch64-root-", dir=cache_root() / "aarch64") as tmp:
+        with (
+            building(final) as work,
+            tempfile.TemporaryDirectory(prefix="hugify-aarch64-root-", dir=cache_root() / "aarch64") as tmp,
+        ):
+            _run(["truncate", "-s", IMAGE_SIZE, str(work / "root.img")])
+            _run(["mkfs.xfs", "-q", "-f", str(work / "root.img")])
             staged = Path(tmp) / "root"
             staged.mkdir()
             _stage_guest(staged, root, package, stage)
             with loop_mounted(work / "root.img") as mnt:
                 _run(["cp", "-a", f"{staged}/.", str(mnt)])
-        work.rename(final)
-        drop_stale(final)
     return image, key
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.cache import build_dir, building, cache_root, locked
 from testkit.debian import build_hugify_deb, build_variant, files_key, tool_versions
 from testkit.debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
 from testkit.vm.kernels import Kernel, update_lists
@@ -153,32 +153,29 @@ def initramfs(k: Kernel, busybox: Path = Path("/bin/busybox")) -> Path:
     with locked(cache_root() / "kernel-matrix" / "initramfs.lock"):
         if out.exists():
             return out
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        tree = work / "tree"
-        for d in ("bin", "dev", "proc", "sys", "newroot", "modules"):
-            (tree / d).mkdir(parents=True)
-        shutil.copy(busybox, tree / "bin" / "busybox")
-        shutil.copy(init, tree / "init")
-        (tree / "init").chmod(0o755)
-        names = []
-        for path in module_load_order(k.modules):
-            name = _module_name(path) + ".ko"
-            (tree / "modules" / name).write_bytes(_decompressed(k.modules / path))
-            names.append(name)
-        (tree / "modules" / "order").write_text("".join(f"{n}\n" for n in names))
-        files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
-        cpio = subprocess.run(
-            ["cpio", "-o", "-H", "newc", "--quiet", "--reproducible"],
-            input="\n".join([".", *files]).encode(),
-            cwd=tree,
-            capture_output=True,
-            check=True,
-        ).stdout
-        (work / "initrd.gz").write_bytes(gzip.compress(cpio, mtime=0))
-        shutil.rmtree(tree)
-        work.rename(final)
-        drop_stale(final)
+        with building(final) as work:
+            tree = work / "tree"
+            for d in ("bin", "dev", "proc", "sys", "newroot", "modules"):
+                (tree / d).mkdir(parents=True)
+            shutil.copy(busybox, tree / "bin" / "busybox")
+            shutil.copy(init, tree / "init")
+            (tree / "init").chmod(0o755)
+            names = []
+            for path in module_load_order(k.modules):
+                name = _module_name(path) + ".ko"
+                (tree / "modules" / name).write_bytes(_decompressed(k.modules / path))
+                names.append(name)
+            (tree / "modules" / "order").write_text("".join(f"{n}\n" for n in names))
+            files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
+            cpio = subprocess.run(
+                ["cpio", "-o", "-H", "newc", "--quiet", "--reproducible"],
+                input="\n".join([".", *files]).encode(),
+                cwd=tree,
+                capture_output=True,
+                check=True,
+            ).stdout
+            (work / "initrd.gz").write_bytes(gzip.compress(cpio, mtime=0))
+            shutil.rmtree(tree)
     return out
 
 
@@ -201,14 +198,10 @@ def guest_tools() -> Path:
     final = build_dir("kernel-matrix", "guest-tools", files_key(sources, tool_versions("gcc-12", "libc6-dev")))
     if (final / "probe.so").exists():
         return final
-    work = final.with_name(final.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    flags = ["-O2", "-Wall", "-Wextra", "-Werror"]
-    _run(["gcc", *flags, "-shared", "-fPIC", "-o", str(work / "probe.so"), str(GUEST / "probe.c")])
-    _run(["gcc", *flags, "-o", str(work / "dlopen-lib"), str(GUEST / "dlopen_lib.c"), "-ldl"])
-    work.rename(final)
-    drop_stale(final)
+    with building(final) as work:
+        flags = ["-O2", "-Wall", "-Wextra", "-Werror"]
+        _run(["gcc", *flags, "-shared", "-fPIC", "-o", str(work / "probe.so"), str(GUEST / "probe.c")])
+        _run(["gcc", *flags, "-o", str(work / "dlopen-lib"), str(GUEST / "dlopen_lib.c"), "-ldl"])
     return final
 
 
@@ -228,16 +221,11 @@ def debug_tool_debs(root: Path) -> list[Path]:
             raise VmError(f"apt-get found nothing to install for {' '.join(DEBUG_TOOLS)}: {plan[-600:]}")
         final = build_dir("kernel-matrix", "debug-tools", files_key([], root.parent.name, *wanted))
         if not (final / "done").exists():
-            work = final.with_name(final.name + ".tmp")
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            _run(["apt-get", "-q", *opts, "download", *wanted], cwd=work)
-            if len(list(work.glob("*.deb"))) != len(wanted):
-                raise VmError(f"apt-get download {' '.join(wanted)} gave {sorted(p.name for p in work.iterdir())}")
-            (work / "done").write_text("".join(f"{w}\n" for w in wanted))
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
-            drop_stale(final)
+            with building(final) as work:
+                _run(["apt-get", "-q", *opts, "download", *wanted], cwd=work)
+                if len(list(work.glob("*.deb"))) != len(wanted):
+                    raise VmError(f"apt-get download {' '.join(wanted)} gave {sorted(p.name for p in work.iterdir())}")
+                (work / "done").write_text("".join(f"{w}\n" for w in wanted))
     return sorted(final.glob("*.deb"))
 
 
@@ -325,12 +313,12 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
     with locked(cache_root() / "kernel-matrix" / "root.lock"):
         if image.exists():
             return image
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        _run(["truncate", "-s", extra.size if extra else IMAGE_SIZE, str(work / "root.img")])
-        _run([*MKFS[fs], str(work / "root.img")])
-        with tempfile.TemporaryDirectory(prefix="hugify-matrix-root-", dir=cache_root() / "kernel-matrix") as tmp:
+        with (
+            building(final) as work,
+            tempfile.TemporaryDirectory(prefix="hugify-matrix-root-", dir=cache_root() / "kernel-matrix") as tmp,
+        ):
+            _run(["truncate", "-s", extra.size if extra else IMAGE_SIZE, str(work / "root.img")])
+            _run([*MKFS[fs], str(work / "root.img")])
             staged = Path(tmp) / "root"
             staged.mkdir()
             _staged_root(g, staged)
@@ -338,8 +326,6 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
                 extra.stage(staged)
             with loop_mounted(work / "root.img") as mnt:
                 _run(["cp", "-a", f"{staged}/.", str(mnt)])
-        work.rename(final)
-        drop_stale(final)
     return image
 
 
@@ -471,45 +457,42 @@ def boot_uncached(
     kernel's command line) and `timeout` let the tests break it on purpose. `machine(disk,
     work)`, when given, makes what another machine needs in `work` and returns its qemu
     command (testkit/vm/aarch64.py), which writes its results to work/results.log too."""
-    work = final.with_name(final.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    disk = work / "overlay.qcow2"
-    _run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image), "-F", "raw", str(disk)])
-    if machine:
-        command = machine(disk, work)
-    else:
-        command = qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work, accel=accel, extra=extra)
-    if shutil.which(command[0]) is None:
-        raise VmError(f"{command[0]} is not installed: run tools/setup-dev-env")
-    started = time.monotonic()
-    with (work / "qemu.log").open("w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            console = _tail(work / "console.log")
-            raise VmError(f"{k.label} on {fs}: the guest did not finish in {timeout} s; console:\n{console}") from None
-    seconds = round(time.monotonic() - started, 1)
-    disk.unlink()
-    console = (work / "console.log").read_text(errors="replace") if (work / "console.log").exists() else ""
-    if rc != 0:
-        raise VmError(f"qemu could not run {k.label} on {fs} (exit {rc}): {_tail(work / 'qemu.log', 10)}")
-    if "Kernel panic" in console:
-        raise GuestPanic(f"{k.label} on {fs}: the guest panicked; console:\n{_tail(work / 'console.log')}")
-    results = (
-        _results_of((work / "results.log").read_text(errors="replace")) if (work / "results.log").exists() else None
-    )
-    if results is None:
-        raise VmError(
-            f"{k.label} on {fs}: the guest powered off without results; console:\n{_tail(work / 'console.log')}"
+    with building(final) as work:
+        disk = work / "overlay.qcow2"
+        _run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image), "-F", "raw", str(disk)])
+        if machine:
+            command = machine(disk, work)
+        else:
+            command = qemu_command(k, fs, thp, initrd=initrd, disk=disk, out=work, accel=accel, extra=extra)
+        if shutil.which(command[0]) is None:
+            raise VmError(f"{command[0]} is not installed: run tools/setup-dev-env")
+        started = time.monotonic()
+        with (work / "qemu.log").open("w") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                console = _tail(work / "console.log")
+                raise VmError(
+                    f"{k.label} on {fs}: the guest did not finish in {timeout} s; console:\n{console}"
+                ) from None
+        seconds = round(time.monotonic() - started, 1)
+        disk.unlink()
+        console = (work / "console.log").read_text(errors="replace") if (work / "console.log").exists() else ""
+        if rc != 0:
+            raise VmError(f"qemu could not run {k.label} on {fs} (exit {rc}): {_tail(work / 'qemu.log', 10)}")
+        if "Kernel panic" in console:
+            raise GuestPanic(f"{k.label} on {fs}: the guest panicked; console:\n{_tail(work / 'console.log')}")
+        results = (
+            _results_of((work / "results.log").read_text(errors="replace")) if (work / "results.log").exists() else None
         )
-    if "driver_error" in results:
-        raise VmError(f"{k.label} on {fs}: the guest driver failed: {results['driver_error']}")
-    (work / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-    (work / "meta.json").write_text(json.dumps({"seconds": seconds, "package": k.package, "version": k.version}))
-    shutil.rmtree(final, ignore_errors=True)
-    work.rename(final)
-    drop_stale(final)
+        if results is None:
+            raise VmError(
+                f"{k.label} on {fs}: the guest powered off without results; console:\n{_tail(work / 'console.log')}"
+            )
+        if "driver_error" in results:
+            raise VmError(f"{k.label} on {fs}: the guest driver failed: {results['driver_error']}")
+        (work / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+        (work / "meta.json").write_text(json.dumps({"seconds": seconds, "package": k.package, "version": k.version}))

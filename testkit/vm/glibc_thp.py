@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from testkit.cache import build_dir, cache_root, drop_stale, locked
+from testkit.cache import build_dir, building, cache_root, locked
 from testkit.debian import files_key
 from testkit.debian_roots import KEYRING, MIRROR, apt_options, debian_root
 from testkit.vm.boot import GUEST, UNIT_NAME, RootExtra, VmError
@@ -82,20 +82,15 @@ def glibc_debs() -> list[Path]:
         version = _newest(opts)
         final = build_dir("glibc-thp", "debs", files_key([], version, *GLIBC_PACKAGES))
         if not (final / "done").exists():
-            work = final.with_name(final.name + ".tmp")
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            wanted = [f"{p}={version}" for p in GLIBC_PACKAGES]
-            res = subprocess.run(
-                ["apt-get", "-q", *opts, "download", *wanted], cwd=work, capture_output=True, text=True, check=False
-            )
-            debs = sorted(work.glob("*.deb"))
-            if res.returncode != 0 or len(debs) != len(wanted):
-                raise VmError(f"apt-get download {' '.join(wanted)} failed: {res.stderr.strip()[-600:]}")
-            (work / "done").write_text(version + "\n")
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
-            drop_stale(final)
+            with building(final) as work:
+                wanted = [f"{p}={version}" for p in GLIBC_PACKAGES]
+                res = subprocess.run(
+                    ["apt-get", "-q", *opts, "download", *wanted], cwd=work, capture_output=True, text=True, check=False
+                )
+                debs = sorted(work.glob("*.deb"))
+                if res.returncode != 0 or len(debs) != len(wanted):
+                    raise VmError(f"apt-get download {' '.join(wanted)} failed: {res.stderr.strip()[-600:]}")
+                (work / "done").write_text(version + "\n")
     return sorted(final.glob("*.deb"))
 
 
@@ -125,13 +120,9 @@ def host_root() -> Path:
     with locked(cache_root() / "glibc-thp" / "root.lock"):
         if root.is_dir():
             return root
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        subprocess.run(["cp", "-a", str(base), str(work / "root")], check=True)
-        unpack_glibc(work / "root", debs)
-        work.rename(final)
-        drop_stale(final)
+        with building(final) as work:
+            subprocess.run(["cp", "-a", str(base), str(work / "root")], check=True)
+            unpack_glibc(work / "root", debs)
     return root
 
 

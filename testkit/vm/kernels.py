@@ -13,13 +13,12 @@ directory per package and version. Other packages of a suite are fetched the sam
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from testkit.cache import cache_root, locked
+from testkit.cache import building, cache_root, locked, note_used
 from testkit.debian_roots import KEYRING, MIRROR, apt_options
 
 #: The suites whose linux-image-amd64 the matrix boots, oldest first.
@@ -148,11 +147,8 @@ def _depmod(root: Path, release: str) -> None:
         raise KernelUnavailable(f"depmod for {release} failed: {res.stderr.strip()[-300:]}")
 
 
-def _fetch(opts: list[str], suite: str, parts: list[str], final: Path) -> Path:
-    """The packages `parts` of `suite` unpacked into one directory, `final` (kept)."""
-    work = final.with_name(final.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+def _fetch(opts: list[str], suite: str, parts: list[str], work: Path) -> None:
+    """The packages `parts` of `suite` unpacked into the directory `work`."""
     _apt(opts, "download", *(f"{p}/{suite}" for p in parts), cwd=work)
     debs = sorted(work.glob("*.deb"))
     if len(debs) != len(parts):
@@ -160,7 +156,6 @@ def _fetch(opts: list[str], suite: str, parts: list[str], final: Path) -> Path:
     for deb in debs:
         subprocess.run(["dpkg-deb", "-x", str(deb), str(work)], check=True)
         deb.unlink()
-    return work
 
 
 def kernel(suite: str, arch: str = NATIVE) -> Kernel:
@@ -171,13 +166,14 @@ def kernel(suite: str, arch: str = NATIVE) -> Kernel:
         update_lists(state, opts)
         package, version, parts = _image_packages(opts, suite, arch)
         final = group / f"{package}_{version}"
+        note_used(final)
         if (final / "done").exists():
             return Kernel(suite, package, version, final)
-        work = _fetch(opts, suite, parts, final)
-        _depmod(work, package.removeprefix("linux-image-"))
-        (work / "done").write_text(f"{package} {version}\n")
-        shutil.rmtree(final, ignore_errors=True)
-        work.rename(final)
+        # Named by package and version, not NAME-KEY: other versions stay (stale=False).
+        with building(final, stale=False) as work:
+            _fetch(opts, suite, parts, work)
+            _depmod(work, package.removeprefix("linux-image-"))
+            (work / "done").write_text(f"{package} {version}\n")
     k = Kernel(suite, package, version, final)
     if not k.vmlinuz.is_file():
         raise KernelUnavailable(f"{package} {version} has no {k.vmlinuz.name}")
@@ -208,9 +204,9 @@ def unpacked(suite: str, package: str, arch: str = NATIVE) -> Path:
         if not version:
             raise KernelUnavailable(f"no {package} ({arch}) in {suite}")
         final = cache_root() / "kernels" / f"{package}_{version.replace(':', '%3a')}_{arch}"
+        note_used(final)
         if not (final / "done").exists():
-            work = _fetch(opts, suite, [package], final)
-            (work / "done").write_text(f"{package} {version}\n")
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
+            with building(final, stale=False) as work:
+                _fetch(opts, suite, [package], work)
+                (work / "done").write_text(f"{package} {version}\n")
     return final
