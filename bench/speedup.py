@@ -25,11 +25,12 @@ With --ways, each workload (the Hugifier paper's: node, postgres, apache; clang 
 itlb) is instead one interleaved run of hugify try's engine with every way of getting
 its code onto huge pages a side of its own (hugify.trial.ways): hugify's file-backed
 and shared ways, the peers hugifyr and iodlr, glibc 2.44's own advice over hugified
-and original files, and for itlb a relink (bench/peers.py).
+and original files, and for itlb a relink (bench/peers.py). --bundle DIR carries that
+measurement to another machine (bench/bundle.py).
 
 usage: bench/speedup.py [--quick] [--only W[,W...]] [--json OUT] [--min-rounds N]
                         [--max-rounds N] [--budget SECONDS] [--target PERCENT]
-                        [--ways W[,W...]|all]
+                        [--ways W[,W...]|all] [--bundle DIR] [--in-bundle MANIFEST]
 """
 
 from __future__ import annotations
@@ -633,7 +634,7 @@ def machine() -> dict[str, Any]:
         git = subprocess.run(
             ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
         ).stdout.strip()
-    except OSError:  # no git
+    except OSError:  # no git (a bundle)
         git = ""
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -661,11 +662,23 @@ def main() -> int:
         help=f"each workload as one interleaved run of these ways beside the originals, or all: {', '.join(peers.ALL)} "
         f"(workloads: {', '.join(WAYS_WORKLOADS)} by default, or any of {', '.join(WAYS_ALLOWED)})",
     )
+    ap.add_argument(
+        "--bundle",
+        metavar="DIR",
+        type=Path,
+        help="instead of measuring, make DIR a bundle that runs this measurement (--only, --ways) on another x86-64 "
+        "machine without network or package manager: DIR/run.sh (bench/README.md)",
+    )
+    ap.add_argument("--in-bundle", metavar="MANIFEST", type=Path, help="run from a bundle (its run.sh gives this)")
+    ap.add_argument("--fixtures-out", type=Path, help=argparse.SUPPRESS)  # where the inputs are: for --bundle
     ap.add_argument("--table", metavar="JSON", type=Path, help="print bench/README.md's table of a --ways run's JSON")
     args = ap.parse_args()
     if args.table:
         sys.stdout.write(ways_table(json.loads(args.table.read_text())))
         return 0
+    if args.in_bundle:
+        bundled = json.loads(args.in_bundle.read_text())
+        peers.FIXTURES = peers.Fixtures(bundled["fixtures"])
     ways = (list(peers.ALL) if args.ways == "all" else args.ways.split(",")) if args.ways else []
     known = WAYS_ALLOWED if ways else tuple(WORKLOADS)
     names = args.only.split(",") if args.only else list(WAYS_WORKLOADS if ways else WORKLOADS)
@@ -675,6 +688,19 @@ def main() -> int:
     bad = [w for w in ways if w not in peers.ALL]
     if bad:
         ap.error(f"unknown way {', '.join(bad)}; known: {', '.join(peers.ALL)}")
+    if args.bundle:
+        if not ways:
+            ap.error("--bundle carries a --ways measurement: give --ways")
+        from bench import bundle
+
+        try:
+            made = bundle.prepare(args.bundle, names, ways)
+        except bundle.BundleError as e:
+            print(f"speedup.py: no bundle: {e}", file=sys.stderr)
+            return 1
+        gib = made["prepared"]["bytes"] / (1 << 30)
+        print(f"{args.bundle}: {made['prepared']['files']} files, {gib:.1f} GiB; run {args.bundle}/run.sh as root")
+        return 0
     opts = Options(args.quick, args.min_rounds, args.max_rounds, args.budget, args.target)
     size = QUICK if args.quick else FULL
     results: dict[str, dict[str, Any]] = {}
@@ -700,10 +726,13 @@ def main() -> int:
         print_ways_report(results, ways)
     else:
         print_report(results)
+    if args.fixtures_out:
+        args.fixtures_out.write_text(json.dumps(peers.FIXTURES.paths, indent=2, sort_keys=True) + "\n")
     if args.json:
         doc = {
             "hugify_speedup": 2,
             "machine": host,
+            "bundle": bundled["prepared"] if args.in_bundle else None,
             "options": {"quick": args.quick, "min_rounds": args.min_rounds, "max_rounds": args.max_rounds,
                         "budget_s": args.budget, "target_percent": args.target, "ways": ways,
                         "bootstrap_resamples": BOOTSTRAP_RESAMPLES, "bootstrap_seed": BOOTSTRAP_SEED},

@@ -264,3 +264,37 @@ def test_a_peer_that_fails_to_build_or_crashes_is_a_column(built: Programs, tmp_
     assert crash["status"] == "behaviour-differs" and crash["runs"] == 1 and crash["cpu"] is None, crash
     assert "exit status 0 vs -6" in crash["reason"] and "killed by signal 6" in crash["reason"], crash["reason"]
     assert (ways["lacking"]["status"], ways["lacking"]["reason"]) == ("unavailable", "it needs what this machine lacks")
+
+
+@pytest.mark.slow
+def test_a_bundle_runs_the_measurement_from_its_own_root(built: Programs, tmp_path: Path):
+    """`--bundle DIR` carries the measurement (here the iTLB program, hugify's way and
+    iodlr's) to a machine without network or package manager: DIR/run.sh, given nothing
+    but /bin/sh, runs it chrooted into DIR/root, which holds the bundle's files and no
+    other (no git there: the JSON's commit is the bundle's, not this checkout's), and
+    writes the same JSON with the same ways measured."""
+    bundle = tmp_path / "bundle"
+    out = tmp_path / "out" / "speedup.json"
+    cmd = [sys.executable, "-m", "bench.speedup", "--bundle", str(bundle), "--ways", "hugify,iodlr", "--only", "itlb"]
+    with locked():
+        large = _large_folios(built)
+        made = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
+        assert made.returncode == 0, made.stderr[-3000:]
+        res = subprocess.run(
+            [str(bundle / "run.sh"), str(out), "--quick"],
+            cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=1800, check=False,
+        )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    assert set(manifest["fixtures"]) == {"itlb", "peer:iodlr"}  # what these ways use, no more
+    assert (manifest["only"], manifest["ways"]) == (["itlb"], ["hugify", "iodlr"])
+    doc = json.loads(out.read_text())
+    assert doc["bundle"] == manifest["prepared"] and doc["options"]["ways"] == ["hugify", "iodlr"]
+    assert doc["machine"]["commit"] is None and manifest["prepared"]["commit"]
+    r = doc["workloads"]["itlb"]
+    assert r["status"] == "measured", r.get("reason")
+    assert r["ways"]["hugify"]["status"] == ("measured" if large else "no-huge-pages")
+    iodlr = r["ways"]["iodlr"]
+    (obj,) = iodlr["objects"].values()
+    assert iodlr["status"] == "measured" and obj["anon_huge_pages"] > 0, iodlr
+    assert not any("bundle" in line for line in Path("/proc/mounts").read_text().splitlines())  # its mounts ended
