@@ -103,6 +103,17 @@ class Limits:
             return f"time budget of {self.budget:.0f} s spent"
         return None
 
+    def as_json(self) -> dict[str, Any]:
+        """The limits and the bootstrap's constants, as a report gives them."""
+        return {
+            "min_rounds": self.min_rounds,
+            "max_rounds": self.max_rounds,
+            "budget_s": self.budget,
+            "target": self.target,
+            "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
+            "bootstrap_seed": BOOTSTRAP_SEED,
+        }
+
 
 def change(ratio: float) -> str:
     """A ratio as a signed change in percent, without the sign: 0.959 -> "-4.1"."""

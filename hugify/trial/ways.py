@@ -542,14 +542,7 @@ class WaysTrial(Trial):
             "originals": {o: g.as_json() for o, g in sorted(self.original_got.items())},
             "problems": sorted(set(self.problems)),
             "per_round": per_round,
-            "limits": {
-                "min_rounds": self.opts.limits.min_rounds,
-                "max_rounds": self.opts.limits.max_rounds,
-                "budget_s": self.opts.limits.budget,
-                "target": self.opts.limits.target,
-                "bootstrap_resamples": abtest.BOOTSTRAP_RESAMPLES,
-                "bootstrap_seed": abtest.BOOTSTRAP_SEED,
-            },
+            "limits": self.opts.limits.as_json(),
         }
 
 
