@@ -14,8 +14,10 @@ packages, the peers' builds: bench/peers.py's Fixtures) goes to DIR/bundle.json,
 that the bundled benchmark looks for nothing in the archive and builds nothing.
 
 DIR/run.sh, run as root on the other machine, enters a mount namespace of its own with
-the bundle's own unshare, mounts /proc, /sys, /dev and a /tmp in DIR/root, chroots
-there with the bundle's chroot, and runs bench/speedup.py with the bundle's
+the bundle's own unshare (through the bundle's own loader), mounts /proc, /sys, /dev,
+a /tmp and a /run in DIR/root, makes DIR/root the namespace's root (pivot_root: the
+measurement makes namespaces of its own, copies of this one, whose /proc/PID/maps must
+show the same paths as its own), and runs bench/speedup.py with the bundle's
 interpreter, writing the JSON (the same as here) to the file it is given. Only the
 machine's kernel and /bin/sh are used: what the measurement is about (huge pages,
 filesystems, the CPU) is that machine's.
@@ -44,7 +46,10 @@ APT = ("/var/lib/apt", "/var/cache/apt", "/etc/apt")
 _STRING = re.compile(r'"((?:\\x[0-9a-f]{2})*)"')
 _RESULT = re.compile(r"\) += (-?\d+|0x[0-9a-f]+)")
 #: What run.sh runs of the bundle's own, through its own loader.
-TOOLS = ("/usr/bin/unshare", "/usr/sbin/chroot", "/usr/bin/mount", "/usr/bin/env", "/usr/bin/mkdir")
+TOOLS = (
+    "/usr/bin/unshare", "/usr/bin/mount", "/usr/bin/umount", "/usr/sbin/pivot_root", "/usr/sbin/chroot", "/usr/bin/env",
+    "/usr/bin/rmdir", "/usr/bin/mkdir", "/usr/bin/id",
+)  # fmt: skip
 LOADER = "/lib64/ld-linux-x86-64.so.2"
 LIBS = "/usr/lib/x86_64-linux-gnu"
 
@@ -59,31 +64,37 @@ RUN_SH = """\
 # /bin/sh; everything else comes from ./root, entered in a mount namespace of its own
 # (nothing of the system's mount table changes). OUT.json: default ./speedup.json.
 set -eu
-here=$(cd "$(dirname "$0")" && pwd)
+case $0 in */*) here=${{0%/*}} ;; *) here=. ;; esac
+here=$(cd "$here" && pwd)
 root=$here/root
+# the bundle's own programs, through its own loader: nothing of this machine's but /bin/sh
 run() {{ "$root{loader}" --library-path "$root{libs}" "$root$@"; }}
 if [ "${{HUGIFY_BUNDLE_INSIDE:-}}" != 1 ]; then
-    [ "$(id -u)" = 0 ] || {{ echo "$0: run it as root (it mounts and chroots)" >&2; exit 1; }}
+    [ "$(run /usr/bin/id -u)" = 0 ] || {{ echo "$0: run it as root (it mounts and pivots)" >&2; exit 1; }}
     out=${{1:-speedup.json}}
     case $out in /*) ;; *) out=$PWD/$out ;; esac
     [ $# -gt 0 ] && shift
-    mkdir -p "$(dirname "$out")"
+    run /usr/bin/mkdir -p "${{out%/*}}"
     export HUGIFY_BUNDLE_INSIDE=1 HUGIFY_BUNDLE_OUT="$out"
     exec "$root{loader}" --library-path "$root{libs}" "$root/usr/bin/unshare" --mount --propagation private \\
         /bin/sh "$0" "$@"
 fi
-run /usr/bin/mount --bind "$root" "$root"  # a mount of its own: its / can be made private inside
+run /usr/bin/mount --bind "$root" "$root"  # a mount of its own, to become the namespace's root
 run /usr/bin/mount -t proc proc "$root/proc"
 run /usr/bin/mount --rbind /sys "$root/sys"
 run /usr/bin/mount --rbind /dev "$root/dev"
 run /usr/bin/mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-run /usr/bin/mkdir -p "$root/run" "$root/bundle-out"
 run /usr/bin/mount -t tmpfs -o mode=755 tmpfs "$root/run"
-run /usr/bin/mount --bind "$(dirname "$HUGIFY_BUNDLE_OUT")" "$root/bundle-out"
-exec "$root{loader}" --library-path "$root{libs}" "$root/usr/sbin/chroot" "$root" \\
+run /usr/bin/mount --bind "${{HUGIFY_BUNDLE_OUT%/*}}" "$root/bundle-out"
+# The bundle becomes the root of this mount namespace (not a chroot inside it: the
+# measurement's own namespaces, copies of this one, must show the same paths), the
+# machine's tree at /.oldroot until it is detached.
+cd "$root"
+run /usr/sbin/pivot_root . .oldroot
+exec /usr/sbin/chroot . /bin/sh -c 'umount -l /.oldroot && rmdir /.oldroot 2>/dev/null; exec "$@"' sh \\
     /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root PYTHONUTF8=1 \\
     PYTHONPATH={repo} {python} -m bench.speedup --in-bundle /bundle.json --only {only} --ways {ways} \\
-    --json "/bundle-out/$(basename "$HUGIFY_BUNDLE_OUT")" "$@"
+    --json "/bundle-out/${{HUGIFY_BUNDLE_OUT##*/}}" "$@"
 """
 
 
@@ -194,11 +205,16 @@ def prepare(dest: Path, only: list[str], ways: list[str]) -> dict[str, Any]:
     skip = (*SKIP, *APT, str(cache_root() / "glibc-thp"), str(dest), str(Path(tempfile.gettempdir())))
     tree = Tree(dest / "root", skip)
     (dest / "root").mkdir()
-    for p in (*SKIP, "/bundle-out"):
+    for p in (*SKIP, "/bundle-out", "/.oldroot"):
         (dest / "root" / p.lstrip("/")).mkdir(exist_ok=True)
+    try_cache = f"{cache_root() / 'speedup-try'}/"
     for path in sorted(paths):
-        if "/speedup-try/.run-" not in path:  # a comparison's scratch directory
+        if not path.startswith(try_cache):
             tree.add(path)
+        elif not path.removeprefix(try_cache).startswith("."):  # not a comparison's scratch: an entry, whole
+            entry = try_cache + path.removeprefix(try_cache).split("/")[0]
+            for f in Path(entry).glob("*"):
+                tree.add(str(f))
     for path in _stdlib():
         tree.add(path)
     for tool in (*TOOLS, LOADER, "/bin/sh"):

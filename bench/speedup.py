@@ -273,14 +273,16 @@ def node(size: Size, work: Path) -> Setup:
     running bench/workloads/node_kernels.js: V8's compilers, runtime and collector,
     all in libnode's code; the builtins it loads from /usr/share/nodejs are the
     system's (tools/setup-dev-env installs them)."""
-    version = (
-        subprocess.run(["apt-cache", "policy", "libnode108"], capture_output=True, text=True, check=False)
-        .stdout.partition("Candidate: ")[2]
-        .split()[:1]
-    )
-    if not version or version[0] == "(none)":
-        raise Unavailable("libnode108 is not in the archive")
-    tree = tree_of("node", [f"nodejs={version[0]}", "libnode108", "libc-ares2", "libuv1"])
+
+    def packages() -> list[str]:
+        """Debian's node of libnode's version (another nodejs may be installed)."""
+        policy = subprocess.run(["apt-cache", "policy", "libnode108"], capture_output=True, text=True, check=False)
+        version = policy.stdout.partition("Candidate: ")[2].split()[:1]
+        if not version or version[0] == "(none)":
+            raise Unavailable("libnode108 is not in the archive")
+        return [f"nodejs={version[0]}", "libnode108", "libc-ares2", "libuv1"]
+
+    tree = tree_of("node", packages)
     env = clean_env(LD_LIBRARY_PATH=f"{tree}/{LIB}")
     script = WORKLOADS_DIR / "node_kernels.js"
     argv = [str(tree / "usr/bin/node"), str(script), str(size.node_scale)]

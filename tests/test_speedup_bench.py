@@ -270,7 +270,7 @@ def test_a_peer_that_fails_to_build_or_crashes_is_a_column(built: Programs, tmp_
 def test_a_bundle_runs_the_measurement_from_its_own_root(built: Programs, tmp_path: Path):
     """`--bundle DIR` carries the measurement (here the iTLB program, hugify's way and
     iodlr's) to a machine without network or package manager: DIR/run.sh, given nothing
-    but /bin/sh, runs it chrooted into DIR/root, which holds the bundle's files and no
+    but /bin/sh, runs it with DIR/root as its root, which holds the bundle's files and no
     other (no git there: the JSON's commit is the bundle's, not this checkout's), and
     writes the same JSON with the same ways measured."""
     bundle = tmp_path / "bundle"
