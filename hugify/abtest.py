@@ -38,6 +38,23 @@ def order(round_index: int) -> tuple[str, ...]:
     return ORDERS[round_index % len(ORDERS)]
 
 
+def balanced_order(labels: Sequence[str], round_index: int) -> tuple[str, ...]:
+    """The order of round `round_index` for any number of runs per round (the ways of
+    bench/speedup.py, hugify.trial.ways): a balanced Latin square (Williams design).
+    Over each cycle of n rounds (2n for an odd n), every label runs in every position
+    equally often and directly after every other label equally often, so that neither
+    a position nor a predecessor's traces favour one label. For the three labels of
+    `order` a cycle is the same six permutations in another sequence."""
+    n = len(labels)
+    base = [0]
+    for k in range(1, n):
+        base.append((k + 1) // 2 if k % 2 else n - k // 2)
+    cycle = n if n % 2 == 0 else 2 * n
+    r = round_index % cycle
+    row = [labels[(x + r) % n] for x in base]
+    return tuple(reversed(row)) if r >= n else tuple(row)
+
+
 def bootstrap(ratios: Sequence[float]) -> tuple[float, float] | None:
     """95 % interval of the median ratio (see the module's docstring); None with fewer
     than two ratios."""
@@ -85,6 +102,17 @@ class Limits:
         if elapsed > self.budget:
             return f"time budget of {self.budget:.0f} s spent"
         return None
+
+    def as_json(self) -> dict[str, Any]:
+        """The limits and the bootstrap's constants, as a report gives them."""
+        return {
+            "min_rounds": self.min_rounds,
+            "max_rounds": self.max_rounds,
+            "budget_s": self.budget,
+            "target": self.target,
+            "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
+            "bootstrap_seed": BOOTSTRAP_SEED,
+        }
 
 
 def change(ratio: float) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter
 
@@ -52,3 +53,21 @@ def test_percentages() -> None:
     assert abtest.percent(1.0) == "+0.0 %"
     summary = {"median": 0.959, "ci95": [0.95, 0.968]}
     assert abtest.percent_interval(summary) == "-4.1 % [-5.0, -3.2]"
+
+
+def test_any_number_of_ways_in_a_balanced_order() -> None:
+    """bench/speedup.py's ways: over a cycle of rounds (n, or 2n for an odd n), every
+    label runs in every position equally often and directly after every other label
+    equally often; for three labels, the cycle is the six permutations of `order`."""
+    for n in range(2, 11):
+        labels = [f"w{k}" for k in range(n)]
+        cycle = n if n % 2 == 0 else 2 * n
+        rounds = [abtest.balanced_order(labels, k) for k in range(cycle)]
+        assert all(sorted(r) == sorted(labels) for r in rounds)
+        positions = Counter((label, i) for r in rounds for i, label in enumerate(r))
+        assert set(positions.values()) == {cycle // n} and len(positions) == n * n, n
+        follows = Counter(pair for r in rounds for pair in itertools.pairwise(r))
+        assert set(follows.values()) == {cycle // n} and len(follows) == n * (n - 1), n
+        assert abtest.balanced_order(labels, cycle) == rounds[0]
+    three = {abtest.balanced_order(["A", "A2", "B"], k) for k in range(6)}
+    assert three == set(abtest.ORDERS)

@@ -11,5 +11,7 @@ One module per part, used in this order by `session`:
 * ``pagecache``: the files under test in the page cache as each side needs them;
 * ``watch``: what each run's processes mapped, from /proc;
 * ``session``: the comparison (hugify.abtest orders the runs and computes the figures);
-* ``report``: the answer as text, JSON and pictures.
+* ``report``: the answer as text, JSON and pictures;
+* ``ways``: the same comparison with any number of ways side by side in one run
+  (bench/speedup.py --ways: hugify's two, the peers', glibc's advice).
 """

@@ -743,14 +743,7 @@ class Trial:
             "per_round": per_round,
             "problems": problems,
             "cache": {"root": str(cache.root), "bytes": cache.size()},
-            "limits": {
-                "min_rounds": self.opts.limits.min_rounds,
-                "max_rounds": self.opts.limits.max_rounds,
-                "budget_s": self.opts.limits.budget,
-                "target": self.opts.limits.target,
-                "bootstrap_resamples": abtest.BOOTSTRAP_RESAMPLES,
-                "bootstrap_seed": abtest.BOOTSTRAP_SEED,
-            },
+            "limits": self.opts.limits.as_json(),
             "hugify_version": _core.VERSION,
         }
 
