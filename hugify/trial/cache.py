@@ -158,7 +158,7 @@ def open_root(root: Path, *, create: bool) -> int | None:
     """The cache's root, open (O_DIRECTORY), each component from / opened relative to
     the one before without following a symbolic link (a symlink in the name given is
     resolved first) and checked as the module's docstring says; missing ones made
-    (mode 0700) when `create`, else None. UntrustedCache when another user could
+    (mode 0711) when `create`, else None. UntrustedCache when another user could
     change it; OSError when it cannot be opened or made."""
     real = Path(os.path.realpath(root))
     fd = os.open("/", _DIR)
@@ -175,14 +175,17 @@ def open_root(root: Path, *, create: bool) -> int | None:
                     os.close(fd)
                     return None
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
+                    os.mkdir(part, 0o711, dir_fd=fd)
                     made = True
                 child = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = child
             st = os.fstat(fd)
             if made and st.st_uid == os.geteuid():
-                os.fchmod(fd, 0o700)  # whatever the umask: the caller's alone (see _store)
+                # Whatever the umask: others may pass through (a command's processes
+                # that run as another user reach the shared way's store in a run's
+                # scratch directory), not list it; each entry is the caller's alone.
+                os.fchmod(fd, 0o711)
                 st = os.fstat(fd)
             why = _unsafe(st, own=made or i == len(parts) - 1)
             if why:

@@ -336,6 +336,11 @@ class Trial:
         first = self._first_run(original)
         usable = self._copies(first, cache)
         if self.mounts.entered:
+            # A command that runs processes as another user (a server started as
+            # nobody) reaches the shared copies through the scratch directory: it may be
+            # passed through, not listed. The copies are then made only of files every
+            # user may read (hugify.shared: copy-private).
+            os.chmod(self.scratch, 0o711)
             usable = self._shared_store(usable, rdir)
         hugified = self._side("hugified", [Bind(c.file, c.original, c.identity) for c in usable])
         pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)

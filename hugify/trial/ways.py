@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugify import abtest, reasons
+from hugify import abtest, files, reasons
 from hugify import prefetch as pf
 from hugify.trial import report
 from hugify.trial.cache import Cache
@@ -116,8 +116,9 @@ class Way:
 
 
 def bind(file: Path, target: str) -> Bind:
-    """A file shown at `target` in a side's namespace."""
-    return Bind(file, target)
+    """A file of the benchmark's own shown at `target` in a side's namespace (the
+    inode at its path now is the one the bind mount must show)."""
+    return Bind(file, target, files.identity(os.stat(file)))
 
 
 # --- watching ------------------------------------------------------------------------------
