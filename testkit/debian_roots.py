@@ -1,9 +1,9 @@
-"""Clean Debian 12 roots (and Debian 13 ones, testkit/vm/aarch64.py) made by mmdebstrap
-from the archive, and Debian source packages fetched with apt-get source
-(test_sbuild.py, test_boot.py).
+"""Clean Debian 12 roots (and Debian 13 ones, testkit/vm/aarch64.py, testkit/debusine)
+made by mmdebstrap from the archive, and Debian source packages fetched with apt-get
+source (test_sbuild.py, test_boot.py).
 
 Both are cached under the test cache (testkit.cache: cache_root()): a root by
-its mmdebstrap command line (suite, variant, package list, format) and
+its mmdebstrap command line (suite, variant, package list, format, sources lines) and
 mmdebstrap's version, a source package by its name and version. The host's apt
 configuration is left alone: apt-get source runs with a private sources list
 (bookworm's deb-src), package lists and cache.
@@ -24,10 +24,14 @@ MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 
-def debian_root(name: str, *args: str, fmt: str = "directory", suite: str = SUITE) -> Path:
-    """`mmdebstrap ARGS SUITE OUT` (bookworm unless said) once per ARGS (and mmdebstrap
-    version): OUT is a directory, or a tarball when fmt is "tar"."""
+def debian_root(
+    name: str, *args: str, fmt: str = "directory", suite: str = SUITE, mirrors: tuple[str, ...] = ()
+) -> Path:
+    """`mmdebstrap ARGS SUITE OUT MIRRORS` (bookworm unless said; the archive's SUITE main
+    unless MIRRORS are given, as mmdebstrap's own sources lines) once per ARGS, MIRRORS
+    (and mmdebstrap version): OUT is a directory, or a tarball when fmt is "tar"."""
     other = [suite] if suite != SUITE else []  # bookworm's roots keep the keys they had
+    other += mirrors
     key = hashlib.sha256("\0".join([*args, fmt, tool_versions("mmdebstrap"), *other]).encode()).hexdigest()[:16]
     group = cache_root() / "debian-roots"
     final = group / f"{name}-{key}"
@@ -42,7 +46,7 @@ def debian_root(name: str, *args: str, fmt: str = "directory", suite: str = SUIT
         work.mkdir(parents=True)
         target = work / out.name
         res = subprocess.run(
-            ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, suite, str(target), MIRROR],
+            ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, suite, str(target), *(mirrors or [MIRROR])],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -109,6 +113,12 @@ def source_package(name: str) -> Path:
             work.rename(dsc.parent)
     return dsc
 
+
+#: The command prefix a booted root's session runs under (tests/test_boot.py,
+#: testkit/debusine): private mount and PID namespaces, with the command as the PID
+#: namespace's init, so that whatever ends the session ends every process started in it
+#: and takes its mounts (an overlay over a cached root) with it.
+PRIVATE_SESSION = ("unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private")
 
 #: What a root booted with systemd as PID 1 needs besides hugify's own dependencies.
 SYSTEMD_BASE = ("systemd", "systemd-sysv", "dbus")
