@@ -1,12 +1,12 @@
 """Clean Debian 12 roots (and Debian 13 ones, testkit/vm/aarch64.py, testkit/debusine)
 made by mmdebstrap from the archive, and Debian source packages fetched with apt-get
-source (test_sbuild.py, test_boot.py).
+source (test_sbuild.py, test_boot.py; trixie's for bench/debusine_rebuild.py).
 
 Both are cached under the test cache (testkit.cache: cache_root()): a root by
 its mmdebstrap command line (suite, variant, package list, format, sources lines) and
-mmdebstrap's version, a source package by its name and version. The host's apt
-configuration is left alone: apt-get source runs with a private sources list
-(bookworm's deb-src), package lists and cache.
+mmdebstrap's version, a source package by its suite, name and version. The host's apt
+configuration is left alone: apt-get source runs with a private sources list (the
+suite's deb-src), package lists and cache.
 """
 
 from __future__ import annotations
@@ -82,17 +82,17 @@ def apt_options(state: Path, sources: list[str]) -> list[str]:
     ]
 
 
-def _apt_source_options(state: Path) -> list[str]:
-    """apt options for bookworm's deb-src line only (apt-get source)."""
-    return apt_options(state, [f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
+def _apt_source_options(state: Path, suite: str) -> list[str]:
+    """apt options for the suite's deb-src line only (apt-get source)."""
+    return apt_options(state, [f"deb-src [signed-by={KEYRING}] {MIRROR} {suite} main"])
 
 
-def source_package(name: str) -> Path:
-    """The archive's current bookworm source of `name`, fetched with apt-get source
-    (not unpacked): the path of its .dsc. Kept per version."""
-    group = cache_root() / "apt-source"
+def source_package(name: str, suite: str = SUITE) -> Path:
+    """The archive's current source of `name` in suite (bookworm unless said), fetched
+    with apt-get source (not unpacked): the path of its .dsc. Kept per version."""
+    group = cache_root() / ("apt-source" if suite == SUITE else f"apt-source-{suite}")
     with locked(group / "apt.lock"):
-        opts = _apt_source_options(group / "apt")
+        opts = _apt_source_options(group / "apt", suite)
         subprocess.run(["apt-get", "-q", *opts, "update"], capture_output=True, text=True, check=True)
         uris = subprocess.run(
             ["apt-get", *opts, "source", "--print-uris", name], capture_output=True, text=True, check=True
