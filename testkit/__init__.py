@@ -17,6 +17,7 @@ Modules, each owning one thing:
 - corpus: real Debian binaries of the running release.
 - annobin_notes: annobin build notes added to generated units.
 - bench: timing child processes, interleaved repetitions, ratios (benchmarks).
+- debusine: a debusine instance on this machine (docs/debusine.md; tools/debusine-deploy).
 - vm: the qemu harness, host side (boot, kernels, matrix, aarch64, glibc_thp,
   boot_cost, matrix_table) and guest side (vm/guest: what runs inside the guests).
 """

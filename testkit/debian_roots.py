@@ -1,12 +1,12 @@
-"""Clean Debian 12 roots (and Debian 13 ones, testkit/vm/aarch64.py) made by mmdebstrap
-from the archive, and Debian source packages fetched with apt-get source
-(test_sbuild.py, test_boot.py).
+"""Clean Debian 12 roots (and Debian 13 ones, testkit/vm/aarch64.py, testkit/debusine)
+made by mmdebstrap from the archive, and Debian source packages fetched with apt-get
+source (test_sbuild.py, test_boot.py; trixie's for bench/debusine_rebuild.py).
 
 Both are cached under the test cache (testkit.cache: cache_root()): a root by
-its mmdebstrap command line (suite, variant, package list, format) and
-mmdebstrap's version, a source package by its name and version. The host's apt
-configuration is left alone: apt-get source runs with a private sources list
-(bookworm's deb-src), package lists and cache.
+its mmdebstrap command line (suite, variant, package list, format, sources lines) and
+mmdebstrap's version, a source package by its suite, name and version. The host's apt
+configuration is left alone: apt-get source runs with a private sources list (the
+suite's deb-src), package lists and cache.
 """
 
 from __future__ import annotations
@@ -23,10 +23,14 @@ MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 
-def debian_root(name: str, *args: str, fmt: str = "directory", suite: str = SUITE) -> Path:
-    """`mmdebstrap ARGS SUITE OUT` (bookworm unless said) once per ARGS (and mmdebstrap
-    version): OUT is a directory, or a tarball when fmt is "tar"."""
+def debian_root(
+    name: str, *args: str, fmt: str = "directory", suite: str = SUITE, mirrors: tuple[str, ...] = ()
+) -> Path:
+    """`mmdebstrap ARGS SUITE OUT MIRRORS` (bookworm unless said; the archive's SUITE main
+    unless MIRRORS are given, as mmdebstrap's own sources lines) once per ARGS, MIRRORS
+    (and mmdebstrap version): OUT is a directory, or a tarball when fmt is "tar"."""
     other = [suite] if suite != SUITE else []  # bookworm's roots keep the keys they had
+    other += mirrors
     key = hashlib.sha256("\0".join([*args, fmt, tool_versions("mmdebstrap"), *other]).encode()).hexdigest()[:16]
     group = cache_root() / "debian-roots"
     final = group / f"{name}-{key}"
@@ -39,7 +43,15 @@ def debian_root(name: str, *args: str, fmt: str = "directory", suite: str = SUIT
             return out
         with building(final) as work:
             res = subprocess.run(
-                ["mmdebstrap", "--mode=root", f"--format={fmt}", *args, suite, str(work / out.name), MIRROR],
+                [
+                    "mmdebstrap",
+                    "--mode=root",
+                    f"--format={fmt}",
+                    *args,
+                    suite,
+                    str(work / out.name),
+                    *(mirrors or [MIRROR]),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -73,17 +85,17 @@ def apt_options(state: Path, sources: list[str]) -> list[str]:
     ]
 
 
-def _apt_source_options(state: Path) -> list[str]:
-    """apt options for bookworm's deb-src line only (apt-get source)."""
-    return apt_options(state, [f"deb-src [signed-by={KEYRING}] {MIRROR} {SUITE} main"])
+def _apt_source_options(state: Path, suite: str) -> list[str]:
+    """apt options for the suite's deb-src line only (apt-get source)."""
+    return apt_options(state, [f"deb-src [signed-by={KEYRING}] {MIRROR} {suite} main"])
 
 
-def source_package(name: str) -> Path:
-    """The archive's current bookworm source of `name`, fetched with apt-get source
-    (not unpacked): the path of its .dsc. Kept per version."""
-    group = cache_root() / "apt-source"
+def source_package(name: str, suite: str = SUITE) -> Path:
+    """The archive's current source of `name` in suite (bookworm unless said), fetched
+    with apt-get source (not unpacked): the path of its .dsc. Kept per version."""
+    group = cache_root() / ("apt-source" if suite == SUITE else f"apt-source-{suite}")
     with locked(group / "apt.lock"):
-        opts = _apt_source_options(group / "apt")
+        opts = _apt_source_options(group / "apt", suite)
         subprocess.run(["apt-get", "-q", *opts, "update"], capture_output=True, text=True, check=True)
         uris = subprocess.run(
             ["apt-get", *opts, "source", "--print-uris", name], capture_output=True, text=True, check=True
@@ -102,6 +114,12 @@ def source_package(name: str) -> Path:
                 )
     return dsc
 
+
+#: The command prefix a booted root's session runs under (tests/test_boot.py,
+#: testkit/debusine): private mount and PID namespaces, with the command as the PID
+#: namespace's init, so that whatever ends the session ends every process started in it
+#: and takes its mounts (an overlay over a cached root) with it.
+PRIVATE_SESSION = ("unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private")
 
 #: What a root booted with systemd as PID 1 needs besides hugify's own dependencies.
 SYSTEMD_BASE = ("systemd", "systemd-sysv", "dbus")

@@ -38,7 +38,7 @@ import pytest
 from testkit import HP
 from testkit.cache import build_dir, building, cache_root, locked
 from testkit.debian import EXEC, LIB, PROG, build_hugify_deb, build_variant, files_key
-from testkit.debian_roots import systemd_root
+from testkit.debian_roots import PRIVATE_SESSION, systemd_root
 from testkit.elf import readelf_windows, window_offsets
 from testkit.runtime import gives_large_folios
 from testkit.runtime import locked as runtime_lock
@@ -139,14 +139,7 @@ def run_session(work: Path, root: Path) -> None:
     with (work / "session.log").open("w") as log:
         proc = subprocess.Popen(
             [
-                "unshare",
-                "--mount",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--mount-proc",
-                "--propagation",
-                "private",
+                *PRIVATE_SESSION,
                 "bash",
                 "-c",
                 SESSION,

@@ -1,0 +1,154 @@
+"""The `debusine` client of the instance (debusine-client 0.16.2, run inside the container as
+the workspace owner provisioning made; its YAML output parsed there): uploads of source
+packages, sbuild work requests and workflows, their states, artifacts and links.
+
+Work request and artifact links are debusine's own web UI addresses (https://FQDN/...):
+what a failure report names is what an operator opens.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testkit import debusine
+from testkit.debusine.deploy import Instance
+
+#: The environment sbuild looks up (the sbuild variant is tried first by the task itself).
+ENVIRONMENT = f"debian/match:codename={debusine.SUITE}"
+
+
+def client(instance: Instance, *args: str, input: str | None = None) -> Any:
+    """`debusine ARGS` (ARGS include --yaml where the subcommand takes it), parsed."""
+    return instance.yaml(["debusine", *args], input=input)
+
+
+def web(path: str) -> str:
+    """An absolute link to the instance's web UI from a path debusine returned."""
+    return f"https://{debusine.FQDN}{path}"
+
+
+def dsc_files(dsc: Path) -> list[Path]:
+    """The .dsc and the files it lists (Files: field)."""
+    files, in_files = [dsc], False
+    for line in dsc.read_text(errors="replace").splitlines():
+        if line.startswith("Files:"):
+            in_files = True
+        elif in_files and line.startswith(" "):
+            files.append(dsc.parent / line.split()[2])
+        elif in_files:
+            break
+    return files
+
+
+def import_source(instance: Instance, dsc: Path) -> int:
+    """Uploads a source package (its .dsc and files, copied into the share) as a
+    debian:source-package artifact of the workspace; its artifact id."""
+    dest = instance.share / "sources" / dsc.stem
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in dsc_files(dsc):
+        shutil.copyfile(f, dest / f.name)
+    out = client(
+        instance,
+        "artifact",
+        "import-debian",
+        "--yaml",
+        "--workspace",
+        debusine.WORKSPACE,
+        instance.inside(dest / dsc.name),
+    )
+    return int(out["artifact_id"])
+
+
+def sbuild_work_request(instance: Instance, source_artifact: int, components: tuple[str, ...] = ("any", "all")) -> int:
+    """An sbuild work request for the source artifact (amd64, trixie's environment,
+    unshare backend); its id."""
+    data = (
+        f"input:\n  source_artifact: {source_artifact}\n"
+        f"build_architecture: amd64\n"
+        f"build_components: [{', '.join(components)}]\n"
+        f"environment: {ENVIRONMENT}\n"
+        f"backend: unshare\n"
+    )
+    out = client(instance, "work-request", "create", "--yaml", "--workspace", debusine.WORKSPACE, "sbuild", input=data)
+    return int(out["id"])
+
+
+def start_workflow(instance: Instance, template: str, data: str) -> int:
+    out = client(instance, "workflow", "start", "--yaml", "--workspace", debusine.WORKSPACE, template, input=data)
+    return int(out["id"])
+
+
+def work_request(instance: Instance, wr_id: int) -> dict[str, Any]:
+    out: dict[str, Any] = client(instance, "work-request", "show", "--yaml", str(wr_id))
+    return out
+
+
+def wait(instance: Instance, wr_id: int, timeout: float, poll: float = 5) -> dict[str, Any]:
+    """The work request (or workflow) once completed; raises TimeoutError with its last
+    state after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        wr = work_request(instance, wr_id)
+        if wr["status"] == "completed":
+            return wr
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"work request {wr_id} still {wr['status']} after {timeout:.0f} s: {web(wr['url'])}")
+        time.sleep(poll)
+
+
+def artifact(instance: Instance, artifact_id: int) -> dict[str, Any]:
+    out: dict[str, Any] = client(instance, "artifact", "show", "--yaml", str(artifact_id))
+    return out
+
+
+@dataclass
+class Built:
+    """What one sbuild work request produced, by artifact category."""
+
+    work_request: dict[str, Any]
+    artifacts: list[dict[str, Any]]
+
+    def of(self, category: str) -> list[dict[str, Any]]:
+        return [a for a in self.artifacts if a["category"] == category]
+
+    def file_urls(self, category: str) -> dict[str, str]:
+        return {name: f["url"] for a in self.of(category) for name, f in a["files"].items()}
+
+
+def built(instance: Instance, wr: dict[str, Any]) -> Built:
+    return Built(wr, [artifact(instance, int(a["id"])) for a in wr["artifacts"]])
+
+
+def download(instance: Instance, artifact_id: int, name: str) -> Path:
+    """One file of an artifact, downloaded with the client into the share."""
+    dest = instance.share / "downloads" / str(artifact_id)
+    dest.mkdir(parents=True, exist_ok=True)
+    instance.sh(f"debusine artifact download --target-directory {instance.inside(dest)} {artifact_id} > /dev/null")
+    return dest / name
+
+
+def verify_release(instance: Instance) -> dict[str, Any]:
+    """The suite's InRelease as apt fetches it from the instance's archive, checked with
+    gpg against the repository key provisioning generated (the signing worker's public
+    key, from its debusine:signing-key asset): the fingerprint that signed it, or the
+    error."""
+    key = instance.facts["repository_key"]
+    url = f"http://deb.{debusine.FQDN}/debusine/{debusine.WORKSPACE}/dists/{debusine.REPO_SUITE}/InRelease"
+    script = f"""
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+debusine asset list --yaml --workspace {debusine.WORKSPACE} | python3 -c '
+import base64, sys, yaml
+(a,) = [a for a in yaml.safe_load(sys.stdin) if a["data"]["fingerprint"] == sys.argv[1]]
+sys.stdout.buffer.write(base64.b64decode(a["data"]["public_key"]))' {key} | gpg --dearmor > "$d/key.gpg"
+python3 -c 'import sys, urllib.request; sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1]).read())' {url} \\
+    > "$d/InRelease"
+gpg --batch --status-fd 1 --no-default-keyring --keyring "$d/key.gpg" --verify "$d/InRelease" 2>/dev/null \\
+    | sed -n 's/^\\[GNUPG:\\] VALIDSIG \\([0-9A-F]*\\) .*/\\1/p'
+"""
+    res = instance.container.run_inside(["bash", "-euo", "pipefail", "-c", script], check=False)
+    return {"url": url, "key": key, "valid_signature_by": res.stdout.strip() or None, "error": res.stderr.strip()}
