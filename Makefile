@@ -57,9 +57,9 @@ install: build
 	install -m 0644 systemd/hugify-prefetch.timer $(DESTDIR)$(PREFIX)/lib/systemd/system/hugify-prefetch.timer
 	install -m 0644 systemd/run-hugify-shared.mount $(DESTDIR)$(PREFIX)/lib/systemd/system/run-hugify-shared.mount
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
-	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
+	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_check dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
-	for c in dh_hugify dh_hugify_sign; do \
+	for c in dh_hugify dh_hugify_check dh_hugify_sign; do \
 		pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
 	done
 	$(HELP2MAN) --no-info --name='put the code of ELF programs and libraries on huge pages' --include=spec/hugify.h2m \
