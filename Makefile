@@ -75,16 +75,16 @@ install: build
 		> $(DESTDIR)$(PREFIX)/lib/systemd/system-generators/hugify-shared-generator
 	chmod 0755 $(DESTDIR)$(PREFIX)/lib/systemd/system-generators/hugify-shared-generator
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
-	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
+	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_check dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
 ifeq ($(MAN),yes)
 	env PYTHONPATH=$(CURDIR) $(PYTHON) tools/manpages $(DESTDIR)$(MANDIR)/man1 runtime/hugify-run
 	@if command -v pod2man >/dev/null; then \
-		echo "pod2man: $(DESTDIR)$(MANDIR)/man1/dh_hugify.1 dh_hugify_sign.1"; \
-		for c in dh_hugify dh_hugify_sign; do \
+		echo "pod2man: $(DESTDIR)$(MANDIR)/man1/dh_hugify.1 dh_hugify_check.1 dh_hugify_sign.1"; \
+		for c in dh_hugify dh_hugify_check dh_hugify_sign; do \
 			pod2man --utf8 --section=1 --center=hugify --release='hugify $(VERSION)' dh-hugify/$$c > $(DESTDIR)$(MANDIR)/man1/$$c.1 || exit 1; \
 		done; \
-	else echo "make install: no pod2man (Debian's perl): the man pages of dh_hugify and dh_hugify_sign are left out"; fi
+	else echo "make install: no pod2man (Debian's perl): the man pages of dh_hugify, dh_hugify_check and dh_hugify_sign are left out"; fi
 endif
 	@echo "installed hugify $(VERSION) in $(DESTDIR)$(PREFIX)$(if $(filter-out /usr /usr/local,$(PREFIX)),$(PRIVATE_NOTE))"
 

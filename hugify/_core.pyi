@@ -155,6 +155,10 @@ def transform_bytes(
     data: bytes, huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0, page_size: int = 0
 ) -> tuple[Transformed, bytes]: ...
 def probe(source: int | str | PathLike[str], huge_page: int) -> Probe | None: ...
+def debug_file_build_id(source: int | str | PathLike[str]) -> str | None:
+    """The build-id of a separate debug file, from its notes (its program headers are
+    the stripped file's, so `probe` refuses it); HugifyError for damaged headers."""
+
 def at_page_size(probe: Probe, huge_page: int) -> Probe:
     """The probe's facts for another huge-page size, from its loads: no second read."""
 

@@ -127,6 +127,8 @@ class Artefact:
     #: rpm: the source rpm (SOURCERPM); its packages share one statement.
     built_from: str = ""
     files: dict[str, Member] = field(default_factory=dict)
+    #: Symbolic links of the payload: installed path -> target (as written).
+    links: dict[str, str] = field(default_factory=dict)
 
     @property
     def stem(self) -> str:
@@ -225,6 +227,8 @@ def _member(art: Artefact, tar: tarfile.TarFile, member: tarfile.TarInfo, spool:
         return
     if not member.isreg():
         art.files.pop(path, None)  # a later member of the same name replaces it
+        if member.issym():
+            art.links[path] = member.linkname
         return
     stream = tar.extractfile(member)
     assert stream is not None

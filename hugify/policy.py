@@ -280,6 +280,11 @@ FIELDS: dict[str, Field] = {
         is_size=True,
     ),
     "on_error": Field(_choice("warn", "fail"), "warn", "exit status when a file cannot be transformed"),
+    "on_regression": Field(
+        _choice("fail", "warn"),
+        "fail",
+        "hugify check: fail or warn when a tool after hugify undid a file's layout (not in the digest)",
+    ),
     "refuse_stripped": Field(_check_bool, True, "skip files without a symbol table"),
     "ima_signatures": Field(
         _choice("refuse", "drop"), "refuse", "files signed with security.ima/evm: refuse them, or drop the signature"
@@ -564,12 +569,27 @@ def read_file(path: Path) -> dict[Key, Setting]:
 # --- layers and the effective policy ---------------------------------------------
 
 
-def system_files() -> list[Path]:
-    """The vendor and administrator files (present or not), in layer order."""
+def system_files(*, recorded: bool = False) -> list[Path]:
+    """The vendor and administrator files (present or not), in layer order. With
+    `recorded` (package builds), only the vendor file, which a package installs, so
+    that a rebuild from the build's record (Debian's .buildinfo, the build root's
+    package list) reads the same policy: the administrator's file is in no package.
+    $HUGIFY_POLICY_PATH, set, is taken as it is (a local, unrecorded choice)."""
     env = os.environ.get(ENV_PATH)
     if env is not None:
         return [Path(p) for p in env.split(":") if p]
-    return [_vendor_file(), ADMIN_POLICY]
+    return [_vendor_file()] if recorded else [_vendor_file(), ADMIN_POLICY]
+
+
+def unrecorded_admin_file() -> tuple[Path, str] | None:
+    """The administrator's file and its sha256 when it exists but a package build
+    leaves it out (system_files(recorded=True)), so that the build log can say so."""
+    if os.environ.get(ENV_PATH) is not None or not ADMIN_POLICY.is_file():
+        return None
+    try:
+        return ADMIN_POLICY, hashlib.sha256(ADMIN_POLICY.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _vendor_file() -> Path:
@@ -588,12 +608,13 @@ class Layers(NamedTuple):
     settings: list[dict[Key, Setting]]
 
 
-def load(extra: Path | None = None, files: list[Path] | None = None) -> Layers:
-    """Reads the system layers (absent ones are skipped) and `extra` (must exist).
-    Raises PolicyError listing the problems of every file."""
+def load(extra: Path | None = None, files: list[Path] | None = None, *, recorded: bool = False) -> Layers:
+    """Reads the system layers (absent ones are skipped; with `recorded`, only those
+    packages install: system_files) and `extra` (must exist). Raises PolicyError
+    listing the problems of every file."""
     layers = Layers([], [])
     problems: list[Problem] = []
-    wanted = [(p, False) for p in (system_files() if files is None else files)]
+    wanted = [(p, False) for p in (system_files(recorded=recorded) if files is None else files)]
     if extra is not None:
         wanted.append((extra, True))
     for path, required in wanted:
@@ -642,6 +663,11 @@ class Policy:
     @property
     def on_error(self) -> str:
         return str(self._get("on_error"))
+
+    @property
+    def on_regression(self) -> str:
+        """What `hugify check` does about a file whose layout a later tool undid."""
+        return str(self._get("on_regression"))
 
     @property
     def refuse_stripped(self) -> bool:
@@ -708,13 +734,14 @@ class Policy:
 
     def digest(self) -> str:
         """sha256 (hex) of the effective values that decide what `hugify tree` does:
-        every key but signing.* and runtime.*, by dotted name, as canonical JSON (sorted keys, no
-        spaces, arrays for lists, UTF-8). Where a value came from does not count,
-        nor which key signs. signing/predicate-v1.md documents it for verifiers."""
+        every key but signing.*, runtime.* and on_regression (which decides what `hugify
+        check` says afterwards, not what is built), by dotted name, as canonical JSON
+        (sorted keys, no spaces, arrays for lists, UTF-8). Where a value came from does
+        not count, nor which key signs. signing/predicate-v1.md documents it for verifiers."""
         values = {
             _dotted(k): list(s.value) if isinstance(s.value, tuple) else s.value
             for k, s in self.settings.items()
-            if k[0] not in ("signing", "runtime")
+            if k[0] not in ("signing", "runtime", "on_regression")
         }
         text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()

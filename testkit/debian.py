@@ -124,9 +124,12 @@ def package_source_files() -> list[tuple[str, Path]]:
 # --- the test source package ------------------------------------------------------------
 
 
-def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = False, build_depends: str = "") -> Path:
+def prepare_test_source(
+    parent: Path, *, dh_args: str = "", override: bool = False, build_depends: str = "", rules_extra: str = ""
+) -> Path:
     """A fresh copy of tests/deb/hugify-deb-test in parent, with the dh line of
-    debian/rules, an empty override_dh_hugify target and extra Build-Depends as asked."""
+    debian/rules, an empty override_dh_hugify target, more rules and extra
+    Build-Depends as asked."""
     src = parent / "hugify-deb-test"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(DEB_SRC, src, symlinks=True)
@@ -137,6 +140,7 @@ def prepare_test_source(parent: Path, *, dh_args: str = "", override: bool = Fal
     text = text.replace("\tdh $@\n", f"\tdh $@{' ' + dh_args if dh_args else ''}\n")
     if override:
         text += "\n# This package opts out of hugify.\noverride_dh_hugify:\n"
+    text += rules_extra
     rules.write_text(text)
     if build_depends:
         control = src / "debian" / "control"
@@ -163,6 +167,78 @@ def dpkg_buildpackage(src: Path, env: dict[str, str], *args: str) -> tuple[int, 
     return res.returncode, res.stdout
 
 
+#: Run in a private mount namespace: the prepared build directory (the same path as
+#: every other variant's, so that debug information names the same directories) moved
+#: onto a fresh filesystem of another kind mounted over it, the transparent huge page
+#: setting processes read replaced, what the build made copied back out.
+_ON_FS = r"""
+set -e
+scratch=$1 fs=$2 stash=$3 thp=$4
+shift 4
+mkdir -p "$stash/tree" "$stash/out"
+cp -a "$scratch/." "$stash/tree/"
+case $fs in
+tmpfs) mount -t tmpfs -o size=6G,huge=never hugify-build "$scratch" ;;
+btrfs)
+    truncate -s 6G "$stash/btrfs.img"
+    mkfs.btrfs -q -f "$stash/btrfs.img"
+    mount -o loop "$stash/btrfs.img" "$scratch"
+    ;;
+esac
+cp -a "$stash/tree/." "$scratch/"
+if [ -n "$thp" ]; then
+    printf '%s\n' "$thp" > "$stash/thp"
+    mount --bind "$stash/thp" /sys/kernel/mm/transparent_hugepage/enabled
+fi
+state=$(grep THP_enabled /proc/self/status | tr '\t' ' ')
+echo "build directory: $(stat -f -c %T "$scratch"); THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled); $state"
+cd "$scratch/hugify-deb-test"
+set +e
+dpkg-buildpackage "$@"
+rc=$?
+for f in "$scratch"/*.deb "$scratch"/*.udeb "$scratch"/*.changes "$scratch"/*.buildinfo; do
+    [ -e "$f" ] && cp "$f" "$stash/out/"
+done
+exit $rc
+"""
+
+#: prctl(PR_SET_THP_DISABLE): no transparent huge pages for the process and its
+#: children, whatever the system's setting (what THP "never" means to a process).
+PR_SET_THP_DISABLE = 41
+
+
+def _thp_disabled() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE)")
+
+
+def dpkg_buildpackage_on(fs: str, thp: str, src: Path, env: dict[str, str], *args: str) -> tuple[int, str, Path]:
+    """dpkg_buildpackage in src, its parent directory moved onto a fresh `fs` (tmpfs
+    without huge pages, or btrfs on a loop device) at the same path, in a private
+    mount namespace, with the THP setting the build reads being `thp` ("never": also
+    prctl(PR_SET_THP_DISABLE) for the whole build; "always": the text only, the
+    machine's setting is shared with everyone on it). Exit status, log, and the
+    directory the packages were copied to."""
+    stash = src.parent.with_name(src.parent.name + ".on-" + fs)
+    shutil.rmtree(stash, ignore_errors=True)
+    stash.mkdir()
+    view = {"never": "always madvise [never]", "always": "[always] madvise never", "": ""}[thp]
+    script = ["sh", "-c", _ON_FS, "sh", str(src.parent), fs, str(stash), view]
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", *script, "-us", "-uc", "-b", "-j2", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ccache_env({**env, "PATH": f"/usr/lib/ccache:{env['PATH']}"}),
+        preexec_fn=_thp_disabled if thp == "never" else None,
+        check=False,
+    )
+    return res.returncode, res.stdout, stash / "out"
+
+
 def collect(parent: Path, out: Path) -> None:
     """Moves the .deb/.udeb/.changes/.buildinfo files from parent to out/debs and
     extracts every package into out/pkgs/PACKAGE and all of them into out/root."""
@@ -184,6 +260,11 @@ def deb_field(deb: Path, name: str) -> str:
 
 class DebBuild(CachedBuild):
     """A dpkg-buildpackage run (see collect for the layout of its directory)."""
+
+    def installable(self) -> list[Path]:
+        """hugify's own build: the .debs that install it, hugify and the policy
+        package it depends on (hugify-policy-debian)."""
+        return [self.deb("hugify"), self.deb("hugify-policy-debian")]
 
     def pkg(self, name: str) -> Path:
         return self.dir / "pkgs" / name
@@ -327,6 +408,12 @@ class Variant:
     #: Cross-built for this Debian architecture (dpkg-buildpackage -a) with the
     #: installed cross toolchain; "" builds for the machine's own.
     host_arch: str = ""
+    #: Appended to debian/rules.
+    rules_extra: str = ""
+    #: The build directory on another filesystem (tmpfs, btrfs) and the transparent
+    #: huge page setting the build sees (dpkg_buildpackage_on).
+    fs: str = ""
+    thp: str = ""
 
 
 VARIANTS = {
@@ -338,6 +425,17 @@ VARIANTS = {
     "extra-addons": Variant(env=(("DH_EXTRA_ADDONS", "hugify"),)),
     # Multi-Arch: same packages of two architectures must install together.
     "with-i386": Variant("--with hugify", host_arch="i386"),
+    # The same build on other filesystems, under other THP settings (tests/test_repro_host.py).
+    "with-tmpfs-thp-never": Variant("--with hugify", fs="tmpfs", thp="never"),
+    "with-btrfs-thp-always": Variant("--with hugify", fs="btrfs", thp="always"),
+    # A tool after dh_strip that undoes the layout (binutils' strip drops the trap
+    # padding, so the executable load ends mid-window): dh_hugify_check fails the build.
+    "undone": Variant(
+        "--with hugify",
+        rules_extra="\nexecute_after_dh_strip:\n\tstrip --remove-section=.hugify.pad debian/hugify-deb-test/"
+        + PROG
+        + "\n",
+    ),
 }
 
 
@@ -348,10 +446,16 @@ def build_variant(name: str) -> DebBuild:
     key = files_key(inputs, repr(v), tool_versions(*BUILD_TOOLS))
 
     def build(parent: Path, out: Path) -> tuple[int, str]:
-        src = prepare_test_source(parent, dh_args=v.dh_args, override=v.override)
+        src = prepare_test_source(parent, dh_args=v.dh_args, override=v.override, rules_extra=v.rules_extra)
         env = in_tree_env(cache_root() / "debhelper" / "bin", **dict(v.env)) if v.in_tree else clean_env(**dict(v.env))
-        rc, log = dpkg_buildpackage(src, env, *([f"--host-arch={v.host_arch}"] if v.host_arch else []))
-        collect(parent, out)
+        arch_args = [f"--host-arch={v.host_arch}"] if v.host_arch else []
+        if v.fs:
+            rc, log, made = dpkg_buildpackage_on(v.fs, v.thp, src, env, *arch_args)
+            collect(made, out)
+            shutil.rmtree(made.parent, ignore_errors=True)
+        else:
+            rc, log = dpkg_buildpackage(src, env, *arch_args)
+            collect(parent, out)
         reports = out / "reports"
         for r in sorted((src / "debian" / ".debhelper" / "generated").glob("*/hugify-report.json")):
             reports.mkdir(exist_ok=True)

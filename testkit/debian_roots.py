@@ -126,10 +126,13 @@ SYSTEMD_BASE = ("systemd", "systemd-sysv", "dbus")
 
 
 def hugify_depends(deb: Path) -> list[str]:
-    """The package names hugify's .deb depends on (first alternative of each)."""
+    """The package names hugify's .deb depends on (first alternative of each) that
+    the archive has: not its policy package, which comes from hugify's own build."""
     names = []
     for dep in deb_field(deb, "Depends").split(","):
         name = dep.split("|")[0].split("(")[0].strip().removesuffix(":any")
+        if name.startswith("hugify-policy"):
+            continue
         if name not in names:
             names.append(name)
     return names

@@ -169,7 +169,7 @@ def boot() -> Boot:
     hugify = build_hugify_deb().ok()
     pkgs = build_variant("with").ok()
     root = systemd_root(hugify.deb("hugify"))
-    first = [hugify.deb("hugify"), pkgs.deb("libhugdebtest1")]
+    first = [*hugify.installable(), pkgs.deb("libhugdebtest1")]
     second = [pkgs.deb("hugify-deb-test"), pkgs.deb("hugify-deb-test-exec")]
     key = files_key([(p.name, p) for p in first + second], root.parent.name, UNIT, INSIDE, SESSION)
     final = build_dir("boot", "session", key)

@@ -133,7 +133,7 @@ def test_dh_hugify_runs_after_dh_missing_and_before_dh_dwz_and_dh_strip(deb_buil
     log = deb_build("with").ok().log
     assert "override_dh_" not in log
     steps = [m[1] for m in re.finditer(r"^   (dh_\w+)", log, re.M)]
-    cmds = ("dh_missing", "dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_sign", "dh_gencontrol")
+    cmds = ("dh_missing", "dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_check", "dh_hugify_sign", "dh_gencontrol")
     order = [steps.index(cmd) for cmd in cmds]
     assert order == sorted(order), steps
 
@@ -388,6 +388,40 @@ def test_opt_out_is_byte_identical_to_a_build_without_the_add_on(deb_build, vari
 
 
 @slow
+def test_a_later_tool_that_undoes_the_layout_fails_the_build(deb_build) -> None:
+    """debian/rules runs strip on the hugified program after dh_strip
+    (execute_after_dh_strip): dh_hugify_check fails the build before anything is
+    signed or packaged. On main the same build succeeds and ships the file unhugified."""
+    b = deb_build("undone")
+    assert b.rc != 0, b.log[-3000:]
+    assert re.search(
+        rf"^hugify: debian/hugify-deb-test: /{PROG}: the tree report has .* \(layout-undone\)$", b.log, re.M
+    ), b.log[-6000:]
+    steps = [m[1] for m in re.finditer(r"^   (dh_\w+)", b.log, re.M)]
+    assert steps[-1] == "dh_hugify_check" and "dh_hugify_sign" not in steps and "dh_builddeb" not in steps, steps
+    assert not (b.dir / "debs").exists() or not any((b.dir / "debs").glob("*.deb"))
+
+
+@slow
+def test_hugify_check_on_the_built_changes(deb_build) -> None:
+    """An archive's QA on an upload: `hugify check` on the .changes (every .deb and
+    .udeb it lists, -dbgsym packages included) finds every hugified file as hugify
+    left it, with its debug file, in well under a second per package."""
+    import time
+
+    b = deb_build("with").ok()
+    (changes,) = (b.dir / "debs").glob("*.changes")
+    start = time.monotonic()
+    res = hugify("check", changes, check=False)
+    took = time.monotonic() - start
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.endswith(": 7 hugified file(s) as hugify left them\n"), res.stdout
+    packages = len([d for d in (b.dir / "debs").iterdir() if d.suffix in (".deb", ".udeb")])
+    print(f"hugify check: {took:.2f} s for {packages} packages")
+    assert took / packages < 1.0, took
+
+
+@slow
 def test_dh_extra_addons_enables_it_without_changing_the_package(deb_build) -> None:
     b, with_addon = deb_build("extra-addons").ok(), deb_build("with").ok()
     assert "   dh_hugify" in b.log
@@ -431,14 +465,21 @@ def _sequence(src: Path, *args: str, **env: str) -> list[str]:
 def test_sequence_puts_dh_hugify_before_dh_dwz(tmp_path: Path) -> None:
     seq = _sequence(_dh_source(tmp_path), "binary", "--with", "hugify")
     i = seq.index("dh_hugify")
-    assert seq[i - 1 : i + 4] == ["dh_missing", "dh_hugify", "dh_dwz -a", "dh_strip -a", "dh_hugify_sign"]
+    assert seq[i - 1 : i + 5] == [
+        "dh_missing",
+        "dh_hugify",
+        "dh_dwz -a",
+        "dh_strip -a",
+        "dh_hugify_check",
+        "dh_hugify_sign",
+    ]
 
 
 @pytest.mark.parametrize(("compat", "after"), [(12, "dh_dwz"), (11, "dh_strip")])
 def test_sequence_in_older_compat_levels(tmp_path: Path, compat: int, after: str) -> None:
     seq = _sequence(_dh_source(tmp_path, compat), "binary", "--with", "hugify")
     assert seq[seq.index("dh_hugify") + 1] == after
-    assert seq[seq.index("dh_strip") + 1] == "dh_hugify_sign"
+    assert seq[seq.index("dh_strip") + 1 : seq.index("dh_strip") + 3] == ["dh_hugify_check", "dh_hugify_sign"]
     if compat == 11:
         assert "dh_dwz" not in seq
 
@@ -517,8 +558,12 @@ def opts_src(tmp_path: Path, large_elf: Path) -> Path:
 
 
 def _dh_hugify(src: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return _dh_command(src, "dh_hugify", *args, **env)
+
+
+def _dh_command(src: Path, command: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["dh_hugify", *args],
+        [command, *args],
         cwd=src,
         capture_output=True,
         text=True,
@@ -595,7 +640,7 @@ def test_no_act_changes_nothing_and_verbose_shows_the_command(opts_src: Path, la
     assert (
         "hugify tree debian/pa --package pa --arch amd64 --jobs 1 --manifest "
         "debian/.debhelper/generated/pa/hugify-manifest.list --report "
-        "debian/.debhelper/generated/pa/hugify-report.json --no-progress"
+        "debian/.debhelper/generated/pa/hugify-report.json --no-progress --recorded-policy"
     ) in res.stdout
     assert _transformed(opts_src) == set()
 
@@ -653,3 +698,42 @@ def test_package_without_elf_files_does_not_run_hugify(opts_src: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "skipping pe: no ELF file" in res.stdout
     assert "hugify tree" not in res.stdout
+
+
+def test_dh_hugify_check_fails_when_a_later_tool_undid_the_layout(opts_src: Path) -> None:
+    """dh_hugify_check after dh_strip: a later strip that shrinks the executable load
+    (its trap padding removed) fails the build with one line naming the file and the
+    reason; the policy's on_regression = "warn" lets it go on. On main there is no
+    dh_hugify_check (and dh_hugify_sign signed such a file)."""
+    assert _dh_hugify(opts_src, "-ppa").returncode == 0
+    res = _dh_command(opts_src, "dh_hugify_check", "-ppa", "-v")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "hugify check debian/pa --report debian/.debhelper/generated/pa/hugify-report.json" in res.stdout
+    assert "hugify: check: debian/pa: 3 hugified file(s) as hugify left them" in res.stdout
+    prog = opts_src / "debian/pa/usr/bin/prog"
+    subprocess.run(["strip", "--remove-section=.hugify.pad", str(prog)], check=True)
+    res = _dh_command(opts_src, "dh_hugify_check", "-ppa")
+    assert res.returncode != 0
+    assert "hugify: debian/pa: /usr/bin/prog: the tree report has " in res.stdout, res.stdout
+    assert res.stdout.count("(layout-undone)") == 2, res.stdout  # both names of the inode
+    assert "dh_hugify_check: error: hugify check debian/pa" in res.stderr
+    warn = opts_src.parent / "warn.toml"
+    warn.write_text('on_regression = "warn"\n')
+    res = _dh_command(opts_src, "dh_hugify_check", "-ppa", "--", "--policy", str(warn))
+    assert res.returncode == 0 and "hugify: warning: debian/pa: /usr/bin/prog: " in res.stdout
+    assert _dh_command(opts_src, "dh_hugify_check", "-ppa", DEB_BUILD_OPTIONS="nohugify").stdout == ""
+
+
+def test_dh_hugify_says_when_only_dh_extra_addons_turns_it_on(opts_src: Path) -> None:
+    """The builder's DH_EXTRA_ADDONS is not in the .buildinfo: the log says so, unless
+    the source turns hugify on itself (dh-sequence-hugify, --with hugify)."""
+    res = _dh_hugify(opts_src, "-ppb", DH_EXTRA_ADDONS="foo,hugify")
+    assert res.returncode == 0, res.stderr
+    assert "hugify is on only through DH_EXTRA_ADDONS, which the .buildinfo does not record" in res.stderr
+    assert "DH_EXTRA_ADDONS" not in _dh_hugify(opts_src, "-ppb").stderr
+    control = opts_src / "debian/control"
+    control.write_text(
+        control.read_text().replace("debhelper-compat (= 13)", "debhelper-compat (= 13),\n dh-sequence-hugify")
+    )
+    res = _dh_hugify(opts_src, "-ppb", DH_EXTRA_ADDONS="hugify")
+    assert res.returncode == 0 and "DH_EXTRA_ADDONS" not in res.stderr, res.stderr

@@ -119,7 +119,7 @@ def test_debian_trigger_and_rpm_file_trigger_are_the_runtimes() -> None:
 
 
 def test_debhelper_perl_compiles_and_documents_itself() -> None:
-    for f in ("dh_hugify", "Debian/Debhelper/Sequence/hugify.pm"):
+    for f in ("dh_hugify", "dh_hugify_check", "Debian/Debhelper/Sequence/hugify.pm"):
         res = subprocess.run(
             ["perl", "-I", str(REPO / "dh-hugify"), "-c", str(REPO / "dh-hugify" / f)],
             capture_output=True,
@@ -137,9 +137,9 @@ SHIPPED = [
     "usr/bin/hugify",
     "usr/bin/hugify-run",
     "usr/bin/dh_hugify",
+    "usr/bin/dh_hugify_check",
     "usr/bin/dh_hugify_sign",
     "usr/share/perl5/Debian/Debhelper/Sequence/hugify.pm",
-    "usr/lib/hugify/policy.toml",
     "usr/lib/hugify/prefetch-trigger",
     "usr/lib/hugify/libhugify-audit.so",
     "usr/lib/hugify/libhugify-engine.so",
@@ -150,7 +150,11 @@ SHIPPED = [
     "usr/lib/rpm/brp-hugify",
     "usr/lib/rpm/macros.d/macros.hugify",
 ]
-MAN_PAGES = ["hugify.1", "hugify-run.1", "dh_hugify.1", "dh_hugify_sign.1"] + [f"hugify-{c}.1" for c in COMMANDS]
+MAN_PAGES = ["hugify.1", "hugify-run.1", "dh_hugify.1", "dh_hugify_check.1", "dh_hugify_sign.1"] + [
+    f"hugify-{c}.1" for c in COMMANDS
+]
+#: The policy, in its own package (docs/packaging-debian.md, "Turning it on, recorded").
+POLICY = "usr/lib/hugify/policy.toml"
 
 
 @slow
@@ -160,6 +164,10 @@ def test_hugify_deb_is_built_with_cargo_locked_and_ships_everything(hugify_deb: 
     root = b.pkg("hugify")
     for f in SHIPPED:
         assert (root / f).is_file(), f
+    assert not (root / POLICY).exists()
+    assert (b.pkg("hugify-policy-debian") / POLICY).is_file()
+    assert b.field("hugify", "Depends").startswith("hugify-policy-debian | hugify-policy,")
+    assert b.field("hugify-policy-debian", "Provides") == "hugify-policy"
     for m in MAN_PAGES:
         assert (root / "usr/share/man/man1" / f"{m}.gz").is_file(), m
     units = {p.name for d in ("lib/systemd/system", "usr/lib/systemd/system") for p in (root / d).glob("*")}
@@ -187,7 +195,7 @@ def test_hugify_deb_is_built_with_cargo_locked_and_ships_everything(hugify_deb: 
 @slow
 def test_lintian_reports_no_errors(hugify_deb: DebBuild) -> None:
     res = subprocess.run(
-        ["lintian", "--fail-on", "error", "--display-info", str(hugify_deb.deb("hugify"))],
+        ["lintian", "--fail-on", "error", "--display-info", *map(str, hugify_deb.installable())],
         capture_output=True,
         text=True,
         check=False,
@@ -270,6 +278,12 @@ def test_hugify_rpm_is_built_with_make_install_and_ships_everything(hugify_rpm: 
     for m in MAN_PAGES:
         assert any(f.startswith(f"/usr/share/man/man1/{m}") for f in files), m
     assert "/" + MANIFEST_DIR in files
+    assert "/" + POLICY not in files, "the policy is in its own package"
+    for name, shipped in (("policy-vendor", "/" + POLICY), ("buildroot-hook", "/etc/rpm/macros.hugify")):
+        sub = subprocess.run(
+            ["rpm", "-qlp", str(b.rpm(f"hugify-{name}-{VERSION}-"))], capture_output=True, text=True, check=True
+        )
+        assert sub.stdout.split() == [shipped], (name, sub.stdout)
     assert any(re.search(r"/__pycache__/cli\.cpython-\d+\.pyc$", f) for f in files), "byte-compiled at build time"
     triggers = subprocess.run(
         ["rpm", "-qp", "--filetriggers", str(b.rpm(f"hugify-{VERSION}-"))], capture_output=True, text=True, check=False
@@ -320,8 +334,8 @@ chmod 0755 "$W/record-hugify"
 
 DEB_SESSION = r"""
 echo "== apt-get install hugify"
-"${clean[@]}" apt-get install -y --no-install-recommends "$W"/debs/hugify_*.deb
-"${clean[@]}" sh -c 'for c in hugify dh_hugify dh_hugify_sign; do command -v $c; done' > "$W/which"
+"${clean[@]}" apt-get install -y --no-install-recommends "$W"/debs/hugify_*.deb "$W"/debs/hugify-policy-debian_*.deb
+"${clean[@]}" sh -c 'for c in hugify dh_hugify dh_hugify_check dh_hugify_sign; do command -v $c; done' > "$W/which"
 echo "== dpkg-buildpackage (Build-Depends: dh-sequence-hugify)"
 cd "$W/src/hugify-deb-test"
 rc=0
@@ -339,7 +353,7 @@ if [ "$rc" = 0 ]; then
     "${clean[@]}" apt-get purge -y hugify-deb-test libhugdebtest1 hugify-deb-test-exec > "$W/purge-built.log" 2>&1
 fi
 echo "== apt-get purge hugify"
-"${clean[@]}" apt-get purge -y hugify > "$W/purge.log" 2>&1
+"${clean[@]}" apt-get purge -y hugify hugify-policy-debian > "$W/purge.log" 2>&1
 ls -d /usr/bin/hugify /usr/bin/dh_hugify /usr/lib/hugify /usr/share/perl5/Debian/Debhelper/Sequence/hugify.pm \
     /usr/lib/rpm/macros.d/macros.hugify > "$W/left" 2>/dev/null || true
 dpkg-query -W -f '${db:Status-Abbrev}' hugify > "$W/status-after" 2>/dev/null || true
@@ -347,7 +361,7 @@ dpkg-query -W -f '${db:Status-Abbrev}' hugify > "$W/status-after" 2>/dev/null ||
 
 RPM_SESSION = r"""
 echo "== rpm -i --nodeps hugify"
-"${clean[@]}" rpm --dbpath "$RPMDB" -i --nodeps "$W"/rpms/hugify-[0-9]*.rpm
+"${clean[@]}" rpm --dbpath "$RPMDB" -i --nodeps "$W"/rpms/hugify-[0-9]*.rpm "$W"/rpms/hugify-policy-vendor-*.rpm
 "${clean[@]}" rpm --dbpath "$RPMDB" -q hugify > "$W/rpm-q"
 "${clean[@]}" sh -c 'for c in hugify dh_hugify; do command -v $c; done' > "$W/which"
 echo "== rpmbuild tests/rpm/hugify-test.spec with the installed macros"
@@ -363,7 +377,7 @@ if [ "$rc" = 0 ]; then
     "${clean[@]}" rpm --dbpath "$RPMDB" -e --nodeps hugify-test > "$W/erase-built.log" 2>&1
 fi
 echo "== rpm -e hugify"
-"${clean[@]}" rpm --dbpath "$RPMDB" -e --nodeps hugify > "$W/erase.log" 2>&1
+"${clean[@]}" rpm --dbpath "$RPMDB" -e --nodeps hugify hugify-policy-vendor > "$W/erase.log" 2>&1
 ls -d /usr/bin/hugify /usr/bin/dh_hugify /usr/lib/hugify /usr/lib/rpm/macros.d/macros.hugify \
     > "$W/left" 2>/dev/null || true
 "${clean[@]}" rpm --dbpath "$RPMDB" -q hugify > "$W/status-after" 2>&1 || true
@@ -502,7 +516,8 @@ def _run_session(name: str, script: str, prepare: Callable[[Path], None], final:
 def deb_session(hugify_deb: DebBuild) -> Session:
     def prepare(work: Path) -> None:
         (work / "debs").mkdir()
-        shutil.copy(hugify_deb.deb("hugify"), work / "debs")
+        for deb in hugify_deb.installable():
+            shutil.copy(deb, work / "debs")
         prepare_test_source(work / "src", build_depends="dh-sequence-hugify")
 
     key = files_key(package_source_files(), hugify_deb.dir.name, DEB_SESSION, NAMESPACE_SETUP, toolchain_key())
@@ -514,7 +529,8 @@ def _rpm_session(name: str, script: str, hugify_rpm: RpmBuild) -> Session:
 
     def prepare(work: Path) -> None:
         (work / "rpms").mkdir()
-        shutil.copy(hugify_rpm.rpm(f"hugify-{VERSION}-"), work / "rpms")
+        for package in ("hugify", "hugify-policy-vendor"):
+            shutil.copy(hugify_rpm.rpm(f"{package}-{VERSION}-"), work / "rpms")
 
     rpm_inputs = [(p.name, p) for p in sorted(RPM_TEST.iterdir())]
     rpm_inputs.append(("gen_code.py", REPO / "tests" / "programs" / "gen_code.py"))
@@ -538,13 +554,19 @@ def discovery_session(hugify_rpm: RpmBuild) -> Session:
 @slow
 def test_installed_deb_provides_the_add_on_without_any_path_tricks(deb_session: Session) -> None:
     s = deb_session.ok()
-    assert s.text("which").split() == ["/usr/bin/hugify", "/usr/bin/dh_hugify", "/usr/bin/dh_hugify_sign"]
+    assert s.text("which").split() == [
+        "/usr/bin/hugify",
+        "/usr/bin/dh_hugify",
+        "/usr/bin/dh_hugify_check",
+        "/usr/bin/dh_hugify_sign",
+    ]
     log = s.text("build.log")
     assert re.search(r"^dh binary$", log, re.M), "debian/rules says only `dh $@`"
     # dh announces each step as "   dh_X": debian/rules overrides none.
     assert "override_dh_" not in log
     steps = [line.split()[0] for line in log.splitlines() if line.startswith("   dh_")]
-    assert steps.index("dh_hugify") < steps.index("dh_dwz") < steps.index("dh_strip") < steps.index("dh_hugify_sign")
+    order = [steps.index(c) for c in ("dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_check", "dh_hugify_sign")]
+    assert order == sorted(order), steps
     assert "hugify: hugify-deb-test: 1 transformed, 0 as-is, 1 skipped, 0 failed" in log
     assert "hugify: hugify-deb-test-exec: 0 transformed, 1 as-is, 0 skipped, 0 failed" in log
     assert "hugify: hugify-deb-test-lld: 2 transformed, 1 as-is, 0 skipped, 0 failed" in log

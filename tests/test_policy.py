@@ -256,7 +256,7 @@ def test_policy_show_prints_effective_values_and_sources(tmp_path: Path) -> None
     lines = res.stdout.splitlines()
     assert lines[1] == f"# layers, later wins: built-in default, {SHIPPED}, {admin}"
     assert any(line.startswith('on_error = "fail"') and line.endswith(f"# {admin}:1") for line in lines)
-    assert any(line.startswith('threshold = "1M"') and line.endswith(f"# {SHIPPED}:22") for line in lines)
+    assert any(line.startswith('threshold = "1M"') and line.endswith(f"# {SHIPPED}:27") for line in lines)
     assert "[packages.foo]" in lines
     res = hugify("policy", "show", "--package", "foo", env=env(HUGIFY_POLICY_PATH=f"{SHIPPED}:{admin}"))
     assert any(
@@ -284,7 +284,7 @@ def test_policy_show_json(tmp_path: Path) -> None:
     res = hugify("policy", "show", "--json", "--policy", SHIPPED, env=env())
     doc = json.loads(res.stdout)
     assert doc["layers"] == [{"path": str(SHIPPED), "present": True}]
-    assert doc["values"]["threshold"] == {"value": 1 << 20, "source": str(SHIPPED), "line": 22, "via": None}
+    assert doc["values"]["threshold"] == {"value": 1 << 20, "source": str(SHIPPED), "line": 27, "via": None}
     assert doc["values"]["huge_page_size.x86_64"]["value"] == 2 << 20
 
 

@@ -70,6 +70,12 @@ VARIANTS = {
     "host-nodebug": Variant(
         macros=((MACROS, "macros.d"), (HOST_MACROS, "etc")), defines=(("debug_package", "%{nil}"),)
     ),
+    # A tool after find-debuginfo that undoes the layout (binutils' strip drops the trap
+    # padding): the check that the host file puts last in %__spec_install_post fails.
+    "undone": Variant(
+        macros=((MACROS, "macros.d"), (HOST_MACROS, "etc")),
+        defines=(("__arch_install_post", "strip --remove-section=.hugify.pad %{buildroot}/" + PROG),),
+    ),
     "broken-warn": Variant(BROKEN_SPEC, WITH_MACROS),
     "broken-fail": Variant(BROKEN_SPEC, WITH_MACROS, defines=(("_hugify_opts", "--policy @FAIL@"),)),
     "broken-fail-excluded": Variant(
@@ -384,6 +390,45 @@ def test_host_macros_hugify_builds_without_debuginfo(rpm_build) -> None:
     assert b.log.count("hugify: hugify-test: 2 transformed") == 1
 
 
+@slow
+def test_a_later_tool_that_undoes_the_layout_fails_the_build(rpm_build) -> None:
+    """strip after find-debuginfo (%__arch_install_post) rewrites the hugified program:
+    hugify check, last in %__spec_install_post, fails the build. On main nothing
+    checks: the build succeeds and ships the file unhugified."""
+    b = rpm_build("undone")
+    assert b.rc != 0, b.log[-3000:]
+    assert re.search(rf"^hugify: \S+: /{PROG}: the tree report has .* \(layout-undone\)$", b.log, re.M), b.log[-5000:]
+    assert "Bad exit status" in b.log and not b.rpms
+    # The check after find-debuginfo (before the strip) passed.
+    assert "hugify: check: " in b.log and "hugified file(s) as hugify left them" in b.log
+
+
+@slow
+def test_hugify_check_on_the_built_rpms(rpm_build) -> None:
+    """An archive's QA on the build's rpms: the manifest's files are hugified, with the
+    build-ids the -debuginfo package links (/usr/lib/debug/.build-id, symbolic links
+    in an rpm). Without the -debuginfo package nothing is said about debug files."""
+    b = _ok(rpm_build("hugify"))
+    res = subprocess.run(
+        [sys.executable, "-m", "hugify.cli", "check", *map(str, b.rpms)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.endswith("3 hugified file(s) as hugify left them\n"), res.stdout
+    main = [r for r in b.rpms if "debuginfo" not in r.name and "debugsource" not in r.name]
+    res = subprocess.run(
+        [sys.executable, "-m", "hugify.cli", "check", *map(str, main)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == 0 and res.stdout.endswith("; no debug files given\n"), res.stdout + res.stderr
+
+
 # --- on_error ----------------------------------------------------------------------
 
 
@@ -429,6 +474,7 @@ def test_macro_step_is_on_by_default_and_switches_off() -> None:
         assert _eval(*off, "--eval", "[%{?__brp_hugify}]")[0] == "[]", off
         # find-debuginfo still runs, unchanged.
         assert _eval(*off, "--eval", "%{__find_debuginfo}")[:2] == ["", "/usr/bin/find-debuginfo"], off
+        assert _eval(*off, "--eval", "[%{?__brp_hugify_check}]")[0] == "[]", off
     assert _eval("--define", "_hugify 1", "--eval", "%{__brp_hugify}")[0].startswith(brp)
 
 
@@ -453,7 +499,8 @@ def test_macro_knobs_reach_the_brp_command() -> None:
 def test_find_debuginfo_is_prefixed_by_the_step_on_its_own_line() -> None:
     first, second = _eval("--eval", "%{__find_debuginfo}")[:2]
     assert first.startswith("/usr/lib/rpm/brp-hugify ") and "&&" not in first
-    assert second == "/usr/bin/find-debuginfo"
+    # find-debuginfo runs inside the step's --then, which checks the build root after it.
+    assert second.startswith("/usr/lib/rpm/brp-hugify ") and second.endswith(" --then /usr/bin/find-debuginfo")
 
 
 def test_manifest_line_ships_only_when_hugify_runs() -> None:
@@ -496,8 +543,10 @@ def test_host_macros_put_the_step_first_in_spec_install_post() -> None:
     host = ((MACROS, "macros.d"), (HOST_MACROS, "etc"))
     lines = [x.strip() for x in _eval("--eval", "%{__spec_install_post}", files=host) if x.strip()]
     assert lines[0].startswith("/usr/lib/rpm/brp-hugify ")
+    # The check last, after %__os_install_post's strip.
+    assert lines[-1].startswith("/usr/lib/rpm/brp-hugify --check ")
     without = [x.strip() for x in _eval("--eval", "%{__spec_install_post}", files=WITH_MACROS) if x.strip()]
-    assert lines[1:] == without, "the host file must keep the platform's steps"
+    assert lines[1:-1] == without, "the host file must keep the platform's steps"
 
 
 # --- brp-hugify itself, with a stand-in for the hugify command (fast) --------------------------
@@ -520,11 +569,11 @@ def test_brp_passes_rpms_environment_to_hugify_tree(tmp_path: Path, fake_hugify)
     root = tmp_path / "root"
     assert calls.read_text().splitlines() == [
         f"tree {root} --package foo --arch x86_64 --jobs 3 --exclude-regex ^/opt/x y$ --manifest /m.list "
-        f"--report {tmp_path}/foo-1.2-3.x86_64.hugify.json --policy /p.toml"
+        f"--report {tmp_path}/foo-1.2-3.x86_64.hugify.json --recorded-policy --policy /p.toml"
     ]
     calls.unlink()
     assert _brp(tmp_path, fake, "--report-dir", "/r d").returncode == 0
-    assert calls.read_text().endswith(" --report /r d/foo-1.2-3.x86_64.hugify.json\n")
+    assert calls.read_text().endswith(" --report /r d/foo-1.2-3.x86_64.hugify.json --recorded-policy\n")
 
 
 def test_brp_leaves_a_real_root_alone(tmp_path: Path, fake_hugify) -> None:
@@ -545,7 +594,8 @@ def test_brp_then_runs_the_command_and_refreshes_the_manifest(tmp_path: Path, fa
     res = _brp(tmp_path, fake, "--manifest", "/m.list", "--then", "sh", "-c", f"touch {marker}; exit 0")
     assert res.returncode == 0 and marker.exists()
     assert calls.read_text().splitlines() == [
-        f"tree {tmp_path / 'root'} --package foo --arch x86_64 --jobs 3 --manifest /m.list --manifest-only"
+        f"tree {tmp_path / 'root'} --package foo --arch x86_64 --jobs 3 --manifest /m.list --manifest-only "
+        "--recorded-policy"
     ]
     calls.unlink()
     res = _brp(tmp_path, fake, "--manifest", "/m.list", "--then", "sh", "-c", "exit 7")
@@ -586,14 +636,17 @@ def test_hugify_switch_spellings_in_the_macros(value: str) -> None:
 
 def test_integrators_switches_take_the_same_spellings() -> None:
     host = ((MACROS, "macros.d"), (HOST_MACROS, "etc"))
-    # The host file says 1: find-debuginfo does not run the step again.
-    assert _eval("--eval", "%{__find_debuginfo}", files=host)[:2] == ["", "/usr/bin/find-debuginfo"]
+    # The host file says 1: find-debuginfo does not run the step again (only its --then,
+    # which checks the build root after find-debuginfo).
+    then = " --then /usr/bin/find-debuginfo"
+    first, second = _eval("--eval", "%{__find_debuginfo}", files=host)[:2]
+    assert first == "" and second.endswith(then)
     for off in ("no", "Off", "0"):
         first = _eval("--define", f"__hugify_in_spec_install_post {off}", "--eval", "%{__find_debuginfo}")[0]
         assert first.startswith("/usr/lib/rpm/brp-hugify "), (off, first)
     for on in ("yes", "ON", "1"):
         out = _eval("--define", f"__hugify_in_spec_install_post {on}", "--eval", "%{__find_debuginfo}")
-        assert out[:2] == ["", "/usr/bin/find-debuginfo"], (on, out)
+        assert out[0] == "" and out[1].endswith(then), (on, out)
     out = _eval("--define", "__hugify_in_spec_install_post sometimes", "--eval", "%{__find_debuginfo}")[0]
     assert _switch_line("__hugify_in_spec_install_post", "sometimes") in out and out.endswith("exit 1")
     out = _eval("--define", "__hugify_sign_in_spec_install_post perhaps", "--eval", "%{__brp_hugify}")[0]

@@ -1,21 +1,20 @@
 """A real Debian source package built by sbuild in a clean chroot, with hugify
-turned on exactly as docs/packaging-debian.md ("Turning it on for every build")
-tells a buildd administrator: hugify's own .deb as an extra package that every
-build depends on, and `DH_EXTRA_ADDONS=hugify` in sbuild's build environment.
-The package itself is the archive's, unchanged (its debian/rules is a plain
+turned on the way docs/packaging-debian.md ("Turning it on, recorded") tells a
+distribution: the source gets one Build-Depends, `dh-sequence-hugify` (the
+`+hugify1` source a distribution's archive derives, issue 44), and the archive
+offers hugify's packages; hugify depends on the distribution's policy package
+(here the test distribution's, tests/deb/hugify-policy-test, threshold 4 KiB, as
+GNU hello's code is about 10 KiB), so the .buildinfo records both exact versions.
+The package is otherwise the archive's, unchanged (its debian/rules is a plain
 `dh $@`, debhelper compat 13, with a -dbgsym package).
 
 The source is fetched with `apt-get source` (testkit/debian_roots.py: a private
 deb-src list); the chroot is a tarball made by mmdebstrap (--variant=buildd) and
-used by sbuild's unshare backend, so every build starts from the same clean root.
-The package is built twice, with and without hugify, and each build (its .debs
-unpacked, its log and host lintian's tags) is cached keyed by its inputs: the
-source package version, the chroot's key, hugify's .deb and the sbuild
-configuration.
-
-GNU hello builds in well under a minute; its code (about 10 KiB) is below the
-vendor policy's 1 MiB threshold, so the buildd configuration also installs an
-administrator's policy (/etc/hugify/policy.toml) with a 4 KiB threshold.
+used by sbuild's unshare backend, so every build starts from the same clean root
+(testkit/debian_repro.py). The package is built twice, hugified and as the archive
+has it, and each build (its .debs unpacked, its log and host lintian's tags) is
+cached keyed by its inputs. tests/test_repro_switch.py rebuilds the hugified one
+from its .buildinfo alone.
 """
 
 from __future__ import annotations
@@ -28,54 +27,13 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
-from testkit.cache import build_dir, cache_root, cached_build
-from testkit.debian import (
-    DebBuild,
-    build_hugify_deb,
-    build_id,
-    clean_env,
-    collect,
-    debug_file,
-    files_key,
-    tool_versions,
-)
-from testkit.debian_roots import debian_root, source_package
+from testkit.debian import DebBuild, build_id, debug_file
+from testkit.debian_repro import archive_build, hugified_build, parse_buildinfo
+from testkit.debian_roots import source_package
 from testkit.elf import bits_differing, exec_load, hugified
 
 SOURCE = "hello"
 PROGRAM = "usr/bin/hello"
-ADMIN_POLICY = 'threshold = "4K"\n'
-#: Every sbuild run: the unshare backend, a fixed build path (the two builds must
-#: differ only by hugify) and no lintian inside (the host's lintian runs on both).
-SBUILDRC_COMMON = """\
-$chroot_mode = 'unshare';
-$build_path = '/build/pkg';
-$run_lintian = 0;
-$run_piuparts = 0;
-$run_autopkgtest = 0;
-$apt_update = 1;
-"""
-#: The lines of docs/packaging-debian.md, with this test's paths, and the
-#: administrator's policy installed in the chroot before the build dependencies.
-SBUILDRC_HUGIFY = """\
-$build_environment = {{ 'DH_EXTRA_ADDONS' => 'hugify' }};
-$extra_packages = ['{deb}'];
-$manual_depends = ['hugify'];
-$external_commands = {{ 'chroot-setup-commands' => [
-    q{{mkdir -p /etc/hugify && printf '{policy}' > /etc/hugify/policy.toml}},
-] }};
-"""
-
-
-def sbuildrc(deb: Path | None) -> str:
-    text = SBUILDRC_COMMON
-    if deb is not None:
-        text += SBUILDRC_HUGIFY.format(deb=deb, policy=ADMIN_POLICY.replace("\n", "\\n"))
-    return text + "1;\n"
-
-
-def chroot_tarball() -> Path:
-    return debian_root("sbuild-chroot", "--variant=buildd", fmt="tar")
 
 
 def lintian_tags(debs: Path) -> list[str]:
@@ -90,76 +48,42 @@ def lintian_tags(debs: Path) -> list[str]:
     return sorted(line for line in res.stdout.splitlines() if re.match(r"^[EWIXP]: ", line))
 
 
-def sbuild(name: str, hugify: bool) -> DebBuild:
-    """The source package built by sbuild in the clean chroot, once per inputs."""
-    dsc = source_package(SOURCE)
-    tarball = chroot_tarball()
-    deb = build_hugify_deb().ok().deb("hugify") if hugify else None
-    rc_text = sbuildrc(deb)
-    inputs = [(p.name, p) for p in sorted(dsc.parent.iterdir())]
-    # The configuration counts with the .deb's name, not where the cache keeps it.
-    hugify_key = (deb.parent.parent.name, sbuildrc(Path(deb.name))) if deb else ("", rc_text)
-    key = files_key(inputs, tarball.parent.name, *hugify_key, tool_versions("sbuild"))
-
-    def build(parent: Path, out: Path) -> tuple[int, str]:
-        config = parent / "sbuildrc"
-        config.write_text(rc_text)
-        # The unshare backend maps root's subordinate ids, which a Debian system
-        # does not give root: a private mount namespace lends it a range.
-        for f in ("subuid", "subgid"):
-            (parent / f).write_text("root:200000:65536\n")
-        script = (
-            'mount --bind "$1/subuid" /etc/subuid && mount --bind "$1/subgid" /etc/subgid && '
-            'cd "$1/out" && exec sbuild --nolog --dist=bookworm --arch-any --no-arch-all '
-            '--chroot="$2" --build-dir="$1/out" "$3"'
-        )
-        (parent / "out").mkdir()
-        res = subprocess.run(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                *map(str, (parent, tarball, dsc)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=clean_env(SBUILD_CONFIG=str(config), HOME=str(parent)),
-            timeout=1800,
-            check=False,
-        )
-        collect(parent / "out", out)
-        (out / "lintian").write_text("\n".join(lintian_tags(out / "debs")) + "\n")
-        return res.returncode, res.stdout
-
-    group = cache_root() / "sbuild"
-    return DebBuild(cached_build(build_dir("sbuild", name, key), group / "build.lock", group / "build", build))
+def with_lintian(b: DebBuild) -> DebBuild:
+    lintian = b.dir / "lintian"
+    if not lintian.exists():
+        tmp = lintian.with_suffix(".tmp")
+        tmp.write_text("\n".join(lintian_tags(b.dir / "debs")) + "\n")
+        tmp.rename(lintian)
+    return b
 
 
 @pytest.fixture(scope="module")
 def with_hugify() -> DebBuild:
-    return sbuild("with-hugify", hugify=True).ok()
+    return with_lintian(hugified_build().ok())
 
 
 @pytest.fixture(scope="module")
 def without_hugify() -> DebBuild:
-    return sbuild("without-hugify", hugify=False).ok()
+    return with_lintian(archive_build().ok())
 
 
-def test_sbuild_with_dh_extra_addons_hugifies_the_archive_package(
+def test_sbuild_with_the_recorded_switch_hugifies_the_archive_package(
     with_hugify: DebBuild, without_hugify: DebBuild
 ) -> None:
     log = with_hugify.log
-    # hugify came in only as the build dependency the configuration adds.
+    # hugify and the distribution's policy came in as build dependencies of the source.
+    assert re.search(r"^Setting up hugify-policy-test ", log, re.M), log[-6000:]
     assert re.search(r"^Setting up hugify ", log, re.M), log[-6000:]
     assert not re.search(r"^(Setting up hugify|   dh_hugify)", without_hugify.log, re.M)
     steps = [line.split()[0] for line in log.splitlines() if line.startswith("   dh_")]
-    assert steps.index("dh_hugify") < steps.index("dh_dwz") < steps.index("dh_strip") < steps.index("dh_hugify_sign")
+    order = [steps.index(s) for s in ("dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_check", "dh_hugify_sign")]
+    assert order == sorted(order), steps
+    assert "DH_EXTRA_ADDONS" not in log
+    # The .buildinfo records the switch: both packages at their exact versions.
+    (buildinfo,) = (with_hugify.dir / "debs").glob("*.buildinfo")
+    recorded = parse_buildinfo(buildinfo)["Installed-Build-Depends"]
+    assert re.search(r"\bhugify \(= [^)]+\)", recorded), recorded
+    assert "hugify-policy-test (= 1.0)" in recorded, recorded
     assert re.search(rf"^hugify: /{PROGRAM}: transformed \(", log, re.M), log[-6000:]
     prog = with_hugify.pkg(SOURCE) / PROGRAM
     plain = without_hugify.pkg(SOURCE) / PROGRAM
@@ -180,7 +104,8 @@ def test_dbgsym_matches_the_hugified_build_ids(with_hugify: DebBuild, without_hu
     assert dbg.is_file(), sorted(os.listdir(dbg.parent.parent)) if dbg.parent.parent.is_dir() else "no .build-id"
     assert build_id(dbg) == bid
     assert with_hugify.field(f"{SOURCE}-dbgsym", "Build-Ids") == bid
-    # Both builds ran in the same path of the same chroot: hugify flipped one bit.
+    # Both builds ran in the same path of the same chroot, from the same upstream
+    # source and changelog date: hugify flipped one bit.
     plain = build_id(without_hugify.pkg(SOURCE) / PROGRAM)
     assert bits_differing(bytes.fromhex(bid), bytes.fromhex(plain)) == 1
     # gdb finds the debug file by the build-id and resolves main to a source line.
@@ -214,4 +139,4 @@ def test_source_is_the_archives_and_untouched(with_hugify: DebBuild) -> None:
     res = subprocess.run(["dscverify", "--no-sig-check", str(dsc)], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     version = with_hugify.field(SOURCE, "Version")
-    assert dsc.name == f"{SOURCE}_{version}.dsc"
+    assert dsc.name == f"{SOURCE}_{version.removesuffix('+hugify1')}.dsc"

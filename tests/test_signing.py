@@ -683,9 +683,9 @@ def test_brp_sign_mode_passes_rpms_environment_to_hugify_sign(tmp_path: Path, fa
     subprocess.run(base, env={**brp_env, "RPM_BUILD_ROOT": "/"}, check=True)
     report = f"{tmp_path}/foo-1.2-3.x86_64.hugify.json"
     assert calls.read_text().splitlines() == [
-        f"sign {tmp_path}/root --report {report} --package foo --file-list /l "
+        f"sign {tmp_path}/root --report {report} --recorded-policy --package foo --file-list /l "
         "--output /out/foo-1.2-3.x86_64 --policy /p",
-        f"sign {tmp_path}/root --report {report} --package foo --no-install",
+        f"sign {tmp_path}/root --report {report} --recorded-policy --package foo --no-install",
     ]
 
 
@@ -759,10 +759,10 @@ def test_dh_hugify_sign_signs_each_package_dh_hugify_reported(tmp_path: Path) ->
     lib_report = "debian/.debhelper/generated/libhugify-sign1/hugify-report.json"
     # No copy beside the packages (it would not be in the .changes, and go stale there).
     assert calls.read_text().splitlines() == [
-        f"sign debian/hugify-sign-test --report {report} --package hugify-sign-test --policy p.toml",
+        f"sign debian/hugify-sign-test --report {report} --package hugify-sign-test --recorded-policy --policy p.toml",
         # Multi-Arch: same: installed once per architecture, so named after it.
         f"sign debian/libhugify-sign1 --report {lib_report} --package libhugify-sign1 "
-        f"--name libhugify-sign1:{arch} --policy p.toml",
+        f"--name libhugify-sign1:{arch} --recorded-policy --policy p.toml",
     ]
     calls.unlink()
     subprocess.run(["dh_hugify_sign", "--destdir=/pub"], cwd=src, env=run_env, check=True)

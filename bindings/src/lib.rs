@@ -321,6 +321,19 @@ fn probe<'py>(py: Python<'py>, source: Source, huge_page: u64) -> PyResult<Optio
     p.map(|p| probe_dict(py, &p, huge_page)).transpose()
 }
 
+/// The build-id (hex) of a separate debug file (objcopy --only-keep-debug, eu-strip
+/// -f), from its note sections; None without one. Its program headers are those of
+/// the stripped file it goes with, so `probe` refuses it.
+#[pyfunction]
+fn debug_file_build_id(py: Python<'_>, source: Source) -> PyResult<Option<String>> {
+    let input = source.input(None);
+    let id = guarded(py, || {
+        let (_f, m) = fileio::map(&input)?;
+        Ok(hugify_core::probe::debug_file_build_id(m.as_deref().unwrap_or(&[]))?)
+    })?;
+    Ok(id.as_deref().map(hex))
+}
+
 /// A probe's facts for another huge-page size, from the loads it read
 /// (`Probe::windows`): the file is not read again.
 #[pyfunction]
@@ -383,6 +396,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reasons, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(at_page_size, m)?)?;
+    m.add_function(wrap_pyfunction!(debug_file_build_id, m)?)?;
     m.add_function(wrap_pyfunction!(arch_names, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_arch, m)?)?;
     m.add_function(wrap_pyfunction!(default_huge_pages, m)?)?;

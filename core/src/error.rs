@@ -130,6 +130,11 @@ reasons! {
     ChangesMismatch => (Invalid, "changes-mismatch", "hugify sign-packages: a file the .changes lists is missing, or its size or SHA-256 differs from what the .changes says."),
     StatementMissing => (Refused, "statement-missing", "hugify sign-packages: the packages given hold hugified files, but none carries hugify's statement of what it changed (built without dh_hugify_sign, or an rpm spec without %{?hugify_attestation}), so there is nothing to sign."),
     StatementMismatch => (Invalid, "statement-mismatch", "hugify sign-packages: a package's statement does not describe the packages given: a file it lists is in none of them, has other bytes or is not hugified by its program headers, or the statement names another package or architecture."),
+    LayoutUndone => (Invalid, "layout-undone", "hugify check: a file the build hugified no longer has its code on the whole huge-page windows its manifest entry or the tree report names: a tool after hugify rewrote its program headers or moved its code (patchelf, or dwz and eu-strip on a displaced program header table)."),
+    ManifestStale => (Invalid, "manifest-stale", "hugify check: a runtime manifest does not describe the file that ships (another build-id, another span, a file it lists is not there), or a file the build hugified is missing from it."),
+    DebugFileMismatch => (Invalid, "debug-file-mismatch", "hugify check: no separate debug file of the build (-dbgsym, -debuginfo) carries the build-id of a hugified file that ships, so debuggers would not find its symbols."),
+    ExposureOverLimit => (Invalid, "exposure-over-limit", "hugify check: the build report or statement records more bytes made executable for a file than the policy's exposure_limit allows for its package."),
+    StatementStale => (Invalid, "statement-stale", "hugify check: hugify's statement of what it changed names a file with other bytes or another build-id than the one that ships, or a file that is not there."),
     SigningFailed => (Io, "signing-failed", "hugify sign-packages: cosign could not sign (no key configured, a wrong password, an unreachable KMS, cosign missing)."),
     // The command line's own cases (issue 42), one block: a file already placed but with
     // no whole window, a path of the wrong type, a package built with hugify.

@@ -162,6 +162,15 @@ pub fn probe(data: &[u8]) -> Option<Probe> {
     Some(p)
 }
 
+/// The build-id of a separate debug file (objcopy --only-keep-debug, eu-strip -f),
+/// read from its note sections: the program headers of such a file describe the
+/// stripped file it goes with, not itself. None without a build-id note; an error
+/// for a file whose ELF or section headers are damaged.
+pub fn debug_file_build_id(data: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    let elf = Elf::parse_sections(data)?;
+    Ok(notes::build_id(&elf)?.map(|(_, id)| id.to_vec()))
+}
+
 fn read(p: &mut Probe, data: &[u8]) -> Result<(), Error> {
     let elf = Elf::parse(data)?;
     p.has_symtab = Some(elf.shdrs.iter().any(|s| s.sh_type == SHT_SYMTAB));
@@ -179,6 +188,28 @@ mod tests {
     use crate::testelf::{Seg, TestElf};
 
     const HP: u64 = 2 << 20;
+
+    #[test]
+    fn a_debug_file_whose_segments_reach_past_its_end_has_its_build_id() {
+        // A debug file keeps the stripped file's program headers, whose contents it
+        // leaves out: the probe finds them past its end, its build-id is still read.
+        use crate::testelf::{load, note, write, Sec};
+        let id = [7u8; 20];
+        let build_id = Sec::new(".note.gnu.build-id", SHT_NOTE, SHF_ALLOC, note(b"GNU\0", NT_GNU_BUILD_ID, &id));
+        let mut file = write(ET_DYN, 0, &[], vec![build_id]);
+        assert_eq!(debug_file_build_id(&file).unwrap(), Some(id.to_vec()));
+        // Give it the stripped file's load, 2 MiB of code it does not hold (its
+        // program header table appended at the end).
+        let code = load(PF_R | PF_X, 0, 0, 2 << 20, 2 << 20, 0x1000);
+        let phoff = file.len() as u64;
+        file.extend(crate::elf::Class { is64: true }.encode_phdr(&code));
+        file[0x20..0x28].copy_from_slice(&phoff.to_le_bytes()); // e_phoff
+        file[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        file[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        assert!(probe(&file).and_then(|p| p.problem).is_some(), "the probe reads the segments");
+        assert_eq!(debug_file_build_id(&file).unwrap(), Some(id.to_vec()));
+        assert!(debug_file_build_id(&file[..40]).is_err());
+    }
 
     #[test]
     fn not_elf_and_not_a_program_are_none() {

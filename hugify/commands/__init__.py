@@ -19,6 +19,7 @@ COMMANDS = [
     "sign",
     "sign-packages",
     "verify",
+    "check",
     "repack",
     "try",
 ]

@@ -134,12 +134,32 @@ def build_root(text: str) -> Path | Exit:
     return Path(text)
 
 
-def usable_policy(path: Path | None, package: str | None = None, *, for_build: bool = True) -> Policy | None:
-    """The effective policy, or None after saying why it is not usable."""
+def usable_policy(
+    path: Path | None, package: str | None = None, *, for_build: bool = True, recorded: bool = False
+) -> Policy | None:
+    """The effective policy, or None after saying why it is not usable. `recorded`
+    (--recorded-policy, package builds): only the layers packages install, and a
+    line on stdout, for the build log, naming an administrator's file left out."""
     from hugify import policy
 
+    if recorded and (left_out := policy.unrecorded_admin_file()):
+        print(
+            f"hugify: note: {left_out[0]} (sha256 {left_out[1]}) is not read in package builds: a rebuild from "
+            "the build's record would not have it; put the distribution's policy in a package",
+            flush=True,
+        )
     try:
-        return policy.resolve(policy.load(path), package, for_build=for_build)
+        return policy.resolve(policy.load(path, recorded=recorded), package, for_build=for_build)
     except policy.PolicyError as e:
         print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
         return None
+
+
+def add_recorded_policy_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--recorded-policy",
+        action="store_true",
+        help="a package build: read only the policy files packages install (and --policy), not "
+        "/etc/hugify/policy.toml, which is in no package, so a rebuild from the build's record "
+        "(.buildinfo, build-root package list) has the same policy",
+    )

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import build_root, epilog, usable_policy
+from hugify.commands.common import add_recorded_policy_option, build_root, epilog, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> Exit:
     root = build_root(args.root)
     if isinstance(root, Exit):
         return root
-    pol = usable_policy(args.policy, args.package)
+    pol = usable_policy(args.policy, args.package, recorded=args.recorded_policy)
     if pol is None:
         return Exit.INVALID
     try:
@@ -99,6 +99,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "NAME:ARCH for Multi-Arch: same packages, so that two architectures install side by side)",
     )
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_recorded_policy_option(p)
     p.add_argument("--no-install", action="store_true", help="write nothing into ROOT (only --output)")
     p.add_argument(
         "--output",

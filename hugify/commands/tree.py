@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from hugify.commands.common import build_root, epilog, failure, say_failure, usable_policy
+from hugify.commands.common import add_recorded_policy_option, build_root, epilog, failure, say_failure, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> Exit:
         code, info = failure(hugify_error("live-root", detail), args.root)
         say_failure(args.root, info)
         return code
-    pol = usable_policy(args.policy, args.package)
+    pol = usable_policy(args.policy, args.package, recorded=args.recorded_policy)
     if pol is None:
         return Exit.INVALID
     if args.arch is not None and policy.canonical_arch(args.arch) is None:
@@ -98,6 +98,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
     p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_recorded_policy_option(p)
     p.add_argument("--package", metavar="NAME", help="apply the policy's [packages.NAME] overrides")
     p.add_argument("--jobs", "-j", type=_jobs, metavar="N", help="files transformed at once (default: CPUs)")
     p.add_argument("--manifest", metavar="OUT", help="write the package manifest (docs/manifest.md) here")

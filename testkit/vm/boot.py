@@ -232,7 +232,7 @@ def debug_tool_debs(root: Path) -> list[Path]:
 def guest_inputs() -> GuestInputs:
     hugify = build_hugify_deb().ok()
     variant = build_variant("with").ok()
-    debs = [hugify.deb("hugify"), *(variant.deb(p) for p in GUEST_DEBS)]
+    debs = [*hugify.installable(), *(variant.deb(p) for p in GUEST_DEBS)]
     root = systemd_root(debs[0])
     tools = guest_tools()
     debug_debs = (*debug_tool_debs(root), *(variant.deb(p) for p in GUEST_DEBUG_DEBS))

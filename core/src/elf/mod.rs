@@ -219,6 +219,24 @@ fn invalid(reason: Reason, detail: impl Into<String>) -> Error {
 impl<'a> Elf<'a> {
     /// Parses and validates the headers of `data`.
     pub fn parse(data: &'a [u8]) -> Result<Elf<'a>> {
+        let mut elf = Elf::header(data)?;
+        elf.read_sections()?;
+        elf.read_segments()?;
+        Ok(elf)
+    }
+
+    /// Parses the header and the section headers of a separate debug file, not its
+    /// program headers: those are the stripped file's, whose loaded contents the
+    /// debug file leaves out (eu-strip -f keeps them as they were, so they reach
+    /// past its end). `phdrs` stays empty.
+    pub fn parse_sections(data: &'a [u8]) -> Result<Elf<'a>> {
+        let mut elf = Elf::header(data)?;
+        elf.read_sections()?;
+        Ok(elf)
+    }
+
+    /// The ELF header alone, checked; no program or section headers read yet.
+    fn header(data: &'a [u8]) -> Result<Elf<'a>> {
         if data.len() < 4 || &data[..4] != b"\x7fELF" {
             return Err(invalid(Reason::NotElf, "no ELF magic"));
         }
@@ -241,10 +259,7 @@ impl<'a> Elf<'a> {
             return Err(invalid(Reason::Truncated, "file ends inside the ELF header"));
         }
         let ehdr = records::read_ehdr(data, class)?;
-        let mut elf = Elf { data, class, ehdr, phdrs: Vec::new(), shdrs: Vec::new() };
-        elf.read_sections()?;
-        elf.read_segments()?;
-        Ok(elf)
+        Ok(Elf { data, class, ehdr, phdrs: Vec::new(), shdrs: Vec::new() })
     }
 
     fn read_sections(&mut self) -> Result<()> {

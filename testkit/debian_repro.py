@@ -1,0 +1,540 @@
+"""Debian builds as a distribution and its rebuilders make them (tests/test_sbuild.py,
+tests/test_repro*.py):
+
+* the test distribution's policy package (tests/deb/hugify-policy-test: hugify's
+  policy with a 4 KiB threshold, `Provides: hugify-policy`);
+* a source package of the archive turned into its hugified derivative the way a
+  distribution would (issue 44's `+hugifyN` source): one Build-Depends added
+  (`dh-sequence-hugify`) and a changelog entry, nothing else;
+* sbuild in a clean chroot (mmdebstrap's buildd variant, the unshare backend) with
+  hugify's packages offered as extra packages, as a buildd that has them in its archive;
+* a rebuild from a .buildinfo alone, as debrebuild does it: a fresh chroot holding
+  exactly the recorded Installed-Build-Depends (from the archive and a local
+  repository of hugify's packages), the source unpacked at the recorded Build-Path,
+  dpkg-buildpackage run with the recorded Environment and nothing else, and the
+  packages compared with the checksums the .buildinfo lists.
+
+Every build is cached under the test cache, keyed by its inputs (testkit.cache).
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import hashlib
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from testkit import REPO
+from testkit.cache import CachedBuild, build_dir, cache_root, cached, cached_build, locked
+from testkit.debian import (
+    DebBuild,
+    build_hugify_deb,
+    clean_env,
+    collect,
+    dpkg_buildpackage,
+    files_key,
+    tool_versions,
+    tree_files,
+)
+from testkit.debian_roots import KEYRING, MIRROR, SUITE, debian_root, source_package
+
+POLICY_SRC = REPO / "tests" / "deb" / "hugify-policy-test"
+#: Every sbuild run: the unshare backend, a fixed build path, no lintian inside (the
+#: host's lintian runs on the results), apt's lists refreshed.
+SBUILDRC_COMMON = """\
+$chroot_mode = 'unshare';
+$build_path = '/build/pkg';
+$run_lintian = 0;
+$run_piuparts = 0;
+$run_autopkgtest = 0;
+$apt_update = 1;
+"""
+
+
+def policy_package() -> Path:
+    """The test distribution's policy package (.deb), built once per its sources."""
+    files = tree_files(POLICY_SRC)
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
+        src = parent / "hugify-policy-test"
+        shutil.copytree(POLICY_SRC, src)
+        rc, log = dpkg_buildpackage(src, clean_env())
+        collect(parent, out)
+        return rc, log
+
+    group = cache_root() / "repro"
+    key = files_key(files, tool_versions("debhelper", "dpkg-dev"))
+    final = build_dir("repro", "policy-package", key)
+    return (
+        DebBuild(cached_build(final, group / "policy.lock", group / "policy-build", build))
+        .ok()
+        .deb("hugify-policy-test")
+    )
+
+
+def chroot_tarball() -> Path:
+    """The clean build chroot sbuild starts every build from."""
+    return debian_root("sbuild-chroot", "--variant=buildd", fmt="tar")
+
+
+# --- the derived source -----------------------------------------------------------------------
+
+
+def _changelog_entry(source: str, version: str, dist: str, date: str) -> str:
+    return (
+        f"{source} ({version}) {dist}; urgency=medium\n\n"
+        "  * Hugified: Build-Depends on dh-sequence-hugify (the distribution's policy\n"
+        "    comes with it, recorded in the .buildinfo).\n\n"
+        f" -- hugify developers <hugify-devel@example.org>  {date}\n\n"
+    )
+
+
+#: What hugified_source changes (part of its cache key).
+DERIVATION = "Build-Depends: dh-sequence-hugify; a changelog entry a day after the last"
+
+
+def hugified_source(name: str, suffix: str = "+hugify1") -> Path:
+    """The archive's source `name` with one Build-Depends added (dh-sequence-hugify)
+    and a changelog entry VERSION+hugify1 dated a day after the last one (a fixed
+    date, so that the same inputs give the same source): the path of its .dsc, built
+    once."""
+    dsc = source_package(name)
+    inputs = [(p.name, p) for p in sorted(dsc.parent.iterdir())]
+    group = cache_root() / "repro"
+    key = files_key(inputs, suffix, DERIVATION, tool_versions("dpkg-dev"))
+    final = group / f"source-{name}-{key}"
+    if (final / "done").exists():
+        return next(final.glob("*.dsc"))
+    with locked(group / f"source-{name}.lock"):
+        if (final / "done").exists():
+            return next(final.glob("*.dsc"))
+        work = final.with_name(final.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        tree = work / "tree"
+        subprocess.run(["dpkg-source", "-x", str(dsc), str(tree)], check=True, capture_output=True, cwd=work)
+        control = tree / "debian" / "control"
+        text = control.read_text()
+        m = re.search(r"^Build-Depends:[ \t]*", text, re.M)
+        assert m, "no Build-Depends"
+        control.write_text(text[: m.end()] + "dh-sequence-hugify, " + text[m.end() :])
+        fields = {
+            f: subprocess.run(
+                ["dpkg-parsechangelog", "-l", str(tree / "debian/changelog"), "-S", f],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            for f in ("Source", "Version", "Distribution", "Date")
+        }
+        changelog = tree / "debian" / "changelog"
+        last = email.utils.parsedate_to_datetime(fields["Date"])
+        date = email.utils.format_datetime(last + datetime.timedelta(days=1))
+        entry = _changelog_entry(fields["Source"], fields["Version"] + suffix, fields["Distribution"], date)
+        changelog.write_text(entry + changelog.read_text())
+        subprocess.run(["dpkg-source", "-b", "tree"], check=True, capture_output=True, cwd=work)
+        shutil.rmtree(tree)
+        (work / "done").touch()
+        work.rename(final)
+    return next(final.glob("*.dsc"))
+
+
+# --- sbuild --------------------------------------------------------------------------------------
+
+
+def sbuild(name: str, dsc: Path, rc_text: str, key_parts: list[str]) -> DebBuild:
+    """`dsc` built by sbuild in the clean chroot with configuration `rc_text` (its
+    `1;` added), once per inputs: the source's files, the chroot, `key_parts` (what
+    the configuration names by path: the extra packages' identities) and sbuild's
+    version. Its .debs, .changes and .buildinfo in debs/, unpacked in pkgs/."""
+    tarball = chroot_tarball()
+    rc_text += "1;\n"
+    inputs = [(p.name, p) for p in sorted(dsc.parent.iterdir()) if p.suffix != ".tmp"]
+    key = files_key(inputs, tarball.parent.name, *key_parts, tool_versions("sbuild"))
+
+    def build(parent: Path, out: Path) -> tuple[int, str]:
+        config = parent / "sbuildrc"
+        config.write_text(rc_text)
+        # The unshare backend maps root's subordinate ids, which a Debian system
+        # does not give root: a private mount namespace lends it a range.
+        for f in ("subuid", "subgid"):
+            (parent / f).write_text("root:200000:65536\n")
+        script = (
+            'mount --bind "$1/subuid" /etc/subuid && mount --bind "$1/subgid" /etc/subgid && '
+            'cd "$1/out" && exec sbuild --nolog --dist=bookworm --arch-any --no-arch-all '
+            '--chroot="$2" --build-dir="$1/out" "$3"'
+        )
+        (parent / "out").mkdir()
+        res = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                *map(str, (parent, tarball, dsc)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=clean_env(SBUILD_CONFIG=str(config), HOME=str(parent)),
+            timeout=1800,
+            check=False,
+        )
+        collect(parent / "out", out)
+        return res.returncode, res.stdout
+
+    group = cache_root() / "sbuild"
+    return DebBuild(cached_build(build_dir("sbuild", name, key), group / "build.lock", group / "build", build))
+
+
+def extra_packages_rc(debs: list[Path]) -> str:
+    """sbuild lines that offer these packages to the dependency resolver (as an archive
+    that has them would) and install nothing by themselves."""
+    listed = ", ".join(f"'{d}'" for d in debs)
+    return f"$extra_packages = [{listed}];\n"
+
+
+def package_identity(deb: Path) -> str:
+    """What a package counts with in a cache key: its name, version and digest."""
+    return f"{deb.name} {hashlib.sha256(deb.read_bytes()).hexdigest()}"
+
+
+def hugify_debs() -> list[Path]:
+    """What the test distribution's archive offers besides Debian's: hugify and its
+    policy package (not hugify-policy-debian, which hugify's Depends names first)."""
+    return [build_hugify_deb().ok().deb("hugify"), policy_package()]
+
+
+def hugified_build(source: str = "hello") -> DebBuild:
+    """The hugified source (one Build-Depends added) built by sbuild, hugify's
+    packages offered by the archive."""
+    debs = hugify_debs()
+    rc = SBUILDRC_COMMON + extra_packages_rc(debs)
+    return sbuild(f"hugified-{source}", hugified_source(source), rc, [rc, *map(package_identity, debs)])
+
+
+def archive_build(source: str = "hello") -> DebBuild:
+    """The archive's source, unchanged, built the same way without hugify."""
+    return sbuild(f"archive-{source}", source_package(source), SBUILDRC_COMMON, [SBUILDRC_COMMON])
+
+
+def local_switch_build(source: str = "hello") -> DebBuild:
+    """The archive's source built with the local, unrecorded switch: DH_EXTRA_ADDONS
+    in sbuild's build environment and hugify added to the build dependencies by the
+    builder's configuration (docs/packaging-debian.md, "Local builds")."""
+    debs = hugify_debs()
+    rc = (
+        SBUILDRC_COMMON
+        + extra_packages_rc(debs)
+        + "$build_environment = { 'DH_EXTRA_ADDONS' => 'hugify' };\n$manual_depends = ['hugify'];\n"
+    )
+    return sbuild(f"local-switch-{source}", source_package(source), rc, [rc, *map(package_identity, debs)])
+
+
+# --- a rebuild from the .buildinfo alone ----------------------------------------------------------
+
+
+def parse_buildinfo(path: Path) -> dict[str, str]:
+    """The fields of a .buildinfo (continuation lines joined with newlines)."""
+    fields: dict[str, str] = {}
+    last = ""
+    for line in path.read_text().splitlines():
+        if line.startswith((" ", "\t")) and last:
+            fields[last] += "\n" + line.strip()
+        elif ":" in line:
+            last, _, value = line.partition(":")
+            fields[last] = value.strip()
+    return fields
+
+
+def installed_build_depends(info: dict[str, str]) -> list[str]:
+    """`package=version` for each entry of Installed-Build-Depends."""
+    out = []
+    for item in info["Installed-Build-Depends"].replace("\n", " ").split(","):
+        m = re.fullmatch(r"\s*([a-z0-9.+-]+)(?::\w+)?\s*\(=\s*([^)\s]+)\s*\)\s*", item)
+        assert m, f"not NAME (= VERSION): {item!r}"
+        out.append(f"{m[1]}={m[2]}")
+    return out
+
+
+def recorded_environment(info: dict[str, str]) -> dict[str, str]:
+    """The Environment field: VAR="value" lines."""
+    env = {}
+    for line in info.get("Environment", "").splitlines():
+        m = re.fullmatch(r'\s*([A-Za-z_][A-Za-z0-9_]*)="(.*)"\s*', line)
+        if m:
+            env[m[1]] = m[2].replace('\\"', '"').replace("\\\\", "\\")
+    return env
+
+
+def listed_debs(info: dict[str, str]) -> dict[str, str]:
+    """name -> sha256 of every .deb the .buildinfo lists (Checksums-Sha256)."""
+    out = {}
+    for line in info["Checksums-Sha256"].splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2].endswith((".deb", ".udeb")):
+            out[parts[2]] = parts[0]
+    return out
+
+
+def rebuild(name: str, build: DebBuild, dsc: Path, local_debs: list[Path]) -> DebBuild:
+    """The build reproduced from its .buildinfo alone, as debrebuild does: a fresh
+    chroot (mmdebstrap, essential variant) with exactly the packages and versions of
+    Installed-Build-Depends, from the archive and a local repository holding
+    `local_debs` (packages the archive does not have: hugify's); the source unpacked at
+    Build-Path; `dpkg-buildpackage` with the recorded Environment only, for the
+    recorded architectures. Cached by the .buildinfo and the local packages."""
+    (buildinfo,) = sorted((build.dir / "debs").glob("*.buildinfo"))
+    info = parse_buildinfo(buildinfo)
+    sources = [p for p in sorted(dsc.parent.iterdir()) if p.is_file() and p.name != "done"]
+    key = files_key(
+        [("buildinfo", buildinfo), *((p.name, p) for p in sources), *((d.name, d) for d in local_debs)],
+        tool_versions("mmdebstrap"),
+    )
+
+    def run(parent: Path, out: Path) -> tuple[int, str]:
+        repo = local_repository(parent, local_debs)
+        root = parent / "root"
+        include = ",".join(installed_build_depends(info))
+        log = []
+        res = subprocess.run(
+            [
+                "mmdebstrap",
+                "--mode=root",
+                "--variant=essential",
+                f"--include={include}",
+                f"--keyring={KEYRING}",
+                SUITE,
+                str(root),
+                f"deb {MIRROR} {SUITE} main",
+                f"deb [trusted=yes] copy://{repo} ./",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
+        log.append(res.stdout)
+        if res.returncode != 0:
+            return res.returncode, "".join(log)
+        build_path = Path(info["Build-Path"])
+        inside = root / build_path.parent.relative_to("/")
+        inside.mkdir(parents=True, exist_ok=True)
+        for p in sources:
+            shutil.copy(p, inside / p.name)
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/nonexistent", **recorded_environment(info)}
+        archs = info["Architecture"].split()
+        binary = "any" if "all" not in archs else ("all" if archs == ["all"] else "any,all")
+        if "source" in archs:
+            binary = "source," + binary
+        command = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "dpkg-buildpackage", "-us", "-uc"]
+        (root / "rebuild.sh").write_text(
+            "set -e\n"
+            f"cd {shlex.quote(str(build_path.parent))}\n"
+            f"dpkg-source -x {shlex.quote(dsc.name)} {shlex.quote(build_path.name)} >/dev/null\n"
+            f"cd {shlex.quote(build_path.name)}\n"
+            f"exec {shlex.join(command)} --build={binary}\n"
+        )
+        script = 'mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && exec chroot "$1" /bin/sh /rebuild.sh'
+        res = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "sh", "-c", script, "sh", str(root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
+        log.append(res.stdout)
+        collect(inside, out)
+        return res.returncode, "".join(log)
+
+    group = cache_root() / "repro"
+    return DebBuild(
+        cached_build(build_dir("repro", f"rebuild-{name}", key), group / "rebuild.lock", group / "rebuild", run)
+    )
+
+
+def deb_digests(build: DebBuild) -> dict[str, str]:
+    """name -> sha256 of every .deb of a build."""
+    return {
+        d.name: hashlib.sha256(d.read_bytes()).hexdigest()
+        for d in sorted((build.dir / "debs").iterdir())
+        if d.suffix in (".deb", ".udeb")
+    }
+
+
+# --- reprotest ---------------------------------------------------------------------------------
+
+
+#: reprotest's variations (variations()): all of them (build path, time, umask, locales, timezone,
+#: user and group, home, file ordering, number of CPUs, kernel, ASLR, domain and host
+#: names, exec path, environment), the user the experiment builds as being the
+#: chroot's `builduser` (and the host name set through sudo, which that needs), the
+#: time always faked (reprotest otherwise leaves it alone in half of its runs).
+def faked_time() -> str:
+    """The time the experiment build is faked to: in this calendar year, as far from
+    now as the year allows (January 1 or December 31). GNU hello writes its build's
+    year into the program (configure.ac: COPYRIGHT_YEAR from `date +%Y`), as other
+    upstreams do, so a faked time in another year would make the two builds differ
+    with or without hugify."""
+    now = datetime.datetime.now(datetime.UTC)
+    return f"{now.year}-01-01 00:00:30" if now.month > 6 else f"{now.year}-12-31 23:59:00"
+
+
+def variations() -> str:
+    return f"+all,user_group.available+=builduser:builduser,domain_host.use_sudo=1,time.faketimes+={faked_time()}"
+
+
+#: Run as the build command's first word in the chroot: the experiment build (reprotest
+#: builds it in build-experiment-N; its environment variable does not survive the sudo
+#: of the user_group variation) runs with
+#: transparent huge pages disabled for it and its children (prctl
+#: PR_SET_THP_DISABLE, x86-64 syscall 157, option 41): THP "never" against the
+#: control's "madvise". The machine-wide setting is shared with every other test
+#: and user of the machine, so what a build can see of it is varied, not it.
+THP_BY_VARIATION = r"""#!/bin/sh
+if [ "${1:-}" = --report ]; then
+    shift
+    thp=$(grep THP_enabled /proc/self/status | tr '\t' ' ')
+    echo "reprotest build: $thp, umask $(umask), $(nproc) CPUs, TZ=${TZ:-}, as $(id -un):$(id -gn), in $PWD" >&2
+    exec "$@"
+fi
+case $PWD in */build-experiment-*)
+    exec perl -e 'syscall(157, 41, 1, 0, 0, 0) == 0 or die "prctl: $!\n"; exec @ARGV or die' "$0" --report "$@" ;;
+esac
+exec "$0" --report "$@"
+"""
+
+
+#: /usr/local/bin/sudo in the chroot: reprotest 0.7.23 runs `sudo -h localhost ...` for
+#: its user_group and domain_host variations, and bookworm's sudo (1.9.13) accepts a
+#: host only for listing privileges ("a remote host may only be specified when listing
+#: privileges"). The host is this one: the wrapper drops it.
+SUDO_WITHOUT_HOST = """#!/bin/sh
+if [ "$1" = -h ] && [ "$2" = localhost ]; then shift 2; fi
+exec /usr/bin/sudo "$@"
+"""
+
+
+#: The chroot's /dev, its own (a tmpfs in the private mount namespace): the usual
+#: nodes, and /dev/fuse open to every user, for disorderfs, which the file-ordering
+#: variation runs as the experiment's user. The machine's /dev/fuse is root's only,
+#: and a bind mount would share (and a chmod change) the machine's node.
+PRIVATE_DEV = (
+    'mount -t tmpfs -o mode=755 hugify-dev "$1/dev" && cd "$1/dev" && '
+    "mknod -m 666 null c 1 3 && mknod -m 666 zero c 1 5 && mknod -m 666 full c 1 7 && "
+    "mknod -m 666 random c 1 8 && mknod -m 666 urandom c 1 9 && mknod -m 666 tty c 5 0 && "
+    "mknod -m 666 fuse c 10 229 && mkdir pts shm && mount -t devpts -o newinstance,ptmxmode=666 devpts pts && "
+    "ln -s pts/ptmx ptmx && ln -s /proc/self/fd fd && ln -s /proc/self/fd/0 stdin && "
+    "ln -s /proc/self/fd/1 stdout && ln -s /proc/self/fd/2 stderr && chmod 1777 shm && cd /"
+)
+
+
+def local_repository(parent: Path, debs: list[Path]) -> Path:
+    """A flat apt repository (Packages beside the .debs) of `debs` in parent/repo."""
+    repo = parent / "repo"
+    repo.mkdir(parents=True)
+    for d in debs:
+        shutil.copy(d, repo / d.name)
+    packages = subprocess.run(
+        ["dpkg-scanpackages", "--multiversion", "."], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+    (repo / "Packages").write_text(packages)
+    return repo
+
+
+def reprotest_root(dsc: Path, local_debs: list[Path]) -> Path:
+    """A chroot for reprotest's chroot virtual server: the buildd variant, what
+    reprotest's variations need (disorderfs, faketime, locales-all, sudo, a second
+    user), the source's build dependencies (hugify and the policy package from a
+    local repository), and the THP wrapper; built once per source and packages."""
+    sources = [p for p in sorted(dsc.parent.iterdir()) if p.is_file() and p.name != "done"]
+    files = [*((p.name, p) for p in sources), *((d.name, d) for d in local_debs)]
+    key = files_key(files, THP_BY_VARIATION, SUDO_WITHOUT_HOST, tool_versions("mmdebstrap"))
+
+    def make(work: Path) -> None:
+        repo = local_repository(work, local_debs)
+        wrappers = []
+        for name, text in (("thp-by-variation", THP_BY_VARIATION), ("sudo", SUDO_WITHOUT_HOST)):
+            wrappers.append(work / name)
+            wrappers[-1].write_text(text)
+            wrappers[-1].chmod(0o755)
+        hooks = [
+            'mkdir -p "$1/srv/hugify-repo" "$1/srv/src"',
+            f"copy-in {' '.join(shlex.quote(str(p)) for p in repo.iterdir())} /srv/hugify-repo",
+            f"copy-in {' '.join(shlex.quote(str(p)) for p in sources)} /srv/src",
+            f"copy-in {' '.join(shlex.quote(str(w)) for w in wrappers)} /usr/local/bin",
+            'echo "deb [trusted=yes] file:/srv/hugify-repo ./" > "$1/etc/apt/sources.list.d/hugify.list"',
+            'chroot "$1" apt-get -q update',
+            f'chroot "$1" sh -c "cd /srv/src && apt-get -q -y --no-install-recommends build-dep ./{dsc.name}"',
+            'chroot "$1" useradd --create-home builduser',
+        ]
+        res = subprocess.run(
+            [
+                "mmdebstrap",
+                "--mode=root",
+                "--variant=buildd",
+                "--include=disorderfs,fakeroot,faketime,locales-all,sudo,util-linux,perl",
+                *(f"--customize-hook={h}" for h in hooks),
+                SUITE,
+                str(work / "root"),
+                MIRROR,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+        assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
+
+    return cached(f"reprotest-root-{dsc.name.split('_')[0]}", key, make) / "root"
+
+
+def reprotest(name: str, dsc: Path, local_debs: list[Path]) -> CachedBuild:
+    """reprotest on `dsc` in its chroot (reprotest_root), every variation on, the
+    experiment under THP never (THP_BY_VARIATION): its exit status (0: every artifact
+    the same), its log, and the artifacts of both builds in store/control and
+    store/experiment-1. Cached by the chroot and reprotest's version."""
+    root = reprotest_root(dsc, local_debs)
+    key = files_key([], root.parent.name, variations(), PRIVATE_DEV, tool_versions("reprotest", "diffoscope-minimal"))
+    preset = (
+        "_.set.testbed_init('test -c /dev/fuse || mknod -m 666 /dev/fuse c 10 229; "
+        "test -e /etc/mtab || ln -s ../proc/self/mounts /etc/mtab')"
+        ".set.testbed_build_pre(None)"
+        ".str_replace.build_command('dpkg-buildpackage', 'thp-by-variation dpkg-buildpackage -B')"
+        ".str_replace.build_command(' -b', '')"
+    )
+
+    def run(parent: Path, out: Path) -> tuple[int, str]:
+        store = out / "store"
+        script = (
+            'mount -t proc proc "$1/proc" && mount -t tmpfs tmpfs "$1/tmp" && ' + PRIVATE_DEV + ' && shift && exec "$@"'
+        )
+        command = ["reprotest", "--verbosity=1", f"--store-dir={store}", f"--variations={variations()}"]
+        command += [f"--auto-preset-expr={preset}", str(dsc), "--", "chroot", str(root)]
+        res = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(root), *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            # Nothing of the test run's own environment (its HUGIFY_POLICY_PATH) reaches the builds.
+            env=clean_env(),
+            timeout=5400,
+            check=False,
+        )
+        return res.returncode, res.stdout
+
+    group = cache_root() / "repro"
+    return CachedBuild(
+        cached_build(build_dir("repro", f"reprotest-{name}", key), group / "reprotest.lock", group / "reprotest", run)
+    )
