@@ -111,6 +111,7 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case(("try", "--policy", s["bad"], "--", "true"), 3, None, (s["bad"],)),
         Case(("policy", "show", "--policy", s["bad"]), 3, None, (s["bad"],)),
         Case(("policy", "check", s["bad"]), 3, None, (s["bad"],)),
+        Case(("check", s["root"], "--policy", s["bad"]), 3, None, (s["bad"],)),
     ]
     wrong_type = [
         Case(("inspect", s["dir"]), 3, "wrong-file-type", (s["dir"],)),
@@ -129,6 +130,7 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case(("prefetch", s["missing"]), 5, "missing", (s["missing"],)),
         Case(("tree", s["missing"]), 5, "io-error", (s["missing"],)),
         Case(("verify", s["missing"]), 5, "io-error", (s["missing"],)),
+        Case(("check", s["missing"]), 5, "io-error", (s["missing"],)),
     ]
     output = [
         Case(("transform", s["pie"], "-o", f"{s['nodir']}/out"), 5, "io-error", (f"{s['nodir']}/out", s["pie"])),
@@ -144,6 +146,7 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case(("prefetch", s["nonpie"]), 3, "not-hugified", (s["nonpie"],)),
         Case(("tree", "/"), 4, "live-root"),
         Case(("repack", s["text"], "-o", s["dir"]), 3, "not-a-package", (s["text"],)),
+        Case(("check", s["text"]), 3, "not-a-package", (s["text"],)),
         Case(("explain", "no-such-reason"), 2),
         Case(("verify",), 2),
         Case(("try",), 2),

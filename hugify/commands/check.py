@@ -5,13 +5,14 @@ statement, debug files) describe what ships (hugify/check.py)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hugify import reasons
-from hugify.commands.common import add_recorded_policy_option
+from hugify.commands.common import add_recorded_policy_option, epilog
 from hugify.exitcodes import Exit
 
 if TYPE_CHECKING:
@@ -42,6 +43,11 @@ def run(args: argparse.Namespace) -> Exit:
     from hugify.reasons import ReasonError
 
     targets = [Path(t) for t in args.targets]
+    try:
+        for t in targets:  # a file given that is missing or unreadable is an I/O error, as in every command
+            os.stat(t)
+    except OSError as e:
+        return reasons.report(e)
     dirs = [t for t in targets if t.is_dir()]
     if dirs and len(targets) > 1:
         print("hugify: check: give one built tree, or package files (.deb, .rpm, .changes)", file=sys.stderr)
@@ -67,10 +73,7 @@ def run(args: argparse.Namespace) -> Exit:
         return _refuse(e.reason, e.detail)
     except files.UnsafeFile as e:
         return _refuse(e.reason, str(e).removesuffix(f" ({e.reason})"))
-    except FileNotFoundError as e:
-        print(f"hugify: check: {reasons.io_detail(e)}", file=sys.stderr)
-        return Exit.USAGE
-    except OSError as e:
+    except OSError as e:  # a file given that is missing or unreadable: 5, as in every command
         return reasons.report(e)
     except policy.PolicyError as e:
         print(f"hugify: the policy is not usable:\n{e}", file=sys.stderr)
@@ -103,9 +106,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "what ships (manifest-stale, statement-stale), the bytes made executable are within the policy's "
         "exposure_limit (exposure-over-limit), a debug file of the build carries its build-id "
         "(debug-file-mismatch; with --debug-root, or the -dbgsym/-debuginfo packages of the set), it exists "
-        "(missing). One line per regression, with its reason id. Exit status: 0, also when the policy's "
-        'on_regression is "warn"; 1 regressions; 2 usage; 3 not a package, a truncated or damaged one, an '
-        "unreadable report or policy; 5 I/O error; 6 a path of the tree leads through a symbolic link.",
+        "(missing). One line per regression, with its reason id.",
+        epilog=epilog(
+            (
+                (
+                    "hugify check debian/libfoo1 --report debian/.debhelper/generated/libfoo1/hugify-report.json",
+                    "a built tree, as dh_hugify_check runs it after dh_strip",
+                ),
+                ("hugify check ../foo_1.2-3_amd64.changes", "the packages of a build, before signing them"),
+                ("hugify check --on-regression warn *.rpm", "an archive's QA: report, do not fail"),
+            ),
+            '0 no regression (also with regressions when on_regression is "warn"); 1 regressions; 2 usage; '
+            "3 not a package, a truncated or damaged one, an unreadable report or policy; 5 I/O error (a file "
+            "given is missing); 6 a path of the tree leads through a symbolic link.",
+        ),
     )
     p.add_argument("targets", nargs="+", metavar="TREE|PACKAGE", help="one built tree, or package files")
     p.add_argument("--report", metavar="REPORT.json", help="the report `hugify tree --report` wrote for the tree")
