@@ -36,6 +36,7 @@ from testkit.runtime import (
     loop_fs,
     parse_smaps,
     public_dir,
+    set_read_ahead,
     starts_read,
 )
 
@@ -274,8 +275,7 @@ def test_a_user_gets_cold_windows_huge_through_the_audit_library_after_ld_so_rea
     more than by plain starts, and from files cached small not a byte more."""
     with public_dir() as public, loop_fs(public, "xfs", "", built) as mnt, locked():
         mnt.chmod(0o755)
-        device = subprocess.run(["findmnt", "-no", "SOURCE", str(mnt)], capture_output=True, text=True, check=True)
-        Path(f"/sys/block/{Path(device.stdout.strip()).name}/queue/read_ahead_kb").write_text("16384\n")
+        set_read_ahead(mnt, 16384)
         progs = Programs(mnt / "bin", built.orig)
         assert gives_large_folios(progs.prog)
         env = clean_env(NO_RUNTIME_DIR, LD_AUDIT=str(AUDIT_LIB))
