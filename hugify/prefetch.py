@@ -845,7 +845,12 @@ class Run:
         if why == "file-no-large-folios":
             return "read in again as small folios with nothing in the way: this file gets no large folios"
         if why == "fragmented":
-            return "no free 2 MiB block of memory (fragmented); try again later"
+            return "no free 2 MiB block of memory the page cache could take (fragmented, or low); try again later"
+        if why == "read-meanwhile":
+            return (
+                "read in again as small folios, but not wholly by this process (another read pages of it in "
+                "meanwhile): nothing concluded; the timer retries"
+            )
         if why == "not-owner":
             return (
                 "small folios this user does not evict (the kernel tells only root, the file's owner or a writer "

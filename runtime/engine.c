@@ -24,7 +24,7 @@ EXPORT long hp_engine_record_read(const char *name, char *buf, size_t cap);
 EXPORT int hp_engine_record_write(const char *name, const char *text, size_t n);
 EXPORT int hp_engine_record_drop(const char *name);
 EXPORT int hp_engine_may_record(void);
-EXPORT void hp_engine_set_probe_hook(void (*hook)(int fd, uint64_t off));
+EXPORT void hp_engine_set_fault_hook(void (*hook)(int fd, uint64_t off));
 EXPORT int hp_engine_file_id(int fd, uint32_t *major, uint32_t *minor, uint64_t *inode);
 EXPORT int hp_engine_pmd_windows(int fd, const uint64_t *offs, uint32_t n, int measure, int8_t *out);
 EXPORT long hp_engine_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
@@ -68,6 +68,7 @@ static const char *const why_names[HP_NWHY] = {
     [HP_WHY_NO_HUGE_PAGE] = "no-huge-page",
     [HP_WHY_MADVISE_REFUSED] = "madvise-refused",
     [HP_WHY_NOT_OWNER] = "not-owner",
+    [HP_WHY_READ_MEANWHILE] = "read-meanwhile",
 };
 
 EXPORT const char *hp_engine_state_name(unsigned s) { return s < HP_NSTATES ? state_names[s] : "?"; }
@@ -144,9 +145,9 @@ EXPORT int hp_engine_record_drop(const char *name) { return hp_record_drop(&ctx,
 /* Whether this process writes records (root, a runtime directory of root's). */
 EXPORT int hp_engine_may_record(void) { return hp_may_record(&ctx); }
 
-/* For the tests only: a function the kernel probe calls between its check that the
- * window is cold and its fault (NULL: none, the default). */
-EXPORT void hp_engine_set_probe_hook(void (*hook)(int fd, uint64_t off)) { hp_probe_hook = hook; }
+/* For the tests only: a function called between a check that a window is cold and the
+ * fault that reads it, in the kernel probe and in repair (NULL: none, the default). */
+EXPORT void hp_engine_set_fault_hook(void (*hook)(int fd, uint64_t off)) { hp_fault_hook = hook; }
 
 /* hp_large_folios_since for hugify status's words on a filesystem without them. */
 EXPORT int hp_engine_large_folios_since(long magic) { return hp_large_folios_since(magic); }

@@ -546,9 +546,9 @@ static int memory_fs(struct hp_target *t)
 /* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). ZONE_DMA
  * (the first 16 MiB) does not count: what its reserve for the zones above leaves of it is
  * no use to huge pages, and blocks stay listed free there when every other zone has none. */
-static int buddy_line(const char *line, void *arg)
+int hp_buddy_block(const char *line, unsigned order)
 {
-    unsigned order = *(unsigned *)arg, field = 0;
+    unsigned field = 0;
     const char *p = line;
     while (*p) {
         while (*p == ' ' || *p == '\t')
@@ -566,6 +566,8 @@ static int buddy_line(const char *line, void *arg)
     }
     return 0;
 }
+
+static int buddy_line(const char *line, void *arg) { return hp_buddy_block(line, *(unsigned *)arg); }
 
 /* A window read in again as small folios while no zone has a free block of a huge page
  * or more says memory is fragmented (hp_verdict.h, hp_circumstances). */
@@ -587,7 +589,7 @@ int hp_free_huge_blocks(struct hp_ctx *c)
  * another process is reading meanwhile (through MADV_HUGEPAGE: one 2 MiB folio) would
  * show that process's doing, so a window with any page cached when the probe maps it
  * gives no answer. */
-void (*hp_probe_hook)(int fd, uint64_t off);
+void (*hp_fault_hook)(int fd, uint64_t off);
 
 static int probe_exec(struct hp_ctx *c, int fd, uint64_t woff)
 {
@@ -601,8 +603,8 @@ static int probe_exec(struct hp_ctx *c, int fd, uint64_t woff)
         hp_cached_pages(c, fd, woff, hp, w) == 0) {
         unsigned char huge = 0;
         int smaps = c->smaps;
-        if (hp_probe_hook)
-            hp_probe_hook(fd, woff);
+        if (hp_fault_hook)
+            hp_fault_hook(fd, woff);
         touch(w);
         c->smaps = 1; /* a VMA of its own */
         if (verify(c, w, hp, 0, 1, &huge) == 0)
@@ -732,6 +734,13 @@ static void wait_for_reads(struct hp_ctx *c, int fd, uint64_t woff)
     hp_munmap(m, c->hp);
 }
 
+static long read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i);
+static void read_again(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold, int own);
+
+/* Reads of a window repair makes at most: where others' reads (or reads still in flight)
+ * keep a read from being the process's own, it tries again after a pause. */
+#define HP_READ_TRIES 3
+
 /* Takes one window's worth from the run's budget of bytes to read; 0 if it is spent. */
 static int spend(struct hp_ctx *c)
 {
@@ -743,12 +752,11 @@ static int spend(struct hp_ctx *c)
     return 1;
 }
 
-/* Evicts window i (held in small folios, or read in small just now: `cold`) and reads it
- * in again as one 2 MiB folio. */
-static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold)
+/* Evicts window i (held in small folios, or read in small just now: `cold`; by `own`
+ * reads that were this process's own, read_again) and reads it in again as one 2 MiB
+ * folio. */
+static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold, int own)
 {
-    uint64_t hp = c->hp, woff = window_off(t, i, hp);
-    char *w = t->map + i * t->stride;
     if (t->zap_ok && t->zap_check)
         t->zap_ok = t->zap_check(), t->zap_check = 0;
     /* A file in memory only has nothing to evict and read again, whoever maps it: that
@@ -774,53 +782,100 @@ static void repair(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, u
                   why, 0);
         return;
     }
-    /* A fresh mapping of the window, write back what was just written (a package
-     * upgrade: dirty pages are not evicted), evict what nobody else maps, and read the
-     * window in again through the MADV_HUGEPAGE mapping. */
-    int remapped = remap_window(c, t, w, woff);
-    if (remapped == -2) {
-        set_state(t, st, i, HP_SMALL, HP_WHY_REPLACED, 0);
-        return;
-    }
-    if (remapped != 0)
-        hp_madvise(w, hp, MADV_DONTNEED); /* the best left: at least the entries go */
-    if (t->advised < 0) { /* the fresh mapping's MADV_HUGEPAGE was refused */
-        set_state(t, st, i, HP_SMALL, HP_WHY_MADVISE_REFUSED, 0);
-        return;
-    }
-    if (dirty(c, t->fd, woff, hp))
-        hp_fdatasync(t->fd);
-    hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
-    long left = hp_cached_pages(c, t->fd, woff, hp, w);
-    if (left > 0 && cold) { /* read by this process just now: its readahead may not be done */
-        wait_for_reads(c, t->fd, woff);
-        for (int tries = 0; tries < 10 && left > 0; tries++) {
-            if (tries)
-                hp_nanosleep(1000000);
-            hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
-            left = hp_cached_pages(c, t->fd, woff, hp, w);
+    read_again(c, t, st, i, cold, own);
+}
+
+/* Repair's reads: a fresh mapping of the window, write back what was just written (a
+ * package upgrade: dirty pages are not evicted), evict what nobody else maps, and read
+ * the window in again through the MADV_HUGEPAGE mapping; says what that came to, and
+ * concludes what it shows of the file.
+ *
+ * Small folios say something about the file only where they are this process's own
+ * doing: its read of a window of which nothing was cached at the fault (another
+ * process's read of one page between the eviction and the fault is enough to keep the
+ * 2 MiB folio out: the rest comes small), which its thread's I/O accounting shows it
+ * read whole (another process's pages, or reads of its own still in flight that
+ * eviction passed by and mincore does not show, would leave less), with room in memory
+ * for a 2 MiB folio as the page cache asks for one before the read and after it. Where
+ * the kernel's version says the filesystem gives none anyway, that is confirmed
+ * already (and compression, btrfs's, reads less than the window). A verdict this
+ * process records for the boot takes two such reads, the window evicted in between. */
+static void read_again(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int cold, int own)
+{
+    uint64_t hp = c->hp, woff = window_off(t, i, hp);
+    char *w = t->map + i * t->stride;
+    int corroborated = hp_kernel_rules_out(c, t);
+    int needed = hp_could_record(c) && !corroborated ? 2 : 1;
+    for (int attempt = 0;; attempt++) {
+        int remapped = remap_window(c, t, w, woff); /* (drops the small pages mapped there) */
+        if (remapped == -2) {
+            set_state(t, st, i, HP_SMALL, HP_WHY_REPLACED, 0);
+            return;
         }
+        if (remapped != 0)
+            hp_madvise(w, hp, MADV_DONTNEED); /* the best left: at least the entries go */
+        if (t->advised < 0) { /* the fresh mapping's MADV_HUGEPAGE was refused */
+            set_state(t, st, i, HP_SMALL, HP_WHY_MADVISE_REFUSED, 0);
+            return;
+        }
+        if (dirty(c, t->fd, woff, hp))
+            hp_fdatasync(t->fd);
+        hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
+        long left = hp_cached_pages(c, t->fd, woff, hp, w);
+        if (left > 0 && (cold || attempt)) { /* read by this process just now: its readahead may not be done */
+            wait_for_reads(c, t->fd, woff);
+            for (int tries = 0; tries < 10 && left > 0; tries++) {
+                if (tries)
+                    hp_nanosleep(1000000);
+                hp_fadvise(t->fd, woff, hp, 4 /* POSIX_FADV_DONTNEED */);
+                left = hp_cached_pages(c, t->fd, woff, hp, w);
+            }
+        }
+        if (left != 0) { /* unknown (-1): assume nothing left the cache */
+            set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, left > 0 ? left : (long)(hp / HP_PAGE));
+            return;
+        }
+        enum hp_why before = hp_memory_room(c);
+        if (hp_fault_hook)
+            hp_fault_hook(t->fd, woff);
+        long got = read_in(c, t, i);
+        unsigned char again = 0;
+        if (verify(c, t->map, t->stride, i, 1, &again) != 0) {
+            set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
+            return;
+        }
+        if (again) {
+            set_state(t, st, i, cold ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
+            hp_saw_large(c, t);
+            return;
+        }
+        if (got < (long)hp && !corroborated) {
+            /* Not this read's alone: tried again after a pause (reads in flight end), up to
+             * HP_READ_TRIES reads; where nothing was counted the kernel keeps no I/O
+             * accounting, and no try can tell. */
+            if (got > 0 && attempt + 1 < HP_READ_TRIES) {
+                hp_nanosleep(1000000L << attempt);
+                continue;
+            }
+            set_state(t, st, i, HP_BUSY, HP_WHY_READ_MEANWHILE, 0);
+            return;
+        }
+        enum hp_why room = before != HP_WHY_NONE ? before : hp_circumstances(c);
+        if (room != HP_WHY_NONE) {
+            set_state(t, st, i, HP_FAILED, room, 0);
+            return;
+        }
+        if (++own >= needed || attempt + 1 >= HP_READ_TRIES)
+            break;
     }
-    if (left != 0) { /* unknown (-1): assume nothing left the cache */
-        set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, left > 0 ? left : (long)(hp / HP_PAGE));
-        return;
-    }
-    touch(w);
-    unsigned char again = 0;
-    if (verify(c, t->map, t->stride, i, 1, &again) != 0)
-        set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
-    else if (again) {
-        set_state(t, st, i, cold ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
-        hp_saw_large(c, t);
-    } else {
-        /* Nothing of it was cached, nothing maps it, the mapping asked for a PMD folio
-         * and the kernel accepted: what the process's circumstances do not explain, the
-         * file (or its filesystem) did. */
-        why = hp_small_read(c, t);
-        set_state(t, st, i, why == HP_WHY_FILE_NO_LARGE_FOLIOS || why == HP_WHY_NO_LARGE_FOLIOS ? HP_UNSUPPORTED
-                                                                                                 : HP_FAILED,
-                  why, 0);
-    }
+    /* Nothing of it was cached, nothing maps it, the mapping asked for a PMD folio and the
+     * kernel accepted, this process read it whole: what the process's circumstances do
+     * not explain, the file (or its filesystem) did. Fewer own reads than a record takes
+     * (the tries spent on reads of others) conclude nothing. */
+    enum hp_why why = own >= needed ? hp_small_read(c, t) : HP_WHY_READ_MEANWHILE;
+    set_state(t, st, i,
+              why == HP_WHY_FILE_NO_LARGE_FOLIOS || why == HP_WHY_NO_LARGE_FOLIOS ? HP_UNSUPPORTED : HP_BUSY, why,
+              0);
 }
 
 /* What a window needs after the first look. */
@@ -881,13 +936,14 @@ static void look(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
  * mapping is the program's own (t->random 0): a first fault there can come in small
  * folios where a mapping of the runtime's own gets one 2 MiB folio (seen on Linux 7.3
  * with ext4, for the program's and its libraries' windows alike). The caller's mapping
- * is faulted afterwards, onto what is cached. Returns whether this thread read anything
- * from storage meanwhile (1), nothing (0), or cannot tell (-1): a window with pages
- * read just now was not wholly cached, whatever the process may see of the cache. */
-static int read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
+ * is faulted afterwards, onto what is cached. Returns the bytes this thread read from
+ * storage meanwhile (0 none), or -1 cannot tell: a window with pages read just now was
+ * not wholly cached, whatever the process may see of the cache; one read whole by it
+ * was not read by anyone else either. */
+static long read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
 {
     uint64_t hp = c->hp;
-    long before = hp_thread_read_bytes();
+    long before = hp_thread_read_bytes(), after = -2;
     if (!t->random && file_ready(c, t) == 0) {
         char *res = hp_mmap(0, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (!hp_mmap_failed(res)) {
@@ -897,19 +953,21 @@ static int read_in(struct hp_ctx *c, struct hp_target *t, uint64_t i)
                     t->advised = -1;
                 hp_madvise(aside, hp, MADV_RANDOM);
                 touch(aside);
+                after = hp_thread_read_bytes(); /* the window's read: not the caller's readahead past it */
             }
             hp_munmap(res, 2 * hp);
         }
     }
     touch(t->map + i * t->stride);
-    long after = before < 0 ? -1 : hp_thread_read_bytes();
-    return after < 0 ? -1 : after > before;
+    if (after == -2)
+        after = hp_thread_read_bytes();
+    return before < 0 || after < 0 ? -1 : after - before;
 }
 
 /* Whether window i, read in just now, is one 2 MiB folio; if not, evicted and read once
- * more (repair), to be sure. */
+ * more (repair), to be sure; `own`: that read was the process's own (read_again). */
 static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int verified,
-                        int huge)
+                        int huge, int own)
 {
     if (!verified)
         set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
@@ -917,13 +975,29 @@ static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *
         set_state(t, st, i, HP_LOADED, HP_WHY_NONE, 0);
         hp_saw_large(c, t);
     } else
-        repair(c, t, st, i, 1);
+        repair(c, t, st, i, 1, own);
+}
+
+/* Window i came small from a read this process made whole (its thread's I/O accounting:
+ * nothing of the window was cached, nor read by another meanwhile), with room for a 2 MiB
+ * folio before the read: with room after it too, and a 2 MiB page of the process's own
+ * granted, it is the file's doing (hp_small_read: kept in memory, by a process that
+ * cannot see the cache), else the process's circumstances (failed). */
+static void small_own_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i)
+{
+    enum hp_why why = hp_circumstances(c);
+    if (why == HP_WHY_NONE)
+        why = hp_small_read(c, t);
+    set_state(t, st, i, why == HP_WHY_FILE_NO_LARGE_FOLIOS || why == HP_WHY_NO_LARGE_FOLIOS ? HP_UNSUPPORTED : HP_FAILED,
+              why, 0);
 }
 
 /* A window of a file whose cached pages the process may not see (NEED_UNKNOWN), faulted
  * through the MADV_HUGEPAGE mapping (reading it if it was cold): huge, or small. Small
  * on a memory filesystem (tmpfs without huge pages), it is unsupported, as for any
- * process. Small elsewhere, it is evicted and faulted again only where a window of the
+ * process. Small from a read of its own that covered the window (`whole`), it says what
+ * the file gives (small_own_read): reading it again would give the same. Small
+ * elsewhere, it is evicted and faulted again only where a window of the
  * same filesystem was seen in a 2 MiB folio already, or where this process read part of
  * it just now, or read from storage while ld.so loaded the object (`fresh`): the process
  * cannot make sure an eviction worked, and where the filesystem gives none a window
@@ -935,12 +1009,13 @@ static void settle_read(struct hp_ctx *c, struct hp_target *t, struct hp_stats *
  * a range that holds small ones (seen on Linux 6.18 with a 2560 KiB readahead and 7.3,
  * on ext4, for a program and a library of one window each). */
 static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uint64_t i, int verified,
-                           int huge, int fresh)
+                           int huge, int fresh, int whole)
 {
     uint64_t woff = window_off(t, i, c->hp);
     char *w = t->map + i * t->stride;
     unsigned char again = 0;
     int remapped = 0;
+    enum hp_why none = HP_WHY_NONE;
     if (!verified)
         set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
     else if (huge) {
@@ -952,6 +1027,10 @@ static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stat
          * process that sees the cache. `unsupported`, so that root's shared copies and
          * the anonymous mode take the window over for any user. */
         set_state(t, st, i, HP_UNSUPPORTED, HP_WHY_MEMORY_FS, 0);
+    else if ((none = hp_known_none(c, t)) != HP_WHY_NONE) /* found on an earlier window */
+        set_state(t, st, i, HP_UNSUPPORTED, none, 0);
+    else if (whole)
+        small_own_read(c, t, st, i);
     else if (!hp_known_large(c, t) && !fresh)
         set_state(t, st, i, HP_SMALL, HP_WHY_NOT_OWNER, 0);
     else if (!t->zap_ok || (t->zap_check && !(t->zap_ok = t->zap_check(), t->zap_check = 0, t->zap_ok)))
@@ -966,12 +1045,15 @@ static void settle_unknown(struct hp_ctx *c, struct hp_target *t, struct hp_stat
         if (fresh) /* its reads may be in flight yet, and eviction passes them by */
             wait_for_reads(c, t->fd, woff);
         hp_fadvise(t->fd, woff, c->hp, 4 /* POSIX_FADV_DONTNEED */);
-        touch(w);
+        enum hp_why before = hp_memory_room(c);
+        long got = read_in(c, t, i);
         if (verify(c, t->map, t->stride, i, 1, &again) != 0)
             set_state(t, st, i, HP_UNVERIFIED, HP_WHY_NONE, 0);
         else if (again)
             set_state(t, st, i, fresh ? HP_LOADED : HP_REPAIRED, HP_WHY_NONE, 0);
-        else /* not evicted (mapped elsewhere), or this file gets no large folios: cannot tell */
+        else if (got >= (long)c->hp && before == HP_WHY_NONE) /* evicted whole, read whole: its own */
+            small_own_read(c, t, st, i);
+        else /* not evicted (mapped elsewhere), or read in part by another: cannot tell */
             set_state(t, st, i, HP_BUSY, HP_WHY_NOT_EVICTED, (long)(c->hp / HP_PAGE));
     }
 }
@@ -987,12 +1069,13 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
 {
     uint64_t hp = c->hp;
     int go = c->measure || prepared(c);
-    unsigned char read[CHUNK], huge[CHUNK], fresh[CHUNK];
-    int any = 0, probed = 0;
+    unsigned char read[CHUNK], huge[CHUNK], fresh[CHUNK], whole[CHUNK];
+    int any = 0, probed = 0, sampled = 0;
+    enum hp_why room = HP_WHY_NONE;
     for (uint64_t k = 0; k < count; k++) {
         uint64_t i = first + k, woff = window_off(t, i, hp);
         int cold = need[k] == NEED_COLD;
-        read[k] = fresh[k] = 0;
+        read[k] = fresh[k] = whole[k] = 0;
         if (need[k] == NEED_NOTHING)
             continue;
         enum hp_why none = go ? hp_known_none(c, t) : HP_WHY_NONE;
@@ -1005,7 +1088,7 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
         else if (!go)
             set_state(t, st, i, cold ? HP_COLD : HP_SMALL, HP_WHY_THP_OFF, 0);
         else if (need[k] == NEED_SMALL)
-            repair(c, t, st, i, 0);
+            repair(c, t, st, i, 0, 0);
         else if (need[k] == NEED_UNKNOWN) {
             if (file_ready(c, t) != 0)
                 set_state(t, st, i, HP_COLD, file_problem(t), 0);
@@ -1013,9 +1096,17 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
                 set_state(t, st, i, HP_COLD, HP_WHY_TRUNCATED, 0);
             else if (c->aware <= 0 && !advise(t))
                 set_state(t, st, i, HP_SMALL, HP_WHY_MADVISE_REFUSED, 0);
-            else
+            else {
+                /* Room for a 2 MiB folio before the reads, for what a small one would say
+                 * (until the filesystem is seen giving them, once per object). */
+                if (!sampled && !hp_known_large(c, t))
+                    room = hp_memory_room(c), sampled = 1;
+                long got = read_in(c, t, i);
                 /* hugify-run's mapping (t->random) is read ahead of everything else */
-                fresh[k] = (read_in(c, t, i) > 0 && !t->random) || t->loaded_read, read[k] = 1, any = 1;
+                fresh[k] = (got > 0 && !t->random) || t->loaded_read;
+                whole[k] = sampled && room == HP_WHY_NONE && got >= (long)hp;
+                read[k] = 1, any = 1;
+            }
         } else {
             if (!probed && (c->aware < 0 || (c->aware_recorded && !c->aware_checked)))
                 probe_verdict(c, t), probed = 1;
@@ -1032,10 +1123,16 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
             else if (hp_known_large(c, t))
                 read_in(c, t, i), read[k] = 1, any = 1; /* checked together below */
             else {
+                /* The filesystem not seen giving 2 MiB folios yet: one window at a time, and
+                 * what a small one shows of the file is kept (read_again's rule). */
                 unsigned char one = 0;
-                read_in(c, t, i);
+                enum hp_why before = hp_memory_room(c);
+                long cached = hp_cached_pages(c, t->fd, woff, hp, t->map + i * t->stride);
+                long got = read_in(c, t, i);
                 int verified = verify(c, t->map, t->stride, i, 1, &one) == 0;
-                settle_read(c, t, st, i, verified, one);
+                int own = verified && !one && cached == 0 && before == HP_WHY_NONE &&
+                          (got >= (long)hp || hp_kernel_rules_out(c, t)) && hp_circumstances(c) == HP_WHY_NONE;
+                settle_read(c, t, st, i, verified, one, own);
             }
         }
     }
@@ -1044,9 +1141,9 @@ static void work(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st, uin
     int verified = verify(c, t->map, t->stride, first, count, huge) == 0;
     for (uint64_t k = 0; k < count; k++)
         if (read[k] && need[k] == NEED_UNKNOWN)
-            settle_unknown(c, t, st, first + k, verified, huge[k], fresh[k]);
+            settle_unknown(c, t, st, first + k, verified, huge[k], fresh[k], whole[k]);
         else if (read[k])
-            settle_read(c, t, st, first + k, verified, huge[k]);
+            settle_read(c, t, st, first + k, verified, huge[k], 0);
 }
 
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st)

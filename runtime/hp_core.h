@@ -65,7 +65,7 @@ enum hp_why {
     HP_WHY_NOT_EVICTED,     /* busy: pages left after eviction (mapped, dirty or locked) */
     HP_WHY_MEMORY_FS,       /* unsupported: tmpfs/ramfs/hugetlbfs keep pages only in memory */
     HP_WHY_NO_LARGE_FOLIOS, /* unsupported: free 2 MiB blocks, yet read in as small folios */
-    HP_WHY_FRAGMENTED,      /* failed: no free 2 MiB block of memory */
+    HP_WHY_FRAGMENTED,      /* failed: no free 2 MiB block the page cache could take (hp_memory_room) */
     HP_WHY_NO_FILE,         /* failed or cold: the file cannot be opened */
     HP_WHY_THP_OFF,         /* cold or small: transparent huge pages are off */
     HP_WHY_TRUNCATED,       /* cold: the window ends beyond the end of the file */
@@ -82,6 +82,8 @@ enum hp_why {
     HP_WHY_NO_HUGE_PAGE,    /* failed: small, and the process got no 2 MiB page of its own either */
     HP_WHY_MADVISE_REFUSED, /* cold or small: MADV_HUGEPAGE refused to the process (seccomp) */
     HP_WHY_NOT_OWNER,       /* small: the process may not see what is cached, and knows no better */
+    HP_WHY_READ_MEANWHILE,  /* busy: read in again small, but not wholly by this process (another
+                             * read pages of it between the eviction and the fault) */
     HP_NWHY
 };
 
@@ -240,6 +242,9 @@ int hp_thp_allowed(struct hp_ctx *c);
 /* Whether some zone has a free block of memory of a huge page or more (/proc/buddyinfo):
  * where it has none, a huge page asked for comes as small pages (fragmented memory). */
 int hp_free_huge_blocks(struct hp_ctx *c);
+/* Whether a /proc/buddyinfo line is of a zone other than ZONE_DMA with a free block of
+ * 2^order pages or more. */
+int hp_buddy_block(const char *line, unsigned order);
 
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);
@@ -252,9 +257,10 @@ int hp_cachestat_works(struct hp_ctx *c);
  * window's state to `st` (and t->report). */
 void hp_settle(struct hp_ctx *c, struct hp_target *t, struct hp_stats *st);
 
-/* Called, where set, between the kernel probe's check that its window is cold and its
- * fault: the tests make a racing reader there (hp_engine_set_probe_hook). */
-extern void (*hp_probe_hook)(int fd, uint64_t off);
+/* Called, where set, between a check that a window holds nothing in the page cache and
+ * the fault that reads it (the kernel probe's, and repair's): the tests make a racing
+ * reader there (hp_engine_set_fault_hook). */
+extern void (*hp_fault_hook)(int fd, uint64_t off);
 
 /* What `hugify prefetch` recorded in c->rundir/kernel-exec-pmd for the current boot
  * (honoured only as hp_verdict.h says): "BOOT-ID AWARE THP", AWARE 1 if the kernel reads

@@ -115,6 +115,16 @@ static inline long hp_fstatfs_type(int fd, long *type)
     *type = buf[0];
     return rc;
 }
+/* f_flags of the open descriptor's filesystem (ST_RDONLY: mounted read-only); the same
+ * struct statfs on x86_64 and arm64, f_flags its eleventh word. */
+#define HP_ST_RDONLY 1L
+static inline long hp_fstatfs_flags(int fd, long *flags)
+{
+    long buf[16];
+    long rc = HP_SYS(__NR_fstatfs, fd, buf, 0, 0, 0, 0);
+    *flags = buf[10];
+    return rc;
+}
 /* Only f_type, as hp_fstatfs_type, of the filesystem holding `path`. */
 static inline long hp_statfs_type(const char *path, long *type)
 {

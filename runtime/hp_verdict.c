@@ -87,6 +87,13 @@ static long euid(struct hp_ctx *c)
     return c->euid;
 }
 
+/* Whether the descriptor's filesystem is mounted writable. */
+static int writable_fs(int fd)
+{
+    long flags = 0;
+    return hp_fstatfs_flags(fd, &flags) == 0 && !(flags & HP_ST_RDONLY);
+}
+
 int hp_may_record(struct hp_ctx *c)
 {
     if (c->may_record < 0) {
@@ -94,20 +101,36 @@ int hp_may_record(struct hp_ctx *c)
         if (c->rundir && euid(c) == 0) {
             if (rundir(c) < 0 && c->rundir_state == -1 && hp_mkdir(c->rundir, 0755) == 0)
                 c->rundir_state = 0; /* made now: open and check it */
-            c->may_record = rundir(c) >= 0;
+            /* A directory on a filesystem mounted read-only (a container's /run) keeps
+             * nothing either. */
+            c->may_record = rundir(c) >= 0 && writable_fs(c->rundir_fd);
         }
     }
     return c->may_record;
 }
 
-/* Whether this process would keep a record it wrote: root, with a runtime directory of
- * root's or none yet (made when a record is written). Creates nothing. */
-static int could_record(struct hp_ctx *c)
+int hp_could_record(struct hp_ctx *c)
 {
-    if (!c->rundir || euid(c) != 0)
+    if (c->may_record >= 0 || !c->rundir || euid(c) != 0)
+        return c->may_record > 0;
+    if (rundir(c) >= 0)
+        return writable_fs(c->rundir_fd);
+    if (c->rundir_state != -1)
+        return 0; /* not to be honoured: nothing is written there either */
+    char parent[1024];
+    size_t n = hp_strlen(c->rundir);
+    while (n > 1 && c->rundir[n - 1] == '/')
+        n--;
+    while (n > 0 && c->rundir[n - 1] != '/')
+        n--;
+    if (n == 0 || n >= sizeof parent)
         return 0;
-    rundir(c);
-    return c->rundir_state == 1 || c->rundir_state == -1;
+    hp_copy_str(parent, n + 1, c->rundir); /* up to and with the slash */
+    int fd = hp_open(parent, O_RDONLY | O_DIRECTORY);
+    int ok = fd >= 0 && writable_fs(fd);
+    if (fd >= 0)
+        hp_close(fd);
+    return ok;
 }
 
 int hp_record_write(struct hp_ctx *c, const char *name, const char *text, size_t n)
@@ -269,11 +292,10 @@ static void look_up_file(struct hp_ctx *c, struct hp_fs_note *fs, struct hp_targ
     if (t->file_looked)
         return;
     t->file_looked = 1;
-    if (recorded(c, fs, t, t)) {
+    /* The file's verdict only: the filesystem's is concluded from two files this process
+     * read itself (hp_small_read), never from a record of one. */
+    if (recorded(c, fs, t, t))
         t->file_none = t->file_recorded = 1;
-        if (fs->large == 0 && !fs->small_ino)
-            fs->small_ino = t->ino; /* one file's evidence, found by an earlier process */
-    }
 }
 
 int hp_large_folios_since(long magic)
@@ -311,6 +333,19 @@ int hp_kernel_version(struct hp_ctx *c)
     return c->kernel_version;
 }
 
+/* Whether this kernel's version says fs gives no large folios (hp_large_folios_since). */
+static int ruled_out(struct hp_ctx *c, struct hp_fs_note *fs, const struct hp_target *t)
+{
+    int since = hp_large_folios_since(fs_magic(fs, t)), version = hp_kernel_version(c);
+    return since == 0 || (since > 0 && version > 0 && version < since);
+}
+
+int hp_kernel_rules_out(struct hp_ctx *c, struct hp_target *t)
+{
+    struct hp_fs_note *fs = identify(c, t);
+    return fs && ruled_out(c, fs, t);
+}
+
 enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t)
 {
     struct hp_fs_note *fs = identify(c, t);
@@ -324,14 +359,14 @@ enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t)
         return HP_WHY_FILE_NO_LARGE_FOLIOS;
     /* A process that cannot keep what it finds out would find it out again at every
      * start, evicting and reading a window each time: it takes the kernel's version and
-     * the filesystem's type for it instead, until a window is seen in a 2 MiB folio. */
-    if (fs->large == 0 && !could_record(c)) {
-        int since = hp_large_folios_since(fs_magic(fs, t)), version = hp_kernel_version(c);
-        if (since == 0 || (since > 0 && version > 0 && version < since)) {
-            fs->large = -1;
-            fs->source = HP_WHY_KERNEL_VERSION;
-            return HP_WHY_KERNEL_VERSION;
-        }
+     * the filesystem's type for it instead, until a window is seen in a 2 MiB folio.
+     * That is every process but root's with a runtime directory it can write, or make
+     * (root in a chroot or container without /run, or with /run read-only, keeps
+     * nothing). */
+    if (fs->large == 0 && !hp_could_record(c) && ruled_out(c, fs, t)) {
+        fs->large = -1;
+        fs->source = HP_WHY_KERNEL_VERSION;
+        return HP_WHY_KERNEL_VERSION;
     }
     return HP_WHY_NONE;
 }
@@ -498,23 +533,159 @@ static int own_huge_page(struct hp_ctx *c)
     return got;
 }
 
-enum hp_why hp_circumstances(struct hp_ctx *c)
+/* --- room for a 2 MiB folio, as the page cache asks for one ---------------------------
+ *
+ * The page cache allocates a readahead folio with __GFP_NORETRY (readahead_gfp_mask):
+ * past the free lists it tries reclaim and compaction once and gives up, where the
+ * anonymous MADV_HUGEPAGE page of own_huge_page compacts until it has one. So whether a
+ * read could have had its 2 MiB folio is read off the zones as the allocator's first
+ * tries see them: some zone above ZONE_DMA (hp_buddy_block) with a free block of 2 MiB or
+ * more whose free pages, that block taken, stay above its min watermark and the reserve
+ * it keeps against allocations that could use the zones above (__zone_watermark_ok with
+ * the page cache's highest zone, ZONE_MOVABLE: the largest of zoneinfo's protection). */
+
+#define MAX_ZONES 32
+
+struct zone_room {
+    uint32_t n;
+    struct {
+        long node;
+        char name[16];
+        int64_t free, min, reserve;
+    } z[MAX_ZONES];
+};
+
+/* A number at p (spaces first); *end after it. */
+static int64_t number_at(const char *p, const char **end)
 {
-    if (!hp_free_huge_blocks(c))
+    int64_t v = 0;
+    while (*p == ' ' || *p == '\t' || *p == '(' || *p == ',')
+        p++;
+    while (*p >= '0' && *p <= '9')
+        v = v * 10 + (*p++ - '0');
+    *end = p;
+    return v;
+}
+
+/* "Node N, zone NAME" (zoneinfo and buddyinfo lines start so): the node and the name's
+ * start; NULL if the line is not one. */
+static const char *zone_of(const char *line, long *node)
+{
+    const char *p = line;
+    if (!hp_starts_with(p, "Node "))
+        return 0;
+    *node = (long)number_at(p + 5, &p);
+    if (!hp_starts_with(p, ", zone"))
+        return 0;
+    p += 6;
+    while (*p == ' ')
+        p++;
+    return p;
+}
+
+static size_t word_len(const char *p)
+{
+    size_t n = 0;
+    while (p[n] && p[n] != ' ' && p[n] != '\t')
+        n++;
+    return n;
+}
+
+static int zoneinfo_line(const char *line, void *arg)
+{
+    struct zone_room *r = arg;
+    long node;
+    const char *name = zone_of(line, &node), *p = line, *end;
+    if (name) {
+        size_t n = word_len(name);
+        if (r->n < MAX_ZONES && n < sizeof r->z[0].name) {
+            r->z[r->n].node = node;
+            for (size_t i = 0; i < n; i++)
+                r->z[r->n].name[i] = name[i];
+            r->z[r->n].name[n] = 0;
+            r->z[r->n].free = r->z[r->n].min = r->z[r->n].reserve = 0;
+            r->n++;
+        }
+        return 0;
+    }
+    if (!r->n)
+        return 0;
+    while (*p == ' ')
+        p++;
+    if (hp_starts_with(p, "pages free "))
+        r->z[r->n - 1].free = number_at(p + 11, &end);
+    else if (hp_starts_with(p, "min "))
+        r->z[r->n - 1].min = number_at(p + 4, &end);
+    else if (hp_starts_with(p, "protection: (")) {
+        for (p += 12; *p && *p != ')';) {
+            int64_t v = number_at(p, &end);
+            if (end == p)
+                break;
+            if (v > r->z[r->n - 1].reserve)
+                r->z[r->n - 1].reserve = v;
+            p = end;
+        }
+    }
+    return 0;
+}
+
+struct buddy_room {
+    const struct zone_room *zones;
+    unsigned order; /* of a huge page */
+};
+
+/* A buddyinfo line of a zone that has a free block of a huge page or more (buddy_line)
+ * and, that block taken, free pages above its min watermark and reserve. */
+static int buddy_room_line(const char *line, void *arg)
+{
+    const struct buddy_room *b = arg;
+    long node;
+    const char *name = zone_of(line, &node);
+    if (!name || !hp_buddy_block(line, b->order))
+        return 0;
+    size_t n = word_len(name);
+    for (uint32_t i = 0; i < b->zones->n; i++) {
+        const char *zn = b->zones->z[i].name;
+        if (b->zones->z[i].node != node || hp_strlen(zn) != n || !hp_starts_with(name, zn))
+            continue;
+        return b->zones->z[i].free - ((int64_t)1 << b->order) + 1 > b->zones->z[i].min + b->zones->z[i].reserve;
+    }
+    return 0;
+}
+
+/* Whether the page cache could have a 2 MiB folio now without reclaim or compaction. */
+static int page_cache_room(struct hp_ctx *c)
+{
+    struct zone_room zones;
+    struct buddy_room b = {&zones, 0};
+    zones.n = 0;
+    while ((HP_PAGE << b.order) < c->hp)
+        b.order++;
+    if (hp_each_line("/proc/zoneinfo", zoneinfo_line, &zones) != 0 || !zones.n)
+        return hp_free_huge_blocks(c); /* no zoneinfo (restricted /proc): the blocks alone */
+    return hp_each_line("/proc/buddyinfo", buddy_room_line, &b) == 1;
+}
+
+enum hp_why hp_memory_room(struct hp_ctx *c)
+{
+    if (!page_cache_room(c))
         return HP_WHY_FRAGMENTED;
     if (!cgroup_room(c))
         return HP_WHY_CGROUP_LIMIT;
-    if (own_huge_page(c) != 1)
-        return HP_WHY_NO_HUGE_PAGE;
     return HP_WHY_NONE;
+}
+
+enum hp_why hp_circumstances(struct hp_ctx *c)
+{
+    enum hp_why why = hp_memory_room(c);
+    if (why == HP_WHY_NONE && own_huge_page(c) != 1)
+        why = HP_WHY_NO_HUGE_PAGE;
+    return why;
 }
 
 enum hp_why hp_small_read(struct hp_ctx *c, struct hp_target *t)
 {
-    enum hp_why why = hp_circumstances(c);
-    if (why != HP_WHY_NONE)
-        return why;
-    /* Nothing in the process's way: the file gave small folios. */
+    /* The file gave small folios to reads of this process's own (hp_core.c repair). */
     struct hp_fs_note *fs = identify(c, t);
     t->file_none = 1;
     if (!fs)

@@ -3,13 +3,14 @@
  * folios" and "The runtime directory").
  *
  * Knowledge has three sources, strongest first: what this process saw (a window in a
- * 2 MiB folio; a window read in again small with nothing in the process's way), the
+ * 2 MiB folio; a window it read in again itself, small, with nothing in its way), the
  * records root kept in the runtime directory this boot, and a hint from the kernel's
  * version and the filesystem's type, used only by a process that cannot keep records.
  * A record is written only on evidence that the filesystem (or the file) refuses, never
- * from the process's circumstances, and is dropped by the first window seen in a 2 MiB
- * folio; only root writes records, and only records root wrote in a root-owned
- * directory that nobody else may write are honoured.
+ * from the process's circumstances or another process's reads (hp_core.c repair: the
+ * read that came small was this thread's, of a window nothing else had cached), and is
+ * dropped by the first window seen in a 2 MiB folio; only root writes records, and only
+ * records root wrote in a root-owned directory that nobody else may write are honoured.
  *
  * Like hp_core it uses only the raw system calls of hp_sys.h. */
 #ifndef HUGIFY_HP_VERDICT_H
@@ -31,8 +32,12 @@ int hp_record_open_in(const char *dir, const char *name);
 /* The same in c->rundir, whose checked descriptor the context keeps until released. */
 int hp_record_open(struct hp_ctx *c, const char *name);
 /* Whether this process writes records: root, with a runtime directory that passes the
- * checks above (made, mode 0755, when it is missing). */
+ * checks above (made, mode 0755, when it is missing) on a filesystem mounted writable. */
 int hp_may_record(struct hp_ctx *c);
+/* Whether this process would keep a record it wrote, making nothing: hp_may_record, or a
+ * runtime directory missing where hp_may_record would make one (its parent a directory on
+ * a filesystem mounted writable). */
+int hp_could_record(struct hp_ctx *c);
 /* Replaces record `name` with `text` (n bytes): a new file made with
  * O_CREAT|O_EXCL|O_NOFOLLOW beside it and renamed over it, both relative to the
  * directory's descriptor, so a symlink planted at either name is replaced, never
@@ -45,9 +50,12 @@ int hp_record_drop(struct hp_ctx *c, const char *name);
 /* Why nothing is to be read or evicted for t's windows, by what is known of its file and
  * filesystem: HP_WHY_NONE (go ahead: nothing known against it), HP_WHY_NO_LARGE_FOLIOS
  * (the filesystem gives none: evidence or record), HP_WHY_FILE_NO_LARGE_FOLIOS (this
- * file gets none), HP_WHY_KERNEL_VERSION (the hint, for a process without records).
- * Looks the records up once per filesystem and file. */
+ * file gets none), HP_WHY_KERNEL_VERSION (the hint, for a process that cannot keep
+ * records: not hp_may_record). Looks the records up once per filesystem and file. */
 enum hp_why hp_known_none(struct hp_ctx *c, struct hp_target *t);
+/* Whether this kernel's version says t's filesystem gives no large folios (the hint's
+ * rule, hp_large_folios_since): a small read there is no one's doing but the kernel's. */
+int hp_kernel_rules_out(struct hp_ctx *c, struct hp_target *t);
 /* Whether the kernel tells this process which pages of t's file are cached: to the
  * file's owner, root (CAP_FOWNER) or a process that may write it (cachestat(2) refuses
  * others, mincore(2) says every page is). 1 also where the file cannot be looked at. */
@@ -57,17 +65,20 @@ int hp_known_large(struct hp_ctx *c, struct hp_target *t);
 /* A window of t was seen in a 2 MiB folio: its filesystem gives large folios. Drops
  * what contradicts it: the filesystem's record (and the file's, with c->thorough). */
 void hp_saw_large(struct hp_ctx *c, struct hp_target *t);
-/* A window of t was read through a mapping with MADV_HUGEPAGE accepted and came in small
- * folios. Returns why: HP_WHY_FRAGMENTED, HP_WHY_CGROUP_LIMIT or HP_WHY_NO_HUGE_PAGE
- * (the process's circumstances: nothing concluded, nothing recorded), else the file's
- * verdict HP_WHY_FILE_NO_LARGE_FOLIOS, or HP_WHY_NO_LARGE_FOLIOS when a second file of
- * the same filesystem did the same (then the filesystem's); recorded where
- * hp_may_record. */
+/* Windows of t came in small folios from reads that were this process's own, with
+ * nothing in its way (hp_core.c repair says when: the caller makes sure). Returns the
+ * file's verdict HP_WHY_FILE_NO_LARGE_FOLIOS, or HP_WHY_NO_LARGE_FOLIOS when a second
+ * file of the same filesystem did the same in this process (then the filesystem's);
+ * recorded where hp_may_record. */
 enum hp_why hp_small_read(struct hp_ctx *c, struct hp_target *t);
-/* Whether nothing in the process's way keeps it from a 2 MiB page now: HP_WHY_NONE, or
- * HP_WHY_FRAGMENTED (no free 2 MiB block), HP_WHY_CGROUP_LIMIT (its memory cgroup or
- * one above it near its limit), HP_WHY_NO_HUGE_PAGE (an anonymous MADV_HUGEPAGE page of
- * its own came small: a memory policy, cpuset, zone watermarks). */
+/* Whether the page cache could have a 2 MiB folio now, as it asks for one (no retries:
+ * a free 2 MiB block in a zone above its min watermark and reserve, /proc/zoneinfo and
+ * /proc/buddyinfo), and the process's memory cgroup and those above it have room:
+ * HP_WHY_NONE, HP_WHY_FRAGMENTED or HP_WHY_CGROUP_LIMIT. Sampled before and after a read
+ * whose small folios are to say something about the file. */
+enum hp_why hp_memory_room(struct hp_ctx *c);
+/* hp_memory_room, then HP_WHY_NO_HUGE_PAGE where an anonymous MADV_HUGEPAGE page of the
+ * process's own comes small (a memory policy, a cpuset). */
 enum hp_why hp_circumstances(struct hp_ctx *c);
 
 /* Since which Linux version a filesystem type (statfs f_type) gives regular files large

@@ -353,6 +353,16 @@ def kernel_maps_exec_huge(path: Path) -> bool:
     return cold_window(path, None)[1] > 0
 
 
+#: The readahead (KiB) of loop_fs's devices: the kernel's default (VM_READAHEAD_PAGES).
+LOOP_READ_AHEAD_KB = 128
+
+
+def set_read_ahead(mnt: Path, kb: int) -> None:
+    """Sets read_ahead_kb of the block device mounted at `mnt`."""
+    device = subprocess.run(["findmnt", "-no", "SOURCE", str(mnt)], capture_output=True, text=True, check=True)
+    Path(f"/sys/block/{Path(device.stdout.strip()).name}/queue/read_ahead_kb").write_text(f"{kb}\n")
+
+
 @contextlib.contextmanager
 def loop_fs(
     work: Path, fs: str, options: str = "", programs: Programs | None = None, size: int = 320 << 20
@@ -361,7 +371,9 @@ def loop_fs(
     wants 300 MiB), mounted with `options`; its mount point. With `programs`, they are
     copied to bin/ first and the filesystem mounted again, so that nothing of them is
     left in the page cache (ext4 with data=journal keeps written pages pinned by the
-    journal until then)."""
+    journal until then). The device's readahead is LOOP_READ_AHEAD_KB: loop devices are
+    reused, and one keeps what a test before set (or what attaching an image gave it:
+    2560 here), which changes what a plain start reads by megabytes."""
     image, mnt = work / f"{fs}.img", work / f"{fs}-mnt"
     with image.open("wb") as f:
         f.truncate(size)
@@ -369,12 +381,17 @@ def loop_fs(
     subprocess.run([f"mkfs.{fs}", "-q", force, str(image)], check=True, capture_output=True)
     mnt.mkdir()
     mount = ["mount", "-o", ",".join(["loop", *filter(None, [options])]), str(image), str(mnt)]
-    subprocess.run(mount, check=True)
+
+    def mounted() -> None:
+        subprocess.run(mount, check=True)
+        set_read_ahead(mnt, LOOP_READ_AHEAD_KB)
+
+    mounted()
     try:
         if programs:
             copy_programs(programs, mnt / "bin")
             subprocess.run(["umount", str(mnt)], check=True)
-            subprocess.run(mount, check=True)
+            mounted()
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
@@ -530,10 +547,16 @@ def hugify_as_nobody(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 def evict(paths: list[Path]) -> None:
     """Drops the files from the page cache (POSIX_FADV_DONTNEED; nothing may map them),
-    leaving every other file cached."""
+    leaving every other file cached. Each file is read whole first: eviction passes by
+    pages still being read (a process that faulted one page and exited leaves its
+    readahead of megabytes in flight; btrfs keeps them locked while it checks their
+    checksums), and a read waits for them. Left cached, they made the next series of
+    cold starts read megabytes less, now and then (test_runtime_cost's bounds)."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            while os.read(fd, 1 << 20):
+                pass
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -81,7 +81,7 @@ def test_engine_library_states_are_the_documented_ones():
         "hp_engine_record_write",
         "hp_engine_run",
         "hp_engine_set_budget",
-        "hp_engine_set_probe_hook",
+        "hp_engine_set_fault_hook",
         "hp_engine_set_runtime_dir",
         "hp_engine_state_name",
         "hp_engine_why_name",

@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 
 from testkit.cli import hugify
+from testkit.elf import exec_load
 from testkit.runtime import (
+    AS_NOBODY,
     HP,
     HUGIFY_RUN,
     NO_MADV_HUGEPAGE,
@@ -36,6 +38,7 @@ from testkit.runtime import (
     clean_env,
     copy_programs,
     drop_caches,
+    evict,
     exec_segment_size,
     file_backed_only,
     gives_large_folios,
@@ -355,7 +358,7 @@ def racer(fd, off):
     libc.munmap(ctypes.c_void_p(res), ctypes.c_size_t(2 * hp))
 
 engine = ctypes.CDLL(str(prefetch._engine_path()))  # the library the Engine loads: one instance
-engine.hp_engine_set_probe_hook(racer)
+engine.hp_engine_set_fault_hook(racer)
 code = main(sys.argv[1:])
 print(f"raced {raced}", file=sys.stderr)
 sys.exit(code)
@@ -387,6 +390,105 @@ def test_a_reader_racing_the_kernel_probe_never_makes_its_verdict(progs: Program
     assert (run / "kernel-exec-pmd").read_text() == f"{BOOT} {int(by_itself)} {thp}\n"
     (f,) = report["files"]
     assert {w["state"] for w in f["windows"]} <= ({"kernel", "huge"} if by_itself else {"loaded", "huge"}), f
+
+
+# --- another user's reads are not the file's doing -----------------------------------------------
+
+#: Another user's one-byte reader (issue 38 item 3): reads one byte at OFFSET of FILE
+#: each time a byte comes on descriptor REQUEST, and answers with a byte on DONE.
+READER = r"""
+import os, sys
+fd, off, request, done = os.open(sys.argv[1], os.O_RDONLY), *map(int, sys.argv[2:])
+while os.read(request, 1):
+    os.pread(fd, 1, off)
+    os.write(done, b".")
+"""
+
+#: Runs `hugify prefetch ARGS` in this process with the engine's fault hook making the
+#: reader (descriptors $REQUEST, $DONE) read, between the engine's check that a window
+#: holds nothing in the page cache and the fault that reads it. Unforced, the reader's
+#: reads land there by chance (on the issue's machine at once, on 2 loaded cores seldom).
+OTHERS_READ = r"""
+import ctypes, os, sys
+from hugify import prefetch
+from hugify.cli import main
+
+hooked = []
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64)
+def others_read(fd, off):
+    hooked.append(off)
+    os.write(int(os.environ["REQUEST"]), b".")
+    assert os.read(int(os.environ["DONE"]), 1) == b"."
+
+engine = ctypes.CDLL(str(prefetch._engine_path()))  # the library the Engine loads: one instance
+engine.hp_engine_set_fault_hook(others_read)
+code = main(sys.argv[1:])
+print(f"hooked {hooked}", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_another_users_reads_during_prefetch_record_nothing(built: Programs):
+    """Issue 38 item 3: the user nobody reads one byte in the middle of the library's
+    first window, in a loop, while root's `hugify prefetch` evicts and reads it again;
+    the engine's hook makes each of its reads fall between prefetch's check that nothing
+    of the window is cached and its fault, every time. The page nobody read keeps the
+    2 MiB folio out and the rest comes small, but prefetch did not read the window whole
+    (its thread's I/O accounting): nothing is concluded or recorded (`busy`,
+    `read-meanwhile`), from small folios and cold alike, on XFS, which gives large
+    folios. Once the reader stops, the window is huge. On main cd6bc40 (with the hook
+    called there) the first round recorded the file as getting no large folios
+    (`unsupported` for the rest of the boot; a second such file, the filesystem)."""
+    with public_dir() as public, loop_fs(public, "xfs", "", built) as mnt, locked():
+        mnt.chmod(0o755)
+        progs = Programs(mnt / "bin", built.orig)
+        assert gives_large_folios(progs.lib)
+        run, no_copies = public / "run", file_backed_only(public)
+        window = exec_load(progs.lib).offset
+        (request, ask), (answer, done) = os.pipe(), os.pipe()
+        reader = subprocess.Popen(
+            [*AS_NOBODY, sys.executable, "-c", READER, str(progs.lib), str(window + 0x100000), str(request), str(done)],
+            pass_fds=(request, done),
+        )
+        os.close(request)
+        os.close(done)
+        rounds = []
+        try:
+            for cache in ("small", "cold", "small"):
+                evict([progs.lib])
+                if cache == "small":
+                    read_plainly([progs.lib])
+                else:  # a page of nobody's in the window before prefetch reads it: read in small
+                    os.write(ask, b".")
+                    assert os.read(answer, 1) == b"."
+                args = ["prefetch", "--json", "--policy", str(no_copies), "--runtime-dir", str(run), str(progs.lib)]
+                res = subprocess.run(
+                    [sys.executable, "-c", OTHERS_READ, *args],
+                    capture_output=True,
+                    text=True,
+                    cwd=REPO,
+                    env={**os.environ, "REQUEST": str(ask), "DONE": str(answer)},
+                    pass_fds=(ask, answer),
+                    check=False,
+                )
+                assert "Traceback" not in res.stderr, res.stderr
+                (f,) = json.loads(res.stdout)["files"]
+                rounds.append((cache, res.returncode, [(w["state"], w.get("reason", "")) for w in f["windows"]]))
+                assert verdicts(run) == [], (rounds, records(run), res.stderr)
+        finally:
+            os.close(ask)
+            reader.wait(timeout=30)
+            os.close(answer)
+        evict([progs.lib])
+        code, after = prefetch(run, progs.lib)
+        maps = run_mappings([progs.prog])
+        size = exec_segment_size(progs.lib)
+    for cache, rc, states in rounds:
+        assert rc == 0 and states[0] == ("busy", "read-meanwhile"), (cache, rounds)
+    assert code == 0 and [w["state"] for w in after[str(progs.lib)]] == ["loaded"] * (size // HP), after
+    assert maps[str(progs.lib)].pmd == size, maps
+    assert verdicts(run) == []
 
 
 # --- clearing ------------------------------------------------------------------------------------

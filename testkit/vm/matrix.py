@@ -173,11 +173,21 @@ def row(b: BootResult) -> dict[str, Any]:
         "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),
         "shared": {mode: {cache: shared_copies(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
         "boot_shared_copies": r["boot_status"].get("shared_copies", {}),
-        "anonymous": {
-            mode: {cache: anonymous_copies(case(r, mode, cache, "anonymous")["steps"][-1]) for cache in CACHES}
-            for mode in r["thp"]
+        **{
+            key: {
+                mode: {cache: anonymous_copies(case(r, mode, cache, way)["steps"][-1]) for cache in CACHES}
+                for mode in r["thp"]
+            }
+            for key, way in ANONYMOUS_WAYS.items()
+            if way in r["thp"][next(iter(r["thp"]))]["cases"]["cold"]  # boots before issue 38 lack the second
         },
     }
+
+
+#: The anonymous-copy mode's ways, by the row's key: through the audit library
+#: (HUGIFY_ANONYMOUS=1), and `hugify-run --anonymous` as root with no runtime directory
+#: to be had (issue 38 item 4).
+ANONYMOUS_WAYS = {"anonymous": "anonymous", "anonymous_root_norun": "anonymous-root-norun"}
 
 
 #: The audit library's line for one object in the anonymous-copy mode (runtime/hp_anon.c).

@@ -136,20 +136,35 @@ def io_cell(r: dict[str, Any]) -> str:
     kib = r["pgpgin_kib"]
     small = kib.get("small", kib)
     # Named, because runs of different dates measured different series.
-    series = (("root", "audit"), ("user", "audit-user"), ("shared", "shared"), ("plain", "plain"))
+    series = (
+        ("root", "audit"),
+        ("user", "audit-user"),
+        ("root without /run", "audit-root-norun"),
+        ("shared", "shared"),
+        ("plain", "plain"),
+    )
     return " / ".join(f"{name} {small[key] / 1024:.1f}" for name, key in series if key in small)
 
 
 def anon_cell(r: dict[str, Any]) -> str:
-    """The anonymous-copy mode with THP `always`, cold: what it copied."""
-    a = r.get("anonymous", {}).get("always", {}).get("cold")
-    if a is None:
-        return "not measured"
-    copied = sum(c for c, _, _ in a["objects"].values())
-    windows = sum(w for _, w, _ in a["objects"].values())
-    if not copied:
-        return f"not used: 0 of {windows} windows copied"
-    return f"{copied} of {windows} windows copied, {a['anon_pmd'] >> 20} MiB anonymous PMD-mapped"
+    """The anonymous-copy mode with THP `always`, cold: what it copied through the audit
+    library, and through `hugify-run --anonymous` as root with no runtime directory
+    (boots since issue 38)."""
+    texts = []
+    for key, prefix in (("anonymous", ""), ("anonymous_root_norun", "hugify-run --anonymous as root without /run: ")):
+        a = r.get(key, {}).get("always", {}).get("cold")
+        if a is None:
+            if not key.endswith("norun"):
+                return "not measured"
+            continue
+        copied = sum(c for c, _, _ in a["objects"].values())
+        windows = sum(w for _, w, _ in a["objects"].values())
+        if not copied:
+            texts.append(f"{prefix}not used: 0 of {windows} windows copied")
+        else:
+            pmd = a["anon_pmd"] >> 20
+            texts.append(f"{prefix}{copied} of {windows} windows copied, {pmd} MiB anonymous PMD-mapped")
+    return "; ".join(texts)
 
 
 def glibc_cell(r: dict[str, Any]) -> str:
@@ -221,8 +236,9 @@ def table(doc: dict[str, Any]) -> str:
         "",
         "What it costs: MiB read from disk (`pgpgin`) by 20 starts of the program, from the files "
         "cached in small folios: through the audit library as root (file-backed way only, with the "
-        "records the boot's service kept), as a user with no runtime directory, through it with the "
-        "shared copies, and 20 plain starts; a run that did not measure a series leaves it out.",
+        "records the boot's service kept), as a user with no runtime directory, as root with none to "
+        "be had (a chroot or container without /run), through it with the shared copies, and 20 plain "
+        "starts; a run that did not measure a series leaves it out.",
         "",
         *grid("kernel", io_cell),
         "",

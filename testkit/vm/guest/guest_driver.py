@@ -18,6 +18,9 @@ preloaded probe, testkit/vm/guest/probe.c):
     anonymous      through the audit library in the opt-in anonymous-copy mode
                    (HUGIFY_ANONYMOUS=1: windows the filesystem cannot give huge are
                    copied into anonymous huge pages),
+    anonymous-root-norun
+                   `hugify-run --anonymous` as root with no runtime directory to be had
+                   (NO_RUN: a chroot or container without /run),
     shared-*       hugify-run and the audit library (DT_NEEDED, dlopen) with root's
                    shared copies (issue 31: where the filesystem gives no large folios,
                    the boot service copied the files to a huge-page tmpfs, and the
@@ -40,9 +43,10 @@ preloaded probe, testkit/vm/guest/probe.c):
   the shared copies and with them;
   through the audit library and through hugify-run as a user who is not root, with no
   runtime directory (moved away for the series: what a boot without the service, a
-  container or a chroot gives); each series from the program's files cached in small
-  folios and from them cold, the tools cached (in the THP mode the guest booted with
-  only); and after each user's cold series, the program's code as a plain run maps it;
+  container or a chroot gives), and as root with none to be had (NO_RUN); each series
+  from the program's files cached in small folios and from them cold, the tools cached
+  (in the THP mode the guest booted with only); and after each cold series of a user's
+  or of root's without a runtime directory, the program's code as a plain run maps it;
 - a file unlike its filesystem: two copies of the library, one with data journalling
   (chattr +j, which ext4 from 6.16 gives no large folios), each measured without hugify
   (a cold window read through MADV_HUGEPAGE) and prefetched, with the records written;
@@ -95,6 +99,9 @@ SHARED_DIR = "/run/hugify/shared/"
 #: The audit library without the shared copies: the file-backed way (and the anonymous
 #: mode) as they are by themselves.
 NO_SHARED = {"HUGIFY_SHARED": "0"}
+#: What root has in a chroot or a container without /run (issue 38 item 4): a runtime
+#: directory that cannot be made, so nothing is kept between starts.
+NO_RUN = {"HUGIFY_RUNTIME_DIR": "/nonexistent/run/hugify", **NO_SHARED}
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 STARTS = 20
 #: Runs of the program under one `perf record`: it computes for milliseconds only (under
@@ -236,6 +243,9 @@ def ways() -> dict[str, list[dict[str, Any]]]:
         "audit": [{"run": [PROG], "env": audit}],
         "audit-dlopen": [{"run": [str(DLOPEN), LIB], "env": audit}],
         "anonymous": [{"run": [PROG], "env": {**audit, "HUGIFY_ANONYMOUS": "1", "HUGIFY_PERF_MAP": "0"}}],
+        "anonymous-root-norun": [
+            {"run": ["hugify-run", "--anonymous", PROG], "env": {**NO_RUN, "HUGIFY_DEBUG": "1", "HUGIFY_PERF_MAP": "0"}}
+        ],
         "shared-hugify-run": [{"run": ["hugify-run", PROG], "env": {"HUGIFY_DEBUG": "1"}}],
         "shared-audit": [{"run": [PROG], "env": shared}],
         "shared-audit-dlopen": [{"run": [str(DLOPEN), LIB], "env": shared}],
@@ -310,9 +320,14 @@ RUNTIME_DIR = Path("/run/hugify")
 
 
 def evict(paths: tuple[str, ...]) -> None:
-    """The files dropped from the page cache (nothing maps them), every other file kept."""
+    """The files dropped from the page cache (nothing maps them), every other file kept.
+    Each is read whole first: eviction passes by pages still being read (a process's
+    readahead in flight after it exited), and a read waits for them (as
+    testkit.runtime.evict)."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
+        while os.read(fd, 1 << 20):
+            pass
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
 
@@ -349,6 +364,8 @@ def io_check() -> dict[str, Any]:
         "shared": ([PROG], {"LD_AUDIT": AUDIT_LIB}, False),
         "audit-user": ([*AS_USER, PROG], {"LD_AUDIT": AUDIT_LIB}, True),
         "hugify-run-user": ([*AS_USER, "hugify-run", PROG], {}, True),
+        "audit-root-norun": ([PROG], {"LD_AUDIT": AUDIT_LIB, **NO_RUN}, False),
+        "hugify-run-root-norun": (["hugify-run", PROG], NO_RUN, False),
     }
     files = (PROG, LIB)
     out: dict[str, Any] = {}
@@ -365,7 +382,7 @@ def io_check() -> dict[str, Any]:
                 for _ in range(STARTS):
                     run(*argv, env=env)
                 got[name] = pgpgin() - before
-            if user and cache == "cold":  # what the page cache holds afterwards
+            if (user or name.endswith("-norun")) and cache == "cold":  # what the page cache holds afterwards
                 got[f"{name}-maps"] = probed(PROG)["maps"]
         out[cache] = got
     return out
