@@ -26,7 +26,7 @@ import os
 import stat
 import struct
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -715,12 +715,21 @@ def wanted(t: Target) -> bool:
     return t.fd >= 0 and any(w.state == UNSUPPORTED for w in t.windows)
 
 
-def settle(rdir: Path, engine: Engine, targets: Iterable[Target], budget: int, complete: bool) -> Report:
+def settle(
+    rdir: Path,
+    engine: Engine,
+    targets: Iterable[Target],
+    budget: int,
+    complete: bool,
+    *,
+    stands_for: Mapping[str, str] | None = None,
+) -> Report:
     """Keeps or makes the copies of the `targets` that want one, in their order, while
     what they hold stays within `budget`; drops the copies that are of no use (stale,
     changed, beyond the budget) and, when the run saw every installed file (`complete`),
     those of files it did not see or that want none. Root only: nobody else may write
-    the store."""
+    the store. A target that `stands_for` another file (by path) gets a copy only if
+    every user may read that file."""
     report = Report()
     targets = list(targets)
     want = [t for t in targets if wanted(t)]
@@ -730,7 +739,7 @@ def settle(rdir: Path, engine: Engine, targets: Iterable[Target], budget: int, c
         if want:
             ensure_mounted(rdir, budget)
         with opened(rdir) as store:
-            _Settling(store, rdir, engine, budget, report).run(targets, want, complete)
+            _Settling(store, rdir, engine, budget, report, stands_for=stands_for or {}).run(targets, want, complete)
     except Refused as e:
         report.problem = (e.reason, e.detail)
         for t in want:
@@ -781,6 +790,9 @@ class _Settling:
     report: Report
     #: Users other than root may reach the store: its copies must show them nothing new.
     exposed: bool = True
+    #: For a target that is a copy made for the occasion (hugify try's hugified copies,
+    #: in root's own directories), the file it stands for, whose readers decide.
+    stands_for: Mapping[str, str] = field(default_factory=dict)
     #: Bytes that copies removed from the store still hold (processes map them).
     removed: int = 0
 
@@ -839,36 +851,49 @@ class _Settling:
             return None
         before = os.fstat(t.fd)
         src = Original(t.fd, os.path.realpath(t.path), identity, tuple(w.offset for w in t.windows), before, t.hp)
-        if self.exposed:
-            proof = Exposure(t.fd, t.path)
-            try:
-                proof.prove()
-            except Refused as e:
-                outcomes[t.path] = Outcome("none", e.reason, e.detail)
-                return None
-            finally:
-                proof.close()
+        try:
+            with self._shown(t.fd, t.path):
+                pass
+        except Refused as e:
+            outcomes[t.path] = Outcome("none", e.reason, e.detail)
+            return None
         rec = have.get(key_of(identity))
         if rec is not None and copy_problem(self.store, rec, before) is None and self._huge(rec, src.offsets):
             return _Want(t, src, rec, held(self.store, rec))
         return _Want(t, src, None, memory_for(before.st_size))
 
+    @contextlib.contextmanager
+    def _shown(self, fd: int, path: str) -> Iterator[Exposure | None]:
+        """Proves that every user may read what a copy of the target (open as `fd`)
+        would show them, holding the proof's descriptors while the caller works: the
+        target itself, or the file it stands for. None where the store shows nobody
+        anything. Refused (copy-private) otherwise."""
+        if not self.exposed:
+            yield None
+            return
+        original = self.stands_for.get(path)
+        if original is not None:
+            try:
+                fd = os.open(original, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:
+                raise Refused("copy-private", f"{original} cannot be checked: {reasons.io_detail(e)}") from e
+        proof = Exposure(fd, original or path)
+        try:
+            proof.prove()
+            yield proof
+        finally:
+            proof.close()
+            if original is not None:
+                os.close(fd)
+
     def make(self, w: _Want) -> Outcome:
         """Writes the planned copy, proving again, on descriptors held until it is
         written, that every user may read the original."""
-        src, proof = w.src, None
-        if self.exposed:
-            proof = Exposure(src.fd, w.target.path)
         try:
-            if proof is not None:
-                proof.prove()
-                src = replace(src, exposure=proof)
-            rec = write_copy(self.store, self.engine, src)
+            with self._shown(w.src.fd, w.target.path) as proof:
+                rec = write_copy(self.store, self.engine, replace(w.src, exposure=proof))
         except Refused as e:
             return Outcome("none", e.reason, e.detail + self._too_small() if e.reason == "shared-full" else e.detail)
-        finally:
-            if proof is not None:
-                proof.close()
         where = shared_dir(self.rdir) / rec.key
         return Outcome("made", copy=str(where / rec.name), held=held(self.store, rec))
 

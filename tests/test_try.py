@@ -255,6 +255,41 @@ def test_the_shared_way_maps_the_code_from_roots_copies(itlb: Path, tmp_path: Pa
         assert _leftovers(cache) == []
 
 
+def test_the_shared_way_copies_only_what_every_user_may_read(itlb: Path, shared_dir: Path) -> None:
+    """With the cache where every user may pass (as under /var/cache), the shared way's
+    store is reached by the command's processes of any user, so its copies may show
+    them only what they could read anyway. That is judged on the program the command
+    loads, not on try's own copy of it in the cache (which no other user may list): a
+    program every user may read gets its shared copy and its code on huge pages, one
+    in a directory only root may enter gets none, said in a note naming it (the
+    system's libc beside it still gets its copy). Before, every
+    hugified copy was judged by the scratch directory it lies in, mode 0711, and the
+    way was refused for all of them."""
+    public, private = shared_dir / "public", shared_dir / "private"
+    for d, mode in ((public, 0o755), (private, 0o700)):
+        d.mkdir()
+        d.chmod(mode)
+        shutil.copy2(itlb, d / "itlb")
+    cache = shared_dir / "cache"
+    limits = ("--min-rounds", "1", "--max-rounds", "1")
+    res = _hugify_try("--json", "--way", "shared", "--cache-dir", cache, *limits, "--", public / "itlb", "400",
+                      cwd=public)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = _json(res)
+    assert doc["way"] == "shared" and doc["problems"] == [], doc["notes"]
+    (prog,) = [o for o in doc["objects"] if o["path"] == str(public / "itlb")]
+    assert prog["seen"]["hugified"]["windows_huge"] >= 8, prog["seen"]
+    res = _hugify_try("--json", "--way", "shared", "--cache-dir", cache, *limits, "--", private / "itlb", "400",
+                      cwd=private)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = _json(res)
+    (prog,) = [o for o in doc["objects"] if o["path"] == str(private / "itlb")]
+    assert prog["seen"]["hugified"]["windows_huge"] == 0, prog["seen"]
+    why = f"{private / 'itlb'}: no shared copy: not readable by every user: {private}: mode 0700 denies its group"
+    assert f"{why} (copy-private)" in doc["notes"], doc["notes"]
+    assert _leftovers(cache) == []
+
+
 def test_the_shared_way_is_roots(shared_dir: Path) -> None:
     """Only root makes shared copies: another user asking for the way is told so in one
     line, status 4, before anything runs."""

@@ -113,7 +113,12 @@ class PageCache:
         try:
             self.run.prefetch(work)
             if self.shared_budget is not None:
-                self.shared = shared.settle(self.run.rdir, self.run.engine, work, self.shared_budget, complete=True)
+                # Each copy stands for its original: a shared copy shows every user
+                # what the command loads, so only an original every user may read gets one.
+                originals = {str(c): o for c, o in zip(self.copies, self.originals, strict=True)}
+                self.shared = shared.settle(
+                    self.run.rdir, self.run.engine, work, self.shared_budget, complete=True, stands_for=originals
+                )
         finally:
             pf.close_targets(work)
         return targets
