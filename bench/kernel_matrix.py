@@ -4,7 +4,7 @@
 btrfs, each booted under qemu on a real Debian 12 root (testkit/vm/boot.py), measured by
 the same guest driver as tests/test_kernel_matrix.py (testkit/vm/guest/guest_driver.py; the
 suite boots a subset). Writes one JSON document (rows as testkit.vm.matrix.row) for
-bench/matrix_table.py, which regenerates docs/runtime.md's "Where it works" table.
+bench/matrix_table.py, which regenerates docs/runtime-reference.md's "Where it works" table.
 
 The way "glibc.elf.thp" boots each (kernel, filesystem) a second time, on the same root
 with glibc 2.44 unpacked over it (testkit/vm/glibc_thp.py): cold starts with the tunable off,

@@ -1,5 +1,5 @@
 #!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
-"""What perf's map of the anonymous copies costs (docs/runtime.md, "perf and gdb"): N
+"""What perf's map of the anonymous copies costs (docs/runtime-reference.md, "perf and gdb"): N
 short processes of a hugified program and its hugified library, each started through
 `hugify-run --anonymous=always` (every window copied), with this checkout's runtime as
 it is by default (no map) and asked for maps (HUGIFY_PERF_MAP=1), and optionally with

@@ -8,7 +8,7 @@ Targets (issue 8): hugify-run start-up overhead under 2 ms when everything is
 prefetched; audit library under 50 us per loaded object; `hugify prefetch` under 5 ms
 per already-prefetched file.
 
-The shared copies (issue 31, docs/runtime.md "Shared copies"): the same hugified files
+The shared copies (docs/runtime.md, "Shared copies"): the same hugified files
 on a btrfs image (no large folios on any Debian kernel, as ext4 before Linux 6.16: the
 first prefetch records it for the boot, and the runtime then leaves those files alone),
 with root's shared copies made by `hugify prefetch` into a private runtime directory;

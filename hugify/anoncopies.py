@@ -1,4 +1,4 @@
-"""The anonymous copies the audit library made of hugified code (docs/runtime.md,
+"""The anonymous copies the audit library made of hugified code (docs/runtime-reference.md,
 "Anonymous copies"), found in /proc/PID/maps: for `hugify status`.
 
 A copy is an anonymous executable VMA of whole 2 MiB windows at a 2 MiB-aligned address,

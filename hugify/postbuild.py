@@ -1,5 +1,5 @@
 """``hugify sign-packages``: hugify's statements signed after the build, outside it
-(docs/signing.md, "Signing outside the build").
+(docs/signing.md, "The recommended setup: sign after the build").
 
 The build ships each package's statement unsigned (``signing.mode = "off"``, the
 default): it is a pure function of the build, so the package stays reproducible, and

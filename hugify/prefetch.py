@@ -1,5 +1,5 @@
 """``hugify prefetch`` and ``hugify status``: which files and windows to work on, and
-what to say about them (method: docs/runtime.md).
+what to say about them (method: docs/runtime-reference.md).
 
 Which windows a file has is the core's answer (``_core.probe``); what happens to each
 window is decided by the runtime's state machine, hp_core's ``hp_settle``, called
@@ -44,7 +44,7 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 #: The engine, next to the package: runtime/ in the source tree, /usr/lib/hugify installed.
 ENGINE_LIB = "libhugify-engine.so"
 
-# Window states, by the engine's names (runtime/hp_core.h; docs/runtime.md "Window states").
+# Window states, by the engine's names (runtime/hp_core.h; docs/runtime-reference.md "Window states").
 HUGE = "huge"
 LOADED = "loaded"
 REPAIRED = "repaired"

@@ -1,4 +1,4 @@
-"""Root's shared copies of hugified files (docs/runtime.md, "Shared copies").
+"""Root's shared copies of hugified files (docs/runtime-reference.md, "Shared copies").
 
 Where the filesystem gives a file no 2 MiB folios (the engine's `unsupported`), `hugify
 prefetch` run by root keeps one copy of the whole file on a tmpfs mounted with

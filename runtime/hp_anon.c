@@ -1,4 +1,4 @@
-/* The anonymous-copy mode; see hp_anon.h and docs/runtime.md. */
+/* The anonymous-copy mode; see hp_anon.h and docs/runtime-reference.md. */
 #include "hp_anon.h"
 
 #include <elf.h>

@@ -1,4 +1,4 @@
-/* The anonymous-copy mode of the hugify runtime (docs/runtime.md, "Anonymous copies").
+/* The anonymous-copy mode of the hugify runtime (docs/runtime-reference.md, "Anonymous copies").
  *
  * Where the filesystem gives a file no 2 MiB folios (hp_settle's HP_UNSUPPORTED), the
  * audit library can copy each whole window of a hugified object into a 2 MiB anonymous

@@ -584,7 +584,7 @@ int hp_free_huge_blocks(struct hp_ctx *c)
  * 0 no, -1 no answer (e.g. a noexec mount). It asks about the fault alone (PMD exec
  * readahead), checked right after it: khugepaged's collapse of file-backed code (Linux
  * 7.2 on, THP `always`) comes seconds later, only to processes that keep the window
- * mapped, and is no reason to leave a cold window unread (docs/runtime.md, "What the
+ * mapped, and is no reason to leave a cold window unread (docs/runtime-reference.md, "What the
  * kernel does by itself"). Only a window the probe itself reads in tells: one that
  * another process is reading meanwhile (through MADV_HUGEPAGE: one 2 MiB folio) would
  * show that process's doing, so a window with any page cached when the probe maps it

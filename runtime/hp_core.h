@@ -4,7 +4,7 @@
  * 2 MiB windows of its code into the page cache as 2 MiB folios.
  *
  * It uses only the raw system calls of hp_sys.h, so that the audit library can be
- * linked without libc. See docs/runtime.md for the method. */
+ * linked without libc. See docs/runtime-reference.md for the method. */
 #ifndef HUGIFY_HP_CORE_H
 #define HUGIFY_HP_CORE_H
 
@@ -43,7 +43,7 @@ struct hp_file_id {
 
 /* The state of one window after hp_settle: the one set of states of the runtime and of
  * `hugify prefetch`/`hugify status` (which report them by the names of
- * libhugify-engine.so); docs/runtime.md "Window states". */
+ * libhugify-engine.so); docs/runtime-reference.md "Window states". */
 enum hp_state {
     HP_HUGE,        /* one 2 MiB folio already */
     HP_LOADED,      /* was not cached; read in as one 2 MiB folio */
@@ -249,7 +249,7 @@ int hp_buddy_block(const char *line, unsigned order);
 /* Whether cachestat(2) (Linux 6.5) works. */
 int hp_cachestat_works(struct hp_ctx *c);
 
-/* Settles the windows of `t` (the state machine of docs/runtime.md): faults each (an
+/* Settles the windows of `t` (the state machine of docs/runtime-reference.md): faults each (an
  * uncached window is read through the MADV_HUGEPAGE mapping as one 2 MiB folio),
  * checks which are PMD-mapped, and evicts and reads again those held in small folios
  * that nobody else maps. When every window is in place it costs a mincore(2) and a

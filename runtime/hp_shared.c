@@ -1,5 +1,5 @@
 /* The shared mode: mapping windows from root's shared copies; see hp_shared.h and
- * docs/runtime.md, "Shared copies". */
+ * docs/runtime-reference.md, "Shared copies". */
 #include "hp_shared.h"
 
 #include <errno.h>

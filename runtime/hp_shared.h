@@ -1,4 +1,4 @@
-/* The shared mode of the hugify runtime (docs/runtime.md, "Shared copies").
+/* The shared mode of the hugify runtime (docs/runtime-reference.md, "Shared copies").
  *
  * Where the filesystem gives a file no 2 MiB folios (hp_settle's HP_UNSUPPORTED), root
  * (`hugify prefetch`: the boot service, the package triggers, the timer) keeps one copy

@@ -1,5 +1,5 @@
 /* What the hugify runtime knows of whether a file can be held in 2 MiB folios, and the
- * records it keeps of that for the boot (docs/runtime.md, "Filesystems without large
+ * records it keeps of that for the boot (docs/runtime-reference.md, "Filesystems without large
  * folios" and "The runtime directory").
  *
  * Knowledge has three sources, strongest first: what this process saw (a window in a

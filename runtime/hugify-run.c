@@ -553,7 +553,7 @@ static void process(int i, int fd, const struct stat *st)
     for (; hp_exec_range(ph, phnum, head.eh.e_type == ET_EXEC, ctx.hp, &next, &range); nr++)
         prefetch(fd, o->path, &range, (uint64_t)st->st_size, &stats);
     if (debug && nr)
-        /* The states of docs/runtime.md, summed: "skipped" are the windows not read in;
+        /* The states of docs/runtime-reference.md, summed: "skipped" are the windows not read in;
          * "unsupported" ones cannot be huge on this filesystem, "failed" ones could. */
         say("%s: %u windows: %u huge (%u loaded, %u repaired), %u busy, %u failed, %u unsupported, %u skipped, "
             "%u unverified",

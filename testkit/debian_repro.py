@@ -229,7 +229,7 @@ def archive_build(source: str = "hello") -> DebBuild:
 def local_switch_build(source: str = "hello") -> DebBuild:
     """The archive's source built with the local, unrecorded switch: DH_EXTRA_ADDONS
     in sbuild's build environment and hugify added to the build dependencies by the
-    builder's configuration (docs/packaging-debian.md, "Local builds")."""
+    builder's configuration (docs/packaging-debian.md, "Turning it on, recorded")."""
     debs = hugify_debs()
     rc = (
         SBUILDRC_COMMON

@@ -1,4 +1,4 @@
-"""`make demo` (tools/demo) leaves nothing behind (issue 42, item 5): it left 24 MB in
+"""`make demo` (tools/demo) leaves nothing behind: it left 24 MB in
 /tmp and wrote the runtime's records to /run/hugify without a word."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Exit statuses, one table for every command (docs/exit-status.md), and messages that
-name the file they are about once (issue 42, item 4).
+name the file they are about once.
 
 The table is read from the document itself: every reason id of the core's table exits
 with the status the document gives its kind (through `hugify explain`, which says

@@ -1,4 +1,4 @@
-"""Help a newcomer can use (issue 42, item 5): every command's --help ends with
+"""Help a newcomer can use: every command's --help ends with
 examples and its exit statuses; a man page per command, made from the same parsers
 without help2man, that groff renders without a warning; and inspect's picture of the
 windows as wide as the terminal (it was about 210 columns whatever the terminal)."""

@@ -1,4 +1,4 @@
-"""README's install step works on a clean machine after nothing else (issue 42, item 1).
+"""README's install step works on a clean machine after nothing else.
 
 The clean machine is a minbase Debian 12 root made by mmdebstrap (cached by its
 package list, testkit.debian_roots), with a C compiler, make, Python and perl but no

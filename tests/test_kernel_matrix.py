@@ -3,7 +3,7 @@ Debian 12 root with systemd as PID 1 (testkit/vm/boot.py), one disk per filesyst
 
 The suite boots a subset of the matrix (testkit.vm.matrix.SUBSET: trixie's 6.12 on ext4 and
 XFS, the newest kernel on ext4); bench/kernel_matrix.py boots all of it and regenerates
-docs/runtime.md's "Where it works" table. A boot's results are cached by all its inputs.
+docs/runtime-reference.md's "Where it works" table. A boot's results are cached by all its inputs.
 
 What is asserted, per boot, with THP `always` (booted) and `madvise` (set through
 sysfs), cold and with the files cached in small folios:
@@ -614,7 +614,7 @@ def test_a_kernel_that_cannot_be_fetched_fails_with_the_reason() -> None:
 
 
 def test_the_support_table_says_what_the_boot_asserts(booted: BootResult, as_is_windows: list[int]) -> None:
-    """docs/runtime.md's "Where it works" cells for this boot, as bench/matrix_table.py
+    """docs/runtime-reference.md's "Where it works" cells for this boot, as bench/matrix_table.py
     writes them from its row (testkit.vm.matrix.row), say what the tests above assert of it:
     every way huge, khugepaged's too where it collapses file-backed code, and the as-is
     program's whole window, where the kernel gives large folios; "no" where it does not."""

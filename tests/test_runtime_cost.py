@@ -80,7 +80,7 @@ def series(progs: Programs, run: Path, cache: str, nobody: bool) -> dict[str, in
         way: starts_read([*prefix, *argv], STARTS, clean_env(run, **env), files, cache) >> 10
         for way, (argv, env) in ways.items()
     }
-    # The figures, for the report (pytest -rP shows them; docs/runtime.md quotes them).
+    # The figures, for the report (pytest -rP shows them; bench/README.md, "The runtime's own reads", quotes them).
     print(f"{progs.dir}: KiB read by {STARTS} starts, {'nobody' if nobody else 'root'}, {cache}: {got}")
     return got
 

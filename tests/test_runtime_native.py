@@ -45,7 +45,8 @@ def runtime_sources(src: Path) -> Path:
 def test_audit_library_exports_only_the_audit_interface():
     """la_version, la_objopen, la_activity, and la_objsearch (which returns the name it is
     given: it notes how much the thread had read when ld.so began looking for an object,
-    docs/runtime.md); nothing that binds symbols, nothing that needs a library."""
+    docs/runtime-reference.md, "libhugify-audit.so"); nothing that binds symbols, nothing
+    that needs a library."""
     syms = subprocess.run(
         ["nm", "-D", "--defined-only", AUDIT_LIB], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -61,7 +62,7 @@ def test_audit_library_exports_only_the_audit_interface():
 
 def test_engine_library_states_are_the_documented_ones():
     """libhugify-engine.so (the state machine `hugify prefetch`/`status` call) exports only
-    its entry points, and its window states are the list of docs/runtime.md, which
+    its entry points, and its window states are the list of docs/runtime-reference.md, which
     hugify.prefetch reports by the same names."""
     import ctypes
 
@@ -91,7 +92,7 @@ def test_engine_library_states_are_the_documented_ones():
     states = []
     while (s := name(len(states)).decode()) != "?":
         states.append(s)
-    doc = (REPO / "docs/runtime.md").read_text().split("## Window states")[1].split("\n## ")[0]
+    doc = (REPO / "docs/runtime-reference.md").read_text().split("## Window states")[1].split("\n## ")[0]
     assert states == [line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")]
     assert {getattr(prefetch, s.upper()) for s in states} == set(states)
 
@@ -117,7 +118,7 @@ def test_engine_leaves_the_callers_stdin_open(tmp_path: Path):
 
 def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
     """Every reason id the engine reports is in the core's table (so `hugify explain`
-    knows it, with its meaning, not another one), docs/runtime.md lists exactly them,
+    knows it, with its meaning, not another one), docs/runtime-reference.md lists exactly them,
     and a window carrying one reports the id and a detail, never an empty string."""
     import ctypes
 
@@ -132,7 +133,7 @@ def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
     assert why(0).decode() == ""
     table = reasons.table()
     assert [table.get(i, ("unknown", ""))[0] for i in ids] == ["info"] * len(ids), ids
-    doc = (REPO / "docs/runtime.md").read_text().split("## Window states")[1].split("\n## ")[0]
+    doc = (REPO / "docs/runtime-reference.md").read_text().split("## Window states")[1].split("\n## ")[0]
     rows = [line.split("|")[3] for line in doc.splitlines() if line.startswith("| `")]
     documented = {rid for row in rows for rid in row.split("`")[1::2]}
     assert documented == set(ids)

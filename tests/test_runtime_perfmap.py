@@ -1,4 +1,4 @@
-"""perf's map of the anonymous copies (runtime/hp_anon.c, docs/runtime.md "perf and
+"""perf's map of the anonymous copies (runtime/hp_anon.c, docs/runtime-reference.md "perf and
 gdb"), on the real kernel with the real perf: /tmp/perf-PID.map is written only when
 asked (HUGIFY_PERF_MAP=1), then created 0600 by the process's own user, exclusively,
 never through a name someone else planted, completely or not at all; a forked child

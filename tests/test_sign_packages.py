@@ -1,4 +1,4 @@
-"""Signing after the build (docs/signing.md, "Signing outside the build"): `hugify
+"""Signing after the build (docs/signing.md, "The recommended setup: sign after the build"): `hugify
 sign-packages` on what real builds produced, with real cosign v2.6.5, and `hugify
 verify` (and cosign alone) accepting the detached bundles.
 

@@ -1,5 +1,5 @@
 """`hugify status` answers a newcomer's question, "what does this machine get for
-hugified code?", on a root with no hugified package (issue 42, item 3): per mounted
+hugified code?", on a root with no hugified package: per mounted
 filesystem holding programs, file-backed huge pages, root's shared copies, anonymous
 copies only, or none, each with its reason, and the command that measures it
 (`hugify try -- COMMAND`).

@@ -1,5 +1,5 @@
 """``hugify sign-packages ARTEFACT…``: the statements of built packages signed after
-the build, where it never ran (docs/signing.md, "Signing outside the build")."""
+the build, where it never ran (docs/signing.md, "The recommended setup: sign after the build")."""
 
 from __future__ import annotations
 

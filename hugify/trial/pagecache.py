@@ -1,5 +1,5 @@
 """The files under test in the page cache before each run, as bench/README.md
-("The page cache before each run") describes: every file a side uses is cached, so
+("The page cache, the order of the runs, the interval") describes: every file a side uses is cached, so
 that no timed run reads from disk, and the two sides differ only in what hugify
 changes.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates the "Where it works" table of docs/runtime.md from bench/kernel_matrix.py's
+"""Regenerates the "Where it works" tables of docs/runtime-reference.md from bench/kernel_matrix.py's
 JSON: kernel x filesystem -> whether the test program's code was PMD-mapped, and by
 whom (the kernel alone, prefetch, hugify-run, the audit library), with THP `always` in
 both cache states (cold, and cached in small folios); where `madvise` differs it says so.
@@ -54,7 +54,7 @@ def through_copies(r: dict[str, Any]) -> list[str] | None:
 
 
 def shared_cell(r: dict[str, Any]) -> str:
-    """The shared copies (issue 31), THP `always`: which ways mapped the code from them, in
+    """The shared copies, THP `always`: which ways mapped the code from them, in
     both cache states, and the memory the copies held (each once)."""
     ways = through_copies(r)
     if ways is None:
@@ -216,11 +216,11 @@ def table(doc: dict[str, Any]) -> str:
         "mapped from root's shared copies) with THP `always`, cold and "
         "with the files already cached in small folios, and which ways did it: the file-backed "
         "ways first; where they give nothing, the ways through the shared copies the boot "
-        'service made (docs/runtime.md "Shared copies"), with the memory the copies hold.',
+        'service made ("Shared copies" below), with the memory the copies hold.',
         "",
         *grid("kernel (Debian package)", cell),
         "",
-        "The shared copies (issue 31), THP `always`: the ways that mapped the code of the "
+        "The shared copies, THP `always`: the ways that mapped the code of the "
         "program and its library from them in both cache states (every window "
         "ShmemPmdMapped), and what the copies the boot service made held (each once, "
         "whatever the number of processes mapping them).",
@@ -243,7 +243,7 @@ def table(doc: dict[str, Any]) -> str:
         *grid("kernel", io_cell),
         "",
         "The opt-in anonymous-copy mode (`HUGIFY_ANONYMOUS=1` for the audit library, "
-        'docs/runtime.md "Anonymous copies"), THP `always`, cold: windows of the program and its '
+        '"Anonymous copies" below), THP `always`, cold: windows of the program and its '
         "library copied into anonymous huge pages (only where the files get none).",
         "",
         *grid("kernel", anon_cell),
@@ -289,7 +289,7 @@ def merged(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, nargs="+", default=[REPO / "bench" / "kernel_matrix.json"])
-    ap.add_argument("--doc", type=Path, default=REPO / "docs" / "runtime.md")
+    ap.add_argument("--doc", type=Path, default=REPO / "docs" / "runtime-reference.md")
     args = ap.parse_args()
     docs = [json.loads(p.read_text()) for p in args.json]
     doc = merged(docs)
