@@ -18,6 +18,9 @@ PYDIR = $(LIBDIR)/python
 CARGO ?= $(or $(shell command -v cargo),$(HOME)/.cargo/bin/cargo)
 MANDIR = $(PREFIX)/share/man
 PERL5DIR ?= $(PREFIX)/share/perl5
+# The documents hugify's messages name (hugify/docs.py finds them beside the package);
+# empty where the packaging installs them itself (dh_installdocs, rpm's %doc).
+DOCDIR ?= $(PREFIX)/share/doc/hugify
 # Man pages come from hugify's own parsers (tools/manpages), which load the built
 # extension: not for another architecture's build.
 MAN ?= $(if $(CROSS),no,yes)
@@ -77,6 +80,10 @@ install: build
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_check dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
+ifneq ($(DOCDIR),)
+	install -d $(DESTDIR)$(DOCDIR)
+	install -m 0644 README.md docs/*.md signing/predicate-v1.md $(DESTDIR)$(DOCDIR)/
+endif
 ifeq ($(MAN),yes)
 	env PYTHONPATH=$(CURDIR) $(PYTHON) tools/manpages $(DESTDIR)$(MANDIR)/man1 runtime/hugify-run
 	@if command -v pod2man >/dev/null; then \

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
+from hugify.docs import doc
 
 if TYPE_CHECKING:
     from hugify.prefetch import Engine, Target
@@ -199,7 +200,7 @@ def write_mount_dropin(unit_dir: Path, budget: int) -> Path:
     path = d / MOUNT_DROPIN
     path.write_text(
         "# Written by hugify-shared-generator, at boot and at every daemon-reload, from the\n"
-        '# policy\'s runtime.shared_budget (docs/runtime.md, "Shared copies").\n'
+        f'# policy\'s runtime.shared_budget ({doc("runtime.md")}, "Shared copies").\n'
         f"[Mount]\nOptions={mount_unit_options(budget)}\n"
     )
     return path

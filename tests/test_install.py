@@ -11,12 +11,14 @@ a private mount namespace, so the cached root stays clean:
   pages are built there), then the installed hugify runs --version, transforms a
   program of the root (which then runs), reports its status, and has its man pages;
 - for the system: README's `make deb` (testkit.debian.build_hugify_deb runs exactly
-  that, cached with test_packages.py) and `apt install ./hugify_*.deb` in the root,
+  that, cached with test_packages.py) and `apt install` of the hugify and
+  hugify-policy-debian .debs it makes in the root,
   then the same checks, as root.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -68,13 +70,24 @@ def shlex_quote(text: str) -> str:
 
 #: What the installed hugify must do, whoever installed it: the program transformed is
 #: the root's own `make` (a 230 KiB PIE: --threshold 0).
-CHECKS = """
+CHECKS = r"""
 hugify --version
 hugify transform --threshold 0 /usr/bin/make -o "$HOME/make.huge"
 "$HOME/make.huge" --version | head -n 1
 hugify status --manifest-dir /nonexistent | head -n 1
 hugify inspect --help | grep -c '^examples:'
+{ hugify status --manifest-dir /nonexistent
+  for c in $(hugify --help | sed -n 's/^    \([a-z-]*\).*/\1/p'); do hugify "$c" --help; done
+} | grep -o '[^ ()"]*\.md' | sort -u | while read -r d; do
+  if test -f "$d"; then echo "document there: $d"; else echo "document missing: $d"; fi
+done
 """
+
+
+#: Every document a --help or status names, by the path it gives, is there.
+def documents_named(out: str) -> tuple[set[str], set[str]]:
+    there = set(re.findall(r"^document there: (.*)$", out, re.M))
+    return there, set(re.findall(r"^document missing: (.*)$", out, re.M))
 
 
 @slow
@@ -104,6 +117,8 @@ perl -MDebian::Debhelper::Sequence::hugify -e 1 2>/dev/null || echo "no debhelpe
     assert "hugify 0.1.0" in out or "\nhugify " in out
     assert "make.huge: transformed" in out and "GNU Make" in out, out[-2000:]
     assert "what hugified code gets on this machine" in out
+    there, missing = documents_named(out)
+    assert missing == set() and "/home/u/.local/share/doc/hugify/try.md" in there, (there, missing)
     for page in ("hugify.1", "hugify-transform.1", "hugify-try.1", "hugify-run.1", "dh_hugify.1"):
         assert f"\n{page}\n" in out, out[-2000:]
     assert (tmp_path / "upper/home/u/.local/share/perl5/Debian/Debhelper/Sequence/hugify.pm").is_file()
@@ -112,13 +127,17 @@ perl -MDebian::Debhelper::Sequence::hugify -e 1 2>/dev/null || echo "no debhelpe
 @slow
 def test_apt_install_of_the_deb_on_a_clean_root(tmp_path: Path) -> None:
     root = clean_root()
-    deb = build_hugify_deb().ok().deb("hugify")
+    built = build_hugify_deb().ok()
+    deb = built.deb("hugify")
     installed = (root / "var/lib/dpkg/status").read_text()
     assert all(f"\nPackage: {p}\n" in f"\n{installed}" for p in hugify_depends(deb)), "the root has its Depends"
     (tmp_path / "upper/tmp").mkdir(parents=True)
-    shutil.copy(deb, tmp_path / "upper/tmp" / deb.name)
+    # README's line: hugify and the policy package it depends on, both built by make deb
+    debs = [deb, built.deb("hugify-policy-debian")]
+    for d in debs:
+        shutil.copy(d, tmp_path / "upper/tmp" / d.name)
     script = f"""
-apt-get install -y -q /tmp/{deb.name} >/tmp/apt.log 2>&1 || {{ cat /tmp/apt.log; exit 1; }}
+apt-get install -y -q {" ".join(f"/tmp/{d.name}" for d in debs)} >/tmp/apt.log 2>&1 || {{ cat /tmp/apt.log; exit 1; }}
 {CHECKS}
 ls /usr/share/man/man1 | grep -c '^hugify'
 test -f /usr/share/doc/hugify/exit-status.md && test -f /usr/share/doc/hugify/security.md && echo docs-ok
@@ -127,3 +146,5 @@ test -f /usr/share/doc/hugify/exit-status.md && test -f /usr/share/doc/hugify/se
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "make.huge: transformed" in res.stdout and "GNU Make" in res.stdout, res.stdout
     assert "what hugified code gets on this machine" in res.stdout and "docs-ok" in res.stdout
+    there, missing = documents_named(res.stdout)
+    assert missing == set() and "/usr/share/doc/hugify/try.md" in there, (there, missing)

@@ -118,7 +118,8 @@ def test_the_text_answers_first_and_suggests_try(filesystems: dict[str, Path], t
     assert out[0] == "what hugified code gets on this machine, per filesystem holding programs:", out
     line = next(x for x in out if x.startswith(f"  {filesystems['btrfs']} (btrfs, holding "))
     assert ": shared copies: btrfs gives files no large folios" in line, line
-    assert "whether that makes a command faster here: hugify try -- COMMAND (docs/try.md)" in out
+    # run from the checkout: its own document (installed, the installed one: test_install.py)
+    assert f"whether that makes a command faster here: hugify try -- COMMAND ({REPO}/docs/try.md)" in out
 
 
 def test_a_prefetch_finds_out_the_exec_verdict_and_a_user_cannot_tell_cachestat(

@@ -7,6 +7,7 @@ import sys
 
 from hugify import reasons
 from hugify.commands.common import epilog
+from hugify.docs import doc
 from hugify.exitcodes import Exit
 
 
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "explain",
         help="describe refusal reasons (all, or the IDs given)",
         description="Says what each reason id that hugify prints means, its kind and its exit status "
-        "(docs/exit-status.md).",
+        f"({doc('exit-status.md')}).",
         epilog=epilog(
             (
                 ("hugify explain", "every reason id"),

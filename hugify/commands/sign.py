@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hugify import reasons
 from hugify.commands.common import add_recorded_policy_option, build_root, epilog, usable_policy
+from hugify.docs import doc
 from hugify.exitcodes import Exit
 
 
@@ -69,7 +70,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write the package's signed statement of what hugify changed",
         description="After the last tool that rewrites files (rpm: after %__os_install_post; Debian: "
         "after dh_strip), hashes the files `hugify tree` transformed as they are now and writes an in-toto "
-        "statement (signing/predicate-v1.md) to ROOT/usr/share/hugify/attestations/NAME.intoto.json, signed "
+        f"statement ({doc('predicate-v1.md')}) to ROOT/usr/share/hugify/attestations/NAME.intoto.json, signed "
         "with cosign into NAME.bundle as the policy's [signing] section says (signing.key or "
         "$HUGIFY_SIGNING_KEY; cosign from $HUGIFY_COSIGN or PATH; COSIGN_PASSWORD for key files). "
         "dh_hugify_sign and rpm's signing step run it in package builds.",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
 from hugify.commands.common import epilog
+from hugify.docs import doc
 from hugify.exitcodes import Exit
 
 if TYPE_CHECKING:
@@ -314,7 +315,7 @@ def _print_ways(f: Found) -> None:
         print(f"  {w.mountpoint} ({w.fstype}, holding {', '.join(w.holds[:3])}{more}): {w.way}: {w.why}")
     if not f.ways:
         print("  no filesystem holding programs found")
-    print(f"whether that makes a command faster here: {TRY_HINT} (docs/try.md)")
+    print(f"whether that makes a command faster here: {TRY_HINT} ({doc('try.md')})")
 
 
 def _cachestat(f: Found) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from hugify.commands.common import add_recorded_policy_option, build_root, epilog, failure, say_failure, usable_policy
+from hugify.docs import doc
 from hugify.exitcodes import Exit
 
 
@@ -80,7 +81,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Selects ELF executables and shared objects by content, applies the policy, and "
         "transforms each inode once, in parallel, keeping owner, mode, xattrs, times and hardlinks. "
         "Logs one line per ELF file and a summary. Nothing below ROOT is reached through a symbolic link; "
-        "FIFOs, device nodes and sockets are never opened (docs/security.md). brp-hugify and dh_hugify run it "
+        "FIFOs, device nodes and sockets are never opened ("
+        f"{doc('security.md')}). brp-hugify and dh_hugify run it "
         "in package builds.",
         epilog=epilog(
             (
@@ -101,7 +103,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_recorded_policy_option(p)
     p.add_argument("--package", metavar="NAME", help="apply the policy's [packages.NAME] overrides")
     p.add_argument("--jobs", "-j", type=_jobs, metavar="N", help="files transformed at once (default: CPUs)")
-    p.add_argument("--manifest", metavar="OUT", help="write the package manifest (docs/manifest.md) here")
+    p.add_argument("--manifest", metavar="OUT", help=f"write the package manifest ({doc('manifest.md')}) here")
     p.add_argument("--report", metavar="OUT.json", help="write a JSON report of every ELF file here")
     p.add_argument(
         "--arch",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hugify import reasons
 from hugify.commands.common import examples
+from hugify.docs import doc
 from hugify.exitcodes import Exit
 
 EPILOG = (
@@ -251,7 +252,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "copies are bind-mounted over the originals' paths; nothing of the system changes), and reports the "
         "hugified/original ratios of CPU and wall time with 95 % intervals, an A/A noise floor, the huge-page "
         "coverage each side got, and one line of answer. Both sides must behave the same: exit status, standard "
-        "output and --compare-files are compared after every round. Details: docs/try.md.",
+        "output and --compare-files are compared after every round. "
+        f"Details: {doc('try.md')}.",
         epilog=f"{examples(*EXAMPLES)}\n\n{EPILOG}",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the command to compare")
