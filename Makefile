@@ -128,7 +128,11 @@ demo: setup-demo build
 # (dist/deb; the checkout's debian/ and build products stay as they are), after
 # tools/setup-dev-env --deb has installed the build dependencies (apt-get, through sudo
 # where not root). Rust from the archive where it is new enough (Debian 13's cargo),
-# else rustup's (build profile pkg.hugify.rustup). Compiled crates are reused from target/.
+# else rustup's (build profile pkg.hugify.rustup). Compiled crates are reused from target/
+# (or $CARGO_TARGET_DIR).
+# Its version is a snapshot's, VERSION+src.DIGEST of the sources copied (tools/stamp-snapshot),
+# so that a .buildinfo naming it says which code ran; RELEASE=1 keeps debian/changelog's
+# version, for the sources of a release only (docs/packaging-debian.md).
 DEB_PROFILE = $(if $(filter /usr/bin/cargo,$(shell command -v cargo)),,-Ppkg.hugify.rustup)
 DEB_SRC = dist/deb/hugify-$(VERSION)
 deb:
@@ -141,10 +145,11 @@ deb:
 		tar --exclude=./dist --exclude=./target --exclude=./.venv --exclude='*.so' --exclude=./tests \
 			--exclude=./bench --exclude=./testkit --exclude=__pycache__ -cf - . | tar -xf - -C $(DEB_SRC); \
 	fi
-	cd $(DEB_SRC) && env CARGO_TARGET_DIR=$(CURDIR)/target dpkg-buildpackage -us -uc -b $(DEB_PROFILE)
+	$(if $(RELEASE),,tools/stamp-snapshot $(DEB_SRC))
+	cd $(DEB_SRC) && env CARGO_TARGET_DIR=$(or $(CARGO_TARGET_DIR),$(CURDIR)/target) dpkg-buildpackage -us -uc -b $(DEB_PROFILE)
 	mv dist/deb/*.deb dist/deb/*.changes dist/deb/*.buildinfo dist/
 	rm -rf dist/deb
-	@echo "built: $$(ls dist/hugify_$(VERSION)_*.deb); install it with: sudo apt install ./$$(ls dist/hugify_$(VERSION)_*.deb)"
+	@deb=$$(ls -t dist/hugify_$(VERSION)*_*.deb | head -n1); echo "built: $$deb; install it with: sudo apt install ./$$deb"
 
 # A source tarball of the last commit (what spec/hugify.spec builds from).
 dist:

@@ -334,6 +334,19 @@ def hugify_sources() -> list[tuple[str, Path]]:
     return out
 
 
+def snapshot_digest(files: list[tuple[str, Path]]) -> str:
+    """The digest a snapshot of these sources carries in its version (docs/packaging-debian.md,
+    "Which hugify a build used"), written from the rule, apart from tools/stamp-snapshot:
+    sha256 over each file's path, NUL, content (a symlink: its target), NUL, in path
+    order; its first 12 hex digits."""
+    h = hashlib.sha256()
+    for name, path in sorted(files, key=lambda f: f[0].encode()):
+        h.update(name.encode() + b"\0")
+        h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
 def copy_sources(files: list[tuple[str, Path]], dest: Path) -> None:
     for name, p in files:
         target = dest / name
@@ -367,7 +380,8 @@ def toolchain_key() -> str:
 
 def build_hugify_deb() -> DebBuild:
     """hugify's .deb as README's install step builds it: `make deb` (dpkg-buildpackage
-    with the rustup profile, in a copy of the sources), its output collected."""
+    with the rustup profile, in a copy of the sources; its version a snapshot's,
+    VERSION+src.DIGEST: tools/stamp-snapshot), its output collected."""
     sources = hugify_sources()
 
     def build(parent: Path, out: Path) -> tuple[int, str]:
@@ -381,7 +395,9 @@ def build_hugify_deb() -> DebBuild:
             if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
             else f"{rust['cargo_dir']}:{STD_PATH}"
         )
-        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2")
+        # The checkout's own target directory (the suite's `make build` filled it): the
+        # crates hugify depends on are compiled once, not again for its package.
+        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2", CARGO_TARGET_DIR=str(REPO / "target"))
         env.pop("CARGO_HOME", None)
         env.pop("RUSTUP_HOME", None)
         res = subprocess.run(

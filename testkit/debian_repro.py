@@ -26,6 +26,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
@@ -40,7 +41,7 @@ from testkit.debian import (
     tool_versions,
     tree_files,
 )
-from testkit.debian_roots import KEYRING, MIRROR, SUITE, debian_root, source_package
+from testkit.debian_roots import KEYRING, MIRROR, SUITE, debian_root, mmdebstrap, source_package
 
 POLICY_SRC = REPO / "tests" / "deb" / "hugify-policy-test"
 #: Every sbuild run: the unshare backend, a fixed build path, no lintian inside (the
@@ -53,6 +54,22 @@ $run_piuparts = 0;
 $run_autopkgtest = 0;
 $apt_update = 1;
 """
+
+
+def run(argv: list[str], *, timeout: float = 1800, **options: object) -> subprocess.CompletedProcess[str]:
+    """`argv` run to its end (never raising on its exit status), its stdout and stderr
+    in one stream, in order: every build and tool run of this module."""
+    return subprocess.run(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False, **options
+    )  # type: ignore[call-overload]
+
+
+def in_private_mounts(script: str, *args: str | Path, pid: bool = False) -> list[str]:
+    """The command that runs `sh -c SCRIPT sh ARGS` in a private mount namespace (its
+    mounts gone with it; with `pid`, in its own PID namespace too, so that nothing it
+    started outlives it)."""
+    pid_options = ["--pid", "--fork"] if pid else []
+    return ["unshare", "--mount", "--propagation", "private", *pid_options, "sh", "-c", script, "sh", *map(str, args)]
 
 
 def policy_package() -> Path:
@@ -77,8 +94,9 @@ def policy_package() -> Path:
 
 
 def chroot_tarball() -> Path:
-    """The clean build chroot sbuild starts every build from."""
-    return debian_root("sbuild-chroot", "--variant=buildd", fmt="tar")
+    """The clean build chroot sbuild starts every build from; dpkg in it does not sync
+    every file it unpacks (as sbuild-createchroot sets up a buildd's chroot)."""
+    return debian_root("sbuild-chroot", "--variant=buildd", "--dpkgopt=force-unsafe-io", fmt="tar")
 
 
 # --- the derived source -----------------------------------------------------------------------
@@ -153,7 +171,7 @@ def sbuild(name: str, dsc: Path, rc_text: str, key_parts: list[str]) -> DebBuild
     version. Its .debs, .changes and .buildinfo in debs/, unpacked in pkgs/."""
     tarball = chroot_tarball()
     rc_text += "1;\n"
-    inputs = [(p.name, p) for p in sorted(dsc.parent.iterdir()) if p.suffix != ".tmp"]
+    inputs = [(p.name, p) for p in source_files(dsc)]
     key = files_key(inputs, tarball.parent.name, *key_parts, tool_versions("sbuild"))
 
     def build(parent: Path, out: Path) -> tuple[int, str]:
@@ -169,24 +187,10 @@ def sbuild(name: str, dsc: Path, rc_text: str, key_parts: list[str]) -> DebBuild
             '--chroot="$2" --build-dir="$1/out" "$3"'
         )
         (parent / "out").mkdir()
-        res = subprocess.run(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                *map(str, (parent, tarball, dsc)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        res = run(
+            in_private_mounts(script, parent, tarball, dsc),
             env=clean_env(SBUILD_CONFIG=str(config), HOME=str(parent)),
-            timeout=1800,
-            check=False,
+            timeout=3600,
         )
         collect(parent / "out", out)
         return res.returncode, res.stdout
@@ -213,11 +217,20 @@ def hugify_debs() -> list[Path]:
     return [build_hugify_deb().ok().deb("hugify"), policy_package()]
 
 
+#: DEB_BUILD_OPTIONS of every build of a source (sbuild's, hence its .buildinfo's
+#: Environment and the rebuild from it; reprotest's), where it is not the default:
+#: rust-exa's tests compile the program and its 18 crates a second time, in cargo's
+#: test profile, for a result its debian/rules ignores (`dh_auto_test || true`).
+BUILD_OPTIONS = {"rust-exa": "nocheck"}
+
+
 def hugified_build(source: str = "hello") -> DebBuild:
     """The hugified source (one Build-Depends added) built by sbuild, hugify's
-    packages offered by the archive."""
+    packages offered by the archive, with the source's BUILD_OPTIONS."""
     debs = hugify_debs()
     rc = SBUILDRC_COMMON + extra_packages_rc(debs)
+    if source in BUILD_OPTIONS:
+        rc += f"$build_environment = {{ 'DEB_BUILD_OPTIONS' => '{BUILD_OPTIONS[source]}' }};\n"
     return sbuild(f"hugified-{source}", hugified_source(source), rc, [rc, *map(package_identity, debs)])
 
 
@@ -285,47 +298,37 @@ def listed_debs(info: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def rebuild(name: str, build: DebBuild, dsc: Path, local_debs: list[Path]) -> DebBuild:
+def source_files(dsc: Path) -> list[Path]:
+    """The files of a source package: its .dsc and what it names, beside it."""
+    return [p for p in sorted(dsc.parent.iterdir()) if p.is_file() and p.name != "done" and p.suffix != ".tmp"]
+
+
+def rebuild(build: DebBuild, dsc: Path, local_debs: list[Path]) -> DebBuild:
     """The build reproduced from its .buildinfo alone, as debrebuild does: a fresh
     chroot (mmdebstrap, essential variant) with exactly the packages and versions of
     Installed-Build-Depends, from the archive and a local repository holding
     `local_debs` (packages the archive does not have: hugify's); the source unpacked at
     Build-Path; `dpkg-buildpackage` with the recorded Environment only, for the
-    recorded architectures. Cached by the .buildinfo and the local packages."""
+    recorded architectures. Cached by the .buildinfo and the local packages: one
+    rebuild per .buildinfo, whichever test asks."""
     (buildinfo,) = sorted((build.dir / "debs").glob("*.buildinfo"))
     info = parse_buildinfo(buildinfo)
-    sources = [p for p in sorted(dsc.parent.iterdir()) if p.is_file() and p.name != "done"]
+    sources = source_files(dsc)
     key = files_key(
         [("buildinfo", buildinfo), *((p.name, p) for p in sources), *((d.name, d) for d in local_debs)],
         tool_versions("mmdebstrap"),
     )
 
-    def run(parent: Path, out: Path) -> tuple[int, str]:
+    def make(parent: Path, out: Path) -> tuple[int, str]:
         repo = local_repository(parent, local_debs)
         root = parent / "root"
         include = ",".join(installed_build_depends(info))
-        log = []
-        res = subprocess.run(
-            [
-                "mmdebstrap",
-                "--mode=root",
-                "--variant=essential",
-                f"--include={include}",
-                f"--keyring={KEYRING}",
-                SUITE,
-                str(root),
-                f"deb {MIRROR} {SUITE} main",
-                f"deb [trusted=yes] copy://{repo} ./",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1800,
-            check=False,
+        mirrors = (f"deb {MIRROR} {SUITE} main", f"deb [trusted=yes] copy://{repo} ./")
+        chroot = mmdebstrap(
+            root, "--variant=essential", f"--include={include}", f"--keyring={KEYRING}", mirrors=mirrors
         )
-        log.append(res.stdout)
-        if res.returncode != 0:
-            return res.returncode, "".join(log)
+        if chroot.returncode != 0:
+            return chroot.returncode, chroot.stdout
         build_path = Path(info["Build-Path"])
         inside = root / build_path.parent.relative_to("/")
         inside.mkdir(parents=True, exist_ok=True)
@@ -345,22 +348,13 @@ def rebuild(name: str, build: DebBuild, dsc: Path, local_debs: list[Path]) -> De
             f"exec {shlex.join(command)} --build={binary}\n"
         )
         script = 'mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && exec chroot "$1" /bin/sh /rebuild.sh'
-        res = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "sh", "-c", script, "sh", str(root)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1800,
-            check=False,
-        )
-        log.append(res.stdout)
+        again = run(in_private_mounts(script, root, pid=True))
         collect(inside, out)
-        return res.returncode, "".join(log)
+        return again.returncode, chroot.stdout + again.stdout
 
     group = cache_root() / "repro"
-    return DebBuild(
-        cached_build(build_dir("repro", f"rebuild-{name}", key), group / "rebuild.lock", group / "rebuild", run)
-    )
+    final = build_dir("repro", f"rebuild-{buildinfo.stem}", key)
+    return DebBuild(cached_build(final, group / "rebuild.lock", group / "rebuild", make))
 
 
 def deb_digests(build: DebBuild) -> dict[str, str]:
@@ -375,21 +369,24 @@ def deb_digests(build: DebBuild) -> dict[str, str]:
 # --- reprotest ---------------------------------------------------------------------------------
 
 
-#: reprotest's variations (variations()): all of them (build path, time, umask, locales, timezone,
+def faked_time() -> str:
+    """The time the experiment build is faked to (faketime's absolute time: each process
+    of the build starts its clock there): December 31 of this year while a day of it
+    remains, else January 1. It stays in this year because GNU hello writes its build's
+    year into the program (configure.ac: COPYRIGHT_YEAR from `date +%Y`), as other
+    upstreams do, so a faked time in another year makes the two builds differ with or
+    without hugify; it is after the source's files were unpacked (by the real clock)
+    whenever it can be, so that make sees no file from its future."""
+    now = datetime.datetime.now(datetime.UTC)
+    late = datetime.datetime(now.year, 12, 31, tzinfo=datetime.UTC)
+    return f"{now.year}-12-31 00:00:00" if late - now >= datetime.timedelta(days=1) else f"{now.year}-01-01 00:00:00"
+
+
+#: reprotest's variations: all of them (build path, time, umask, locales, timezone,
 #: user and group, home, file ordering, number of CPUs, kernel, ASLR, domain and host
 #: names, exec path, environment), the user the experiment builds as being the
 #: chroot's `builduser` (and the host name set through sudo, which that needs), the
 #: time always faked (reprotest otherwise leaves it alone in half of its runs).
-def faked_time() -> str:
-    """The time the experiment build is faked to: in this calendar year, as far from
-    now as the year allows (January 1 or December 31). GNU hello writes its build's
-    year into the program (configure.ac: COPYRIGHT_YEAR from `date +%Y`), as other
-    upstreams do, so a faked time in another year would make the two builds differ
-    with or without hugify."""
-    now = datetime.datetime.now(datetime.UTC)
-    return f"{now.year}-01-01 00:00:30" if now.month > 6 else f"{now.year}-12-31 23:59:00"
-
-
 def variations() -> str:
     return f"+all,user_group.available+=builduser:builduser,domain_host.use_sudo=1,time.faketimes+={faked_time()}"
 
@@ -457,84 +454,133 @@ def reprotest_root(dsc: Path, local_debs: list[Path]) -> Path:
     reprotest's variations need (disorderfs, faketime, locales-all, sudo, a second
     user), the source's build dependencies (hugify and the policy package from a
     local repository), and the THP wrapper; built once per source and packages."""
-    sources = [p for p in sorted(dsc.parent.iterdir()) if p.is_file() and p.name != "done"]
+    sources = source_files(dsc)
     files = [*((p.name, p) for p in sources), *((d.name, d) for d in local_debs)]
-    key = files_key(files, THP_BY_VARIATION, SUDO_WITHOUT_HOST, tool_versions("mmdebstrap"))
+    key = files_key(files, THP_BY_VARIATION, SUDO_WITHOUT_HOST)
+    source = dsc.name.split("_")[0]
 
-    def make(work: Path) -> None:
-        repo = local_repository(work, local_debs)
-        wrappers = []
+    def stage(work: Path) -> None:
+        local_repository(work, local_debs)
+        (work / "src").mkdir()
+        for p in sources:
+            shutil.copy(p, work / "src" / p.name)
         for name, text in (("thp-by-variation", THP_BY_VARIATION), ("sudo", SUDO_WITHOUT_HOST)):
-            wrappers.append(work / name)
-            wrappers[-1].write_text(text)
-            wrappers[-1].chmod(0o755)
-        hooks = [
-            'mkdir -p "$1/srv/hugify-repo" "$1/srv/src"',
-            f"copy-in {' '.join(shlex.quote(str(p)) for p in repo.iterdir())} /srv/hugify-repo",
-            f"copy-in {' '.join(shlex.quote(str(p)) for p in sources)} /srv/src",
-            f"copy-in {' '.join(shlex.quote(str(w)) for w in wrappers)} /usr/local/bin",
-            'echo "deb [trusted=yes] file:/srv/hugify-repo ./" > "$1/etc/apt/sources.list.d/hugify.list"',
-            'chroot "$1" apt-get -q update',
-            f'chroot "$1" sh -c "cd /srv/src && apt-get -q -y --no-install-recommends build-dep ./{dsc.name}"',
-            'chroot "$1" useradd --create-home builduser',
-        ]
-        res = subprocess.run(
-            [
-                "mmdebstrap",
-                "--mode=root",
-                "--variant=buildd",
-                "--include=disorderfs,fakeroot,faketime,locales-all,sudo,util-linux,perl",
-                *(f"--customize-hook={h}" for h in hooks),
-                SUITE,
-                str(work / "root"),
-                MIRROR,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=3600,
-            check=False,
-        )
-        assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
+            (work / "bin").mkdir(exist_ok=True)
+            (work / "bin" / name).write_text(text)
+            (work / "bin" / name).chmod(0o755)
 
-    return cached(f"reprotest-root-{dsc.name.split('_')[0]}", key, make) / "root"
-
-
-def reprotest(name: str, dsc: Path, local_debs: list[Path]) -> CachedBuild:
-    """reprotest on `dsc` in its chroot (reprotest_root), every variation on, the
-    experiment under THP never (THP_BY_VARIATION): its exit status (0: every artifact
-    the same), its log, and the artifacts of both builds in store/control and
-    store/experiment-1. Cached by the chroot and reprotest's version."""
-    root = reprotest_root(dsc, local_debs)
-    key = files_key([], root.parent.name, variations(), PRIVATE_DEV, tool_versions("reprotest", "diffoscope-minimal"))
-    preset = (
-        "_.set.testbed_init('test -c /dev/fuse || mknod -m 666 /dev/fuse c 10 229; "
-        "test -e /etc/mtab || ln -s ../proc/self/mounts /etc/mtab')"
-        ".set.testbed_build_pre(None)"
-        ".str_replace.build_command('dpkg-buildpackage', 'thp-by-variation dpkg-buildpackage -B')"
-        ".str_replace.build_command(' -b', '')"
+    # What the chroot gets copied in, kept under the key that names it (mmdebstrap's
+    # hooks name it by path; debian_root keys the root by its command line).
+    staged = cached(f"reprotest-stage-{source}", key, stage)
+    hooks = [
+        'mkdir -p "$1/srv/hugify-repo" "$1/srv/src"',
+        f"sync-in {staged / 'repo'} /srv/hugify-repo",
+        f"sync-in {staged / 'src'} /srv/src",
+        f"sync-in {staged / 'bin'} /usr/local/bin",
+        'echo "deb [trusted=yes] file:/srv/hugify-repo ./" > "$1/etc/apt/sources.list.d/hugify.list"',
+        'chroot "$1" apt-get -q update',
+        f'chroot "$1" sh -c "cd /srv/src && apt-get -q -y --no-install-recommends build-dep ./{dsc.name}"',
+        'chroot "$1" useradd --create-home builduser',
+    ]
+    return debian_root(
+        f"reprotest-root-{source}",
+        "--variant=buildd",
+        "--include=disorderfs,fakeroot,faketime,locales-all,sudo,util-linux,perl",
+        *(f"--customize-hook={h}" for h in hooks),
     )
 
-    def run(parent: Path, out: Path) -> tuple[int, str]:
-        store = out / "store"
+
+#: What reprotest runs in the chroot once started: the nodes and the mount table
+#: disorderfs needs (reprotest's own Debian preset does the same, and installs the
+#: tools, which the chroot has already: reprotest_root).
+TESTBED_INIT = (
+    "test -c /dev/fuse || mknod -m 666 /dev/fuse c 10 229; test -e /etc/mtab || ln -s ../proc/self/mounts /etc/mtab"
+)
+
+
+def build_command(source: str) -> str:
+    """The build, in each build's copy of the source root (the unpacked tree in its
+    directory `source`, so that the packages land beside it, where the build's user may
+    write): binary-only (-B: Architecture: any, where the ELF files are), with the
+    source's BUILD_OPTIONS, through the THP wrapper; then the sha256 of each package it
+    made ("reprotest build output: DIGEST ../NAME"), since reprotest keeps only the
+    control build's when diffoscope finds no difference."""
+    options = f"env DEB_BUILD_OPTIONS={BUILD_OPTIONS[source]} " if source in BUILD_OPTIONS else ""
+    return (
+        f"cd source && {options}thp-by-variation dpkg-buildpackage -B --no-sign"
+        ' && sha256sum ../*.*deb | sed "s|^|reprotest build output: |" >&2'
+    )
+
+
+def reprotest(dsc: Path, local_debs: list[Path]) -> CachedBuild:
+    """reprotest on the source `dsc`, unpacked (dpkg-source -x, at the real time: under
+    faketime dpkg-source cannot set the times of a quilt source's patched files, and
+    reprotest's .dsc preset unpacks in the faked time; so reprotest gets the tree and
+    the build command, build_command), in its chroot (reprotest_root),
+    every variation on, the experiment under THP never (THP_BY_VARIATION): its exit
+    status (0: every .deb the same), its log, and the artifacts of both builds under
+    store/control and store/experiment-1. Cached by the source, the chroot and
+    reprotest's version."""
+    root = reprotest_root(dsc, local_debs)
+    inputs = [(p.name, p) for p in source_files(dsc)]
+    source = dsc.name.split("_")[0]
+    recipe = (variations(), TESTBED_INIT, build_command(source), PRIVATE_DEV)
+    key = files_key(inputs, root.parent.name, *recipe, tool_versions("reprotest", "diffoscope-minimal"))
+
+    def make(parent: Path, out: Path) -> tuple[int, str]:
+        top = parent / "top"
+        top.mkdir()
+        unpacked = run(["dpkg-source", "-x", str(dsc), str(top / "source")])
+        if unpacked.returncode != 0:
+            return unpacked.returncode, unpacked.stdout
+        command = ["reprotest", "--verbosity=1", f"--store-dir={out / 'store'}", f"--variations={variations()}"]
+        command += [f"--testbed-init={TESTBED_INIT}", "-c", build_command(source), str(top), "*.*deb"]
+        command += ["--", "chroot", str(root)]
         script = (
             'mount -t proc proc "$1/proc" && mount -t tmpfs tmpfs "$1/tmp" && ' + PRIVATE_DEV + ' && shift && exec "$@"'
         )
-        command = ["reprotest", "--verbosity=1", f"--store-dir={store}", f"--variations={variations()}"]
-        command += [f"--auto-preset-expr={preset}", str(dsc), "--", "chroot", str(root)]
-        res = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(root), *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            # Nothing of the test run's own environment (its HUGIFY_POLICY_PATH) reaches the builds.
-            env=clean_env(),
-            timeout=5400,
-            check=False,
-        )
-        return res.returncode, res.stdout
+        # Nothing of the test run's own environment (its HUGIFY_POLICY_PATH) reaches the builds.
+        res = run(in_private_mounts(script, root, *command), env=clean_env(), timeout=7200)
+        return res.returncode, unpacked.stdout + res.stdout
 
     group = cache_root() / "repro"
     return CachedBuild(
-        cached_build(build_dir("repro", f"reprotest-{name}", key), group / "reprotest.lock", group / "reprotest", run)
+        cached_build(
+            build_dir("repro", f"reprotest-{source}", key), group / "reprotest.lock", group / "reprotest", make
+        )
+    )
+
+
+@dataclass(frozen=True)
+class ReprotestOutcome:
+    """What a reprotest run (reprotest()) showed, read from its log."""
+
+    #: reprotest's verdict: exit 0 and "Reproduction successful", no difference in the .debs.
+    reproduced: bool
+    #: build ("control", "experiment") -> .deb name -> sha256, as each build printed them.
+    outputs: dict[str, dict[str, str]]
+    #: What the experiment varied, as reprotest announced it ("vary build_path": build_path).
+    varied: list[str]
+    #: The experiment's variations with a value, as reprotest logged them ("UMASK
+    #: variation: umask 0002"; the build path and the user show in `builds`).
+    variations: list[str]
+    #: The THP wrapper's line of each build (THP state, umask, CPUs, TZ, user, directory).
+    builds: list[str]
+    #: hugify's "transformed" lines, both builds.
+    transformed: list[str]
+
+
+def reprotest_outcome(r: CachedBuild) -> ReprotestOutcome:
+    control, _, experiment = r.log.partition('INFO:reprotest:build "experiment-1"')
+    outputs = {}
+    for build, text in (("control", control), ("experiment", experiment)):
+        lines = re.findall(r"^reprotest build output: ([0-9a-f]{64})  \.\./(\S+)$", text, re.M)
+        outputs[build] = {name: digest for digest, name in lines}
+    return ReprotestOutcome(
+        reproduced=r.rc == 0 and "Reproduction successful" in r.log and "No differences in ./*.*deb" in r.log,
+        outputs=outputs,
+        varied=re.findall(r"\bvary (\w+)", experiment.partition("\n")[0]),
+        variations=re.findall(r"^INFO:reprotest\.build:(\w+ variation: .*)$", experiment, re.M),
+        builds=re.findall(r"^reprotest build: (.*)$", r.log, re.M),
+        transformed=re.findall(r"^hugify: (\S+): transformed \(", r.log, re.M),
     )
