@@ -1,4 +1,5 @@
-"""A hugify whose code changed carries another package version (issue 40, item 3).
+"""A hugify whose code changed carries another package version: a change of the tool
+that changes output bytes is visible in the versions a .buildinfo records.
 
 The version is all a .buildinfo records of hugify (`Installed-Build-Depends: hugify
 (= VERSION)`). `make deb` (and the test suite's build of hugify's .deb) runs
