@@ -35,4 +35,9 @@ def doc(name: str) -> str:
     """The path of one document for this hugify, e.g. doc("try.md")."""
     if in_checkout():
         return str(_CHECKOUT / _ELSEWHERE.get(name, "docs") / name)
-    return str(_PACKAGE.parents[3] / "share" / "doc" / "hugify" / name)
+    # PREFIX/lib/hugify/python/hugify, as make install lays it out; anything else (a
+    # copy of the package elsewhere, a wheel) is named where the packages put it.
+    lib = _PACKAGE.parent
+    if lib.name == "python" and lib.parent.name == "hugify" and lib.parent.parent.name == "lib":
+        return str(lib.parent.parent.parent / "share" / "doc" / "hugify" / name)
+    return f"{INSTALLED}/{name}"
