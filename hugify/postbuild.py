@@ -21,6 +21,7 @@ Nothing is written unless every statement of the set passed and was signed.
 
 from __future__ import annotations
 
+import errno
 import json
 import tempfile
 from collections.abc import Callable, Iterable
@@ -75,6 +76,10 @@ def run(opts: Options, say: Callable[[str], None]) -> list[Path]:
     twice = sorted({str(p) for p in prefixes if prefixes.count(p) > 1})
     if twice:
         raise ReasonError("not-a-package", f"two packages of one name would be signed into {', '.join(twice)}.*")
+    if opts.outdir is not None and not opts.outdir.is_dir():
+        # Before anything is signed (a transparency log keeps what is uploaded); as
+        # for every output of hugify, the directory is the caller's to make.
+        raise FileNotFoundError(errno.ENOENT, "no such directory for the bundles", str(opts.outdir))
     bundles = []
     for c in checked:
         try:

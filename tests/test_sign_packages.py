@@ -89,17 +89,21 @@ def test_debian_upload_signed_after_the_build_verifies_every_way(debs: Path, tmp
         shipped = b.pkg(package) / ATTEST / f"{name}{signing.STATEMENT_SUFFIX}"
         assert (debs / f"{stem}{signing.STATEMENT_SUFFIX}").read_bytes() == shipped.read_bytes()
         assert signing.signed_payload((debs / f"{stem}{signing.BUNDLE_SUFFIX}").read_bytes()) == shipped.read_bytes()
-    # hugify verify on the installed files: without the bundles unsigned, as built.
+    # hugify verify on the installed files: without the bundles unsigned, as built. The
+    # two as-is files, hugified but in no statement, are "no statement" (as sign-packages
+    # warned above: nothing vouches for them).
+    as_is = {"/usr/libexec/hugify-deb-exec": "no-statement", f"/{LLD_PLUGIN}": "no-statement"}
     res = verify(b.root, "--all", "--json", "--key", pub)
     assert res.returncode == signing.Verdict.UNSIGNED.status, res.stdout + res.stderr
-    assert set(verdicts(res).values()) == {"unsigned"}
+    assert verdicts(res) == {"/" + f: "unsigned" for f in DEB_FILES.values()} | as_is
     # Given the directory of the bundles...
     res = verify(b.root, "--all", "--json", "--key", pub, "--bundles", debs)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert verdicts(res) == {"/" + f: "verified" for f in DEB_FILES.values()}
+    assert res.returncode == signing.Verdict.NO_STATEMENT.status, res.stdout + res.stderr
+    assert verdicts(res) == {"/" + f: "verified" for f in DEB_FILES.values()} | as_is
     # ... or checking against the published statements...
     res = verify(b.root, "--all", "--key", pub, "--attestations", debs)
-    assert res.returncode == 0 and res.stdout.count(": verified ") == 5, res.stdout + res.stderr
+    assert res.returncode == signing.Verdict.NO_STATEMENT.status, res.stdout + res.stderr
+    assert res.stdout.count(": verified ") == 5 and res.stdout.count(": no statement") == 2, res.stdout
     # ... or with the bundles installed where a package of signatures puts them.
     root = tmp_path / "root"
     for f in [*DEB_FILES.values(), *(f"{ATTEST}/{n}{signing.STATEMENT_SUFFIX}" for n in DEB_SIGNED.values())]:
@@ -143,6 +147,7 @@ def test_a_clearsigned_changes_file_is_read_like_a_plain_one(debs: Path, tmp_pat
         + "-----BEGIN PGP SIGNATURE-----\n\niQIzBAEBCgAdFiEE\n-----END PGP SIGNATURE-----\n"
     )
     key, _ = keypair(tmp_path / "keys")
+    (tmp_path / "out").mkdir()
     res = sign_packages(c, "--key", key, "-o", tmp_path / "out")
     assert res.returncode == 0, res.stdout + res.stderr
     assert bundles(tmp_path / "out") == sorted(f"{s}{signing.BUNDLE_SUFFIX}" for s in DEB_SIGNED)
@@ -157,6 +162,11 @@ def test_rpm_set_signed_after_the_build_verifies(tmp_path: Path) -> None:
     for p in b.packages:
         shutil.copy(p, rpms)
     key, pub = keypair(tmp_path / "keys")
+    # -o names a directory that must exist: refused before anything is signed
+    res = sign_packages(*sorted(rpms.iterdir()), "--key", key, "-o", tmp_path / "out")
+    assert res.returncode == 5 and "signed with" not in res.stdout, res.stdout + res.stderr
+    assert res.stderr == f"hugify: {tmp_path / 'out'}: no such directory for the bundles (io-error)\n", res.stderr
+    (tmp_path / "out").mkdir()
     res = sign_packages(*sorted(rpms.iterdir()), "--key", key, "-o", tmp_path / "out")
     assert res.returncode == 0, res.stdout + res.stderr
     assert bundles(tmp_path / "out") == [f"hugify-test-1.0-1.x86_64{signing.BUNDLE_SUFFIX}"]
@@ -248,9 +258,10 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(debs: Path, tmp
     line = one_line_refusal(sign_packages(changes(debs), "-o", out), "signing-failed", 5)
     assert "no signing key" in line
     wrong = "Wr0ng-Secret-Value"
+    out.mkdir()  # -o names a directory that exists (checked before anything is signed)
     res = sign_packages(changes(debs), "--key", key, "-o", out, COSIGN_PASSWORD=wrong)
     line = one_line_refusal(res, "signing-failed", 5)
     assert "decrypt" in line and wrong not in res.stdout + res.stderr
-    assert not out.exists(), "nothing is written unless every statement was signed"
+    assert list(out.iterdir()) == [], "nothing is written unless every statement was signed"
     explained = hugify("explain", "statement-missing", "statement-mismatch", "changes-mismatch", "bad-changes")
     assert explained.returncode == 0 and len(explained.stdout.splitlines()) == 4
