@@ -118,13 +118,14 @@ def decisions(root: Path, pol: policy.Policy, **options: object) -> dict[str, ob
 def test_decisions_follow_the_policy_globs_regexes_and_architecture(root: Path, tmp_path: Path) -> None:
     text = 'threshold = "64K"\nmode = "shift"\nexclude = ["/usr/lib/aarch64/**"]\n'
     pol = policy_of(tmp_path, text)
-    settings = Settings(2 << 20, 64 << 10, "shift", 0)
+    settings = Settings(2 << 20, 64 << 10, "shift", 0, 4 << 10)  # page_size: the shipped [page_size] table
     assert decisions(root, pol) == {
         "/usr/bin/prog": settings,
         "/usr/lib/aarch64/libarm.so": ("skipped", "excluded"),
         "/usr/lib/fifo": ("skipped", "not-regular"),
-        # Too damaged to name an architecture: the rewriter reports what is wrong.
-        "/usr/lib/libbroken.so": settings,
+        # Too damaged to name an architecture: the rewriter reports what is wrong
+        # (no architecture's page size: the core's default, 0).
+        "/usr/lib/libbroken.so": Settings(2 << 20, 64 << 10, "shift", 0, 0),
         "/usr/lib/libone-again.so.1": settings,
     }
     # A regex that matches the second name of an inode excludes the inode.

@@ -504,10 +504,12 @@ def test_make_running_compiles_is_compared_with_the_compiler_hugified(tmp_path: 
 
 #: The program stays 0.3 s after its work, so that the watcher sees every run on a
 #: loaded machine too (its thread missed a 20 ms run there): the test asks for all.
+#: About 80 ms of CPU time a run: well above the 20 ms hugify try measures at the least
+#: (100 rounds took 20 ms, on the edge of too-short).
 RUNPATH_MAIN = (
     "#include <stdio.h>\n#include <unistd.h>\nlong lib_all(long);\n"
     + _functions("exe", 80)
-    + "int main(void) { long x = 1; for (int r = 0; r < 100; r++) x = lib_all(exe_all(x));"
+    + "int main(void) { long x = 1; for (int r = 0; r < 400; r++) x = lib_all(exe_all(x));"
     + ' printf("%ld\\n", x); fflush(stdout); usleep(300000); }\n'
 )
 
