@@ -232,7 +232,8 @@ def hugify_stage() -> Path:
             "CARGO_HOME": rust["CARGO_HOME"],
             "RUSTUP_HOME": rust["RUSTUP_HOME"],
         }
-        make = ["make", "build", "install", f"DESTDIR={out / 'stage'}", "PREFIX=/usr", "HELP2MAN=true"]
+        # DOCDIR empty: the copy of the sources has no documents, the guest needs none.
+        make = ["make", "build", "install", f"DESTDIR={out / 'stage'}", "PREFIX=/usr", "DOCDIR="]
         make += [f"CROSS={TRIPLE}-", f"CARGO_TARGET={RUST_TARGET}", f"CFLAGS={GUEST_CFLAGS}"]
         # One target directory for every build of it: the next build is incremental.
         make.append(f"CARGO_TARGET_DIR={group / 'cargo-target'}")
