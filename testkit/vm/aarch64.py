@@ -214,12 +214,17 @@ def cross_built_package() -> DebBuild:
 NOT_BUILT = ("docs", "debian", "examples", "fuzz", "signing", ".ci", "README.md", "pyproject.toml")
 
 
+#: make install's variables for the guest's hugify, part of its build's key. DOCDIR
+#: empty: the copy of the sources has no documents, and the guest needs none.
+INSTALL_VARS = ("PREFIX=/usr", "DOCDIR=")
+
+
 def hugify_stage() -> Path:
     """hugify built for arm64 and installed (PREFIX=/usr) into the returned directory."""
     sources = [(name, path) for name, path in hugify_sources() if name.split("/", 1)[0] not in NOT_BUILT]
     rustc = subprocess.run(["rustc", "-V"], capture_output=True, text=True, check=False).stdout
     cross = tool_versions(f"gcc-{TRIPLE}", "libc6-dev-arm64-cross", f"binutils-{TRIPLE}")
-    key = files_key(sources, rustc, cross, GUEST_CFLAGS)
+    key = files_key(sources, rustc, cross, GUEST_CFLAGS, *INSTALL_VARS)
     group = cache_root() / "aarch64"
 
     def build(scratch: Path, out: Path) -> tuple[int, str]:
@@ -232,8 +237,7 @@ def hugify_stage() -> Path:
             "CARGO_HOME": rust["CARGO_HOME"],
             "RUSTUP_HOME": rust["RUSTUP_HOME"],
         }
-        # DOCDIR empty: the copy of the sources has no documents, the guest needs none.
-        make = ["make", "build", "install", f"DESTDIR={out / 'stage'}", "PREFIX=/usr", "DOCDIR="]
+        make = ["make", "build", "install", f"DESTDIR={out / 'stage'}", *INSTALL_VARS]
         make += [f"CROSS={TRIPLE}-", f"CARGO_TARGET={RUST_TARGET}", f"CFLAGS={GUEST_CFLAGS}"]
         # One target directory for every build of it: the next build is incremental.
         make.append(f"CARGO_TARGET_DIR={group / 'cargo-target'}")
