@@ -115,13 +115,17 @@ class PageCache:
             if self.shared_budget is not None:
                 # Each copy stands for its original: a shared copy shows every user
                 # what the command loads, so only an original every user may read gets one.
-                originals = {str(c): o for c, o in zip(self.copies, self.originals, strict=True)}
+                stands_for = self.original_of()
                 self.shared = shared.settle(
-                    self.run.rdir, self.run.engine, work, self.shared_budget, complete=True, stands_for=originals
+                    self.run.rdir, self.run.engine, work, self.shared_budget, complete=True, stands_for=stands_for
                 )
         finally:
             pf.close_targets(work)
         return targets
+
+    def original_of(self) -> dict[str, str]:
+        """The path of each copy -> the path of the original it stands for."""
+        return {str(c): o for c, o in zip(self.copies, self.originals, strict=True)}
 
     def shared_copies(self) -> dict[tuple[int, int], str]:
         """The shared copies the last prefetch kept or made: (device, inode) -> the path

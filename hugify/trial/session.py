@@ -561,7 +561,7 @@ class Trial:
         (file); where that cache cannot hold 2 MiB folios, from root's shared copies
         (shared), else from the runtime's anonymous copies."""
         made = {p: o for p, o in pages.shared.outcomes.items() if o.state != "none"}
-        original = dict(zip(map(str, pages.copies), pages.originals, strict=True))
+        original = pages.original_of()
         for path, o in pages.shared.outcomes.items():
             if o.state == "none" and (made or self.opts.way == "shared"):
                 self.note(f"{original.get(path, path)}: no shared copy: {o.detail} ({o.reason})")
