@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hugify import kernel
+
 if TYPE_CHECKING:
-    from hugify.prefetch import Engine
+    from hugify.engine import Engine
 
 TUNABLE = "glibc.elf.thp"
 #: The first glibc with the tunable.
@@ -40,17 +42,15 @@ def libc_version() -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
-def loader(maps: str | None = None) -> str | None:
+def loader() -> str | None:
     """The dynamic loader of this process (the one every program of the system uses)."""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            return None
-    for line in maps.splitlines():
-        path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
-        if re.fullmatch(r"ld-linux[^/]*\.so\.\d+|ld\.so\.\d+|ld64\.so\.\d+", Path(path).name):
-            return path
+    try:
+        mapped = kernel.maps("self")
+    except OSError:
+        return None
+    for v in mapped:
+        if re.fullmatch(r"ld-linux[^/]*\.so\.\d+|ld\.so\.\d+|ld64\.so\.\d+", Path(v.name).name):
+            return v.name
     return None
 
 
@@ -204,7 +204,6 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -
     huge pages `thp_enabled` (always, madvise, never; None: none in this kernel);
     `engine` knows which filesystems give large folios on which kernel."""
     from hugify import _core
-    from hugify import prefetch as pf
 
     out = Advice(libc_version())
     if not out.has_tunable:
@@ -212,7 +211,7 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -
     out.advises = thp_enabled is not None and (os.uname().machine == "x86_64" or thp_enabled == "madvise")
     ld_so = loader()
     out.system_wide = system_wide(ld_so) if ld_so else None
-    mounted = pf.mounts()
+    mounted = kernel.mounts()
     for path in paths:
         try:
             st = os.stat(path)
@@ -231,7 +230,7 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -
         ra = read_ahead_kb(st.st_dev)
         if ra:
             facts.device, facts.device_read_ahead_kb = ra
-        fs = pf.filesystem_of(path, mounted)
-        facts.large_folios = pf.gives_large_folios(engine, fs.fstype) if fs else None
+        fs = kernel.mount_holding(path, mounted)
+        facts.large_folios = kernel.gives_large_folios(engine, fs.fstype) if fs else None
         out.files.append(facts)
     return out

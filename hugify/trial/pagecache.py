@@ -45,6 +45,7 @@ from pathlib import Path
 
 from hugify import prefetch as pf
 from hugify import shared
+from hugify.engine import LOADED, REPAIRED
 
 
 def advise(paths: Iterable[str | Path], advice: int) -> None:
@@ -142,7 +143,7 @@ class PageCache:
         """The page cache for a run of one side."""
         if hugified:
             for t in self._prefetch():
-                self.loaded_again += t.count(pf.LOADED, pf.REPAIRED)
+                self.loaded_again += t.count(LOADED, REPAIRED)
             advise(self.copies, os.POSIX_FADV_WILLNEED)
         else:
             advise(self.originals, os.POSIX_FADV_WILLNEED)

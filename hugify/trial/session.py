@@ -44,8 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, abtest, files, reasons, tree
+from hugify import _core, abtest, files, kernel, reasons, tree
 from hugify import prefetch as pf
+from hugify.engine import ENGINE_LIB, GOOD_STATES, UNSUPPORTED, Engine, engine_missing, runtime_file
+from hugify.hugified import NotHugified, read_hugified
 from hugify.policy import Policy
 from hugify.trial import discover
 from hugify.trial.cache import Cache, CacheError, Copy, UntrustedCache, default_root
@@ -202,7 +204,7 @@ class _Runner:
         watched: list[Watched],
         *,
         hp: int,
-        scan: pf.Engine | None,
+        scan: Engine | None,
         way: str,
     ) -> None:
         self.opts, self.scratch, self.pages, self.watched = opts, scratch, pages, watched
@@ -263,7 +265,7 @@ class Trial:
         self.sides: dict[str, Side] = {}
         self.scratch: Path | None = None
         self.program = ""
-        self.hp = pf.pmd_size()
+        self.hp = kernel.pmd_size()
         self.mounts = Mounts()
         #: The shared copies' store is mounted (root, --way auto or shared): their budget.
         self.shared_budget: int | None = None
@@ -283,8 +285,8 @@ class Trial:
                 f"{program} is {why}: its privileges would not survive the private namespace, nor a copy",
             )
         self.found["program"] = self.program = program
-        for name in (pf.ENGINE_LIB, AUDIT_LIB, discover.RECORD_LIB):
-            missing = pf.engine_missing(name)
+        for name in (ENGINE_LIB, AUDIT_LIB, discover.RECORD_LIB):
+            missing = engine_missing(name)
             if missing:
                 raise TryError("no-engine", missing.removesuffix(" (no-engine)"))
         if opts.way == "shared" and os.geteuid() != 0:
@@ -346,7 +348,7 @@ class Trial:
         pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
         b_env = self._prepare(pages, engine)
         watched = self._watched(usable)
-        scan = engine.engine if engine.engine.has(pf.Engine.PAGEMAP_SCAN) else None
+        scan = engine.engine if engine.engine.has(Engine.PAGEMAP_SCAN) else None
         runner = _Runner(self.opts, self.scratch, pages, watched, hp=self.hp, scan=scan, way=self.found["way"])
         runner.sides = {abtest.ORIGINAL: original, abtest.ORIGINAL_AGAIN: original, abtest.CHANGED: hugified}
         runner.envs = {abtest.ORIGINAL: self.opts.env, abtest.ORIGINAL_AGAIN: self.opts.env, abtest.CHANGED: b_env}
@@ -426,13 +428,13 @@ class Trial:
             "processes_not_checked": prepared.unseen,
         }
         self.found["prefetched"] = {
-            path: {"windows": len(t.windows), "huge": t.count(*pf.GOOD_STATES), "states": _states(t)}
+            path: {"windows": len(t.windows), "huge": t.count(*GOOD_STATES), "states": _states(t)}
             for path, t in prepared.windows.items()
         }
         way = self.found["way"] = self._way(prepared.windows, engine, pages)
         env = dict(self.opts.env)
         if way in ("shared", "anonymous"):  # through the audit library, in the run's own runtime directory
-            audit = pf.runtime_file(AUDIT_LIB)
+            audit = runtime_file(AUDIT_LIB)
             assert audit is not None
             env = discover.with_audit(env, audit) | {
                 "HUGIFY_PERF_MAP": "0",  # no /tmp/perf-PID.map: nothing outside the cache
@@ -548,8 +550,8 @@ class Trial:
             so, sc = os.stat(c.original), os.stat(c.file)
             fd = os.open(c.file, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                windows = pf.read_windows(fd, self.hp, str(c.file)).offsets
-            except pf.NotHugified:
+                windows = read_hugified(fd, self.hp, str(c.file)).offsets
+            except NotHugified:
                 windows = ()
             finally:
                 os.close(fd)
@@ -574,7 +576,7 @@ class Trial:
         if self.opts.way != "auto":
             return self.opts.way
         windows = [w for t in first.values() for w in t.windows]
-        if windows and all(w.state == pf.UNSUPPORTED for w in windows):
+        if windows and all(w.state == UNSUPPORTED for w in windows):
             why = next(iter(engine.unable_fs.values()), "the filesystem gives no 2 MiB folios")
             if made:
                 self.note(f"the copies cannot be 2 MiB folios ({why}): the hugified side maps its code from root's "

@@ -46,13 +46,15 @@ from typing import Any
 
 from hugify import abtest, files, reasons
 from hugify import prefetch as pf
+from hugify.engine import GOOD_STATES
+from hugify.kernel import Vma
 from hugify.trial import report
 from hugify.trial.cache import Cache
 from hugify.trial.pagecache import PageCache, advise, cache_drops
 from hugify.trial.session import Behaviour, Options, Trial, TryError, _sha256, _Usable, first_difference
 from hugify.trial.sharedway import Mounts
 from hugify.trial.sides import Bind, Result, Side
-from hugify.trial.watch import Sampler, Vma, read_smaps
+from hugify.trial.watch import Sampler, of_inodes
 
 HUGIFY, HUGIFY_SHARED = "hugify", "hugify-shared"
 BUILT_IN = (HUGIFY, HUGIFY_SHARED)
@@ -173,7 +175,7 @@ class WaySampler(Sampler):
         return self.files[keys[0]] if len(keys) == 1 else None
 
     def look(self, pid: int) -> None:
-        maps = read_smaps(pid, {*self.by_inode, 0})
+        maps = of_inodes(pid, {*self.by_inode, 0})
         per: dict[str, Got] = {}
         spans: dict[str, tuple[int, int]] = {}
         for v, sizes in maps:
@@ -302,7 +304,7 @@ class WaysTrial(Trial):
         for path, why in prepared.kept.items():
             self.note(f"{path} is left in the page cache as it is ({why})")
         self.found["prefetched"] = {
-            path: {"windows": len(t.windows), "huge": t.count(*pf.GOOD_STATES)} for path, t in prepared.windows.items()
+            path: {"windows": len(t.windows), "huge": t.count(*GOOD_STATES)} for path, t in prepared.windows.items()
         }
         foreign = self._all_files(originals)
         rounds, stopped = self._way_rounds(foreign, originals)
