@@ -2,8 +2,8 @@
 to say about them (method: docs/runtime-reference.md).
 
 This module owns the targets (the files named by manifests or on the command line,
-opened once per inode), their windows and what became of each, and the run that
-settles them: the engine (hugify.engine) decides each window, the core
+opened once per inode), their windows and what became of each, and the Prefetcher that
+settles them in one session: the engine (hugify.engine) decides each window, the core
 says which windows a file has (hugify.hugified), the kernel's facts are hugify.kernel's
 and this boot's records hugify.rundir's; here they become reports, with the processes
 that map busy windows named.
@@ -267,8 +267,9 @@ def mappers_of(
 
 
 @dataclass
-class Run:
-    """One prefetch or measurement over a list of targets."""
+class Prefetcher:
+    """The engine as this process drives it, in one session: prefetches or measures
+    lists of targets, and finds out the kernel verdict where it can."""
 
     engine: Engine
     system: System
@@ -408,11 +409,11 @@ class Run:
 
 
 @contextlib.contextmanager
-def session(rdir_arg: str | None = None) -> Iterator[Run]:
+def session(rdir_arg: str | None = None) -> Iterator[Prefetcher]:
     rdir = rundir.runtime_dir(rdir_arg)
     hp = kernel.pmd_size()
     engine = Engine(hp, rdir)
-    yield Run(engine, system_info(engine, hp, rdir), rdir, hp)
+    yield Prefetcher(engine, system_info(engine, hp, rdir), rdir, hp)
 
 
 def manifest_files(directory: Path | None = None) -> list[Path]:

@@ -340,7 +340,7 @@ def _xattrs(fd: int) -> list[str]:
         raise
 
 
-class Exposure:
+class WorldReadable:
     """The proof that every user may read an original by its path: the directories of
     its real path, open from / down."""
 
@@ -517,7 +517,7 @@ class Original:
     before: os.stat_result
     hp: int
     #: The proof that every user may read it (None: the store is root's alone).
-    exposure: Exposure | None = None
+    readable: WorldReadable | None = None
 
 
 def write_copy(store: int, engine: Engine, src: Original) -> Record:
@@ -579,9 +579,9 @@ def _fill(d: int, engine: Engine, src: Original) -> Record:
         os.close(out)
     if _ns(os.fstat(src.fd)) != _ns(src.before):
         raise Refused("copy-stale", "the file changed while it was copied")
-    if src.exposure is not None:
+    if src.readable is not None:
         try:
-            src.exposure.check()
+            src.readable.check()
         except Refused as e:
             raise Refused(e.reason, f"{e.detail} (changed while it was copied)") from None
     check = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
@@ -713,7 +713,7 @@ def settle(
         if want:
             ensure_mounted(rdir, budget)
         with opened(rdir) as store:
-            _Settling(store, rdir, engine, budget, report, stands_for=stands_for or {}).run(targets, want, complete)
+            _Settling(store, rdir, engine, budget, report, stands_for=stands_for or {}).apply(targets, want, complete)
     except Refused as e:
         report.problem = (e.reason, e.detail)
         for t in want:
@@ -770,7 +770,7 @@ class _Settling:
     #: Bytes that copies removed from the store still hold (processes map them).
     removed: int = 0
 
-    def run(self, targets: list[Opened], want: list[Opened], complete: bool) -> None:
+    def apply(self, targets: list[Opened], want: list[Opened], complete: bool) -> None:
         """Plans in the run's order what the budget holds, beside what the run leaves
         alone (copies of files it did not see) and what copies removed while mapped
         still hold; drops every other copy; then makes the planned ones in order, each
@@ -837,7 +837,7 @@ class _Settling:
         return _Want(t, src, None, memory_for(before.st_size))
 
     @contextlib.contextmanager
-    def _shown(self, fd: int, path: str) -> Iterator[Exposure | None]:
+    def _shown(self, fd: int, path: str) -> Iterator[WorldReadable | None]:
         """Proves that every user may read what a copy of the target (open as `fd`)
         would show them, holding the proof's descriptors while the caller works: the
         target itself, or the file it stands for. None where the store shows nobody
@@ -851,7 +851,7 @@ class _Settling:
                 fd = os.open(original, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as e:
                 raise Refused("copy-private", f"{original} cannot be checked: {reasons.io_detail(e)}") from e
-        proof = Exposure(fd, original or path)
+        proof = WorldReadable(fd, original or path)
         try:
             proof.prove()
             yield proof
@@ -865,7 +865,7 @@ class _Settling:
         written, that every user may read the original."""
         try:
             with self._shown(w.src.fd, w.target.path) as proof:
-                rec = write_copy(self.store, self.engine, replace(w.src, exposure=proof))
+                rec = write_copy(self.store, self.engine, replace(w.src, readable=proof))
         except Refused as e:
             return Outcome("none", e.reason, e.detail + self._too_small() if e.reason == "shared-full" else e.detail)
         where = shared_dir(self.rdir) / rec.key

@@ -140,10 +140,10 @@ def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
     assert documented == set(ids)
     hp = kernel.pmd_size()
     engine = Engine(hp)
-    run_ = prefetch.Run(engine, prefetch.system_info(engine, hp, tmp_path), tmp_path, hp)
+    prefetcher = prefetch.Prefetcher(engine, prefetch.system_info(engine, hp, tmp_path), tmp_path, hp)
     target = prefetch.Target("/x", fs="ext4")
     for rid in ids:
-        window = prefetch.Window(0, "failed", rid, run_._explain(target, rid, 3))
+        window = prefetch.Window(0, "failed", rid, prefetcher._explain(target, rid, 3))
         assert window.as_json()["reason"] == rid and window.as_json()["detail"], rid
     res = run([sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO)
     assert res.returncode == 0 and len(res.stdout.splitlines()) == len(ids), res.stderr

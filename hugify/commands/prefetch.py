@@ -15,7 +15,7 @@ from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
     from hugify.policy import Policy
-    from hugify.prefetch import Run, Target
+    from hugify.prefetch import Prefetcher, Target
 
 
 def file_exit(t: Target) -> Exit:
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> Exit:
     return worst(codes)
 
 
-def _shared_copies(r: Run, work: list[Target], pol: Policy, complete: bool) -> list[str]:
+def _shared_copies(r: Prefetcher, work: list[Target], pol: Policy, complete: bool) -> list[str]:
     """Root's shared copies of the files whose windows are unsupported (policy
     [runtime] shared and shared_budget; docs/runtime.md "Shared copies"): each file's
     outcome goes to its target; returns what is said once for the run."""
@@ -191,7 +191,7 @@ def _shared_copies(r: Run, work: list[Target], pol: Policy, complete: bool) -> l
     return out
 
 
-def _record_anonymous(r: Run, programs: tuple[str, ...]) -> None:
+def _record_anonymous(r: Prefetcher, programs: tuple[str, ...]) -> None:
     """Passes the policy's [runtime] anonymous programs to the audit library (records
     are root's: another user's run says so only when the record would change)."""
     from hugify import prefetch as pf

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from hugify.engine import Engine
     from hugify.glibc_thp import Advice
     from hugify.kernel import Mount
-    from hugify.prefetch import Run, System, Target
+    from hugify.prefetch import Prefetcher, System, Target
     from hugify.shared import Held, Removed
 
 
@@ -193,7 +193,7 @@ def judge(
     )
 
 
-def gather(r: Run, targets: list[Target], problems: list[str]) -> Found:
+def gather(r: Prefetcher, targets: list[Target], problems: list[str]) -> Found:
     """Measures `targets` and reads the system's settings, records and copies; reads
     nothing into the page cache."""
     from hugify import anoncopies, glibc_thp, kernel, rundir, shared

@@ -338,7 +338,7 @@ class Cache:
                 if made is None:
                     continue
                 digest, candidate = made
-                cached = self._read(original, digest)
+                cached = self._entry(original, digest)
                 if cached:
                     found.append(cached)
                     continue
@@ -378,7 +378,7 @@ class Cache:
         # Named by the original (the policy's globs match installed paths), made of the copy.
         return digest, tree.Candidate([original], [self.root / work / COPY], probed, copied)
 
-    def _read(self, original: str, digest: str) -> Copy | None:
+    def _entry(self, original: str, digest: str) -> Copy | None:
         """The entry of `digest`, if it is what it says (see the module's docstring);
         an entry that is not is removed (CacheError if it cannot be)."""
         name = f"{digest}-{self.key}"
@@ -486,7 +486,7 @@ class Cache:
         except OSError as e:
             if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
-            cached = self._read(original, digest)
+            cached = self._entry(original, digest)
             if cached is None:
                 raise
             return cached

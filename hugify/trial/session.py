@@ -304,11 +304,11 @@ class Trial:
                     if opts.way == "shared":
                         raise TryError("try-shared", str(e)) from None
                     self.note(f"no shared copies: {e}")
-            with pf.session(str(self.scratch / "run")) as engine:
-                problem = engine.system.problem(self.hp)
+            with pf.session(str(self.scratch / "run")) as prefetcher:
+                problem = prefetcher.system.problem(self.hp)
                 if problem:
                     raise TryError("nothing-to-try", problem)
-                return self._compare(cache, engine)
+                return self._compare(cache, prefetcher)
         except UntrustedCache as e:
             raise TryError("try-cache-unsafe", str(e), self.found) from None
         except CacheError as e:
@@ -329,7 +329,7 @@ class Trial:
         self.sides[name] = side
         return side
 
-    def _compare(self, cache: Cache, engine: pf.Run) -> dict[str, Any]:
+    def _compare(self, cache: Cache, prefetcher: pf.Prefetcher) -> dict[str, Any]:
         assert self.scratch is not None
         rdir = self.scratch / "run"
         rdir.mkdir()
@@ -345,10 +345,10 @@ class Trial:
             os.chmod(self.scratch, 0o711)
             usable = self._shared_store(usable, rdir)
         hugified = self._side("hugified", [Bind(c.file, c.original, c.identity) for c in usable])
-        pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
-        b_env = self._prepare(pages, engine)
+        pages = PageCache(prefetcher, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
+        b_env = self._prepare(pages, prefetcher)
         watched = self._watched(usable)
-        scan = engine.engine if engine.engine.has(Engine.PAGEMAP_SCAN) else None
+        scan = prefetcher.engine if prefetcher.engine.has(Engine.PAGEMAP_SCAN) else None
         runner = _Runner(self.opts, self.scratch, pages, watched, hp=self.hp, scan=scan, way=self.found["way"])
         runner.sides = {abtest.ORIGINAL: original, abtest.ORIGINAL_AGAIN: original, abtest.CHANGED: hugified}
         runner.envs = {abtest.ORIGINAL: self.opts.env, abtest.ORIGINAL_AGAIN: self.opts.env, abtest.CHANGED: b_env}
@@ -416,7 +416,7 @@ class Trial:
             self.note(f"no shared copies: {why}")
         return usable
 
-    def _prepare(self, pages: PageCache, engine: pf.Run) -> dict[str, str]:
+    def _prepare(self, pages: PageCache, prefetcher: pf.Prefetcher) -> dict[str, str]:
         """The page cache, and the hugified side's way and environment."""
         assert self.scratch is not None
         prepared = pages.start(skip=[s.pid for s in self.sides.values()])
@@ -431,7 +431,7 @@ class Trial:
             path: {"windows": len(t.windows), "huge": t.count(*GOOD_STATES), "states": _states(t)}
             for path, t in prepared.windows.items()
         }
-        way = self.found["way"] = self._way(prepared.windows, engine, pages)
+        way = self.found["way"] = self._way(prepared.windows, prefetcher, pages)
         env = dict(self.opts.env)
         if way in ("shared", "anonymous"):  # through the audit library, in the run's own runtime directory
             audit = runtime_file(AUDIT_LIB)
@@ -558,7 +558,7 @@ class Trial:
             out.append(Watched(c.original, (so.st_dev, so.st_ino), (sc.st_dev, sc.st_ino), windows))
         return out
 
-    def _way(self, first: dict[str, pf.Target], engine: pf.Run, pages: PageCache) -> str:
+    def _way(self, first: dict[str, pf.Target], prefetcher: pf.Prefetcher, pages: PageCache) -> str:
         """How the hugified side gets its huge pages: from the copies' page cache
         (file); where that cache cannot hold 2 MiB folios, from root's shared copies
         (shared), else from the runtime's anonymous copies."""
@@ -577,7 +577,7 @@ class Trial:
             return self.opts.way
         windows = [w for t in first.values() for w in t.windows]
         if windows and all(w.state == UNSUPPORTED for w in windows):
-            why = next(iter(engine.unable_fs.values()), "the filesystem gives no 2 MiB folios")
+            why = next(iter(prefetcher.unable_fs.values()), "the filesystem gives no 2 MiB folios")
             if made:
                 self.note(f"the copies cannot be 2 MiB folios ({why}): the hugified side maps its code from root's "
                           "shared copies")  # fmt: skip

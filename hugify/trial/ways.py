@@ -266,7 +266,7 @@ class WaysTrial(Trial):
         self.original_got: dict[str, Got] = {}
         self.problems: list[str] = []
 
-    def _compare(self, cache: Cache, engine: pf.Run) -> dict[str, Any]:
+    def _compare(self, cache: Cache, prefetcher: pf.Prefetcher) -> dict[str, Any]:
         assert self.scratch is not None
         rdir = self.scratch / "run"
         rdir.mkdir()
@@ -280,7 +280,7 @@ class WaysTrial(Trial):
         first = self._first_run(original)
         usable = self._copies(first, cache)
         originals = [c.original for c in usable]
-        self.file_pages = PageCache(engine, originals, [c.file for c in usable])
+        self.file_pages = PageCache(prefetcher, originals, [c.file for c in usable])
         for way in self.ways:
             name = way if isinstance(way, str) else way.name
             col = self.columns[name] = _Column(name, _BUILT_IN_WHAT.get(name, "") if isinstance(way, str) else way.what)
@@ -288,7 +288,7 @@ class WaysTrial(Trial):
                 if way == HUGIFY:
                     self._hugify(col, usable)
                 elif way == HUGIFY_SHARED:
-                    self._hugify_shared(col, usable, rdir, engine)
+                    self._hugify_shared(col, usable, rdir, prefetcher)
                 elif isinstance(way, Way):
                     self._planned(col, way, usable)
                 else:
@@ -321,12 +321,12 @@ class WaysTrial(Trial):
         col.own = {c.original: _identity(c.file) for c in usable}
         col.objects = {c.original: f"hugify's copy, {c.file}" for c in usable}
 
-    def _hugify_shared(self, col: _Column, usable: list[_Usable], rdir: Path, engine: pf.Run) -> None:
+    def _hugify_shared(self, col: _Column, usable: list[_Usable], rdir: Path, prefetcher: pf.Prefetcher) -> None:
         if not self.mounts.entered:
             raise WayUnavailable("root's shared copies are root's to make (run as root)")
         moved = self._shared_store(list(usable), rdir)  # TryError where it cannot be had
-        pages = PageCache(engine, [c.original for c in moved], [c.file for c in moved], self.shared_budget)
-        col.env = self._prepare(pages, engine)  # the shared way's environment, its copies made
+        pages = PageCache(prefetcher, [c.original for c in moved], [c.file for c in moved], self.shared_budget)
+        col.env = self._prepare(pages, prefetcher)  # the shared way's environment, its copies made
         col.side = self._side(col.name, [bind(c.file, c.original) for c in moved])
         col.before = lambda: pages.before(True)
         col.own = {c.original: _identity(c.file) for c in moved}
