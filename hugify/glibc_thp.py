@@ -5,7 +5,7 @@ With ``glibc.elf.thp=1`` ld.so itself advises ``MADV_HUGEPAGE`` for every read-o
 of whole huge pages at aligned addresses and offsets, so a cold start reads such code
 as 2 MiB folios with no runtime at all; which windows of a file it covers and how much
 of the kernel's read-ahead the file's layout tolerates before the loader's own faults
-fill them with small pages first are the core's answer (``_core.probe``'s
+fill them with small pages first are the core's answer (``_core.windows``'s
 ``glibc_thp``, core/src/glibc_thp.rs). This module adds what the system says: the
 running glibc, whether the tunable is set system-wide (``/etc/tunables.conf``, in
 effect once ``ldconfig`` put it into ``/etc/ld.so.cache``), each file's block device
@@ -215,17 +215,18 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -
     for path in paths:
         try:
             st = os.stat(path)
-            p = _core.probe(path, hp)
+            p = _core.probe(path)
         except (OSError, _core.HugifyError):
             continue
         if p is None or p["problem"]:
             continue
+        w = _core.windows(p, hp)
         facts = FileFacts(
             path,
-            windows=sum(w["len"] for w in p["windows"]),
-            advised=p["glibc_thp"]["advised"],
-            header=p["glibc_thp"]["header"],
-            limit=p["glibc_thp"]["read_ahead_limit"],
+            windows=sum(r["len"] for r in w["runs"]),
+            advised=w["glibc_thp"]["advised"],
+            header=w["glibc_thp"]["header"],
+            limit=w["glibc_thp"]["read_ahead_limit"],
         )
         ra = read_ahead_kb(st.st_dev)
         if ra:

@@ -35,7 +35,7 @@ def read_hugified(fd: int, hp: int, path: str) -> Hugified:
     from hugify import _core, manifest
     from hugify.policy import canonical_arch
 
-    p = _core.probe(f"/proc/self/fd/{fd}", hp)
+    p = _core.probe(f"/proc/self/fd/{fd}")
     if p is None:
         raise NotHugified("not an ELF file")
     if p["problem"]:
@@ -46,11 +46,12 @@ def read_hugified(fd: int, hp: int, path: str) -> Hugified:
     x = p["exec_load"]
     if x is None:
         raise NotHugified("no executable segment")
-    if not p["windows"] or p["manifest_span"] is None:
+    w = _core.windows(p, hp)
+    if not w["runs"] or w["manifest_span"] is None:
         if p["kind"] != "executable" and x["align"] < hp:
             raise NotHugified(f"not hugified: its executable segment is aligned to {x['align']:#x}, not {hp >> 20} MiB")
         raise NotHugified(f"not hugified: its code spans no whole {hp >> 20} MiB window at a matching offset")
-    offsets = tuple(r["offset"] + k * hp for r in p["windows"] for k in range(r["len"] // hp))
-    entry = manifest.Entry.of(path, p)
+    offsets = tuple(r["offset"] + k * hp for r in w["runs"] for k in range(r["len"] // hp))
+    entry = manifest.Entry.of(path, p, w)
     assert entry is not None  # it has windows
     return Hugified(offsets, p["code_size"], entry)
