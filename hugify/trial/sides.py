@@ -42,32 +42,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hugify import kernel, reasons
-from hugify.kernel import (
-    CLONE_NEWNS,
-    CLONE_NEWPID,
-    CLONE_NEWUSER,
-    MS_BIND,
-    MS_NOATIME,
-    MS_NODEV,
-    MS_NODIRATIME,
-    MS_NOEXEC,
-    MS_NOSUID,
-    MS_PRIVATE,
-    MS_RDONLY,
-    MS_REC,
-    MS_RELATIME,
-    MS_REMOUNT,
-)
 
 #: statvfs flags -> the mount flags a remount inside a user namespace must keep (the
 #: kernel locks them on mounts it copied from a more privileged namespace).
 LOCKED_FLAGS = {
-    os.ST_NOSUID: MS_NOSUID,
-    os.ST_NODEV: MS_NODEV,
-    os.ST_NOEXEC: MS_NOEXEC,
-    os.ST_NOATIME: MS_NOATIME,
-    os.ST_NODIRATIME: MS_NODIRATIME,
-    os.ST_RELATIME: MS_RELATIME,
+    os.ST_NOSUID: kernel.MS_NOSUID,
+    os.ST_NODEV: kernel.MS_NODEV,
+    os.ST_NOEXEC: kernel.MS_NOEXEC,
+    os.ST_NOATIME: kernel.MS_NOATIME,
+    os.ST_NODIRATIME: kernel.MS_NODIRATIME,
+    os.ST_RELATIME: kernel.MS_RELATIME,
 }
 
 
@@ -126,16 +110,16 @@ def own_namespace(*, pids: bool = False) -> None:
     own too, the first of them its init. NamespaceError on any failure. A process with
     threads cannot do it."""
     uid, gid = os.getuid(), os.getgid()
-    flags = (CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER) | (CLONE_NEWPID if pids else 0)
+    flags = kernel.CLONE_NEWNS | (0 if uid == 0 else kernel.CLONE_NEWUSER) | (kernel.CLONE_NEWPID if pids else 0)
     try:
         kernel.unshare(flags)
     except OSError as e:
         what = "|".join(
             name
             for bit, name in (
-                (CLONE_NEWUSER, "CLONE_NEWUSER"),
-                (CLONE_NEWNS, "CLONE_NEWNS"),
-                (CLONE_NEWPID, "CLONE_NEWPID"),
+                (kernel.CLONE_NEWUSER, "CLONE_NEWUSER"),
+                (kernel.CLONE_NEWNS, "CLONE_NEWNS"),
+                (kernel.CLONE_NEWPID, "CLONE_NEWPID"),
             )
             if flags & bit
         )
@@ -147,7 +131,7 @@ def own_namespace(*, pids: bool = False) -> None:
             except OSError as e:
                 raise NamespaceError(why_no_namespace(f"/proc/self/{name}", e)) from None
     try:
-        kernel.mount("none", "/", None, MS_REC | MS_PRIVATE)
+        kernel.mount("none", "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
     except OSError as e:
         raise NamespaceError(why_no_namespace("making / private", e)) from None
 
@@ -158,14 +142,14 @@ def _enter(binds: list[Bind]) -> None:
     own_namespace(pids=True)
     for b in binds:
         try:
-            kernel.mount(b.copy, b.target, None, MS_BIND)
+            kernel.mount(b.copy, b.target, None, kernel.MS_BIND)
         except OSError as e:
             why = reasons.io_detail(e, with_file=False)
             raise NamespaceError(f"cannot bind-mount {b.copy} over {b.target}: {why}") from None
         locked = os.statvfs(b.target).f_flag
         keep = sum(ms for st, ms in LOCKED_FLAGS.items() if locked & st)
         try:
-            kernel.mount(None, b.target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+            kernel.mount(None, b.target, None, kernel.MS_BIND | kernel.MS_REMOUNT | kernel.MS_RDONLY | keep)
         except OSError as e:
             raise NamespaceError(f"cannot make {b.target} read-only: {reasons.io_detail(e, with_file=False)}") from None
         seen = os.stat(b.target)
@@ -243,7 +227,7 @@ def _mount_proc() -> None:
     """A /proc of the PID namespace this process is the init of (it sees its own
     processes by their pids there, and the command sees the same)."""
     try:
-        kernel.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        kernel.mount("proc", "/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)
     except OSError as e:
         raise NamespaceError(why_no_namespace("mounting /proc for its PID namespace", e)) from None
 
