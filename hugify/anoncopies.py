@@ -112,7 +112,7 @@ def running_copies(hp: int, pids: Iterable[int] | None = None) -> list[Copy]:
         if not ranges:
             continue
         sizes = _sizes(pid, ranges)
-        command = kernel.read_text(f"/proc/{pid}/comm") or "?"
+        command = kernel.comm(pid) or "?"
         per_file: dict[str, Copy] = {}
         for (lo, hi), path in ranges.items():
             c = per_file.setdefault(path, Copy(pid, command, path))

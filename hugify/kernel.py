@@ -148,6 +148,16 @@ def pids() -> list[int]:
     return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 
 
+def alive(pid: int) -> bool:
+    """Whether a process of this pid runs (in this process's PID namespace)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+def comm(pid: int) -> str | None:
+    """A process's command name (/proc/PID/comm); None where it is gone."""
+    return read_text(f"/proc/{pid}/comm")
+
+
 #: A line of /proc/PID/maps, and the heading line of each mapping in smaps:
 #: start-end perms offset major:minor inode [name].
 _MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) (\d+)\s*(.*)$")

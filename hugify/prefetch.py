@@ -258,7 +258,7 @@ def mappers_of(
             continue
         except OSError:
             continue
-        comm = kernel.read_text(f"/proc/{pid}/comm") or "?"
+        comm = kernel.comm(pid) or "?"
         for v in vmas:
             if v.inode in inodes and (v.dev, v.inode) in keys:
                 end = v.offset + v.end - v.start

@@ -619,7 +619,7 @@ def records(store: int) -> dict[str, Record]:
     for entry in sorted(os.listdir(store)):
         if entry.startswith((".new-", ".old-")):
             pid = entry.rsplit("-", 1)[-1]
-            if not (pid.isdigit() and Path(f"/proc/{pid}").exists()) or int(pid) == os.getpid():
+            if not (pid.isdigit() and kernel.alive(int(pid))) or int(pid) == os.getpid():
                 _remove_tree(store, entry)
             continue
         rec = read_record(store, entry)

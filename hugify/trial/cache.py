@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, files, reasons, tree
+from hugify import _core, files, kernel, reasons, tree
 from hugify.policy import Policy
 
 ROOT_CACHE = Path("/var/cache/hugify/try")
@@ -542,7 +542,7 @@ def _sweep(root_fd: int, key: str | None) -> tuple[int, int]:
     for d in os.scandir(root_fd):
         kind, _, rest = d.name.partition("-")
         pid = rest.split("-")[0]
-        if kind in (NEW, RUN) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if kind in (NEW, RUN) and pid.isdigit() and not kernel.alive(int(pid)):
             _rmtree_at(root_fd, d.name)
         elif not d.name.startswith(".") and (key is None or not d.name.endswith(f"-{key}")):
             with contextlib.suppress(OSError):

@@ -91,8 +91,8 @@ class Sampler(threading.Thread):
                     self.look(pid)
                     found = True
                 except PermissionError:
-                    with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
-                        self.unreadable[pid] = f.read().strip()
+                    if (name := kernel.comm(pid)) is not None:
+                        self.unreadable[pid] = name
                 except OSError:
                     continue  # gone meanwhile
             self.samples += found
