@@ -102,7 +102,8 @@ class GlibcThp(TypedDict):
     read_ahead_limit: int | None
 
 class Probe(TypedDict):
-    """Header facts of an ELF executable or shared object (core/src/probe.rs)."""
+    """Header facts of an ELF executable or shared object, for no huge-page size
+    (core/src/probe.rs, Probe)."""
 
     arch: str | None
     is64: bool
@@ -111,20 +112,26 @@ class Probe(TypedDict):
     build_id: str | None
     exec_load: Segment | None
     code_size: int
+    #: The PT_LOAD headers, from which `windows` gives the facts for a huge-page size.
+    loads: list[Segment]
+    #: Whether the loader puts them at their link-time addresses (ET_EXEC).
+    fixed: bool
+    #: Why the rest could not be read.
+    problem: Refusal | None
+
+class Windows(TypedDict):
+    """A probed file's facts for one huge-page size (core/src/probe.rs, Probe::windows)."""
+
     huge_page: int
-    windows: list[WindowRun]
+    #: The whole huge-page windows at congruent offsets.
+    runs: list[WindowRun]
+    code_size: int
     huge_bytes: int
     #: whole | partial | none: how much of the code is on huge pages as the file is.
     state: Literal["whole", "partial", "none"]
     #: The manifest's (offset, size), docs/manifest.md.
     manifest_span: tuple[int, int] | None
     glibc_thp: GlibcThp
-    #: The PT_LOAD headers, from which at_page_size gives the facts for another size.
-    loads: list[Segment]
-    #: Whether the loader puts them at their link-time addresses (ET_EXEC).
-    fixed: bool
-    #: Why the rest could not be read.
-    problem: Refusal | None
 
 def inspect(
     source: int | str | PathLike[str],
@@ -154,13 +161,14 @@ def transform(
 def transform_bytes(
     data: bytes, huge_page: int, threshold: int, mode: str = "auto", exposure_limit: int = 0, page_size: int = 0
 ) -> tuple[Transformed, bytes]: ...
-def probe(source: int | str | PathLike[str], huge_page: int) -> Probe | None: ...
+def probe(source: int | str | PathLike[str]) -> Probe | None: ...
 def debug_file_build_id(source: int | str | PathLike[str]) -> str | None:
     """The build-id of a separate debug file, from its notes (its program headers are
     the stripped file's, so `probe` refuses it); HugifyError for damaged headers."""
 
-def at_page_size(probe: Probe, huge_page: int) -> Probe:
-    """The probe's facts for another huge-page size, from its loads: no second read."""
+def windows(probe: Probe, huge_page: int) -> Windows:
+    """The probe's facts for a huge-page size, from its loads: any number of sizes, one
+    read of the file."""
 
 def reasons() -> list[tuple[str, str, str]]: ...
 def arch_names() -> list[tuple[str, list[str]]]: ...

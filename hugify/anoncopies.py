@@ -14,14 +14,14 @@ held once."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from hugify import kernel
+from hugify.kernel import Vma
+
 NAME_PREFIX = "[anon:hugify:"
-_MAPS = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) \S+ (\d+)\s*(.*)$")
 
 
 @dataclass
@@ -52,98 +52,72 @@ class Copy:
         }
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def copy_ranges(maps: str, hp: int) -> dict[tuple[int, int], str]:
-    """The anonymous copies in one process's maps: (start, end) -> the file's path.
+def copy_ranges(maps: list[Vma], hp: int) -> dict[tuple[int, int], str]:
+    """The anonymous copies in one process's mappings: (start, end) -> the file's path.
 
     An unnamed run of anonymous executable whole windows is a copy when a mapping of a
     file adjoins it with offsets that continue through it: the rest of that file's
     mapping, with the run at 2 MiB-aligned file offsets (where the windows of a
     hugified file are)."""
-    rows = []
-    for line in maps.splitlines():
-        m = _MAPS.match(line)
-        if m:
-            rows.append((int(m[1], 16), int(m[2], 16), m[3], int(m[4], 16), int(m[5]), m[6]))
 
     def candidate(i: int) -> bool:
-        lo, hi, perms, _, inode, name = rows[i]
-        anon = inode == 0 and (name == "" or name.startswith(NAME_PREFIX))
-        return anon and "x" in perms and lo % hp == 0 and (hi - lo) % hp == 0
+        v = maps[i]
+        anon = v.inode == 0 and (v.name == "" or v.name.startswith(NAME_PREFIX))
+        return anon and v.executable and v.start % hp == 0 and (v.end - v.start) % hp == 0
 
     out: dict[tuple[int, int], str] = {}
     i = 0
-    while i < len(rows):
+    while i < len(maps):
         if not candidate(i):
             i += 1
             continue
         j = i
-        while j + 1 < len(rows) and candidate(j + 1) and rows[j + 1][0] == rows[j][1]:
+        while j + 1 < len(maps) and candidate(j + 1) and maps[j + 1].start == maps[j].end:
             j += 1
-        lo, hi = rows[i][0], rows[j][1]
+        lo, hi = maps[i].start, maps[j].end
         path = ""
-        if i > 0 and rows[i - 1][1] == lo and rows[i - 1][5].startswith("/"):
-            before = rows[i - 1]
-            if (before[3] + lo - before[0]) % hp == 0:
-                path = before[5]
-        if not path and j + 1 < len(rows) and rows[j + 1][0] == hi and rows[j + 1][5].startswith("/"):
-            after = rows[j + 1]
-            if after[3] >= hi - lo and (after[3] - (hi - lo)) % hp == 0:
-                path = after[5]
-        for k in range(i, j + 1):
-            name = rows[k][5]
-            if name.startswith(NAME_PREFIX):
-                out[(rows[k][0], rows[k][1])] = name[len(NAME_PREFIX) : -1]
+        if i > 0 and maps[i - 1].end == lo and maps[i - 1].name.startswith("/"):
+            before = maps[i - 1]
+            if (before.offset + lo - before.start) % hp == 0:
+                path = before.name
+        if not path and j + 1 < len(maps) and maps[j + 1].start == hi and maps[j + 1].name.startswith("/"):
+            after = maps[j + 1]
+            if after.offset >= hi - lo and (after.offset - (hi - lo)) % hp == 0:
+                path = after.name
+        for v in maps[i : j + 1]:
+            if v.name.startswith(NAME_PREFIX):
+                out[(v.start, v.end)] = v.name[len(NAME_PREFIX) : -1]
             elif path:
-                out[(rows[k][0], rows[k][1])] = path
+                out[(v.start, v.end)] = path
         i = j + 1
     return out
 
 
-#: The smaps fields read of each copy, in the order _smaps_sizes gives them.
-_FIELDS = ("AnonHugePages:", "Rss:", "Pss:")
-
-
-def _smaps_sizes(text: str, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], tuple[int, ...]]:
-    """(AnonHugePages, Rss, Pss) in bytes of the given VMAs."""
-    out: dict[tuple[int, int], tuple[int, ...]] = {}
-    cur: tuple[int, int] | None = None
-    for line in text.splitlines():
-        m = _MAPS.match(line)
-        if m:
-            key = (int(m[1], 16), int(m[2], 16))
-            cur = key if key in ranges else None
-            continue
-        name = line.split(maxsplit=1)[0] if cur and line else ""
-        if cur and name in _FIELDS:
-            sizes = list(out.get(cur, (0,) * len(_FIELDS)))
-            sizes[_FIELDS.index(name)] = int(line.split()[1]) * 1024
-            out[cur] = tuple(sizes)
-    return out
+def _sizes(pid: int, ranges: dict[tuple[int, int], str]) -> dict[tuple[int, int], dict[str, int]]:
+    """The smaps sizes in bytes of the given VMAs of a process (none if it is gone)."""
+    try:
+        return {(v.start, v.end): sizes for v, sizes in kernel.smaps(pid, lambda v: (v.start, v.end) in ranges)}
+    except OSError:
+        return {}
 
 
 def running_copies(hp: int, pids: Iterable[int] | None = None) -> list[Copy]:
     """The anonymous copies of every process (or of `pids`), per process and file."""
     found: list[Copy] = []
-    proc = Path("/proc")
-    every = (int(p.name) for p in proc.iterdir() if p.name.isdigit())
-    for d in (proc / str(pid) for pid in sorted(every if pids is None else pids)):
-        maps = _read(d / "maps")
-        ranges = copy_ranges(maps, hp) if maps else {}
+    for pid in kernel.pids() if pids is None else sorted(pids):
+        try:
+            ranges = copy_ranges(kernel.maps(pid), hp)
+        except OSError:
+            continue
         if not ranges:
             continue
-        sizes = _smaps_sizes(_read(d / "smaps") or "", ranges)
-        command = (_read(d / "comm") or "?").strip()
+        sizes = _sizes(pid, ranges)
+        command = kernel.comm(pid) or "?"
         per_file: dict[str, Copy] = {}
         for (lo, hi), path in ranges.items():
-            c = per_file.setdefault(path, Copy(int(d.name), command, path))
-            huge, rss, pss = sizes.get((lo, hi), (0, 0, 0))
+            c = per_file.setdefault(path, Copy(pid, command, path))
+            vma = sizes.get((lo, hi), {})
+            huge, rss, pss = vma.get("AnonHugePages", 0), vma.get("Rss", 0), vma.get("Pss", 0)
             c.size += hi - lo
             c.anon_huge += huge
             c.rss += rss

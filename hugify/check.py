@@ -22,7 +22,7 @@ that the tree or the packages carry. For each file they name:
 * it is there at all (missing).
 
 Every fact about an ELF file (its windows, its build-id) is the core's probe
-(hugify._core.probe, at_page_size); nothing about ELF is read here. A tree is read
+(hugify._core.probe, and windows for a huge-page size); nothing about ELF is read here. A tree is read
 as `hugify tree` reads one: below its root, never through a symbolic link (a path
 that leads through one is refused as a whole, reason symlink).
 """
@@ -73,11 +73,9 @@ class Shipped:
     facts: _core.Probe | None
     problem: str = ""
 
-    def at(self, huge_page: int) -> _core.Probe | None:
+    def at(self, huge_page: int) -> _core.Windows | None:
         """The core's facts at a huge-page size, from the one probe (no second read)."""
-        if self.facts is None or self.facts["huge_page"] == huge_page:
-            return self.facts
-        return _core.at_page_size(self.facts, huge_page)
+        return None if self.facts is None else _core.windows(self.facts, huge_page)
 
 
 @dataclass
@@ -159,11 +157,11 @@ class _Checker:
         return s
 
     def layout(self, path: str, s: Shipped, huge_page: int, span: tuple[int, int], record: str) -> None:
-        facts = s.at(huge_page)
-        self.hugified[path] = facts
-        now = facts["manifest_span"] if facts else None
+        windows = s.at(huge_page)
+        self.hugified[path] = s.facts
+        now = windows["manifest_span"] if windows else None
         if now != span:
-            why = f"not an ELF file the core can read ({s.problem})" if facts is None else _span_text(now)
+            why = f"not an ELF file the core can read ({s.problem})" if windows is None else _span_text(now)
             detail = f"{record} has {_span_text(span)}, the file has {why}: a tool after hugify rewrote it"
             self.flag(path, "layout-undone", detail)
 
@@ -217,10 +215,10 @@ class _Checker:
             self.exposure(path, int(t.get("exposed", {}).get("bytes", 0)), record)
             if (s := self.b.shipped.get(path)) is None:
                 continue
-            facts = s.at(int(t["huge_page"]))
+            windows, facts = s.at(int(t["huge_page"])), s.facts
             self.hugified.setdefault(path, facts)
-            if facts is None or facts["manifest_span"] is None:
-                why = f"no whole {human(int(t['huge_page']))} window" if facts else "no ELF file the core reads"
+            if windows is None or windows["manifest_span"] is None:
+                why = f"no whole {human(int(t['huge_page']))} window" if windows else "no ELF file the core reads"
                 self.flag(path, "layout-undone", f"{record} says hugify transformed it; it has {why} now")
             shipped_id = entry.get("shipped", {}).get("build_id")
             if facts is not None and shipped_id and facts["build_id"] != shipped_id:
@@ -261,7 +259,7 @@ def _shipped_at(root: files.Directory, path: str) -> Shipped | None:
         with root.beneath(head) as d, files.open_source(d, name, step="checked") as source:
             digest = signing.file_sha256(source.fd)
             try:
-                return Shipped(digest, _core.probe(source.fd, _core.DEFAULT_HUGE_PAGE))
+                return Shipped(digest, _core.probe(source.fd))
             except _core.HugifyError as e:
                 return Shipped(digest, None, f"{e.detail} ({e.reason})")
     except (FileNotFoundError, NotADirectoryError):
@@ -347,7 +345,7 @@ def _probe_copy(copy: Path | None) -> tuple[_core.Probe | None, str]:
     if copy is None:
         return None, "not an ELF file"
     try:
-        return _core.probe(copy, _core.DEFAULT_HUGE_PAGE), ""
+        return _core.probe(copy), ""
     except _core.HugifyError as e:
         return None, f"{e.detail} ({e.reason})"
 

@@ -17,8 +17,9 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from hugify import manifest, prefetch
+from hugify import kernel, manifest
 from hugify.files import write_text_atomic
+from hugify.hugified import NotHugified, read_hugified
 
 
 def entry_of(path: str, hp: int) -> manifest.Entry | None:
@@ -35,14 +36,14 @@ def entry_of(path: str, hp: int) -> manifest.Entry | None:
     try:
         # No readahead for the header reads: it would cache code pages as small folios.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        return prefetch.read_windows(fd, hp, path).entry
-    except (prefetch.NotHugified, OSError):
+        return read_hugified(fd, hp, path).entry
+    except (NotHugified, OSError):
         return None
     finally:
         os.close(fd)
 
 
-def _read(listing: Path) -> list[manifest.Entry]:
+def _listed(listing: Path) -> list[manifest.Entry]:
     try:
         return manifest.parse(listing.read_text(encoding="utf-8"), str(listing))
     except FileNotFoundError:
@@ -67,8 +68,8 @@ def record(paths: Iterable[str], listing: Path | None = None) -> list[manifest.E
     added or changed."""
     listing = listing or manifest.discovered_list()
     wanted = _usable(paths)
-    hp = prefetch.pmd_size()
-    old = {e.path: e for e in _read(listing)}
+    hp = kernel.pmd_size()
+    old = {e.path: e for e in _listed(listing)}
     found = [e for e in (entry_of(p, hp) for p in sorted(wanted)) if e is not None]
     new = [e for p, e in old.items() if p not in wanted] + found
     if sorted(new) != sorted(old.values()):
@@ -80,7 +81,7 @@ def forget(paths: Iterable[str], listing: Path | None = None) -> list[manifest.E
     """Drops the given paths from the list; returns the entries dropped."""
     listing = listing or manifest.discovered_list()
     gone = _usable(paths)
-    old = _read(listing)
+    old = _listed(listing)
     dropped = [e for e in old if e.path in gone]
     if dropped:
         _write(listing, [e for e in old if e.path not in gone])

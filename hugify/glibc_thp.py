@@ -5,7 +5,7 @@ With ``glibc.elf.thp=1`` ld.so itself advises ``MADV_HUGEPAGE`` for every read-o
 of whole huge pages at aligned addresses and offsets, so a cold start reads such code
 as 2 MiB folios with no runtime at all; which windows of a file it covers and how much
 of the kernel's read-ahead the file's layout tolerates before the loader's own faults
-fill them with small pages first are the core's answer (``_core.probe``'s
+fill them with small pages first are the core's answer (``_core.windows``'s
 ``glibc_thp``, core/src/glibc_thp.rs). This module adds what the system says: the
 running glibc, whether the tunable is set system-wide (``/etc/tunables.conf``, in
 effect once ``ldconfig`` put it into ``/etc/ld.so.cache``), each file's block device
@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hugify import kernel
+
 if TYPE_CHECKING:
-    from hugify.prefetch import Engine
+    from hugify.engine import Engine
 
 TUNABLE = "glibc.elf.thp"
 #: The first glibc with the tunable.
@@ -40,17 +42,15 @@ def libc_version() -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
-def loader(maps: str | None = None) -> str | None:
+def loader() -> str | None:
     """The dynamic loader of this process (the one every program of the system uses)."""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            return None
-    for line in maps.splitlines():
-        path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
-        if re.fullmatch(r"ld-linux[^/]*\.so\.\d+|ld\.so\.\d+|ld64\.so\.\d+", Path(path).name):
-            return path
+    try:
+        mapped = kernel.maps("self")
+    except OSError:
+        return None
+    for v in mapped:
+        if re.fullmatch(r"ld-linux[^/]*\.so\.\d+|ld\.so\.\d+|ld64\.so\.\d+", Path(v.name).name):
+            return v.name
     return None
 
 
@@ -204,7 +204,6 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -
     huge pages `thp_enabled` (always, madvise, never; None: none in this kernel);
     `engine` knows which filesystems give large folios on which kernel."""
     from hugify import _core
-    from hugify import prefetch as pf
 
     out = Advice(libc_version())
     if not out.has_tunable:
@@ -212,26 +211,27 @@ def advise(paths: list[str], hp: int, thp_enabled: str | None, engine: Engine) -
     out.advises = thp_enabled is not None and (os.uname().machine == "x86_64" or thp_enabled == "madvise")
     ld_so = loader()
     out.system_wide = system_wide(ld_so) if ld_so else None
-    mounted = pf.mounts()
+    mounted = kernel.mounts()
     for path in paths:
         try:
             st = os.stat(path)
-            p = _core.probe(path, hp)
+            p = _core.probe(path)
         except (OSError, _core.HugifyError):
             continue
         if p is None or p["problem"]:
             continue
+        w = _core.windows(p, hp)
         facts = FileFacts(
             path,
-            windows=sum(w["len"] for w in p["windows"]),
-            advised=p["glibc_thp"]["advised"],
-            header=p["glibc_thp"]["header"],
-            limit=p["glibc_thp"]["read_ahead_limit"],
+            windows=sum(r["len"] for r in w["runs"]),
+            advised=w["glibc_thp"]["advised"],
+            header=w["glibc_thp"]["header"],
+            limit=w["glibc_thp"]["read_ahead_limit"],
         )
         ra = read_ahead_kb(st.st_dev)
         if ra:
             facts.device, facts.device_read_ahead_kb = ra
-        fs = pf.filesystem_of(path, mounted)
-        facts.large_folios = pf.gives_large_folios(engine, fs.fstype) if fs else None
+        fs = kernel.mount_holding(path, mounted)
+        facts.large_folios = kernel.gives_large_folios(engine, fs.fstype) if fs else None
         out.files.append(facts)
     return out

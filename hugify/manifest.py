@@ -40,12 +40,12 @@ class Entry:
     huge_page: int
 
     @classmethod
-    def of(cls, path: str, p: _core.Probe) -> Entry | None:
+    def of(cls, path: str, p: _core.Probe, w: _core.Windows) -> Entry | None:
         """The entry of a probed file, the one way `tree` and `manifest record` make
-        one: the core's manifest span at the probe's huge-page size and the build-id
+        one: the core's manifest span at the windows' huge-page size and the build-id
         ("-" without one); None when the code has no whole window."""
-        span = p["manifest_span"]
-        return None if span is None else cls(path, p["build_id"] or "-", *span, p["huge_page"])
+        span = w["manifest_span"]
+        return None if span is None else cls(path, p["build_id"] or "-", *span, w["huge_page"])
 
     def line(self) -> str:
         return f"{self.path}\t{self.build_id}\t{self.offset:#x}\t{self.size:#x}\t{self.huge_page:#x}"

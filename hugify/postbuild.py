@@ -204,10 +204,10 @@ def _windows(member: Member, huge_page: int) -> bool:
     if member.copy is None:
         return False
     try:
-        found = _core.probe(member.copy, huge_page)
+        found = _core.probe(member.copy)
     except (_core.HugifyError, OSError):
         return False
-    return found is not None and found["manifest_span"] is not None
+    return found is not None and _core.windows(found, huge_page)["manifest_span"] is not None
 
 
 def _hugified(art: Artefact, pol: Policy) -> list[str]:
@@ -218,11 +218,11 @@ def _hugified(art: Artefact, pol: Policy) -> list[str]:
         if member.copy is None or path in out:
             continue
         try:
-            found = _core.probe(member.copy, _core.DEFAULT_HUGE_PAGE)
+            found = _core.probe(member.copy)
         except (_core.HugifyError, OSError):
             continue
         huge_page = pol.huge_page(found["arch"]) if found and found["arch"] else None
-        # The policy's page size for its architecture, from the same probe's loads.
-        if found and huge_page and _core.at_page_size(found, huge_page)["manifest_span"] is not None:
+        # The policy's page size for its architecture, from the probe's loads.
+        if found and huge_page and _core.windows(found, huge_page)["manifest_span"] is not None:
             out.add(path)
     return sorted(out)

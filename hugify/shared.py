@@ -18,7 +18,6 @@ locked for one run at a time.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import hashlib
@@ -26,16 +25,18 @@ import os
 import stat
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from hugify import reasons
+from hugify import kernel, reasons
 from hugify.docs import doc
+from hugify.engine import UNSUPPORTED
+from hugify.hugified import NotHugified, read_hugified
 
 if TYPE_CHECKING:
-    from hugify.prefetch import Engine, Target
+    from hugify.engine import Engine
 
 #: The copies' directory in the runtime directory, the tmpfs hugify mounts there, the
 #: record beside each copy and its first word (runtime/hp_shared.h: one format).
@@ -57,8 +58,6 @@ MOUNT_UNIT = "run-hugify-shared.mount"
 MOUNT_DROPIN = "50-hugify-shared-budget.conf"
 #: huge= values with which a file written at its final size gets huge pages.
 HUGE_MOUNT_VALUES = ("within_size", "always")
-TMPFS_MAGIC = 0x01021994
-_MS_NOSUID, _MS_NODEV = 2, 4
 _CHUNK = 1 << 20
 
 
@@ -141,45 +140,10 @@ def shared_dir(rdir: Path) -> Path:
 # --- the tmpfs ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Mount:
-    """The tmpfs mounted on the copies' directory, from /proc/self/mountinfo."""
-
-    source: str
-    options: dict[str, str]
-
-    @property
-    def huge(self) -> str:
-        return self.options.get("huge", "never")
-
-    @property
-    def size(self) -> int | None:
-        """Its size in bytes (tmpfs says it in KiB: size=262144k), or None: unbounded."""
-        value = self.options.get("size", "")
-        units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-        if value[:-1].isdigit() and value[-1:] in units:
-            return int(value[:-1]) * units[value[-1]]
-        return int(value) if value.isdigit() else None
-
-
-def mount_of(path: Path) -> Mount | None:
+def mount_of(path: Path) -> kernel.Mount | None:
     """The tmpfs mounted exactly on `path` (the last mount there), or None."""
-    found = None
-    real = os.path.realpath(path)
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        where = fields[4].replace("\\040", " ")
-        if where == real:
-            opts = dict(o.partition("=")[::2] for o in tail[2].split(","))
-            found = Mount(tail[1], opts) if tail[0] == "tmpfs" else None
-    return found
+    m = kernel.mount_on(path)
+    return m if m is not None and m.fstype == "tmpfs" else None
 
 
 def mount_size(budget: int) -> int:
@@ -229,7 +193,7 @@ def generate(argv: list[str]) -> int:
     return 0
 
 
-def ensure_mounted(rdir: Path, budget: int) -> Mount:
+def ensure_mounted(rdir: Path, budget: int) -> kernel.Mount:
     """The tmpfs of the copies, mounted now (as root with CAP_SYS_ADMIN) if it is not,
     sized for `budget`. Refused if there is none and it cannot be mounted (the boot
     service's sandbox may not mount: run-hugify-shared.mount does), or the one there
@@ -242,12 +206,12 @@ def ensure_mounted(rdir: Path, budget: int) -> Mount:
             os.makedirs(where, mode=0o755, exist_ok=True)
         except OSError as e:
             raise Refused("shared-unavailable", f"cannot make {where}: {reasons.io_detail(e, with_file=False)}") from e
-        libc = ctypes.CDLL(None, use_errno=True)
         opts = f"{MOUNT_OPTIONS},size={mount_size(budget)}"
-        rc = libc.mount(MOUNT_SOURCE.encode(), os.fsencode(where), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode())
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise Refused("shared-unavailable", f"cannot mount a tmpfs on {where}: {os.strerror(err)}")
+        try:
+            kernel.mount(MOUNT_SOURCE, where, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, opts)
+        except OSError as e:
+            why = reasons.io_detail(e, with_file=False)
+            raise Refused("shared-unavailable", f"cannot mount a tmpfs on {where}: {why}") from e
         m = mount_of(where)
         if m is None:
             raise Refused("shared-unavailable", f"the tmpfs mounted on {where} is not seen in mountinfo")
@@ -283,7 +247,7 @@ def opened(rdir: Path) -> Iterator[int]:
         st, run = os.fstat(fd), os.stat(rdir)
         if not (_roots_alone(st) and _roots_alone(run)):
             raise Refused("shared-unavailable", f"{where} or {rdir} is not root's alone (owner root, mode 0755)")
-        if _fs_type(fd) != TMPFS_MAGIC:
+        if not _on_tmpfs(fd):
             raise Refused("shared-unavailable", f"{where} is not on tmpfs")
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -291,17 +255,11 @@ def opened(rdir: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _fs_type(fd: int) -> int:
-    """statfs f_type of the open file (os.statvfs does not give it)."""
-
-    class Statfs(ctypes.Structure):
-        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_long * 15)]
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    buf = Statfs()
-    if libc.fstatfs(fd, ctypes.byref(buf)) != 0:
-        return 0
-    return int(buf.f_type) & 0xFFFFFFFF
+def _on_tmpfs(fd: int) -> bool:
+    try:
+        return kernel.fs_type(fd) == kernel.TMPFS_MAGIC
+    except OSError:
+        return False
 
 
 # --- who may read an original --------------------------------------------------------
@@ -382,7 +340,7 @@ def _xattrs(fd: int) -> list[str]:
         raise
 
 
-class Exposure:
+class WorldReadable:
     """The proof that every user may read an original by its path: the directories of
     its real path, open from / down."""
 
@@ -559,7 +517,7 @@ class Original:
     before: os.stat_result
     hp: int
     #: The proof that every user may read it (None: the store is root's alone).
-    exposure: Exposure | None = None
+    readable: WorldReadable | None = None
 
 
 def write_copy(store: int, engine: Engine, src: Original) -> Record:
@@ -621,9 +579,9 @@ def _fill(d: int, engine: Engine, src: Original) -> Record:
         os.close(out)
     if _ns(os.fstat(src.fd)) != _ns(src.before):
         raise Refused("copy-stale", "the file changed while it was copied")
-    if src.exposure is not None:
+    if src.readable is not None:
         try:
-            src.exposure.check()
+            src.readable.check()
         except Refused as e:
             raise Refused(e.reason, f"{e.detail} (changed while it was copied)") from None
     check = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
@@ -661,7 +619,7 @@ def records(store: int) -> dict[str, Record]:
     for entry in sorted(os.listdir(store)):
         if entry.startswith((".new-", ".old-")):
             pid = entry.rsplit("-", 1)[-1]
-            if not (pid.isdigit() and Path(f"/proc/{pid}").exists()) or int(pid) == os.getpid():
+            if not (pid.isdigit() and kernel.alive(int(pid))) or int(pid) == os.getpid():
                 _remove_tree(store, entry)
             continue
         rec = read_record(store, entry)
@@ -708,18 +666,33 @@ class Report:
         return sum(o.held for o in self.outcomes.values())
 
 
-def wanted(t: Target) -> bool:
+class _Window(Protocol):
+    offset: int
+    state: str  # the engine's state of the window (hugify.engine)
+
+
+class Opened(Protocol):
+    """A file a run of hugify prefetch holds open, as the copies need it (hugify.prefetch's
+    Target is one): its path, descriptor (-1: not opened), huge-page size and windows."""
+
+    path: str
+    fd: int
+    hp: int
+
+    @property
+    def windows(self) -> Sequence[_Window]: ...
+
+
+def wanted(t: Opened) -> bool:
     """Whether a file's windows are for shared copies: the engine found file-backed huge
     pages unsupported for it."""
-    from hugify.prefetch import UNSUPPORTED
-
     return t.fd >= 0 and any(w.state == UNSUPPORTED for w in t.windows)
 
 
 def settle(
     rdir: Path,
     engine: Engine,
-    targets: Iterable[Target],
+    targets: Iterable[Opened],
     budget: int,
     complete: bool,
     *,
@@ -740,7 +713,7 @@ def settle(
         if want:
             ensure_mounted(rdir, budget)
         with opened(rdir) as store:
-            _Settling(store, rdir, engine, budget, report, stands_for=stands_for or {}).run(targets, want, complete)
+            _Settling(store, rdir, engine, budget, report, stands_for=stands_for or {}).apply(targets, want, complete)
     except Refused as e:
         report.problem = (e.reason, e.detail)
         for t in want:
@@ -776,7 +749,7 @@ def in_store(store: int) -> int:
 class _Want:
     """A file that wants a copy, as planned: its copy kept, or one to make."""
 
-    target: Target
+    target: Opened
     src: Original
     kept: Record | None  # its usable copy, or None: one is to be made
     size: int  # bytes it holds or will
@@ -797,7 +770,7 @@ class _Settling:
     #: Bytes that copies removed from the store still hold (processes map them).
     removed: int = 0
 
-    def run(self, targets: list[Target], want: list[Target], complete: bool) -> None:
+    def apply(self, targets: list[Opened], want: list[Opened], complete: bool) -> None:
         """Plans in the run's order what the budget holds, beside what the run leaves
         alone (copies of files it did not see) and what copies removed while mapped
         still hold; drops every other copy; then makes the planned ones in order, each
@@ -843,7 +816,7 @@ class _Settling:
                 used += outcomes[w.target.path].held
         self.report.outcomes.update((t.path, outcomes[t.path]) for t in want)
 
-    def plan(self, t: Target, have: dict[str, Record], outcomes: dict[str, Outcome]) -> _Want | None:
+    def plan(self, t: Opened, have: dict[str, Record], outcomes: dict[str, Outcome]) -> _Want | None:
         """What the file's copy takes: its copy kept, if usable, or one to make; None
         (its outcome said) if it can have none."""
         identity = self.engine.file_id(t.fd)
@@ -864,7 +837,7 @@ class _Settling:
         return _Want(t, src, None, memory_for(before.st_size))
 
     @contextlib.contextmanager
-    def _shown(self, fd: int, path: str) -> Iterator[Exposure | None]:
+    def _shown(self, fd: int, path: str) -> Iterator[WorldReadable | None]:
         """Proves that every user may read what a copy of the target (open as `fd`)
         would show them, holding the proof's descriptors while the caller works: the
         target itself, or the file it stands for. None where the store shows nobody
@@ -878,7 +851,7 @@ class _Settling:
                 fd = os.open(original, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as e:
                 raise Refused("copy-private", f"{original} cannot be checked: {reasons.io_detail(e)}") from e
-        proof = Exposure(fd, original or path)
+        proof = WorldReadable(fd, original or path)
         try:
             proof.prove()
             yield proof
@@ -892,7 +865,7 @@ class _Settling:
         written, that every user may read the original."""
         try:
             with self._shown(w.src.fd, w.target.path) as proof:
-                rec = write_copy(self.store, self.engine, replace(w.src, exposure=proof))
+                rec = write_copy(self.store, self.engine, replace(w.src, readable=proof))
         except Refused as e:
             return Outcome("none", e.reason, e.detail + self._too_small() if e.reason == "shared-full" else e.detail)
         where = shared_dir(self.rdir) / rec.key
@@ -1005,24 +978,19 @@ def _mappers(store: Path) -> tuple[dict[str, set[int]], dict[tuple[str, int], di
     prefix = f"{store}/"
     live: dict[str, set[int]] = {}
     gone: dict[tuple[str, int], dict[int, int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for pid in kernel.pids():
         try:
-            text = (d / "maps").read_text(errors="replace")
+            vmas = kernel.maps(pid)
         except OSError:
             continue
-        for line in text.splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) < 6 or not fields[5].startswith(prefix):
+        for v in vmas:
+            if not v.name.startswith(prefix):
                 continue
-            path, pid = fields[5], int(d.name)
-            if path.endswith(" (deleted)"):
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                per = gone.setdefault((path[: -len(" (deleted)")], int(fields[4])), {})
-                per[pid] = per.get(pid, 0) + hi - lo
+            if v.deleted:
+                per = gone.setdefault((v.path, v.inode), {})
+                per[pid] = per.get(pid, 0) + v.end - v.start
             else:
-                live.setdefault(path, set()).add(pid)
+                live.setdefault(v.path, set()).add(pid)
     return live, gone
 
 
@@ -1030,8 +998,6 @@ def inventory(rdir: Path, engine: Engine, hp: int) -> tuple[list[Held], list[Rem
     """The copies in the store and what they hold now (reading nothing from a disk: a
     window swapped out counts as not huge), who maps them, and the removed copies still
     mapped."""
-    from hugify.prefetch import NotHugified, read_windows
-
     where = shared_dir(rdir)
     live, gone = _mappers(where)
     out: list[Held] = []
@@ -1050,7 +1016,7 @@ def inventory(rdir: Path, engine: Engine, hp: int) -> tuple[list[Held], list[Rem
             with contextlib.suppress(OSError, NotHugified):
                 fd = os.open(f"{rec.key}/{rec.name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=store)
                 try:
-                    offsets = list(read_windows(fd, hp, h.copy).offsets)
+                    offsets = list(read_hugified(fd, hp, h.copy).offsets)
                     h.windows = len(offsets)
                     h.huge_windows = sum(1 for p in engine.pmd_windows(fd, offsets, measure=True) if p)
                 finally:

@@ -108,11 +108,11 @@ def file_sha256(file: Path | int, *, follow: bool = True) -> str:
     return h.hexdigest()
 
 
-def _shipped_build_id(path: Path, huge_page: int) -> str | None:
+def _shipped_build_id(path: Path) -> str | None:
     from hugify import _core
 
     try:
-        found = _core.probe(path, huge_page)
+        found = _core.probe(path)
     except (_core.HugifyError, OSError):
         return None
     return found["build_id"] if found else None
@@ -193,7 +193,7 @@ def build_statement(report: Mapping[str, Any], root: Path, package: str) -> Stat
                         {"phdr_table_displaced": bool(f["phdr_table_displaced"])} if "phdr_table_displaced" in f else {}
                     ),
                 },
-                "shipped": {"build_id": _shipped_build_id(root / present[0].lstrip("/"), huge_page)},
+                "shipped": {"build_id": _shipped_build_id(root / present[0].lstrip("/"))},
             }
         )
     if not entries:

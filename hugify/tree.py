@@ -69,19 +69,13 @@ def _unprobed(problem: _core.Refusal | None) -> _core.Probe:
         "build_id": None,
         "exec_load": None,
         "code_size": 0,
-        "huge_page": _core.DEFAULT_HUGE_PAGE,
-        "windows": [],
-        "glibc_thp": {"advised": 0, "header": 0, "read_ahead_limit": None},
-        "huge_bytes": 0,
-        "state": "none",
-        "manifest_span": None,
         "loads": [],
         "fixed": False,
         "problem": problem,
     }
 
 
-def probe(directory: files.Directory, name: str, huge_page: int = _core.DEFAULT_HUGE_PAGE) -> _core.Probe | None:
+def probe(directory: files.Directory, name: str) -> _core.Probe | None:
     """The core's header facts of the ELF executable or shared object `name` in
     `directory`, read through one descriptor opened without following a symlink;
     None for any other file. A file that has the ELF magic but is too damaged to
@@ -91,7 +85,7 @@ def probe(directory: files.Directory, name: str, huge_page: int = _core.DEFAULT_
     stop the walk."""
     try:
         with files.open_source(directory, name, step="probed") as source:
-            return _core.probe(source.fd, huge_page)
+            return _core.probe(source.fd)
     except files.UnsafeFile as e:
         problem: _core.Refusal = {"reason": e.reason, "kind": "unsafe", "detail": e.detail}
     except OSError as e:
@@ -349,12 +343,12 @@ def _clamped(ns: int, epoch: int | None) -> int:
     return ns if epoch is None else min(ns, epoch * 1_000_000_000)
 
 
-def _entry(path: str, p: _core.Probe | None, threshold: int) -> manifest.Entry | None:
-    """The manifest entry of a probed file, if its code has whole huge-page windows
-    (core/src/windows.rs) and its executable segment is over the threshold."""
+def _entry(path: str, p: _core.Probe | None, huge_page: int, threshold: int) -> manifest.Entry | None:
+    """The manifest entry of a probed file, if its code has whole windows of
+    `huge_page` (core/src/windows.rs) and its executable segment is over the threshold."""
     if not p or not p["exec_load"] or p["exec_load"]["memsz"] < threshold:
         return None
-    return manifest.Entry.of(path, p)
+    return manifest.Entry.of(path, p, _core.windows(p, huge_page))
 
 
 def _below(root: files.Directory, installed: str) -> tuple[files.Directory, str]:
@@ -370,12 +364,10 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
     rewrite; otherwise skips it."""
     c, s = job.candidate, job.settings
     try:
-        # Unchanged since the walk probed it: another page size's windows come from
-        # the loads it read, not from reading the file again.
-        known = c.probe
-        if c.probe["huge_page"] != s.huge_page:
-            known = _core.at_page_size(c.probe, s.huge_page)
-        entry = _entry(c.paths[0], known, s.threshold)
+        # Unchanged since the walk probed it: the windows at the policy's page size
+        # come from the loads it read, not from reading the file again.
+        known: _core.Windows | None = _core.windows(c.probe, s.huge_page)
+        entry = _entry(c.paths[0], c.probe, s.huge_page, s.threshold)
     except (_core.HugifyError, OSError):
         known, entry = None, None
     if entry:
@@ -384,9 +376,10 @@ def _as_is(job: Job, skip: tuple[str, str] | None) -> Outcome:
         return Outcome(c.paths, "as-is", reason, detail, entry=entry)
     if skip:
         return Outcome(c.paths, "skipped", *skip)
-    if known and known["exec_load"] and known["manifest_span"]:
+    x = c.probe["exec_load"]
+    if known and x and known["manifest_span"]:
         # Windows it has, but too little code for the threshold: say that, not "no window".
-        code = human(known["exec_load"]["memsz"])
+        code = human(x["memsz"])
         return Outcome(
             c.paths, "skipped", "below-threshold", f"its code ({code}) is under the threshold ({human(s.threshold)})"
         )
@@ -430,7 +423,7 @@ def _transform(job: Job, root: files.Directory) -> Outcome:
             return Outcome(c.paths, "failed", "io-error", reasons.io_detail(e))
         try:
             with files.open_source(d, name, expect=new) as written:  # the file written, not the plan
-                entry = _entry(c.paths[0], _core.probe(written.fd, s.huge_page), 0)
+                entry = _entry(c.paths[0], _core.probe(written.fd), s.huge_page, 0)
             for other in c.paths[1:]:
                 od, oname = _below(root, other)
                 with od:

@@ -154,15 +154,15 @@ def newly_executable(old: Path, new: Path) -> dict[str, int]:
     return out
 
 
-def readelf_windows(path: Path, fixed: bool) -> list[tuple[int, int]]:
-    """(file offset, size) of each executable load's whole huge-page windows at a
-    congruent offset, from readelf's program headers: the oracle for the core's
-    windows. A fixed-address file (`fixed`, ET_EXEC) counts at any p_align."""
+def readelf_windows(path: Path, fixed: bool, hp: int = HP) -> list[tuple[int, int]]:
+    """(file offset, size) of each executable load's whole windows of huge pages of `hp`
+    bytes at a congruent offset, from readelf's program headers: the oracle for the
+    core's windows. A fixed-address file (`fixed`, ET_EXEC) counts at any p_align."""
     out = []
     for ld in readelf_loads(path):
-        if "E" not in ld.flags or (ld.vaddr - ld.offset) % HP or (not fixed and ld.align < HP):
+        if "E" not in ld.flags or (ld.vaddr - ld.offset) % hp or (not fixed and ld.align < hp):
             continue
-        start, end = -(-ld.vaddr // HP) * HP, (ld.vaddr + ld.filesz) // HP * HP
+        start, end = -(-ld.vaddr // hp) * hp, (ld.vaddr + ld.filesz) // hp * hp
         if end > start:
             out.append((ld.offset + start - ld.vaddr, end - start))
     return out

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hugify import shared
+from hugify import kernel, shared
 from testkit.cli import hugify
 from testkit.elf import readelf_windows
 from testkit.runtime import AUDIT_LIB, Programs, copy_programs
@@ -46,15 +46,8 @@ def mount_tmpfs(where: Path, options: str) -> None:
 
 def unmount(where: Path) -> None:
     """Unmounts (detached if still busy: a process the test started may still map it)."""
-    while shared.mount_of(where) is not None or _mounted(where):
+    while kernel.mount_on(where) is not None:
         subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
-        if not _mounted(where):
-            break
-
-
-def _mounted(where: Path) -> bool:
-    real = os.path.realpath(where)
-    return any(line.split()[4] == real for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 @contextlib.contextmanager

@@ -182,15 +182,15 @@ def test_the_c_runtime_finds_the_windows_the_core_finds(as_is: Path, tmp_path: P
             c_side.setdefault(path, []).append((int(rest[0]), int(rest[1])))
     compared, host = [], os.uname().machine
     for f in files:
-        p = _core.probe(f, HP)
+        p = _core.probe(f)
         if p is None or p["problem"] or not p["is64"] or p["arch"] != host or p["kind"] is None:
             continue
         assert str(f) not in unreadable, f"the C reader rejects {f}, which the core reads"
-        assert c_side.get(str(f), []) == [(w["offset"], w["len"]) for w in p["windows"]], f
+        assert c_side.get(str(f), []) == [(w["offset"], w["len"]) for w in _core.windows(p, HP)["runs"]], f
         compared.append(f)
     assert set(corners) <= set(compared)
     assert len(compared) >= 5 + len(corners) and sum(map(len, c_side.values())) >= 5
     assert len(c_side[str(tmp_path / "six-executable-loads")]) == 6
-    shifted_lld = _core.probe(partial, HP)
+    shifted_lld = _core.probe(partial)
     assert shifted_lld and shifted_lld["exec_load"] and shifted_lld["exec_load"]["vaddr"] % HP != 0
-    assert str(partial) in c_side and len(shifted_lld["windows"]) == 1
+    assert str(partial) in c_side and len(_core.windows(shifted_lld, HP)["runs"]) == 1

@@ -173,9 +173,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Root]:
 
 
 def core(root: Root, path: str) -> _core.GlibcThp:
-    p = _core.probe(root.host(path), HP)
+    p = _core.probe(root.host(path))
     assert p is not None and p["problem"] is None, p
-    return p["glibc_thp"]
+    return _core.windows(p, HP)["glibc_thp"]
 
 
 def test_ld_so_advises_the_windows_the_core_says(root: Root) -> None:

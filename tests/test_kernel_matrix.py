@@ -745,9 +745,11 @@ def glibc_limits() -> dict[str, int | None]:
     root = build_variant("with").ok().root
     out = {}
     for path in (PROG, LIB, "/" + EXEC, "/" + LLD_PLUGIN):
-        p = _core.probe(root / path.lstrip("/"), HP)
-        assert p is not None and p["glibc_thp"]["advised"] == HP, (path, p)
-        out[path] = p["glibc_thp"]["read_ahead_limit"]
+        p = _core.probe(root / path.lstrip("/"))
+        assert p is not None, path
+        w = _core.windows(p, HP)
+        assert w["glibc_thp"]["advised"] == HP, (path, w)
+        out[path] = w["glibc_thp"]["read_ahead_limit"]
     return out
 
 

@@ -37,7 +37,7 @@ def _system_elf_files(limit: int) -> list[Path]:
 def test_probe_agrees_with_readelf_and_pyelftools() -> None:
     files = [*_system_elf_files(60), build(BY_NAME["gcc-bfd"]) / "prog", build(BY_NAME["clang-lld"]) / "prog"]
     for path in files:
-        p = _core.probe(path, HP)
+        p = _core.probe(path)
         assert p is not None and p["problem"] is None, (path, p)
         with path.open("rb") as f:
             elf = ELFFile(f)
@@ -50,24 +50,30 @@ def test_probe_agrees_with_readelf_and_pyelftools() -> None:
             assert p["kind"] == "pie"
         assert p["build_id"] == (readelf_build_id(path).hex() or None), path
         want = readelf_windows(path, e_type == "ET_EXEC")
-        assert [(w["offset"], w["len"]) for w in p["windows"]] == want, path
-    assert _core.probe("/etc/passwd", HP) is None
+        assert [(w["offset"], w["len"]) for w in _core.windows(p, HP)["runs"]] == want, path
+    assert _core.probe("/etc/passwd") is None
 
 
-def test_another_page_size_from_the_loads_is_a_probe_at_that_size(tmp_path: Path) -> None:
-    """at_page_size (Probe::windows) gives, from one probe's loads, what probing the
-    file again at that size gives: the same windows, span, state and glibc facts."""
+def test_every_page_sizes_windows_come_from_one_probe(tmp_path: Path) -> None:
+    """A probe has no huge-page size; `windows` (Probe::windows) gives, from its loads,
+    the windows at any size, which are readelf's at that size, with the span and state
+    they make."""
     files = [*_system_elf_files(30), build(BY_NAME["gcc-bfd"]) / "prog", build(BY_NAME["clang-lld"]) / "prog"]
     aligned = tmp_path / "prog"
     hugify("transform", files[-2], "-o", aligned)
     states = []
     for path in [*files, aligned]:
-        once = _core.probe(path, HP)
+        once = _core.probe(path)
         assert once is not None, path
+        with path.open("rb") as f:
+            fixed = ELFFile(f)["e_type"] == "ET_EXEC"
         for hp in (64 << 10, 1 << 20, 4 << 20, HP):
-            again = _core.at_page_size(once, hp)
-            assert again == _core.probe(path, hp), (path, hp)
-            states.append(again["state"])
+            w = _core.windows(once, hp)
+            runs = [(r["offset"], r["len"]) for r in w["runs"]]
+            assert (w["huge_page"], runs) == (hp, readelf_windows(path, fixed, hp)), (path, hp)
+            span = (runs[0][0], runs[-1][0] + runs[-1][1] - runs[0][0]) if runs else None
+            assert w["manifest_span"] == span and w["huge_bytes"] == sum(n for _, n in runs), (path, hp)
+            states.append(w["state"])
     assert states[-4:] == ["whole", "whole", "none", "whole"], "the 2 MiB-aligned output at 64K, 1M, 4M, 2M"
 
 

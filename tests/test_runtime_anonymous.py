@@ -495,6 +495,7 @@ def test_status_finds_copies_by_name_or_by_place():
     offsets (before or after them); other anonymous executable memory (a JIT's) is not
     a copy."""
     from hugify.anoncopies import copy_ranges
+    from hugify.kernel import parse_maps
 
     maps = (
         "55e000000000-55e000003000 r--p 00000000 fe:00 12 /usr/bin/prog\n"
@@ -511,7 +512,7 @@ def test_status_finds_copies_by_name_or_by_place():
         "7f1000000000-7f1000200000 rwxp 00000000 00:00 0 \n"
         "7f1000200000-7f1000201000 r--p 00000000 fe:00 14 /usr/lib/libbar.so\n"
     )
-    assert copy_ranges(maps, HP) == {
+    assert copy_ranges(parse_maps(maps), HP) == {
         (0x55E000200000, 0x55E000400000): "/usr/bin/prog",
         (0x55E000400000, 0x55E000600000): "/usr/bin/prog",
         (0x7F0000200000, 0x7F0000400000): "/usr/lib/libfoo.so",

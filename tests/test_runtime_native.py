@@ -63,10 +63,10 @@ def test_audit_library_exports_only_the_audit_interface():
 def test_engine_library_states_are_the_documented_ones():
     """libhugify-engine.so (the state machine `hugify prefetch`/`status` call) exports only
     its entry points, and its window states are the list of docs/runtime-reference.md, which
-    hugify.prefetch reports by the same names."""
+    hugify.engine reports by the same names."""
     import ctypes
 
-    from hugify import prefetch
+    from hugify import engine as binding
 
     engine = RUNTIME / "libhugify-engine.so"
     syms = subprocess.run(["nm", "-D", "--defined-only", engine], capture_output=True, text=True, check=True).stdout
@@ -94,7 +94,7 @@ def test_engine_library_states_are_the_documented_ones():
         states.append(s)
     doc = (REPO / "docs/runtime-reference.md").read_text().split("## Window states")[1].split("\n## ")[0]
     assert states == [line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")]
-    assert {getattr(prefetch, s.upper()) for s in states} == set(states)
+    assert {getattr(binding, s.upper()) for s in states} == set(states)
 
 
 def test_engine_leaves_the_callers_stdin_open(tmp_path: Path):
@@ -122,7 +122,8 @@ def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
     and a window carrying one reports the id and a detail, never an empty string."""
     import ctypes
 
-    from hugify import prefetch, reasons
+    from hugify import kernel, prefetch, reasons
+    from hugify.engine import Engine
 
     build_runtime()
     why = ctypes.CDLL(str(RUNTIME / "libhugify-engine.so")).hp_engine_why_name
@@ -137,12 +138,12 @@ def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
     rows = [line.split("|")[3] for line in doc.splitlines() if line.startswith("| `")]
     documented = {rid for row in rows for rid in row.split("`")[1::2]}
     assert documented == set(ids)
-    hp = prefetch.pmd_size()
-    engine = prefetch.Engine(hp)
-    run_ = prefetch.Run(engine, prefetch.system_info(engine, hp, tmp_path), tmp_path, hp)
+    hp = kernel.pmd_size()
+    engine = Engine(hp)
+    prefetcher = prefetch.Prefetcher(engine, prefetch.system_info(engine, hp, tmp_path), tmp_path, hp)
     target = prefetch.Target("/x", fs="ext4")
     for rid in ids:
-        window = prefetch.Window(0, "failed", rid, run_._explain(target, rid, 3))
+        window = prefetch.Window(0, "failed", rid, prefetcher._explain(target, rid, 3))
         assert window.as_json()["reason"] == rid and window.as_json()["detail"], rid
     res = run([sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO)
     assert res.returncode == 0 and len(res.stdout.splitlines()) == len(ids), res.stderr
@@ -175,18 +176,19 @@ def test_engine_scans_another_processs_page_tables():
     """The benchmark's sampler reads other processes' page tables through the engine
     (hp_page_regions, the runtime's one PAGEMAP_SCAN call): a child's stack page it
     has written is present, and pages it never touched are not reported."""
-    from hugify import prefetch
+    from hugify import kernel
+    from hugify.engine import Engine
 
     build_runtime()
-    engine = prefetch.Engine(prefetch.pmd_size())
-    assert engine.has(prefetch.Engine.PAGEMAP_SCAN), "this kernel has PAGEMAP_SCAN (Linux >= 6.7)"
+    engine = Engine(kernel.pmd_size())
+    assert engine.has(Engine.PAGEMAP_SCAN), "this kernel has PAGEMAP_SCAN (Linux >= 6.7)"
     child = subprocess.Popen(["sleep", "30"])
     try:
         stack = next(line for line in Path(f"/proc/{child.pid}/maps").read_text().splitlines() if "[stack]" in line)
         lo, hi = (int(x, 16) for x in stack.split()[0].split("-"))
         fd = os.open(f"/proc/{child.pid}/pagemap", os.O_RDONLY)
         try:
-            present = prefetch.Engine.PAGE_IS_PRESENT
+            present = Engine.PAGE_IS_PRESENT
             regions = engine.page_regions(fd, lo, hi, present, present)
         finally:
             os.close(fd)

@@ -403,7 +403,8 @@ def test_a_copy_in_small_pages_is_not_mapped(env: Env):
 def plant_copy(e: Env, f: Path, data: bytes | None = None) -> Path:
     """A copy of `f` and its record in the store, as root writes them (hugify/shared.py's
     format), without root's checks: what another tool, or an older hugify, could leave."""
-    from hugify.prefetch import Engine, pmd_size
+    from hugify.engine import Engine
+    from hugify.kernel import pmd_size
 
     fd = os.open(f, os.O_RDONLY)
     try:

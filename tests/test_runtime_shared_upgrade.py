@@ -156,7 +156,8 @@ class World:
 
 def key_of(path: Path) -> str:
     """The key root files a copy of `path` under: the mapping's device and inode."""
-    from hugify.prefetch import Engine, pmd_size
+    from hugify.engine import Engine
+    from hugify.kernel import pmd_size
 
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -336,8 +336,8 @@ def test_a_file_unlike_its_filesystem_gets_a_verdict_of_its_own(built: Programs,
 #: cold and its fault, the first time only.
 RACE = r"""
 import ctypes, mmap, os, sys
-from hugify import prefetch
 from hugify.cli import main
+from hugify.engine import engine_path
 
 hp = 2 << 20
 libc = ctypes.CDLL(None, use_errno=True)
@@ -357,7 +357,7 @@ def racer(fd, off):
     ctypes.string_at(at, 1)
     libc.munmap(ctypes.c_void_p(res), ctypes.c_size_t(2 * hp))
 
-engine = ctypes.CDLL(str(prefetch._engine_path()))  # the library the Engine loads: one instance
+engine = ctypes.CDLL(str(engine_path()))  # the library the Engine loads: one instance
 engine.hp_engine_set_fault_hook(racer)
 code = main(sys.argv[1:])
 print(f"raced {raced}", file=sys.stderr)
@@ -410,8 +410,8 @@ while os.read(request, 1):
 #: reads land there by chance (on the issue's machine at once, on 2 loaded cores seldom).
 OTHERS_READ = r"""
 import ctypes, os, sys
-from hugify import prefetch
 from hugify.cli import main
+from hugify.engine import engine_path
 
 hooked = []
 
@@ -421,7 +421,7 @@ def others_read(fd, off):
     os.write(int(os.environ["REQUEST"]), b".")
     assert os.read(int(os.environ["DONE"]), 1) == b"."
 
-engine = ctypes.CDLL(str(prefetch._engine_path()))  # the library the Engine loads: one instance
+engine = ctypes.CDLL(str(engine_path()))  # the library the Engine loads: one instance
 engine.hp_engine_set_fault_hook(others_read)
 code = main(sys.argv[1:])
 print(f"hooked {hooked}", file=sys.stderr)

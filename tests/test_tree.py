@@ -522,10 +522,10 @@ def test_each_file_is_probed_once_whatever_the_policys_page_size(tree: Tree, mon
     probes: dict[tuple[int, int], int] = {}
     real = _core.probe
 
-    def counted(source, huge_page):
+    def counted(source):
         st = os.fstat(source) if isinstance(source, int) else os.stat(source)
         probes[st.st_dev, st.st_ino] = probes.get((st.st_dev, st.st_ino), 0) + 1
-        return real(source, huge_page)
+        return real(source)
 
     monkeypatch.setattr(_core, "probe", counted)
     m = tree.root.parent / "m.list"
@@ -548,14 +548,14 @@ def test_a_core_bug_while_probing_one_file_does_not_stop_the_walk(tree: Tree, mo
 
     real = _core.probe
 
-    def panicking(source, huge_page):
+    def panicking(source):
         # The walk hands the core a descriptor it opened; /proc names its file.
         path = os.readlink(f"/proc/self/fd/{source}") if isinstance(source, int) else str(source)
         if path.endswith("/sgid"):
             e = _core.HugifyError("panic in the rewriter: simulated (internal)")
             e.reason, e.kind, e.detail = "internal", "internal", "panic in the rewriter: simulated"
             raise e
-        return real(source, huge_page)
+        return real(source)
 
     monkeypatch.setattr(_core, "probe", panicking)
     found = {c.paths[0]: c.probe["problem"] for c in walker.candidates(tree.root)}

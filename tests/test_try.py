@@ -1106,7 +1106,7 @@ def test_the_watcher_counts_anonymous_copies_as_the_objects_code(built: Programs
     clang-anon round failing under load (its libclang-cpp copied in half a second,
     before a loaded watcher's first look; the program here is past its copying by the
     time it says "waiting")."""
-    from hugify import prefetch as pf
+    from hugify.hugified import read_hugified
     from hugify.trial.watch import RunSampler, Watched
 
     env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "HUGIFY_ANONYMOUS")}
@@ -1118,7 +1118,7 @@ def test_the_watcher_counts_anonymous_copies_as_the_objects_code(built: Programs
             for f in (built.prog, built.lib):
                 fd = os.open(f, os.O_RDONLY)
                 try:
-                    windows = pf.read_windows(fd, HP, str(f)).offsets
+                    windows = read_hugified(fd, HP, str(f)).offsets
                 finally:
                     os.close(fd)
                 st = f.stat()

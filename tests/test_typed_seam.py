@@ -36,6 +36,7 @@ TYPES_ONLY = (
     "Transformed",
     "GlibcThp",
     "Probe",
+    "Windows",
 )
 
 
@@ -100,17 +101,21 @@ def test_every_dict_the_binding_returns_has_the_stubs_keys(program: Path, tmp_pa
     out = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         check_keys(_core.transform(src, out, HP, 0), "Transformed", types, "transform")
-        check_keys(_core.probe(src, HP), "Probe", types, "probe of a descriptor")
+        check_keys(_core.probe(src), "Probe", types, "probe of a descriptor")
     finally:
         os.close(src)
         os.close(out)
-    check_keys(_core.probe(program, HP), "Probe", types, "probe")
-    check_keys(_core.probe(tmp_path / "out", HP), "Probe", types, "probe of the output")
+    for where, path in (("probe", program), ("probe of the output", tmp_path / "out")):
+        probed = _core.probe(path)
+        check_keys(probed, "Probe", types, where)
+        assert probed is not None
+        check_keys(_core.windows(probed, HP), "Windows", types, f"windows of the {where}")
     broken = tmp_path / "broken"
     broken.write_bytes(program.read_bytes()[:200])
-    probed = _core.probe(broken, HP)
+    probed = _core.probe(broken)
     assert probed is not None and probed["problem"]
     check_keys(probed, "Probe", types, "probe of a truncated file")
+    check_keys(_core.windows(probed, HP), "Windows", types, "windows of a truncated file")
     small = build(BY_NAME["gcc-bfd-small"]) / "prog"
     refused = _core.inspect(small, HP, 1 << 30)
     assert refused["refusal"] is not None

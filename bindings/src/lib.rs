@@ -76,7 +76,7 @@ fn segments<'py>(py: Python<'py>, phdrs: &[Phdr]) -> PyResult<Bound<'py, PyList>
     Ok(list)
 }
 
-fn windows<'py>(py: Python<'py>, runs: &[WindowRun]) -> PyResult<Bound<'py, PyList>> {
+fn window_runs<'py>(py: Python<'py>, runs: &[WindowRun]) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for w in runs {
         let d = PyDict::new(py);
@@ -123,7 +123,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Result<PlanSummary, Error>) -> PyResult<B
             d.set_item("exposed_sections", sections)?;
             d.set_item("phdr_table_displaced", s.phdr_table_displaced)?;
             d.set_item("segments", segments(py, &s.phdrs)?)?;
-            d.set_item("windows", windows(py, &s.windows)?)?;
+            d.set_item("windows", window_runs(py, &s.windows)?)?;
             d.set_item("build_id", s.build_id.as_deref().map(hex))?;
             Ok(d)
         }
@@ -141,7 +141,7 @@ fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>>
     d.set_item("code_bytes", r.code_bytes)?;
     d.set_item("exec_segment_size", r.exec_segment_size)?;
     d.set_item("covered_before", r.covered_before)?;
-    d.set_item("windows_before", windows(py, &r.windows_before)?)?;
+    d.set_item("windows_before", window_runs(py, &r.windows_before)?)?;
     d.set_item("huge_page", r.huge_page)?;
     d.set_item("exposure_limit", r.exposure_limit)?;
     d.set_item("page_size", r.page_size)?;
@@ -262,7 +262,7 @@ fn transform_bytes<'py>(
     Ok((d, PyBytes::new(py, &out)))
 }
 
-fn probe_dict<'py>(py: Python<'py>, p: &Probe, huge_page: u64) -> PyResult<Bound<'py, PyDict>> {
+fn probe_dict<'py>(py: Python<'py>, p: &Probe) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("arch", p.arch.map(|a| a.name))?;
     d.set_item("is64", p.is64)?;
@@ -272,17 +272,18 @@ fn probe_dict<'py>(py: Python<'py>, p: &Probe, huge_page: u64) -> PyResult<Bound
     let exec = p.exec_load().map(|x| segments(py, std::slice::from_ref(x))).transpose()?;
     d.set_item("exec_load", exec.map(|l| l.get_item(0)).transpose()?)?;
     d.set_item("code_size", p.code_size())?;
-    set_windows(py, &d, &p.windows(huge_page))?;
     d.set_item("loads", segments(py, &p.loads)?)?;
     d.set_item("fixed", p.fixed)?;
     d.set_item("problem", p.problem.as_ref().map(|e| error_dict(py, e)).transpose()?)?;
     Ok(d)
 }
 
-/// Sets a probe dict's facts for one huge-page size.
-fn set_windows(py: Python<'_>, d: &Bound<'_, PyDict>, w: &Windows) -> PyResult<()> {
+/// A probed file's facts for one huge-page size ([`Windows`]).
+fn windows_dict<'py>(py: Python<'py>, w: &Windows) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
     d.set_item("huge_page", w.huge_page)?;
-    d.set_item("windows", windows(py, &w.runs)?)?;
+    d.set_item("runs", window_runs(py, &w.runs)?)?;
+    d.set_item("code_size", w.code_size)?;
     d.set_item("huge_bytes", w.huge_bytes())?;
     d.set_item("state", w.state().name())?;
     d.set_item("manifest_span", w.manifest_span())?;
@@ -290,7 +291,8 @@ fn set_windows(py: Python<'_>, d: &Bound<'_, PyDict>, w: &Windows) -> PyResult<(
     thp.set_item("advised", w.glibc_thp.advised)?;
     thp.set_item("header", w.glibc_thp.header)?;
     thp.set_item("read_ahead_limit", w.glibc_thp.read_ahead_limit)?;
-    d.set_item("glibc_thp", thp)
+    d.set_item("glibc_thp", thp)?;
+    Ok(d)
 }
 
 /// A load as [`segments`] gave it. Its `p_paddr` is not there and plays no part in
@@ -304,11 +306,11 @@ fn load_of(s: &Bound<'_, PyAny>) -> PyResult<Phdr> {
 }
 
 /// The header facts of an ELF executable or shared object (None for any other
-/// file), without planning. The file (a path, or a descriptor the caller opened)
-/// is read without readahead, so that probing never caches code pages as small
-/// folios.
+/// file), without planning and for no huge-page size (`windows` gives a size's).
+/// The file (a path, or a descriptor the caller opened) is read without readahead,
+/// so that probing never caches code pages as small folios.
 #[pyfunction]
-fn probe<'py>(py: Python<'py>, source: Source, huge_page: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+fn probe<'py>(py: Python<'py>, source: Source) -> PyResult<Option<Bound<'py, PyDict>>> {
     let input = source.input(None);
     let p = guarded(py, || {
         let (_f, m) = fileio::map(&input)?;
@@ -318,7 +320,7 @@ fn probe<'py>(py: Python<'py>, source: Source, huge_page: u64) -> PyResult<Optio
         }
         Ok(hugify_core::probe::probe(m.as_deref().unwrap_or(&[])))
     })?;
-    p.map(|p| probe_dict(py, &p, huge_page)).transpose()
+    p.map(|p| probe_dict(py, &p)).transpose()
 }
 
 /// The build-id (hex) of a separate debug file (objcopy --only-keep-debug, eu-strip
@@ -334,16 +336,14 @@ fn debug_file_build_id(py: Python<'_>, source: Source) -> PyResult<Option<String
     Ok(id.as_deref().map(hex))
 }
 
-/// A probe's facts for another huge-page size, from the loads it read
-/// (`Probe::windows`): the file is not read again.
+/// A probe's facts for a huge-page size, from the loads it read ([`Probe::windows`]):
+/// any number of sizes, the file read once.
 #[pyfunction]
-fn at_page_size<'py>(py: Python<'py>, probe: &Bound<'py, PyDict>, huge_page: u64) -> PyResult<Bound<'py, PyDict>> {
+fn windows<'py>(py: Python<'py>, probe: &Bound<'py, PyDict>, huge_page: u64) -> PyResult<Bound<'py, PyDict>> {
     let item =
         |key: &str| probe.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("not a probe: no {key:?}")));
     let loads = item("loads")?.try_iter()?.map(|s| load_of(&s?)).collect::<PyResult<Vec<Phdr>>>()?;
-    let d = probe.copy()?;
-    set_windows(py, &d, &Windows::of(&loads, item("fixed")?.extract()?, huge_page))?;
-    Ok(d)
+    windows_dict(py, &Windows::of(&loads, item("fixed")?.extract()?, huge_page))
 }
 
 /// Every architecture hugify can name: (canonical name, other spellings).
@@ -395,7 +395,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transform_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reasons, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
-    m.add_function(wrap_pyfunction!(at_page_size, m)?)?;
+    m.add_function(wrap_pyfunction!(windows, m)?)?;
     m.add_function(wrap_pyfunction!(debug_file_build_id, m)?)?;
     m.add_function(wrap_pyfunction!(arch_names, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_arch, m)?)?;

@@ -25,7 +25,8 @@ def _refuse(reason: str, detail: str) -> Exit:
     return Exit.for_kind(reasons.table()[reason][0])
 
 
-def _read(args: argparse.Namespace, spool: Path) -> list[Built]:
+def _built(args: argparse.Namespace, spool: Path) -> list[Built]:
+    """The packages (or the tree) to check, read."""
     from hugify import check
     from hugify.artefacts import read_artefact
     from hugify.postbuild import packages_of
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> Exit:
         return Exit.INVALID
     try:
         with tempfile.TemporaryDirectory(prefix="hugify-check-") as spool:
-            built = _read(args, Path(spool))
+            built = _built(args, Path(spool))
             found: list[check.Regression] = []
             files_checked = 0
             for b in built:

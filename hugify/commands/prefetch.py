@@ -15,51 +15,51 @@ from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
     from hugify.policy import Policy
-    from hugify.prefetch import Run, Target
+    from hugify.prefetch import Prefetcher, Target
 
 
 def file_exit(t: Target) -> Exit:
-    from hugify import prefetch as pf
+    from hugify.engine import FAILED, UNSUPPORTED
 
     if t.error:
         return Exit.for_kind(reasons.table()[t.error[0]][0])
-    if t.count(pf.FAILED):
+    if t.count(FAILED):
         return Exit.FAILED
     if any(w.reason == "madvise-refused" for w in t.windows):
         return Exit.REFUSED
-    if t.count(pf.UNSUPPORTED) and not (t.shared and t.shared.state != "none"):
+    if t.count(UNSUPPORTED) and not (t.shared and t.shared.state != "none"):
         return Exit.REFUSED  # neither file-backed nor through a shared copy
     return Exit.OK  # huge, left to the kernel, busy (retried by the timer), or a shared copy
 
 
 def file_line(t: Target) -> str:
     """One line per file: what happened, and the first problem with its reason."""
-    from hugify import prefetch as pf
+    from hugify.engine import BUSY, FAILED, GOOD_STATES, KERNEL, LOADED, REPAIRED, UNSUPPORTED, UNVERIFIED
     from hugify.sizes import human
 
     n = len(t.windows)
-    good = t.count(*pf.GOOD_STATES)
+    good = t.count(*GOOD_STATES)
     parts = [f"{t.path}: {good}/{n} windows huge"]
-    detail = [f"{t.count(s)} {s}" for s in (pf.LOADED, pf.REPAIRED) if t.count(s)]
-    if t.count(pf.KERNEL):
-        detail.append(f"{t.count(pf.KERNEL)} left to the kernel's exec readahead")
+    detail = [f"{t.count(s)} {s}" for s in (LOADED, REPAIRED) if t.count(s)]
+    if t.count(KERNEL):
+        detail.append(f"{t.count(KERNEL)} left to the kernel's exec readahead")
     if detail:
         parts.append(f" ({', '.join(detail)})")
-    for state in (pf.FAILED, pf.BUSY):
+    for state in (FAILED, BUSY):
         bad = [w for w in t.windows if w.state == state]
         if bad:
             parts.append(f"; {len(bad)} {state}: window {bad[0].offset:#x}: {bad[0].detail} ({bad[0].reason})")
     later = sum(1 for w in t.windows if w.reason == "budget")
     if later:
         parts.append(f"; {later} left for later (boot budget spent)")
-    if t.count(pf.UNVERIFIED):
-        parts.append(f"; {t.count(pf.UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
-    if t.count(pf.UNSUPPORTED):  # the reason is said once for the filesystem
+    if t.count(UNVERIFIED):
+        parts.append(f"; {t.count(UNVERIFIED)} unverified (no PAGEMAP_SCAN and no readable smaps)")
+    if t.count(UNSUPPORTED):  # the reason is said once for the filesystem
         alone = [w for w in t.windows if w.reason == "file-no-large-folios"]
         if alone:
             parts.append(f"; {len(alone)} unsupported: {alone[0].detail} ({alone[0].reason})")
-        if t.count(pf.UNSUPPORTED) > len(alone):
-            parts.append(f"; {t.count(pf.UNSUPPORTED) - len(alone)} unsupported: files on {t.fs} cannot be prefetched")
+        if t.count(UNSUPPORTED) > len(alone):
+            parts.append(f"; {t.count(UNSUPPORTED) - len(alone)} unsupported: files on {t.fs} cannot be prefetched")
     if t.shared and t.shared.state != "none":
         parts.append(f"; shared copy {t.shared.state} ({human(t.shared.held)} in huge pages: {t.shared.copy})")
     elif t.shared:
@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> Exit:
         )
         return Exit.USAGE
     from hugify import prefetch as pf
+    from hugify import rundir
+    from hugify.engine import BUSY, GOOD_STATES, engine_missing
 
     if args.clear_records:
         code = _clear_records(args.runtime_dir, say_done=alone)
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> Exit:
         pf.say(p)
     codes: list[Exit] = [Exit.IO for _ in problems]
     messages: list[str] = []
-    missing = pf.engine_missing()
+    missing = engine_missing()
     if missing:
         reasons.printed(["no-engine"])
         pf.say(missing)
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> Exit:
     if pol is None and (args.boot or args.policy):
         return Exit.INVALID  # the boot's bound unknown, or the policy named here unusable
     with pf.session(args.runtime_dir) as r:
-        if pol is not None and args.boot and pf.first_run_this_boot(r.engine):
+        if pol is not None and args.boot and rundir.first_run_this_boot(r.engine):
             r.engine.set_budget(pol.boot_budget)  # the boot's run: bounded (policy runtime.boot_budget)
         r.record()  # the THP mode (and verdict) for the audit library, also when refusing
         if pol is not None:
@@ -149,11 +151,11 @@ def run(args: argparse.Namespace) -> Exit:
             if t.error:
                 if t.error[0] != "hardlink":
                     pf.say(f"{t.path}: {t.error[1]} ({t.error[0]})")
-            elif not args.quiet or code != Exit.OK or t.count(pf.BUSY):
+            elif not args.quiet or code != Exit.OK or t.count(BUSY):
                 print(file_line(t))
         if not args.json and not args.quiet and work:
             windows = sum(len(t.windows) for t in work)
-            huge = sum(t.count(*pf.GOOD_STATES) for t in work)
+            huge = sum(t.count(*GOOD_STATES) for t in work)
             ms = sum(t.elapsed for t in work) * 1e3
             print(f"{len(work)} files, {huge}/{windows} windows huge, {ms:.1f} ms")
         if args.json:
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> Exit:
     return worst(codes)
 
 
-def _shared_copies(r: Run, work: list[Target], pol: Policy, complete: bool) -> list[str]:
+def _shared_copies(r: Prefetcher, work: list[Target], pol: Policy, complete: bool) -> list[str]:
     """Root's shared copies of the files whose windows are unsupported (policy
     [runtime] shared and shared_budget; docs/runtime.md "Shared copies"): each file's
     outcome goes to its target; returns what is said once for the run."""
@@ -189,22 +191,25 @@ def _shared_copies(r: Run, work: list[Target], pol: Policy, complete: bool) -> l
     return out
 
 
-def _record_anonymous(r: Run, programs: tuple[str, ...]) -> None:
+def _record_anonymous(r: Prefetcher, programs: tuple[str, ...]) -> None:
     """Passes the policy's [runtime] anonymous programs to the audit library (records
     are root's: another user's run says so only when the record would change)."""
     from hugify import prefetch as pf
+    from hugify import rundir
 
-    if not pf.write_anonymous_record(r.engine, programs):
+    if not rundir.write_anonymous_record(r.engine, programs):
         why = "" if r.engine.may_record() else ": records are written by root only, in a directory of root's"
-        pf.say(f"cannot write {r.rdir / pf.ANONYMOUS_FILE}{why}")
+        pf.say(f"cannot write {r.rdir / rundir.ANONYMOUS_FILE}{why}")
 
 
 def _clear_records(runtime_dir: str | None, say_done: bool) -> Exit:
     """hugify prefetch --clear-records: forgets this boot's verdicts (what gives no large
     folios, the kernel's), so that the next runs find them out again."""
     from hugify import prefetch as pf
+    from hugify import rundir
+    from hugify.engine import engine_missing
 
-    missing = pf.engine_missing()
+    missing = engine_missing()
     if missing:
         reasons.printed(["no-engine"])
         pf.say(missing)
@@ -213,8 +218,8 @@ def _clear_records(runtime_dir: str | None, say_done: bool) -> Exit:
         if not r.engine.may_record():
             pf.say(f"only root clears the records in {r.rdir} (a directory of root's that nobody else may write)")
             return Exit.REFUSED
-        names = pf.verdict_records(r.rdir)
-        left = pf.clear_records(r.engine, r.rdir)
+        names = rundir.verdict_records(r.rdir)
+        left = rundir.clear_records(r.engine, r.rdir)
     for n in left:
         pf.say(f"cannot remove {r.rdir / n}")
     if not left and say_done:

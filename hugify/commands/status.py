@@ -19,8 +19,10 @@ from hugify.exitcodes import Exit
 
 if TYPE_CHECKING:
     from hugify.anoncopies import Copy
+    from hugify.engine import Engine
     from hugify.glibc_thp import Advice
-    from hugify.prefetch import Engine, Filesystem, Run, System, Target
+    from hugify.kernel import Mount
+    from hugify.prefetch import Prefetcher, System, Target
     from hugify.shared import Held, Removed
 
 
@@ -107,17 +109,17 @@ class Evidence:
     seen_huge: frozenset[str] = frozenset()
 
 
-def program_filesystems(mounted: list[Filesystem], files: list[str]) -> dict[Filesystem, list[str]]:
+def program_filesystems(mounted: list[Mount], files: list[str]) -> dict[Mount, list[str]]:
     """The mounted filesystems that hold programs: those of PROGRAM_DIRS, of PATH's
     directories and of `files`, each with what it holds, in mount-point order."""
-    from hugify import prefetch as pf
+    from hugify import kernel
 
     places = [*PROGRAM_DIRS, *os.environ.get("PATH", "").split(":"), *files]
-    out: dict[Filesystem, list[str]] = {}
+    out: dict[Mount, list[str]] = {}
     for place in places:
         if not place or not os.path.exists(place):
             continue
-        fs = pf.filesystem_of(place, mounted)
+        fs = kernel.mount_holding(place, mounted)
         if fs is not None and place not in out.setdefault(fs, []):
             out[fs].append(place)
     return dict(sorted(out.items(), key=lambda kv: kv[0].mountpoint))
@@ -142,12 +144,12 @@ def _shared_or_anonymous(s: System, shared_policy: str, none_because: str) -> tu
 
 
 def judge(
-    fs: Filesystem, holds: list[str], *, s: System, release: str, engine: Engine, shared_policy: str, seen: Evidence
+    fs: Mount, holds: list[str], *, s: System, release: str, engine: Engine, shared_policy: str, seen: Evidence
 ) -> Way:
     """What hugified code on `fs` gets on this machine: from the kernel's THP settings,
     its version (`release`) and the filesystem's type and options (the runtime's table
-    of large folios, hugify.prefetch), and from what was seen this boot."""
-    from hugify import prefetch as pf
+    of large folios, hugify.kernel), and from what was seen this boot."""
+    from hugify import kernel
 
     def way(kind: str, why: str) -> Way:
         return Way(fs.mountpoint, fs.fstype, fs.device, kind, why, tuple(holds))
@@ -155,15 +157,15 @@ def judge(
     if s.thp_enabled is None:
         return way(NONE, "this kernel has no transparent huge pages (CONFIG_TRANSPARENT_HUGEPAGE is off)")
     if s.thp_enabled == "never":
-        return way(NONE, f"transparent huge pages are off ({pf.THP}/enabled is never): no huge page of any kind")
+        return way(NONE, f"transparent huge pages are off ({kernel.THP}/enabled is never): no huge page of any kind")
     if fs.fstype in ("tmpfs", "ramfs"):
-        huge = next((o.partition("=")[2] for o in fs.options if o.startswith("huge=")), "never")
+        huge = fs.huge
         if huge in ("within_size", "always"):
             return way(FILE_BACKED, f"a tmpfs mounted huge={huge}: its files are held in huge pages as written")
         return way(NONE, f"a {fs.fstype} holds its files in memory as written (huge={huge}: small pages)")
     if fs.mountpoint in seen.seen_huge:
         return way(FILE_BACKED, "seen: windows of its hugified files are in 2 MiB folios now")
-    large = pf.gives_large_folios(engine, fs.fstype, release)
+    large = kernel.gives_large_folios(engine, fs.fstype, release)
     if large is None:
         return way(
             UNKNOWN,
@@ -177,13 +179,13 @@ def judge(
         )
         return way(*_shared_or_anonymous(s, shared_policy, why))
     if not large:
-        remedy = pf.large_folios_remedy(engine, fs.fstype, release)
+        remedy = kernel.large_folios_remedy(engine, fs.fstype, release)
         why = f"{fs.fstype} gives files no large folios on Linux {release}; {remedy}"
         return way(*_shared_or_anonymous(s, shared_policy, why))
     if fs.fstype == "ext4" and "data=journal" in fs.options:
         why = "ext4 mounted data=journal gives its files no large folios (ext4 decides per file from Linux 6.16)"
         return way(*_shared_or_anonymous(s, shared_policy, why))
-    since = pf.large_folios_since(engine, fs.fstype)
+    since = kernel.large_folios_since(engine, fs.fstype)
     return way(
         FILE_BACKED,
         f"{fs.fstype} gives files large folios from Linux {since // 1000}.{since % 1000}, and this kernel is "
@@ -191,18 +193,19 @@ def judge(
     )
 
 
-def gather(r: Run, targets: list[Target], problems: list[str]) -> Found:
+def gather(r: Prefetcher, targets: list[Target], problems: list[str]) -> Found:
     """Measures `targets` and reads the system's settings, records and copies; reads
     nothing into the page cache."""
-    from hugify import anoncopies, glibc_thp, shared
+    from hugify import anoncopies, glibc_thp, kernel, rundir, shared
     from hugify import prefetch as pf
+    from hugify.engine import HUGE, LOADED, REPAIRED, Engine
 
     s = r.system
     features = {
         "cachestat": s.cachestat,
-        "pagemap_scan": r.engine.has(pf.Engine.PAGEMAP_SCAN),
+        "pagemap_scan": r.engine.has(Engine.PAGEMAP_SCAN),
         "exec_pmd_readahead": s.exec_pmd_readahead,
-        "read_only_thp_for_fs": pf.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
+        "read_only_thp_for_fs": kernel.kernel_config("CONFIG_READ_ONLY_THP_FOR_FS"),
     }
     cannot_measure = s.process_thp_disabled
     copies = anoncopies.running_copies(r.hp)
@@ -215,25 +218,25 @@ def gather(r: Run, targets: list[Target], problems: list[str]) -> Found:
     finally:
         pf.close_targets(work)
     thp_advice = glibc_thp.advise([t.path for t in work], r.hp, s.thp_enabled, r.engine)
-    records = pf.without_large_folios(r.engine, r.rdir)
+    records = rundir.without_large_folios(r.engine, r.rdir)
     no_large = [
         {
             "device": fs.device,
             "type": fs.fstype,
             "mountpoint": fs.mountpoint,
-            "remedy": pf.large_folios_remedy(r.engine, fs.fstype, s.kernel),
+            "remedy": kernel.large_folios_remedy(r.engine, fs.fstype, s.kernel),
         }
         for fs in records
         if fs.inode is None
     ]
     files_no_large = [{"device": fs.device, "inode": fs.inode, "type": fs.fstype} for fs in records if fs.inode]
-    mounted = pf.mounts()
+    mounted = kernel.mounts()
     seen = Evidence(
         recorded_none=frozenset(fs.mountpoint for fs in records if fs.inode is None and fs.mountpoint),
         seen_huge=frozenset(
             m.mountpoint
             for t in work
-            if t.count(pf.HUGE, pf.REPAIRED, pf.LOADED) and (m := pf.filesystem_of(t.path, mounted))
+            if t.count(HUGE, REPAIRED, LOADED) and (m := kernel.mount_holding(t.path, mounted))
         ),
     )
     release = os.environ.get(RELEASE_ENV) or s.kernel
@@ -452,13 +455,14 @@ def print_text(f: Found, *, files_given: bool) -> None:
 
 def run(args: argparse.Namespace) -> Exit:
     from hugify import prefetch as pf
+    from hugify.engine import engine_missing
 
     problems: list[str] = []
     if args.files:
         targets = [pf.Target(f) for f in args.files]
     else:
         targets, problems = pf.targets_from_manifests(pf.manifest_files(args.manifest_dir))
-    missing = pf.engine_missing()
+    missing = engine_missing()
     if missing:
         reasons.printed(["no-engine"])
         pf.say(missing)

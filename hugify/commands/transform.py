@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> Exit:
             say_failure(args.file, info)
         return code
     out = str(dst or src)
-    _say_if_stripped(src, out, r["huge_page"])
+    _say_if_stripped(src, out)
     if args.json:
         json.dump({"path": args.file, "output": out, **r}, sys.stdout, indent=2, sort_keys=True)
         print()
@@ -40,11 +40,11 @@ def run(args: argparse.Namespace) -> Exit:
     return Exit.OK
 
 
-def _say_if_stripped(src: str, out: str, huge_page: int) -> None:
+def _say_if_stripped(src: str, out: str) -> None:
     """transform applies no policy; where the policy's refuse_stripped would have kept
     a build from rewriting this file (no symbol table), it says so, once."""
     try:
-        p = _core.probe(out, huge_page)
+        p = _core.probe(out)
     except (_core.HugifyError, OSError):
         return
     if p is not None and p["has_symtab"] is False:

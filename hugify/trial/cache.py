@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, files, reasons, tree
+from hugify import _core, files, kernel, reasons, tree
 from hugify.policy import Policy
 
 ROOT_CACHE = Path("/var/cache/hugify/try")
@@ -338,7 +338,7 @@ class Cache:
                 if made is None:
                     continue
                 digest, candidate = made
-                cached = self._read(original, digest)
+                cached = self._entry(original, digest)
                 if cached:
                     found.append(cached)
                     continue
@@ -378,7 +378,7 @@ class Cache:
         # Named by the original (the policy's globs match installed paths), made of the copy.
         return digest, tree.Candidate([original], [self.root / work / COPY], probed, copied)
 
-    def _read(self, original: str, digest: str) -> Copy | None:
+    def _entry(self, original: str, digest: str) -> Copy | None:
         """The entry of `digest`, if it is what it says (see the module's docstring);
         an entry that is not is removed (CacheError if it cannot be)."""
         name = f"{digest}-{self.key}"
@@ -486,7 +486,7 @@ class Cache:
         except OSError as e:
             if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
-            cached = self._read(original, digest)
+            cached = self._entry(original, digest)
             if cached is None:
                 raise
             return cached
@@ -542,7 +542,7 @@ def _sweep(root_fd: int, key: str | None) -> tuple[int, int]:
     for d in os.scandir(root_fd):
         kind, _, rest = d.name.partition("-")
         pid = rest.split("-")[0]
-        if kind in (NEW, RUN) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if kind in (NEW, RUN) and pid.isdigit() and not kernel.alive(int(pid)):
             _rmtree_at(root_fd, d.name)
         elif not d.name.startswith(".") and (key is None or not d.name.endswith(f"-{key}")):
             with contextlib.suppress(OSError):

@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hugify.prefetch import runtime_file
+from hugify.engine import runtime_file
 from hugify.trial.sides import Result, Side
 from hugify.trial.watch import FileSampler
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from hugify import prefetch as pf
 from hugify import shared
+from hugify.engine import LOADED, REPAIRED
 
 
 def advise(paths: Iterable[str | Path], advice: int) -> None:
@@ -77,8 +78,10 @@ class Prepared:
 
 
 class PageCache:
-    def __init__(self, run: pf.Run, originals: list[str], copies: list[Path], shared_budget: int | None = None) -> None:
-        self.run = run
+    def __init__(
+        self, prefetcher: pf.Prefetcher, originals: list[str], copies: list[Path], shared_budget: int | None = None
+    ) -> None:
+        self.prefetcher = prefetcher
         self.originals = originals
         self.copies = copies
         self.loaded_again = 0  # windows prefetched again before a run
@@ -109,15 +112,15 @@ class PageCache:
 
     def _prefetch(self) -> list[pf.Target]:
         targets = [pf.Target(str(c)) for c in self.copies]
-        work = pf.open_targets(targets, self.run.hp)
+        work = pf.open_targets(targets, self.prefetcher.hp)
         try:
-            self.run.prefetch(work)
+            self.prefetcher.prefetch(work)
             if self.shared_budget is not None:
                 # Each copy stands for its original: a shared copy shows every user
                 # what the command loads, so only an original every user may read gets one.
-                stands_for = self.original_of()
+                p, stands_for = self.prefetcher, self.original_of()
                 self.shared = shared.settle(
-                    self.run.rdir, self.run.engine, work, self.shared_budget, complete=True, stands_for=stands_for
+                    p.rdir, p.engine, work, self.shared_budget, complete=True, stands_for=stands_for
                 )
         finally:
             pf.close_targets(work)
@@ -142,7 +145,7 @@ class PageCache:
         """The page cache for a run of one side."""
         if hugified:
             for t in self._prefetch():
-                self.loaded_again += t.count(pf.LOADED, pf.REPAIRED)
+                self.loaded_again += t.count(LOADED, REPAIRED)
             advise(self.copies, os.POSIX_FADV_WILLNEED)
         else:
             advise(self.originals, os.POSIX_FADV_WILLNEED)

@@ -44,8 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugify import _core, abtest, files, reasons, tree
+from hugify import _core, abtest, files, kernel, reasons, tree
 from hugify import prefetch as pf
+from hugify.engine import ENGINE_LIB, GOOD_STATES, UNSUPPORTED, Engine, engine_missing, runtime_file
+from hugify.hugified import NotHugified, read_hugified
 from hugify.policy import Policy
 from hugify.trial import discover
 from hugify.trial.cache import Cache, CacheError, Copy, UntrustedCache, default_root
@@ -202,7 +204,7 @@ class _Runner:
         watched: list[Watched],
         *,
         hp: int,
-        scan: pf.Engine | None,
+        scan: Engine | None,
         way: str,
     ) -> None:
         self.opts, self.scratch, self.pages, self.watched = opts, scratch, pages, watched
@@ -263,7 +265,7 @@ class Trial:
         self.sides: dict[str, Side] = {}
         self.scratch: Path | None = None
         self.program = ""
-        self.hp = pf.pmd_size()
+        self.hp = kernel.pmd_size()
         self.mounts = Mounts()
         #: The shared copies' store is mounted (root, --way auto or shared): their budget.
         self.shared_budget: int | None = None
@@ -283,8 +285,8 @@ class Trial:
                 f"{program} is {why}: its privileges would not survive the private namespace, nor a copy",
             )
         self.found["program"] = self.program = program
-        for name in (pf.ENGINE_LIB, AUDIT_LIB, discover.RECORD_LIB):
-            missing = pf.engine_missing(name)
+        for name in (ENGINE_LIB, AUDIT_LIB, discover.RECORD_LIB):
+            missing = engine_missing(name)
             if missing:
                 raise TryError("no-engine", missing.removesuffix(" (no-engine)"))
         if opts.way == "shared" and os.geteuid() != 0:
@@ -302,11 +304,11 @@ class Trial:
                     if opts.way == "shared":
                         raise TryError("try-shared", str(e)) from None
                     self.note(f"no shared copies: {e}")
-            with pf.session(str(self.scratch / "run")) as engine:
-                problem = engine.system.problem(self.hp)
+            with pf.session(str(self.scratch / "run")) as prefetcher:
+                problem = prefetcher.system.problem(self.hp)
                 if problem:
                     raise TryError("nothing-to-try", problem)
-                return self._compare(cache, engine)
+                return self._compare(cache, prefetcher)
         except UntrustedCache as e:
             raise TryError("try-cache-unsafe", str(e), self.found) from None
         except CacheError as e:
@@ -327,7 +329,7 @@ class Trial:
         self.sides[name] = side
         return side
 
-    def _compare(self, cache: Cache, engine: pf.Run) -> dict[str, Any]:
+    def _compare(self, cache: Cache, prefetcher: pf.Prefetcher) -> dict[str, Any]:
         assert self.scratch is not None
         rdir = self.scratch / "run"
         rdir.mkdir()
@@ -343,10 +345,10 @@ class Trial:
             os.chmod(self.scratch, 0o711)
             usable = self._shared_store(usable, rdir)
         hugified = self._side("hugified", [Bind(c.file, c.original, c.identity) for c in usable])
-        pages = PageCache(engine, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
-        b_env = self._prepare(pages, engine)
+        pages = PageCache(prefetcher, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
+        b_env = self._prepare(pages, prefetcher)
         watched = self._watched(usable)
-        scan = engine.engine if engine.engine.has(pf.Engine.PAGEMAP_SCAN) else None
+        scan = prefetcher.engine if prefetcher.engine.has(Engine.PAGEMAP_SCAN) else None
         runner = _Runner(self.opts, self.scratch, pages, watched, hp=self.hp, scan=scan, way=self.found["way"])
         runner.sides = {abtest.ORIGINAL: original, abtest.ORIGINAL_AGAIN: original, abtest.CHANGED: hugified}
         runner.envs = {abtest.ORIGINAL: self.opts.env, abtest.ORIGINAL_AGAIN: self.opts.env, abtest.CHANGED: b_env}
@@ -414,7 +416,7 @@ class Trial:
             self.note(f"no shared copies: {why}")
         return usable
 
-    def _prepare(self, pages: PageCache, engine: pf.Run) -> dict[str, str]:
+    def _prepare(self, pages: PageCache, prefetcher: pf.Prefetcher) -> dict[str, str]:
         """The page cache, and the hugified side's way and environment."""
         assert self.scratch is not None
         prepared = pages.start(skip=[s.pid for s in self.sides.values()])
@@ -426,13 +428,13 @@ class Trial:
             "processes_not_checked": prepared.unseen,
         }
         self.found["prefetched"] = {
-            path: {"windows": len(t.windows), "huge": t.count(*pf.GOOD_STATES), "states": _states(t)}
+            path: {"windows": len(t.windows), "huge": t.count(*GOOD_STATES), "states": _states(t)}
             for path, t in prepared.windows.items()
         }
-        way = self.found["way"] = self._way(prepared.windows, engine, pages)
+        way = self.found["way"] = self._way(prepared.windows, prefetcher, pages)
         env = dict(self.opts.env)
         if way in ("shared", "anonymous"):  # through the audit library, in the run's own runtime directory
-            audit = pf.runtime_file(AUDIT_LIB)
+            audit = runtime_file(AUDIT_LIB)
             assert audit is not None
             env = discover.with_audit(env, audit) | {
                 "HUGIFY_PERF_MAP": "0",  # no /tmp/perf-PID.map: nothing outside the cache
@@ -548,15 +550,15 @@ class Trial:
             so, sc = os.stat(c.original), os.stat(c.file)
             fd = os.open(c.file, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                windows = pf.read_windows(fd, self.hp, str(c.file)).offsets
-            except pf.NotHugified:
+                windows = read_hugified(fd, self.hp, str(c.file)).offsets
+            except NotHugified:
                 windows = ()
             finally:
                 os.close(fd)
             out.append(Watched(c.original, (so.st_dev, so.st_ino), (sc.st_dev, sc.st_ino), windows))
         return out
 
-    def _way(self, first: dict[str, pf.Target], engine: pf.Run, pages: PageCache) -> str:
+    def _way(self, first: dict[str, pf.Target], prefetcher: pf.Prefetcher, pages: PageCache) -> str:
         """How the hugified side gets its huge pages: from the copies' page cache
         (file); where that cache cannot hold 2 MiB folios, from root's shared copies
         (shared), else from the runtime's anonymous copies."""
@@ -574,8 +576,8 @@ class Trial:
         if self.opts.way != "auto":
             return self.opts.way
         windows = [w for t in first.values() for w in t.windows]
-        if windows and all(w.state == pf.UNSUPPORTED for w in windows):
-            why = next(iter(engine.unable_fs.values()), "the filesystem gives no 2 MiB folios")
+        if windows and all(w.state == UNSUPPORTED for w in windows):
+            why = next(iter(prefetcher.unable_fs.values()), "the filesystem gives no 2 MiB folios")
             if made:
                 self.note(f"the copies cannot be 2 MiB folios ({why}): the hugified side maps its code from root's "
                           "shared copies")  # fmt: skip

@@ -25,17 +25,15 @@ every file under test instead (docs/try.md says so; the answer gives what they h
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 from pathlib import Path
 
-from hugify import shared
-from hugify.trial.sides import MS_NODEV, MS_NOSUID, NamespaceError, own_namespace
+from hugify import kernel, reasons, shared
+from hugify.trial.sides import NamespaceError, own_namespace
 
 #: Room in a tmpfs beyond its files (a page per record, directories).
 SLACK = 8 << 20
-MNT_DETACH = 2
 
 
 class SharedWayError(Exception):
@@ -75,9 +73,10 @@ class Mounts:
         size = sum(shared.memory_for(os.stat(c).st_size) for c in copies) + SLACK
         where.mkdir(mode=0o755)
         opts = f"mode=0755,uid=0,gid=0,huge=never,size={size}"
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mount(b"hugify-try", os.fsencode(where), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()) != 0:
-            raise SharedWayError(f"cannot mount a tmpfs on {where}: {os.strerror(ctypes.get_errno())}")
+        try:
+            kernel.mount("hugify-try", where, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, opts)
+        except OSError as e:
+            raise SharedWayError(f"cannot mount a tmpfs on {where}: {reasons.io_detail(e, with_file=False)}") from None
         self.mounted.append(where)
         out = []
         for i, c in enumerate(copies):
@@ -90,8 +89,7 @@ class Mounts:
         return out
 
     def close(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
         for where in reversed(self.mounted):
             with contextlib.suppress(OSError):
-                libc.umount2(os.fsencode(where), MNT_DETACH)
+                kernel.umount(where, kernel.MNT_DETACH)
         self.mounted.clear()

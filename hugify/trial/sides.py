@@ -31,7 +31,6 @@ its wall time runs from the spawn to its exit.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -42,24 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from hugify import reasons
+from hugify import kernel, reasons
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
-MS_REC, MS_PRIVATE, MS_RELATIME = 0x4000, 0x40000, 0x200000
-PR_SET_PDEATHSIG = 1
 #: statvfs flags -> the mount flags a remount inside a user namespace must keep (the
 #: kernel locks them on mounts it copied from a more privileged namespace).
 LOCKED_FLAGS = {
-    os.ST_NOSUID: MS_NOSUID,
-    os.ST_NODEV: MS_NODEV,
-    os.ST_NOEXEC: MS_NOEXEC,
-    os.ST_NOATIME: MS_NOATIME,
-    os.ST_NODIRATIME: MS_NODIRATIME,
-    os.ST_RELATIME: MS_RELATIME,
+    os.ST_NOSUID: kernel.MS_NOSUID,
+    os.ST_NODEV: kernel.MS_NODEV,
+    os.ST_NOEXEC: kernel.MS_NOEXEC,
+    os.ST_NOATIME: kernel.MS_NOATIME,
+    os.ST_NODIRATIME: kernel.MS_NODIRATIME,
+    os.ST_RELATIME: kernel.MS_RELATIME,
 }
 
 
@@ -91,28 +83,17 @@ class Result:
         return f"killed by signal {-self.status}" if self.status < 0 else f"exit status {self.status}"
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _sysctl(name: str) -> str | None:
-    try:
-        return Path("/proc/sys", name.replace(".", "/")).read_text().strip()
-    except OSError:
-        return None
-
-
-def why_no_namespace(step: str, err: int) -> str:
+def why_no_namespace(step: str, e: OSError) -> str:
     """A one-line reason for a failed namespace step, naming the setting that forbids
     it where the system has one."""
-    base = f"cannot make a private mount namespace ({step}: {os.strerror(err)})"
+    base = f"cannot make a private mount namespace ({step}: {reasons.io_detail(e, with_file=False)})"
     if os.getuid() == 0:
         return f"{base}: this root lacks CAP_SYS_ADMIN (a container?)"
-    if _sysctl("kernel.unprivileged_userns_clone") == "0":
+    if kernel.sysctl("kernel.unprivileged_userns_clone") == "0":
         return f"{base}: unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0); run as root"
-    if _sysctl("user.max_user_namespaces") == "0":
+    if kernel.sysctl("user.max_user_namespaces") == "0":
         return f"{base}: user namespaces are disabled (user.max_user_namespaces = 0); run as root"
-    if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+    if kernel.sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
         return (
             f"{base}: AppArmor restricts unprivileged user namespaces "
             "(kernel.apparmor_restrict_unprivileged_userns = 1); run as root, or give hugify an AppArmor "
@@ -128,43 +109,49 @@ def own_namespace(*, pids: bool = False) -> None:
     last of them. `pids`: the processes it forks after go in a PID namespace of their
     own too, the first of them its init. NamespaceError on any failure. A process with
     threads cannot do it."""
-    libc = _libc()
     uid, gid = os.getuid(), os.getgid()
-    flags = (CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER) | (CLONE_NEWPID if pids else 0)
-    if libc.unshare(flags) != 0:
+    flags = kernel.CLONE_NEWNS | (0 if uid == 0 else kernel.CLONE_NEWUSER) | (kernel.CLONE_NEWPID if pids else 0)
+    try:
+        kernel.unshare(flags)
+    except OSError as e:
         what = "|".join(
             name
             for bit, name in (
-                (CLONE_NEWUSER, "CLONE_NEWUSER"),
-                (CLONE_NEWNS, "CLONE_NEWNS"),
-                (CLONE_NEWPID, "CLONE_NEWPID"),
+                (kernel.CLONE_NEWUSER, "CLONE_NEWUSER"),
+                (kernel.CLONE_NEWNS, "CLONE_NEWNS"),
+                (kernel.CLONE_NEWPID, "CLONE_NEWPID"),
             )
             if flags & bit
         )
-        raise NamespaceError(why_no_namespace(f"unshare {what}", ctypes.get_errno()))
+        raise NamespaceError(why_no_namespace(f"unshare {what}", e)) from None
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             try:
                 Path("/proc/self", name).write_text(text)
             except OSError as e:
-                raise NamespaceError(why_no_namespace(f"/proc/self/{name}", e.errno or 1)) from None
-    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise NamespaceError(why_no_namespace("making / private", ctypes.get_errno()))
+                raise NamespaceError(why_no_namespace(f"/proc/self/{name}", e)) from None
+    try:
+        kernel.mount("none", "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+    except OSError as e:
+        raise NamespaceError(why_no_namespace("making / private", e)) from None
 
 
 def _enter(binds: list[Bind]) -> None:
     """Moves this process into its own mount namespace (its children into their own
     PID namespace) and bind-mounts the copies; NamespaceError on any failure."""
     own_namespace(pids=True)
-    libc = _libc()
     for b in binds:
-        target = os.fsencode(b.target)
-        if libc.mount(os.fsencode(b.copy), target, None, MS_BIND, None) != 0:
-            raise NamespaceError(f"cannot bind-mount {b.copy} over {b.target}: {os.strerror(ctypes.get_errno())}")
+        try:
+            kernel.mount(b.copy, b.target, None, kernel.MS_BIND)
+        except OSError as e:
+            why = reasons.io_detail(e, with_file=False)
+            raise NamespaceError(f"cannot bind-mount {b.copy} over {b.target}: {why}") from None
         locked = os.statvfs(b.target).f_flag
         keep = sum(ms for st, ms in LOCKED_FLAGS.items() if locked & st)
-        if libc.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, None) != 0:
-            raise NamespaceError(f"cannot make {b.target} read-only: {os.strerror(ctypes.get_errno())}")
+        try:
+            kernel.mount(None, b.target, None, kernel.MS_BIND | kernel.MS_REMOUNT | kernel.MS_RDONLY | keep)
+        except OSError as e:
+            raise NamespaceError(f"cannot make {b.target} read-only: {reasons.io_detail(e, with_file=False)}") from None
         seen = os.stat(b.target)
         if (seen.st_dev, seen.st_ino) != b.identity:
             raise NamespaceError(f"the bind mount over {b.target} does not show the copy checked, {b.copy}")
@@ -239,9 +226,10 @@ def _spawn(req: dict[str, Any], out: TextIO) -> dict[str, Any]:
 def _mount_proc() -> None:
     """A /proc of the PID namespace this process is the init of (it sees its own
     processes by their pids there, and the command sees the same)."""
-    libc = _libc()
-    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
-        raise NamespaceError(why_no_namespace("mounting /proc for its PID namespace", ctypes.get_errno()))
+    try:
+        kernel.mount("proc", "/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC)
+    except OSError as e:
+        raise NamespaceError(why_no_namespace("mounting /proc for its PID namespace", e)) from None
 
 
 def _parent_gone(alive: int) -> bool:
@@ -256,8 +244,7 @@ def _serve(requests: int, replies: int, binds: list[Bind], parent: int) -> int:
     whether it could, and forks the init of its PID namespace, which runs what it is
     asked to until the request pipe closes; the init's exit status."""
     out = os.fdopen(replies, "w")
-    libc = _libc()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    kernel.die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the comparison ended before the death signal was set
         return 0
     try:
@@ -272,7 +259,7 @@ def _serve(requests: int, replies: int, binds: list[Bind], parent: int) -> int:
         code = 0
         try:
             os.close(alive_w)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            kernel.die_with_parent(signal.SIGKILL)
             if _parent_gone(alive_r):  # it died before the death signal was set
                 os._exit(0)
             try:

@@ -27,80 +27,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from hugify import anoncopies
+from hugify import anoncopies, kernel
+from hugify.engine import Engine
+from hugify.kernel import Vma
 from hugify.trial.sides import descendants
-
-if TYPE_CHECKING:
-    from hugify.prefetch import Engine
 
 #: Seconds between two looks at the processes; until FIRST_LOOKS have found one,
 #: FIRST_INTERVAL.
 SAMPLE_INTERVAL = 0.025
 FIRST_LOOKS, FIRST_INTERVAL = 3, 0.002
-_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) (\d+)\s*(.*)$")
 
 
-@dataclass(frozen=True)
-class Vma:
-    """One mapping, from the heading line of /proc/PID/maps or smaps."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    dev: int  # os.makedev(major, minor) of the inode's filesystem
-    inode: int
-    path: str
-
-    @property
-    def executable(self) -> bool:
-        return "x" in self.perms
-
-
-def vma_header(line: str) -> Vma | None:
-    m = _HEADER.match(line)
-    if not m:
-        return None
-    return Vma(
-        int(m[1], 16),
-        int(m[2], 16),
-        m[3],
-        int(m[4], 16),
-        os.makedev(int(m[5], 16), int(m[6], 16)),
-        int(m[7]),
-        m[8].removesuffix(" (deleted)"),
-    )
-
-
-def read_smaps(pid: int, inodes: set[int]) -> list[tuple[Vma, dict[str, int]]]:
-    """The mappings of the given inodes, with their smaps sizes in bytes (Rss,
-    FilePmdMapped, ShmemPmdMapped, AnonHugePages). OSError if the process is gone or
-    unreadable."""
-    out: list[tuple[Vma, dict[str, int]]] = []
-    sizes: dict[str, int] | None = None
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            v = vma_header(line)
-            if v is not None:
-                sizes = None
-                if v.inode in inodes:
-                    sizes = {}
-                    out.append((v, sizes))
-            elif sizes is not None and line.startswith(("Rss:", "FilePmdMapped:", "ShmemPmdMapped:", "AnonHugePages:")):
-                key, value = line.split(":", 1)
-                sizes[key] = int(value.split()[0]) * 1024
-    return out
+def of_inodes(pid: int, inodes: set[int]) -> list[tuple[Vma, dict[str, int]]]:
+    """The mappings of the given inodes (0: anonymous memory) in a process, with their
+    smaps sizes in bytes. OSError if the process is gone or unreadable."""
+    return kernel.smaps(pid, lambda v: v.inode in inodes)
 
 
 def executable_files(pid: int) -> list[Vma]:
     """The files a process maps executable (its program, its libraries)."""
-    with open(f"/proc/{pid}/maps") as f:
-        return [v for v in map(vma_header, f) if v and v.executable and v.inode and v.path.startswith("/")]
+    return [v for v in kernel.maps(pid) if v.executable and v.inode and v.path.startswith("/")]
 
 
 def pid_inside(pid: int) -> int:
@@ -142,8 +91,8 @@ class Sampler(threading.Thread):
                     self.look(pid)
                     found = True
                 except PermissionError:
-                    with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
-                        self.unreadable[pid] = f.read().strip()
+                    if (name := kernel.comm(pid)) is not None:
+                        self.unreadable[pid] = name
                 except OSError:
                     continue  # gone meanwhile
             self.samples += found
@@ -255,7 +204,7 @@ class RunSampler(Sampler):
 
     def look(self, pid: int) -> None:
         per: dict[str, tuple[int, int]] = {}
-        for v, sizes in read_smaps(pid, set(self.by_inode)):
+        for v, sizes in of_inodes(pid, set(self.by_inode)):
             hit = self._which(v)
             if hit is None:
                 continue
@@ -285,8 +234,6 @@ class RunSampler(Sampler):
     def _scan(self, pid: int, o: Watched, v: Vma, s: Seen) -> None:
         """Classifies the copy's windows inside this mapping: PMD-mapped, or some page
         of it present on small pages (executed), or neither (not executed yet)."""
-        from hugify.prefetch import Engine
-
         assert self.scan is not None
         hp = self.hp
         fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)

@@ -46,13 +46,15 @@ from typing import Any
 
 from hugify import abtest, files, reasons
 from hugify import prefetch as pf
+from hugify.engine import GOOD_STATES
+from hugify.kernel import Vma
 from hugify.trial import report
 from hugify.trial.cache import Cache
 from hugify.trial.pagecache import PageCache, advise, cache_drops
 from hugify.trial.session import Behaviour, Options, Trial, TryError, _sha256, _Usable, first_difference
 from hugify.trial.sharedway import Mounts
 from hugify.trial.sides import Bind, Result, Side
-from hugify.trial.watch import Sampler, Vma, read_smaps
+from hugify.trial.watch import Sampler, of_inodes
 
 HUGIFY, HUGIFY_SHARED = "hugify", "hugify-shared"
 BUILT_IN = (HUGIFY, HUGIFY_SHARED)
@@ -173,7 +175,7 @@ class WaySampler(Sampler):
         return self.files[keys[0]] if len(keys) == 1 else None
 
     def look(self, pid: int) -> None:
-        maps = read_smaps(pid, {*self.by_inode, 0})
+        maps = of_inodes(pid, {*self.by_inode, 0})
         per: dict[str, Got] = {}
         spans: dict[str, tuple[int, int]] = {}
         for v, sizes in maps:
@@ -264,7 +266,7 @@ class WaysTrial(Trial):
         self.original_got: dict[str, Got] = {}
         self.problems: list[str] = []
 
-    def _compare(self, cache: Cache, engine: pf.Run) -> dict[str, Any]:
+    def _compare(self, cache: Cache, prefetcher: pf.Prefetcher) -> dict[str, Any]:
         assert self.scratch is not None
         rdir = self.scratch / "run"
         rdir.mkdir()
@@ -278,7 +280,7 @@ class WaysTrial(Trial):
         first = self._first_run(original)
         usable = self._copies(first, cache)
         originals = [c.original for c in usable]
-        self.file_pages = PageCache(engine, originals, [c.file for c in usable])
+        self.file_pages = PageCache(prefetcher, originals, [c.file for c in usable])
         for way in self.ways:
             name = way if isinstance(way, str) else way.name
             col = self.columns[name] = _Column(name, _BUILT_IN_WHAT.get(name, "") if isinstance(way, str) else way.what)
@@ -286,7 +288,7 @@ class WaysTrial(Trial):
                 if way == HUGIFY:
                     self._hugify(col, usable)
                 elif way == HUGIFY_SHARED:
-                    self._hugify_shared(col, usable, rdir, engine)
+                    self._hugify_shared(col, usable, rdir, prefetcher)
                 elif isinstance(way, Way):
                     self._planned(col, way, usable)
                 else:
@@ -302,7 +304,7 @@ class WaysTrial(Trial):
         for path, why in prepared.kept.items():
             self.note(f"{path} is left in the page cache as it is ({why})")
         self.found["prefetched"] = {
-            path: {"windows": len(t.windows), "huge": t.count(*pf.GOOD_STATES)} for path, t in prepared.windows.items()
+            path: {"windows": len(t.windows), "huge": t.count(*GOOD_STATES)} for path, t in prepared.windows.items()
         }
         foreign = self._all_files(originals)
         rounds, stopped = self._way_rounds(foreign, originals)
@@ -319,12 +321,12 @@ class WaysTrial(Trial):
         col.own = {c.original: _identity(c.file) for c in usable}
         col.objects = {c.original: f"hugify's copy, {c.file}" for c in usable}
 
-    def _hugify_shared(self, col: _Column, usable: list[_Usable], rdir: Path, engine: pf.Run) -> None:
+    def _hugify_shared(self, col: _Column, usable: list[_Usable], rdir: Path, prefetcher: pf.Prefetcher) -> None:
         if not self.mounts.entered:
             raise WayUnavailable("root's shared copies are root's to make (run as root)")
         moved = self._shared_store(list(usable), rdir)  # TryError where it cannot be had
-        pages = PageCache(engine, [c.original for c in moved], [c.file for c in moved], self.shared_budget)
-        col.env = self._prepare(pages, engine)  # the shared way's environment, its copies made
+        pages = PageCache(prefetcher, [c.original for c in moved], [c.file for c in moved], self.shared_budget)
+        col.env = self._prepare(pages, prefetcher)  # the shared way's environment, its copies made
         col.side = self._side(col.name, [bind(c.file, c.original) for c in moved])
         col.before = lambda: pages.before(True)
         col.own = {c.original: _identity(c.file) for c in moved}
