@@ -299,8 +299,9 @@ fn offset_in_loads(phdrs: &[Phdr], vaddr: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::addr_map::AddrMap;
     use crate::layout::analyse;
-    use crate::plan::{AddrMap, Placement};
+    use crate::plan::Placement;
     use crate::testelf::{load, run, write, Arrangement, Dso, Sec};
     use crate::ModeChoice;
 

@@ -6,6 +6,7 @@
 //! output and checks the invariants before anyone relies on it. Reading, writing
 //! and renaming files is the caller's business.
 
+pub mod addr_map;
 pub mod arch;
 mod assemble;
 mod cfi;

@@ -17,11 +17,11 @@
 //! but holds no address, so only this section needs a repair.
 
 use super::Ctx;
+use crate::addr_map::AddrMap;
 use crate::elf::notes::{Note, Walk};
 use crate::elf::{consts::*, read_u32, read_u64, Class, Elf, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
-use crate::plan::AddrMap;
 
 const NT_GNU_BUILD_ATTRIBUTE_OPEN: u32 = 0x100;
 const NT_GNU_BUILD_ATTRIBUTE_FUNC: u32 = 0x101;

@@ -5,11 +5,11 @@
 //! relocations and are left to that repair.
 
 use super::Ctx;
+use crate::addr_map::AddrMap;
 use crate::cfi::{self, Field, Flavour, PE_ABSPTR, PE_DATAREL, PE_OMIT, PE_PCREL};
 use crate::elf::Shdr;
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
-use crate::plan::AddrMap;
 
 pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     let elf = ctx.elf;

@@ -8,12 +8,12 @@
 //! types hold no address of this image and are left alone.
 
 use super::Ctx;
+use crate::addr_map::AddrMap;
 use crate::arch::RelocClass;
 use crate::elf::consts::*;
 use crate::elf::{Elf, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
-use crate::plan::AddrMap;
 
 pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     let elf = ctx.elf;
