@@ -8,6 +8,7 @@
 
 use crate::arch::Arch;
 use crate::elf::consts::*;
+use crate::elf::names::{COMMENT, GOLD_VERSION_NOTE, INTERP};
 use crate::elf::{Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 
@@ -147,7 +148,7 @@ pub fn is_loader_metadata(s: &Shdr) -> bool {
             | SHT_RELA
             | SHT_RELR
             | SHT_GNU_LIBLIST
-    ) || s.name == ".interp"
+    ) || s.name == INTERP
 }
 
 fn refused(reason: Reason, detail: impl Into<String>) -> Error {
@@ -410,10 +411,10 @@ fn classify(loads: &[Phdr], exec: usize, alloc: &[&Shdr], split: u64) -> LayoutC
 }
 
 fn linker_name(elf: &Elf) -> Option<String> {
-    if elf.section(".note.gnu.gold-version").is_some() {
+    if elf.section(GOLD_VERSION_NOTE).is_some() {
         return Some("gold".into());
     }
-    let comment = elf.section(".comment").filter(|s| !s.is_alloc())?;
+    let comment = elf.section(COMMENT).filter(|s| !s.is_alloc())?;
     let text = String::from_utf8_lossy(elf.section_data(comment)).into_owned();
     text.split('\0').find(|t| t.starts_with("Linker: ")).map(|t| t["Linker: ".len()..].trim().to_owned())
 }

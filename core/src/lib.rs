@@ -29,6 +29,7 @@ mod testelf;
 mod verify;
 pub mod windows;
 
+use elf::names::{GNU_DEBUGDATA, STAB};
 use elf::{Elf, Phdr};
 pub use error::{Error, Kind, Reason, Result};
 use layout::Analysis;
@@ -284,7 +285,7 @@ fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align:
 fn check_sections(elf: &Elf) -> Result<()> {
     for s in &elf.shdrs {
         let n = s.name.as_str();
-        if matches!(n, ".gnu_debugdata" | ".stab") {
+        if n == GNU_DEBUGDATA || n == STAB {
             return Err(Error::new(Reason::UnsupportedSection, format!("{n} holds addresses hugify cannot repair")));
         }
     }

@@ -2,8 +2,8 @@
 //! the transformation is checked against the input before the file is used.
 //! It checks structure, not arithmetic: it does not repeat the repairs' formulas.
 
-use crate::assemble::PAD_SECTION;
 use crate::elf::consts::*;
+use crate::elf::names::PAD_SECTION;
 use crate::elf::{align_down, align_up, notes, Elf};
 use crate::error::{Error, Reason, Result};
 use crate::exposure::{self, Exposure};
@@ -132,6 +132,7 @@ fn spot_check(old: &Elf, new: &Elf, o: u64, n: u64, size: u64, name: &str) -> Re
 #[cfg(test)]
 mod tests {
     use crate::elf::consts::*;
+    use crate::elf::names::PAD_SECTION;
     use crate::elf::Elf;
     use crate::error::Reason;
     use crate::testelf::{opts, run, Arrangement, Dso};
@@ -286,7 +287,7 @@ mod tests {
 
     #[test]
     fn damaged_contents_are_rejected() {
-        let pad = |e: &Elf| e.shdrs.iter().find(|s| s.name == super::PAD_SECTION).unwrap().sh_offset as usize;
+        let pad = |e: &Elf| e.shdrs.iter().find(|s| s.name == PAD_SECTION).unwrap().sh_offset as usize;
         assert!(rejected(|e, b| b[pad(e) + 5] = 0x90).contains("not all trap"));
         let text = |e: &Elf| e.section(".text").unwrap().sh_offset as usize;
         assert!(rejected(|e, b| b[text(e) + 3] = 0x90).contains("contents of .text changed"));

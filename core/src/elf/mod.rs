@@ -5,6 +5,7 @@
 //! is checked here once, so the repair modules can index without re-checking.
 
 pub mod consts;
+pub mod names;
 pub mod notes;
 mod records;
 
