@@ -209,7 +209,7 @@ fn check_x86(elf: &Elf, an: &Analysis, stay: Staying, addressing: Addressing) ->
     let bounds = function_bounds(elf)?;
     let mut insn = Instruction::default();
     let mut decoded = Vec::new();
-    for s in an.exec_sections(elf).filter(|s| an.section_moves[s.index] && s.has_file_data()) {
+    for s in an.exec_sections(elf).filter(|s| an.section_moves[s.index]) {
         let code = elf.section_data(s);
         let end = s.sh_addr + code.len() as u64;
         decoded.clear();

@@ -126,9 +126,9 @@ impl Analysis {
         &self.loads[self.exec]
     }
 
-    /// Executable sections as (address, size).
+    /// The code sections ([`Shdr::is_code`]).
     pub fn exec_sections<'e>(&self, elf: &'e Elf) -> impl Iterator<Item = &'e Shdr> {
-        elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_size > 0)
+        elf.shdrs.iter().filter(|s| s.is_code())
     }
 }
 
@@ -236,12 +236,7 @@ pub fn analyse_for(elf: &Elf, page_size: u64) -> Result<Analysis> {
                 && (s.sh_addr > move_start || (s.sh_addr == move_start && (s.sh_size > 0 || !is_loader_metadata(s))))
         })
         .collect();
-    let code_bytes = elf
-        .shdrs
-        .iter()
-        .filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_type != SHT_NOBITS)
-        .map(|s| s.sh_size)
-        .sum();
+    let code_bytes = elf.shdrs.iter().filter(|s| s.is_code()).map(|s| s.sh_size).sum();
     let layout = classify(&loads, exec, &alloc, split);
     let page_limit = if page_size == 0 { arch.max_page } else { page_size.max(arch.min_page) };
     Ok(Analysis {

@@ -469,6 +469,25 @@ mod tests {
     }
 
     #[test]
+    fn code_is_the_same_sections_for_its_bytes_and_its_coverage() {
+        // A hugified file whose .text claims SHT_NOBITS: allocated and executable, but
+        // with no bytes in the file, it is no code (Shdr::is_code) for the code bytes
+        // and for the coverage alike. Counted by one and not the other, the coverage
+        // was more than all the code.
+        let data = Dso::new(Arrangement::SeparateCode, 0x30000).build().data;
+        let (_, mut out) = transform_to_vec(&data, &opts(ModeChoice::Shift, 0x10000)).unwrap();
+        let before = inspect(&out, &opts(ModeChoice::Auto, 0x10000)).unwrap();
+        let elf = Elf::parse(&out).unwrap();
+        let text = elf.section(".text").unwrap();
+        let (at, size) = ((elf.ehdr.e_shoff + 64 * text.index as u64 + 4) as usize, text.sh_size);
+        out[at..at + 4].copy_from_slice(&elf::consts::SHT_NOBITS.to_le_bytes());
+        let r = inspect(&out, &opts(ModeChoice::Auto, 0x10000)).unwrap();
+        assert!(before.covered_before >= size && before.code_bytes >= size);
+        assert_eq!(r.code_bytes, before.code_bytes - size);
+        assert_eq!(r.covered_before, before.covered_before - size);
+    }
+
+    #[test]
     fn inspect_reports_both_plans_and_todays_windows() {
         let data = Dso::new(Arrangement::SeparateCode, 0x30000).build().data;
         let r = inspect(&data, &opts(ModeChoice::Auto, 0x10000)).unwrap();

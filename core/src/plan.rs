@@ -889,7 +889,6 @@ fn rebuild_phdrs(
 /// planned program headers.
 fn covered_code(elf: &Elf, an: &Analysis, plan: &Plan) -> u64 {
     let runs = huge_windows(&plan.phdrs, an.kind.fixed_addresses(), plan.huge_page);
-    // Saturating: a .tbss needs only its start inside a load.
     let mapped =
         an.exec_sections(elf).map(|s| (plan.map.map(s.sh_addr), plan.map.map(s.sh_addr).saturating_add(s.sh_size)));
     covered(&runs, mapped)

@@ -2,7 +2,6 @@
 //! the transformation is checked against the input before the file is used.
 //! It checks structure, not arithmetic: it does not repeat the repairs' formulas.
 
-use crate::elf::consts::*;
 use crate::elf::names::PAD_SECTION;
 use crate::elf::{align_down, align_up, notes, Elf};
 use crate::error::{Error, Reason, Result};
@@ -71,7 +70,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[
         if n.sh_addr != want {
             return Err(fail(format!("section {} ({}) is at {:#x}, planned {want:#x}", o.index, o.name, n.sh_addr)));
         }
-        if o.sh_flags & SHF_EXECINSTR != 0 && o.has_file_data() {
+        if o.is_code() {
             spot_check(elf, &new, o.sh_offset, n.sh_offset, o.sh_size, &o.name)?;
         }
     }
