@@ -16,11 +16,14 @@
 #include <sys/mman.h>
 
 #include "hp_anon.h"
+#include "hp_base.h"
 #include "hp_bti.h"
 #include "hp_core.h"
+#include "hp_elf.h"
 #include "hp_map.h"
 #include "hp_shared.h"
 #include "hp_sys.h"
+#include "hp_verdict.h"
 
 #define EXPORT __attribute__((visibility("default")))
 

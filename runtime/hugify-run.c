@@ -35,7 +35,11 @@
 #include <unistd.h>
 
 #include "build-config.h"
+#include "hp_base.h"
 #include "hp_core.h"
+#include "hp_elf.h"
+#include "hp_map.h"
+#include "hp_verdict.h"
 
 /* ld.so.cache entry flags: FLAG_ELF_LIBC6 and the architecture's library flag. */
 #if defined(__x86_64__)

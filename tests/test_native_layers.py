@@ -1,14 +1,18 @@
 """The native code is layered: no circle among the Rust core's modules (core/src, by the
 `crate::` and `super::` paths of their code outside tests; a folder such as dwarf/ is
-one module), so that a writer never imports the planner that imports it back."""
+one module), so that a writer never imports the planner that imports it back, nor among
+the C runtime's (NAME.c with NAME.h, by their `#include "..."` lines and by the functions
+each object file calls of another's), so that each file calls only those below it."""
 
 from __future__ import annotations
 
 import graphlib
 import re
+import subprocess
 from pathlib import Path
 
 from testkit import REPO
+from testkit.runtime import RUNTIME
 
 CORE = REPO / "core/src"
 
@@ -53,3 +57,41 @@ def test_the_core_modules_form_no_circle() -> None:
     assert {"plan", "addr_map", "assemble", "exposure", "dwarf"} <= graph.keys()
     assert "plan" in graph["assemble"]  # the reader sees the edges it should
     assert _circle(graph) == []
+
+
+def runtime_modules() -> list[str]:
+    return sorted({p.stem for p in RUNTIME.glob("*.[ch]")} - {"build-config"})
+
+
+def runtime_includes() -> dict[str, set[str]]:
+    """Each module of runtime/ and the modules whose headers its .c or .h includes."""
+    modules = runtime_modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for m in modules:
+        for path in (RUNTIME / f"{m}.c", RUNTIME / f"{m}.h"):
+            if path.exists():
+                graph[m] |= set(re.findall(r'^#include "(.+)\.h"', path.read_text(), re.M)) & set(modules) - {m}
+    return graph
+
+
+def runtime_calls(tmp_path: Path) -> dict[str, set[str]]:
+    """Each module of runtime/ with a .c and the modules whose functions its object file
+    calls (its undefined symbols that another object file defines)."""
+    subprocess.run(["make", "-s", "-C", RUNTIME, "build-config.h"], check=True)
+    sources = sorted(RUNTIME.glob("*.c"))
+    subprocess.run(["gcc", "-c", "-O0", "-fPIC", "-D_FILE_OFFSET_BITS=64", *sources], cwd=tmp_path, check=True)
+    defined: dict[str, set[str]] = {}
+    undefined: dict[str, set[str]] = {}
+    for source in sources:
+        obj = tmp_path / f"{source.stem}.o"
+        symbols = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout.splitlines()
+        defined[source.stem] = {s.split()[-1] for s in symbols if re.match(r"\S+ [TDBR] ", s)}
+        undefined[source.stem] = {s.split()[-1] for s in symbols if re.match(r"\s+U ", s)}
+    return {m: {n for n in defined if n != m and undefined[m] & defined[n]} for m in defined}
+
+
+def test_the_runtime_modules_form_no_circle(tmp_path: Path) -> None:
+    includes, calls = runtime_includes(), runtime_calls(tmp_path)
+    assert {"hp_core", "hp_map", "hp_verdict", "audit"} <= includes.keys() & calls.keys()
+    assert "hp_core" in includes["audit"] and "hp_core" in calls["audit"]  # the readers see edges
+    assert (_circle(includes), _circle(calls)) == ([], [])
