@@ -139,3 +139,20 @@ int hp_boot_id(char out[37])
     out[b == 36 ? 36 : 0] = 0;
     return b == 36 ? 0 : -1;
 }
+
+uint64_t hp_pmd_size(void)
+{
+    char buf[64];
+    uint64_t v = 0;
+    int fd = hp_open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", O_RDONLY);
+    long n = fd >= 0 ? hp_read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        hp_close(fd);
+    /* A decimal number, blanks before it (as strtoull reads one). */
+    long i = 0;
+    while (i < n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n'))
+        i++;
+    for (; i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
+        v = v * 10 + (uint64_t)(buf[i] - '0');
+    return v ? v : HP_DEFAULT_SIZE;
+}

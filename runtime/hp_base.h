@@ -1,6 +1,7 @@
 /* The bottom layer of the hugify runtime: what every file above calls and that calls
  * nothing of theirs. Text and numbers, the lines and records of a short file (/proc,
- * /sys), the address range heading a /proc/PID/maps line, and this boot's id.
+ * /sys), the address range heading a /proc/PID/maps line, this boot's id, and the PMD
+ * size the kernel reports.
  *
  * It uses only the raw system calls of hp_sys.h, so that the audit library can be
  * linked without libc. The layers above it are listed in README.md (Layout of the
@@ -11,7 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A PMD on x86-64 and on arm64 with 4 KiB pages. */
+/* The huge-page size where the kernel does not say (hp_pmd_size): a PMD on x86-64 and
+ * on arm64 with 4 KiB pages, and the smallest PMD of any kernel the runtime runs on (arm64
+ * with 16 or 64 KiB pages has 32 or 512 MiB ones): whole windows of any PMD size are
+ * whole windows of this size too. */
 #define HP_DEFAULT_SIZE (2UL << 20)
 #define HP_PAGE 4096UL /* smallest base page; only used to size probes */
 
@@ -46,5 +50,11 @@ const char *hp_maps_range(const char *line, uint64_t *start, uint64_t *end);
 
 /* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; 0 or -1. */
 int hp_boot_id(char out[37]);
+
+/* The PMD size the kernel maps huge pages with (transparent_hugepage/hpage_pmd_size),
+ * read each time it is asked (hugify-run and the audit library ask once per process,
+ * as `hugify prefetch` does); HP_DEFAULT_SIZE where the file cannot be read
+ * or says no size (a kernel without THP). */
+uint64_t hp_pmd_size(void);
 
 #endif
