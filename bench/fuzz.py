@@ -42,8 +42,8 @@ RUNTIME = REPO / "runtime"
 CORE_TARGETS = ["inspect", "transform", "dwarf"]
 #: The C runtime's targets: fuzz/runtime/SOURCE, compiled with these runtime sources.
 RUNTIME_TARGETS = {
-    "audit-phdrs": ("audit_phdrs.c", ["hp_map.c", "hp_core.c", "hp_verdict.c"]),
-    "run-reader": ("run_reader.c", ["hp_core.c", "hp_verdict.c", "hp_map.c"]),
+    "audit-phdrs": ("audit_phdrs.c", ["hp_base.c", "hp_ctx.c", "hp_elf.c", "hp_map.c"]),
+    "run-reader": ("run_reader.c", ["hp_base.c", "hp_ctx.c", "hp_elf.c", "hp_map.c", "hp_verdict.c", "hp_core.c"]),
 }
 TARGETS = [*CORE_TARGETS, *RUNTIME_TARGETS]
 CACHE = cache_root() / "fuzz"

@@ -1,11 +1,11 @@
 /* libhugify-audit.so — an LD_AUDIT library.
  *
- * On la_objopen of an object whose executable segment spans whole 2 MiB windows at a
- * 2 MiB-aligned address (a hugified object, recognised from its program headers), it
- * marks that mapping MADV_HUGEPAGE, so that faults read 2 MiB folios, faults the
- * windows in (which reads them if they are not cached), and repairs windows that the
- * page cache holds as small folios. la_objopen runs after ld.so has mapped an object
- * and before it relocates or runs any of it.
+ * On la_objopen of an object whose executable segment spans whole huge-page windows (of
+ * the kernel's PMD size: 2 MiB on x86-64) at an aligned address (a hugified object,
+ * recognised from its program headers), it marks that mapping MADV_HUGEPAGE, so that
+ * faults read PMD-sized folios, faults the windows in (which reads them if they are not
+ * cached), and repairs windows that the page cache holds as small folios. la_objopen
+ * runs after ld.so has mapped an object and before it relocates or runs any of it.
  *
  * It implements no la_symbind*, and la_objopen returns 0: symbol binding is never
  * audited or changed; la_objsearch returns the name it is given (it only notes how much
@@ -16,11 +16,14 @@
 #include <sys/mman.h>
 
 #include "hp_anon.h"
+#include "hp_base.h"
 #include "hp_bti.h"
 #include "hp_core.h"
+#include "hp_elf.h"
 #include "hp_map.h"
 #include "hp_shared.h"
 #include "hp_sys.h"
+#include "hp_verdict.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -353,9 +356,13 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     int fixed = is_main && map->l_addr == 0;
     unsigned next = 0;
     struct hp_range range, *r = &range;
+    /* Whole windows of the kernel's PMD size are whole 2 MiB windows too (every PMD
+     * size is a multiple of it), so an object without these is left before that size
+     * is read: a process that maps no hugified object never reads it. */
     if (!hp_exec_range(ph, phnum, fixed, HP_DEFAULT_SIZE, &next, r))
         return 0; /* not hugified: the common case ends here */
     if (!ready) {
+        ctx.hp = hp_pmd_size(); /* once, as hugify-run reads it at its start */
         ctx.prepare = prepare;
         hp_anon_read_settings(&anon);
         ctx.rundir = anon.runtime_dir;
@@ -365,6 +372,9 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
             ctx.procmap = 0; /* and mappings read from /proc/self/maps, as before Linux 6.11 */
         ready = 1;
     }
+    next = 0;
+    if (!hp_exec_range(ph, phnum, fixed, ctx.hp, &next, r))
+        return 0; /* windows of 2 MiB, none of this kernel's PMD size */
 
     /* arm64: the replaced windows keep PROT_BTI where ld.so gave it (hp_bti.h). */
     int bti = hp_bti_prot(ph, phnum, map->l_addr);
@@ -372,13 +382,13 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
     int loaded_read = read_at_search >= 0 && read_now > read_at_search; /* before any window is read */
     do {
         uintptr_t at = map->l_addr + r->vaddr;
-        if ((at & (HP_DEFAULT_SIZE - 1)) || !r->readable)
+        if ((at & (ctx.hp - 1)) || !r->readable)
             continue; /* not aligned at run time (ld.so ignored p_align), or unreadable */
         struct hp_target t;
         hp_memzero(&t, sizeof t);
         t.map = (char *)at;
-        t.stride = HP_DEFAULT_SIZE;
-        t.nwin = r->len / HP_DEFAULT_SIZE;
+        t.stride = ctx.hp;
+        t.nwin = r->len / ctx.hp;
         t.off = r->off;
         t.fd = -1;
         t.size = -1;
@@ -441,7 +451,7 @@ static unsigned int objopen(struct link_map *map, uintptr_t caller)
             if (fd >= 0)
                 hp_close(fd);
         }
-    } while (hp_exec_range(ph, phnum, fixed, HP_DEFAULT_SIZE, &next, r));
+    } while (hp_exec_range(ph, phnum, fixed, ctx.hp, &next, r));
     return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 
+#include "hp_base.h"
 #include "hp_core.h"
 #include "hp_map.h"
 #include "hp_sys.h"

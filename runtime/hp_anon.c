@@ -7,6 +7,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "hp_base.h"
+#include "hp_elf.h"
 #include "hp_map.h"
 #include "hp_shared.h"
 #include "hp_sys.h"

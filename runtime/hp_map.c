@@ -5,6 +5,8 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 
+#include "hp_base.h"
+#include "hp_elf.h"
 #include "hp_sys.h"
 
 /* PROCMAP_QUERY (Linux 6.11, include/uapi/linux/fs.h); Debian 12's headers predate it. */
@@ -40,17 +42,12 @@ static int query(struct hp_ctx *c, uintptr_t addr, struct hp_vma *out)
     return 0;
 }
 
-static int hex_digit(char ch)
-{
-    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-}
-
 /* A number in `base` (10 or 16) at *p, advancing it; -1 if there is none. */
 static int number(const char **p, unsigned base, uint64_t *v)
 {
     int d, any = 0;
     *v = 0;
-    while ((d = hex_digit(**p)) >= 0 && (unsigned)d < base)
+    while ((d = hp_hex_digit(**p)) >= 0 && (unsigned)d < base)
         *v = *v * base + (uint64_t)d, (*p)++, any = 1;
     return any ? 0 : -1;
 }
@@ -226,4 +223,157 @@ const Elf64_Phdr *hp_mapped_phdrs(struct hp_ctx *c, uintptr_t base, unsigned *ph
         return ph;
     }
     return 0;
+}
+
+/* --- whether windows are mapped by PMDs ---------------------------------------------- */
+
+/* PAGEMAP_SCAN (Linux 6.7, include/uapi/linux/fs.h); Debian 12's headers predate it. */
+struct hp_pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define HP_PAGEMAP_SCAN _IOWR('f', 16, struct hp_pm_scan_arg)
+#define HP_PAGE_IS_HUGE (1UL << 6)
+
+long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                     struct hp_page_region *out, uint64_t n, uint64_t *walk_end)
+{
+    struct hp_pm_scan_arg arg;
+    hp_memzero(&arg, sizeof arg);
+    arg.size = sizeof arg;
+    arg.start = start;
+    arg.end = end;
+    arg.vec = (uintptr_t)out;
+    arg.vec_len = n;
+    arg.category_anyof_mask = anyof;
+    arg.return_mask = report;
+    long got = hp_ioctl(pagemap_fd, HP_PAGEMAP_SCAN, &arg);
+    *walk_end = arg.walk_end;
+    return got;
+}
+
+struct pmd_query {
+    uintptr_t first;   /* address of the first window */
+    uint64_t stride, len, count;
+    const char *key;   /* "FilePmdMapped:" or "AnonHugePages:" */
+    long cur;          /* the window whose VMA the lines are about, or -1 */
+    uint64_t seen;     /* windows found as VMAs of their own */
+    unsigned char *huge;
+};
+
+static int pmd_line(const char *line, void *arg)
+{
+    struct pmd_query *q = arg;
+    uint64_t start, end;
+    if (hp_maps_range(line, &start, &end)) {
+        uint64_t k = (start - q->first) / q->stride;
+        q->cur = -1;
+        if (start >= q->first && k < q->count && start == q->first + k * q->stride && end - start == q->len)
+            q->cur = (long)k;
+        return 0;
+    }
+    if (q->cur >= 0 && hp_starts_with(line, q->key)) {
+        const char *v = line + hp_strlen(q->key);
+        long kb = 0;
+        while (*v == ' ')
+            v++;
+        while (*v >= '0' && *v <= '9')
+            kb = kb * 10 + (*v++ - '0');
+        q->huge[q->cur] = (uint64_t)kb * 1024 >= q->len;
+        q->cur = -1;
+        return ++q->seen == q->count; /* all found: stop reading */
+    }
+    return 0;
+}
+
+/* huge[i] from the `key` bytes (FilePmdMapped, AnonHugePages) of the VMA that is exactly
+ * window i, in one read of /proc/self/smaps; -1 if a window is no VMA of its own or smaps
+ * cannot be read. Used where PAGEMAP_SCAN is missing (Linux < 6.7). */
+static int smaps_pmd(const char *key, uintptr_t first, uint64_t stride, uint64_t len, uint64_t count,
+                     unsigned char *huge)
+{
+    struct pmd_query q = {first, stride, len, count, key, -1, 0, huge};
+    hp_each_line("/proc/self/smaps", pmd_line, &q);
+    return q.seen == q.count ? 0 : -1;
+}
+
+int hp_pmd_mapped(struct hp_ctx *c, const char *smaps_key, char *map, uint64_t stride, uint64_t first,
+                  uint64_t count, unsigned char *huge)
+{
+    for (uint64_t i = 0; i < count; i++)
+        huge[i] = 0;
+    if (c->scan != 0) {
+        if (c->pagemap_fd < 0)
+            c->pagemap_fd = hp_open("/proc/self/pagemap", O_RDONLY);
+        if (c->pagemap_fd >= 0) {
+            uintptr_t lo = (uintptr_t)(map + first * stride);
+            uintptr_t hi = (uintptr_t)(map + (first + count - 1) * stride) + c->hp;
+            struct hp_page_region regs[32];
+            for (;;) {
+                uint64_t walk_end, room = sizeof regs / sizeof regs[0];
+                long n =
+                    hp_page_regions(c->pagemap_fd, lo, hi, HP_PAGE_IS_HUGE, HP_PAGE_IS_HUGE, regs, room, &walk_end);
+                if (n < 0) {
+                    if (n == -ENOTTY || n == -EINVAL || n == -ENOSYS || n == -EPERM)
+                        c->scan = 0;
+                    break;
+                }
+                c->scan = 1;
+                for (long r = 0; r < n; r++)
+                    for (uint64_t i = 0; i < count; i++) {
+                        uintptr_t w = (uintptr_t)(map + (first + i) * stride);
+                        if (regs[r].start <= w && regs[r].end >= w + c->hp)
+                            huge[i] = 1;
+                    }
+                if ((uint64_t)n < room || walk_end >= hi)
+                    return 0;
+                lo = walk_end;
+            }
+            if (c->scan == 1)
+                return 0;
+        }
+    }
+    /* Fallback: smaps, for windows that are VMAs of their own. */
+    if (!c->smaps)
+        return -1;
+    return smaps_pmd(smaps_key, (uintptr_t)(map + first * stride), stride, c->hp, count, huge);
+}
+
+int hp_window_is_pmd(struct hp_ctx *c, char *w, const char *smaps_key)
+{
+    unsigned char huge = 0;
+    int smaps = c->smaps;
+    c->smaps = 1; /* the caller's window is a VMA of its own */
+    int rc = hp_pmd_mapped(c, smaps_key, w, c->hp, 0, 1, &huge);
+    c->smaps = smaps;
+    return rc == 0 ? huge : -1;
+}
+
+int hp_anon_window_is_pmd(struct hp_ctx *c, char *w) { return hp_window_is_pmd(c, w, "AnonHugePages:"); }
+
+int hp_windows_are_pmd(struct hp_ctx *c, char *at, uint64_t n, unsigned char *huge)
+{
+    int smaps = c->smaps;
+    c->smaps = 0; /* one VMA for all: smaps cannot tell its windows apart */
+    int rc = hp_pmd_mapped(c, "", at, c->hp, 0, n, huge);
+    c->smaps = smaps;
+    return rc;
+}
+
+int hp_scan_works(struct hp_ctx *c)
+{
+    if (c->scan < 0) {
+        static char probe[HP_PAGE];
+        unsigned char huge;
+        probe[0] = 1;
+        /* One window's worth of a page we own: the answer does not matter, only
+         * whether the kernel knows the ioctl. */
+        struct hp_ctx t = *c;
+        t.hp = HP_PAGE;
+        t.smaps = 0;
+        hp_pmd_mapped(&t, "FilePmdMapped:", (char *)((uintptr_t)probe & ~(uintptr_t)(HP_PAGE - 1)), HP_PAGE, 0, 1, &huge);
+        c->scan = t.scan == 1;
+        c->pagemap_fd = t.pagemap_fd;
+    }
+    return c->scan == 1;
 }

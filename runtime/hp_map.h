@@ -1,19 +1,20 @@
 /* What the process maps, for the hugify runtime: the mapping at an address and the file
- * behind it, whether a descriptor holds the very file a mapping maps, and the program
- * headers of an object ld.so mapped. The runtime replaces mappings of code (repair) and
- * copies them (anonymous mode): what it puts there must come from the inode the process
- * mapped, never from another file that now has the object's path (a package upgrade
- * renames the new version over it at any moment), and what it reads of a mapped object
- * must lie inside what is mapped.
+ * behind it, whether a descriptor holds the very file a mapping maps, the program
+ * headers of an object ld.so mapped, and whether windows are mapped by one PMD each.
+ * The runtime replaces mappings of code (repair) and copies them (anonymous mode): what
+ * it puts there must come from the inode the process mapped, never from another file
+ * that now has the object's path (a package upgrade renames the new version over it at
+ * any moment), and what it reads of a mapped object must lie inside what is mapped.
  *
- * Like hp_core, raw system calls only (hp_sys.h): the audit library has no libc. */
+ * Like every layer of the runtime, raw system calls only (hp_sys.h): the audit library
+ * has no libc. */
 #ifndef HUGIFY_HP_MAP_H
 #define HUGIFY_HP_MAP_H
 
 #include <elf.h>
 #include <stdint.h>
 
-#include "hp_core.h"
+#include "hp_ctx.h"
 
 /* One mapping (VMA) of the process. Device and inode are the kernel's view of the
  * mapped file (/proc/self/maps: the inode's superblock device), which differs from
@@ -69,5 +70,41 @@ int hp_prove_object_file(struct hp_ctx *c, uintptr_t at, uint64_t len, uint64_t 
  * one hp_vma_at when it is further in (hugified lld output: a rodata-first shift puts it
  * past the moved sections). `c` is needed only for the latter. */
 const Elf64_Phdr *hp_mapped_phdrs(struct hp_ctx *c, uintptr_t base, unsigned *phnum);
+
+/* One region of PAGEMAP_SCAN's answer (Linux 6.7, include/uapi/linux/fs.h). */
+struct hp_page_region {
+    uint64_t start, end, categories;
+};
+
+/* Whether PAGEMAP_SCAN (Linux 6.7) can tell PMD-mapped windows apart; without it
+ * windows are verified from /proc/self/smaps and must each be a VMA of their own. */
+int hp_scan_works(struct hp_ctx *c);
+
+/* One PAGEMAP_SCAN over [start, end) of the open /proc/PID/pagemap `pagemap_fd` (of
+ * any process): up to n regions whose pages have a category of `anyof`, with their
+ * categories masked by `report`, go to out; *walk_end is where the walk stopped (a
+ * full `out` stops it early). Returns how many regions, or -errno. */
+long hp_page_regions(int pagemap_fd, uint64_t start, uint64_t end, uint64_t anyof, uint64_t report,
+                     struct hp_page_region *out, uint64_t n, uint64_t *walk_end);
+
+/* Whether each of the `count` windows at map + (first + i) * stride (hp-aligned, c->hp
+ * long) is mapped by one PMD: huge[i]; 0, or -1 where the kernel gives no way to tell.
+ * PAGEMAP_SCAN (one ioctl on /proc/self/pagemap, kept in c->pagemap_fd until
+ * hp_ctx_release); without it, where c->smaps, the `smaps_key` field of /proc/self/smaps
+ * ("FilePmdMapped:", "AnonHugePages:", "ShmemPmdMapped:") of windows that are VMAs of
+ * their own. */
+int hp_pmd_mapped(struct hp_ctx *c, const char *smaps_key, char *map, uint64_t stride, uint64_t first,
+                  uint64_t count, unsigned char *huge);
+/* Whether the anonymous window at `w` (hp-aligned, one VMA of its own) is mapped by one
+ * PMD: 1 yes, 0 no, -1 the kernel gives no way to tell. PAGEMAP_SCAN, else the VMA's
+ * AnonHugePages in /proc/self/smaps. For the anonymous-copy mode (hp_anon.h). */
+int hp_anon_window_is_pmd(struct hp_ctx *c, char *w);
+/* The same for any window that is a VMA of its own, with the smaps field that counts its
+ * PMD mappings where PAGEMAP_SCAN is missing ("ShmemPmdMapped:" for a shared copy). */
+int hp_window_is_pmd(struct hp_ctx *c, char *w, const char *smaps_key);
+/* Whether each of the `n` windows from `at` on (hp-aligned, adjacent, in one VMA) is
+ * mapped by one PMD: huge[i]; 0, or -1 where only PAGEMAP_SCAN could tell (then ask
+ * hp_window_is_pmd of windows that are VMAs of their own). */
+int hp_windows_are_pmd(struct hp_ctx *c, char *at, uint64_t n, unsigned char *huge);
 
 #endif

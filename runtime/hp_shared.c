@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "hp_base.h"
 #include "hp_map.h"
 #include "hp_sys.h"
 

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <sys/mman.h>
 
+#include "hp_base.h"
+#include "hp_map.h"
 #include "hp_sys.h"
 
 #define HP_S_IFMT 0170000
@@ -165,6 +167,28 @@ int hp_record_drop(struct hp_ctx *c, const char *name)
         return -1;
     long rc = hp_unlinkat(c->rundir_fd, name);
     return rc == 0 || rc == -ENOENT ? 0 : -1;
+}
+
+struct hp_verdict hp_read_verdict(struct hp_ctx *c)
+{
+    struct hp_verdict v = {0, 0, 0};
+    char rec[128], boot[37];
+    int fd = hp_record_open(c, HP_KERNEL_RECORD);
+    if (fd < 0)
+        return v;
+    long r = hp_read(fd, rec, sizeof rec - 1);
+    hp_close(fd);
+    /* "<boot id, 36 characters> <0|1|-> <mode>\n" */
+    if (r < 40 || rec[36] != ' ' || rec[38] != ' ' || hp_boot_id(boot) != 0)
+        return v;
+    rec[r] = 0;
+    for (int i = 0; i < 36; i++)
+        if (rec[i] != boot[i])
+            return v;
+    v.valid = 1;
+    v.aware = rec[37] == '1';
+    v.thp_never = hp_starts_with(rec + 39, "nev");
+    return v;
 }
 
 /* --- what is known of a file and its filesystem ---------------------------------------- */
@@ -418,14 +442,6 @@ struct cgroup_query {
     char v2[1024]; /* the unified hierarchy's path, or "" */
 };
 
-static void copy_to(char *dst, size_t cap, const char *src)
-{
-    size_t k = 0;
-    for (; src[k] && k + 1 < cap; k++)
-        dst[k] = src[k];
-    dst[k] = 0;
-}
-
 /* "ID:CONTROLLERS:PATH": the memory controller's line, or cgroup v2's "0::PATH". */
 static int cgroup_line(const char *line, void *arg)
 {
@@ -441,7 +457,7 @@ static int cgroup_line(const char *line, void *arg)
     if (!*path)
         return 0;
     if (path == ctl && hp_starts_with(line, "0:")) {
-        copy_to(q->v2, sizeof q->v2, path + 1);
+        hp_copy_str(q->v2, sizeof q->v2, path + 1);
         return 0;
     }
     for (const char *p = ctl; p < path;) { /* "cpu,memory": one of the comma-separated names */
@@ -449,7 +465,7 @@ static int cgroup_line(const char *line, void *arg)
         while (e < path && *e != ',')
             e++;
         if (e - p == 6 && hp_starts_with(p, "memory")) {
-            copy_to(q->v1, sizeof q->v1, path + 1);
+            hp_copy_str(q->v1, sizeof q->v1, path + 1);
             return 1;
         }
         p = e + 1;
@@ -627,6 +643,42 @@ static int zoneinfo_line(const char *line, void *arg)
         }
     }
     return 0;
+}
+
+/* A /proc/buddyinfo line: "Node 0, zone Normal N0 N1 …" (free blocks per order). ZONE_DMA
+ * (the first 16 MiB) does not count: what its reserve for the zones above leaves of it is
+ * no use to huge pages, and blocks stay listed free there when every other zone has none. */
+int hp_buddy_block(const char *line, unsigned order)
+{
+    unsigned field = 0;
+    const char *p = line;
+    while (*p) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (!*p)
+            break;
+        if (field == 3 && hp_starts_with(p, "DMA") && (p[3] == ' ' || p[3] == '\t'))
+            return 0;
+        int nonzero = 0;
+        for (; *p && *p != ' ' && *p != '\t'; p++)
+            nonzero |= *p >= '1' && *p <= '9';
+        if (field >= 4 + order && nonzero)
+            return 1;
+        field++;
+    }
+    return 0;
+}
+
+static int buddy_line(const char *line, void *arg) { return hp_buddy_block(line, *(unsigned *)arg); }
+
+/* A window read in again as small folios while no zone has a free block of a huge page
+ * or more says memory is fragmented (hp_verdict.h, hp_circumstances). */
+int hp_free_huge_blocks(struct hp_ctx *c)
+{
+    unsigned order = 0;
+    while ((HP_PAGE << order) < c->hp)
+        order++;
+    return hp_each_line("/proc/buddyinfo", buddy_line, &order) == 1;
 }
 
 struct buddy_room {

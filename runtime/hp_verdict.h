@@ -12,12 +12,19 @@
  * dropped by the first window seen in a 2 MiB folio; only root writes records, and only
  * records root wrote in a root-owned directory that nobody else may write are honoured.
  *
- * Like hp_core it uses only the raw system calls of hp_sys.h. */
+ * Like every layer of the runtime, raw system calls only (hp_sys.h). */
 #ifndef HUGIFY_HP_VERDICT_H
 #define HUGIFY_HP_VERDICT_H
 
-#include "hp_core.h"
+#include <stddef.h>
 
+#include "hp_ctx.h"
+
+/* The per-boot records of what gives no large folios, in the runtime directory:
+ * "no-large-folios-MAJOR:MINOR" (a filesystem) holding "BOOT-ID FS-MAGIC\n" and
+ * "no-large-folios-MAJOR:MINOR-INODE" (a file) holding "BOOT-ID FS-MAGIC CTIME SIZE\n"
+ * (magic in hex, ctime as SECONDS.NANOSECONDS). */
+#define HP_NO_LARGE_FOLIOS_PREFIX "no-large-folios-"
 /* The record of the kernel verdict (written by `hugify prefetch`, hugify/prefetch.py). */
 #define HP_KERNEL_RECORD "kernel-exec-pmd"
 /* Room a memory cgroup must have below its limit for a small read to say anything about
@@ -47,6 +54,17 @@ int hp_record_write(struct hp_ctx *c, const char *name, const char *text, size_t
  * there was none), -1 not. */
 int hp_record_drop(struct hp_ctx *c, const char *name);
 
+/* What `hugify prefetch` recorded in c->rundir/kernel-exec-pmd for the current boot
+ * (honoured only as said above): "BOOT-ID AWARE THP", AWARE 1 if the kernel reads
+ * executable mappings as PMD folios by itself (0 no, - not known), THP the
+ * transparent_hugepage/enabled mode. */
+struct hp_verdict {
+    int valid; /* a record of this boot was found */
+    int aware;
+    int thp_never;
+};
+struct hp_verdict hp_read_verdict(struct hp_ctx *c);
+
 /* Why nothing is to be read or evicted for t's windows, by what is known of its file and
  * filesystem: HP_WHY_NONE (go ahead: nothing known against it), HP_WHY_NO_LARGE_FOLIOS
  * (the filesystem gives none: evidence or record), HP_WHY_FILE_NO_LARGE_FOLIOS (this
@@ -71,6 +89,12 @@ void hp_saw_large(struct hp_ctx *c, struct hp_target *t);
  * file of the same filesystem did the same in this process (then the filesystem's);
  * recorded where hp_may_record. */
 enum hp_why hp_small_read(struct hp_ctx *c, struct hp_target *t);
+/* Whether some zone has a free block of memory of a huge page or more (/proc/buddyinfo):
+ * where it has none, a huge page asked for comes as small pages (fragmented memory). */
+int hp_free_huge_blocks(struct hp_ctx *c);
+/* Whether a /proc/buddyinfo line is of a zone other than ZONE_DMA with a free block of
+ * 2^order pages or more. */
+int hp_buddy_block(const char *line, unsigned order);
 /* Whether the page cache could have a 2 MiB folio now, as it asks for one (no retries:
  * a free 2 MiB block in a zone above its min watermark and reserve, /proc/zoneinfo and
  * /proc/buddyinfo), and the process's memory cgroup and those above it have room:

@@ -35,7 +35,11 @@
 #include <unistd.h>
 
 #include "build-config.h"
+#include "hp_base.h"
 #include "hp_core.h"
+#include "hp_elf.h"
+#include "hp_map.h"
+#include "hp_verdict.h"
 
 /* ld.so.cache entry flags: FLAG_ELF_LIBC6 and the architecture's library flag. */
 #if defined(__x86_64__)
@@ -628,21 +632,6 @@ static char *find_program(const char *name)
     return NULL;
 }
 
-static uint64_t read_sysfs_u64(const char *path, uint64_t dflt)
-{
-    char buf[64];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dflt;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return dflt;
-    buf[n] = 0;
-    uint64_t v = strtoull(buf, NULL, 10);
-    return v ? v : dflt;
-}
-
 static int thp_never(void)
 {
     char buf[128];
@@ -736,7 +725,7 @@ int main(int argc, char **argv)
     }
 
     if (!thp_never()) {
-        hp_ctx_init(&ctx, read_sysfs_u64("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", HP_DEFAULT_SIZE));
+        hp_ctx_init(&ctx, hp_pmd_size());
         ctx.smaps = 1; /* a small process: smaps is cheap where PAGEMAP_SCAN is missing */
         ctx.thorough = 1; /* it maps whole files' windows: their records are looked at too */
         const char *force_smaps = getenv("HUGIFY_FORCE_SMAPS");

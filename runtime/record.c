@@ -16,7 +16,7 @@
 #define _GNU_SOURCE
 #include <link.h>
 
-#include "hp_core.h"
+#include "hp_base.h"
 #include "hp_sys.h"
 
 #define EXPORT __attribute__((visibility("default")))

@@ -272,7 +272,7 @@ def _proof(cc: str, tmp_path: Path, lib: Path, extra: int, runner: list[str] | N
     runtime = REPO / "runtime"
     src, exe = tmp_path / f"proof-{cc}.c", tmp_path / f"proof-{cc}"
     src.write_text(PROOF)
-    sources = [runtime / f for f in ("hp_core.c", "hp_verdict.c", "hp_map.c", "hp_bti.c")]
+    sources = [runtime / f for f in ("hp_base.c", "hp_ctx.c", "hp_elf.c", "hp_map.c", "hp_bti.c")]
     subprocess.run(
         [cc, "-O1", "-Wall", "-Werror", "-D_FILE_OFFSET_BITS=64", f"-I{runtime}", "-o", exe, src, *sources],
         check=True,

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from testkit.cli import hugify
+from testkit.elf import exec_load
 from testkit.runtime import (
     AUDIT_LIB,
     HP,
@@ -31,6 +32,7 @@ from testkit.runtime import (
     Programs,
     cached_pages,
     cachestat_works,
+    clean_env,
     copy_programs,
     drop_caches,
     exec_segment_size,
@@ -436,6 +438,44 @@ def test_a_recorded_kernel_verdict_is_checked_against_a_cold_window(progs: Progr
         assert after_prefetch == f"{boot} 0 {thp}\n"
         assert after_run is None
     assert code3 == 0 and set(states(report3, progs.plug)) == ({"kernel"} if by_itself else {"loaded"})
+
+
+def whole_windows(path: Path, hp: int) -> int:
+    """How many whole `hp` windows the executable load of a PIE or library has, from
+    readelf's program headers (the rule of core/src/windows.rs)."""
+    x = exec_load(path)
+    if x.align < hp or (x.vaddr - x.offset) % hp:
+        return 0
+    return max(0, (x.vaddr + x.filesz) // hp - -(-x.vaddr // hp))
+
+
+@pytest.mark.parametrize("reported", ["4194304\n", ""], ids=["4MiB", "unsaid"])
+def test_hugify_run_and_the_audit_library_take_the_pmd_size_the_kernel_reports(
+    progs: Programs, tmp_path: Path, reported: str
+):
+    """Both settle windows of the PMD size in transparent_hugepage/hpage_pmd_size, read
+    once, and of 2 MiB where the file says none; here it is replaced in a private mount
+    namespace. A program hugified on 4 MiB windows has fewer of them than of 2 MiB ones:
+    the audit library counted its 2 MiB windows whatever the kernel said."""
+    prog = progs.dir / "prog-4m"  # beside libbig.so, which it finds through $ORIGIN
+    hugify("transform", "--threshold", "0", "--huge-page-size", "4M", progs.orig / "prog", "-o", prog)
+    hp = 4 << 20 if reported else HP
+    assert 0 < whole_windows(prog, 4 << 20) < whole_windows(prog, HP)
+    fake = tmp_path / "hpage_pmd_size"
+    fake.write_text(reported)
+    script = 'mount --bind "$1" /sys/kernel/mm/transparent_hugepage/hpage_pmd_size && shift && exec "$@"'
+    said = {}
+    for who, command, extra in (
+        ("hugify-run", [HUGIFY_RUN, prog, "-"], {"HUGIFY_AUDIT_LIB": ""}),
+        ("hugify-audit", [prog, "-"], {"LD_AUDIT": str(AUDIT_LIB)}),
+    ):
+        env = clean_env(tmp_path / "run", HUGIFY_DEBUG="1", **extra)
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", fake, *command]
+        res = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        assert res.returncode == 0, res.stderr
+        said[who] = [line for line in res.stderr.splitlines() if line.startswith(f"{who}: {prog}: ")]
+    windows = f"{whole_windows(prog, hp)} windows"
+    assert [line.split(": ")[2] for lines in said.values() for line in lines] == [windows] * 2, said
 
 
 def test_tmpfs_cannot_be_prefetched_said_once(progs: Programs, tmp_path: Path):

@@ -8,15 +8,13 @@
 
 use crate::dwarf::Replacement;
 use crate::elf::consts::*;
+use crate::elf::names::PAD_SECTION;
 use crate::elf::{align_up, Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::layout::Analysis;
 use crate::output::{Output, Piece, Source};
 use crate::patch::Patches;
 use crate::plan::{map_offset, Plan};
-
-/// Name of the sections covering trap padding.
-pub const PAD_SECTION: &str = ".hugify.pad";
 
 /// The largest alignment of a section that is not loaded and has to be placed anew.
 const MAX_TAIL_ALIGN: u64 = 1 << 16;
@@ -299,8 +297,9 @@ fn offset_in_loads(phdrs: &[Phdr], vaddr: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::addr_map::AddrMap;
     use crate::layout::analyse;
-    use crate::plan::{AddrMap, Placement};
+    use crate::plan::Placement;
     use crate::testelf::{load, run, write, Arrangement, Dso, Sec};
     use crate::ModeChoice;
 

@@ -32,7 +32,7 @@
 //! equal the input byte at the same distance from the section before it, and that
 //! input byte must be executable.
 
-use crate::assemble::PAD_SECTION;
+use crate::elf::names::PAD_SECTION;
 use crate::elf::{align_down, align_up, Elf};
 
 /// The name exposure reports give bytes that lie in no section (gaps between sections).

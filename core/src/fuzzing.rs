@@ -1,9 +1,9 @@
 //! Entry points for the fuzz targets under `fuzz/` and their regression tests
 //! (`core/tests/fuzz_regressions.rs`). Not an API.
 
+use crate::addr_map::AddrMap;
 use crate::elf::consts::{ET_DYN, SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS};
 use crate::elf::Elf;
-use crate::plan::AddrMap;
 use crate::testelf::{self, Sec};
 
 /// Section names a DWARF fuzz input can hold.

@@ -20,6 +20,7 @@
 
 use crate::cfi::{self, Field, Flavour, PE_ABSPTR, PE_PCREL};
 use crate::elf::consts::*;
+use crate::elf::names::EH_FRAME;
 use crate::elf::{c_string, Elf, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::layout::Analysis;
@@ -159,7 +160,7 @@ impl Addressing {
 fn function_bounds(elf: &Elf) -> Result<Vec<(u64, u64)>> {
     let wrap = |a: u64| if elf.class.is64 { a } else { a & 0xffff_ffff };
     let mut fdes = Vec::new();
-    if let Some(s) = elf.section(".eh_frame").filter(|s| s.is_alloc() && s.has_file_data()) {
+    if let Some(s) = elf.section(EH_FRAME).filter(|s| s.is_alloc() && s.has_file_data()) {
         cfi::walk(elf.section_data(s), Flavour::EhFrame, elf.class.word() as u8, |f| {
             if let Field::Fde { off, enc, value, len } = f {
                 let start = match enc & 0x70 {
@@ -208,7 +209,7 @@ fn check_x86(elf: &Elf, an: &Analysis, stay: Staying, addressing: Addressing) ->
     let bounds = function_bounds(elf)?;
     let mut insn = Instruction::default();
     let mut decoded = Vec::new();
-    for s in an.exec_sections(elf).filter(|s| an.section_moves[s.index] && s.has_file_data()) {
+    for s in an.exec_sections(elf).filter(|s| an.section_moves[s.index]) {
         let code = elf.section_data(s);
         let end = s.sh_addr + code.len() as u64;
         decoded.clear();

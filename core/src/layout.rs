@@ -8,6 +8,7 @@
 
 use crate::arch::Arch;
 use crate::elf::consts::*;
+use crate::elf::names::{COMMENT, GOLD_VERSION_NOTE, INTERP};
 use crate::elf::{Elf, Phdr, Shdr};
 use crate::error::{Error, Reason, Result};
 
@@ -125,9 +126,9 @@ impl Analysis {
         &self.loads[self.exec]
     }
 
-    /// Executable sections as (address, size).
+    /// The code sections ([`Shdr::is_code`]).
     pub fn exec_sections<'e>(&self, elf: &'e Elf) -> impl Iterator<Item = &'e Shdr> {
-        elf.shdrs.iter().filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_size > 0)
+        elf.shdrs.iter().filter(|s| s.is_code())
     }
 }
 
@@ -147,7 +148,7 @@ pub fn is_loader_metadata(s: &Shdr) -> bool {
             | SHT_RELA
             | SHT_RELR
             | SHT_GNU_LIBLIST
-    ) || s.name == ".interp"
+    ) || s.name == INTERP
 }
 
 fn refused(reason: Reason, detail: impl Into<String>) -> Error {
@@ -235,12 +236,7 @@ pub fn analyse_for(elf: &Elf, page_size: u64) -> Result<Analysis> {
                 && (s.sh_addr > move_start || (s.sh_addr == move_start && (s.sh_size > 0 || !is_loader_metadata(s))))
         })
         .collect();
-    let code_bytes = elf
-        .shdrs
-        .iter()
-        .filter(|s| s.is_alloc() && s.sh_flags & SHF_EXECINSTR != 0 && s.sh_type != SHT_NOBITS)
-        .map(|s| s.sh_size)
-        .sum();
+    let code_bytes = elf.shdrs.iter().filter(|s| s.is_code()).map(|s| s.sh_size).sum();
     let layout = classify(&loads, exec, &alloc, split);
     let page_limit = if page_size == 0 { arch.max_page } else { page_size.max(arch.min_page) };
     Ok(Analysis {
@@ -410,10 +406,10 @@ fn classify(loads: &[Phdr], exec: usize, alloc: &[&Shdr], split: u64) -> LayoutC
 }
 
 fn linker_name(elf: &Elf) -> Option<String> {
-    if elf.section(".note.gnu.gold-version").is_some() {
+    if elf.section(GOLD_VERSION_NOTE).is_some() {
         return Some("gold".into());
     }
-    let comment = elf.section(".comment").filter(|s| !s.is_alloc())?;
+    let comment = elf.section(COMMENT).filter(|s| !s.is_alloc())?;
     let text = String::from_utf8_lossy(elf.section_data(comment)).into_owned();
     text.split('\0').find(|t| t.starts_with("Linker: ")).map(|t| t["Linker: ".len()..].trim().to_owned())
 }

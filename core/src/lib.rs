@@ -6,6 +6,7 @@
 //! output and checks the invariants before anyone relies on it. Reading, writing
 //! and renaming files is the caller's business.
 
+pub mod addr_map;
 pub mod arch;
 mod assemble;
 mod cfi;
@@ -28,6 +29,7 @@ mod testelf;
 mod verify;
 pub mod windows;
 
+use elf::names::{GNU_DEBUGDATA, STAB};
 use elf::{Elf, Phdr};
 pub use error::{Error, Kind, Reason, Result};
 use layout::Analysis;
@@ -283,7 +285,7 @@ fn choose(an: &Analysis, choice: ModeChoice, shift: &Result<PlanSummary>, align:
 fn check_sections(elf: &Elf) -> Result<()> {
     for s in &elf.shdrs {
         let n = s.name.as_str();
-        if matches!(n, ".gnu_debugdata" | ".stab") {
+        if n == GNU_DEBUGDATA || n == STAB {
             return Err(Error::new(Reason::UnsupportedSection, format!("{n} holds addresses hugify cannot repair")));
         }
     }
@@ -464,6 +466,25 @@ mod tests {
         let data = Dso::new(Arrangement::TextInFirst, 0x3000).build().data;
         let o = opts(ModeChoice::Shift, DEFAULT_HUGE_PAGE);
         assert_eq!(transform_to_vec(&data, &o).unwrap().1, transform_to_vec(&data, &o).unwrap().1);
+    }
+
+    #[test]
+    fn code_is_the_same_sections_for_its_bytes_and_its_coverage() {
+        // A hugified file whose .text claims SHT_NOBITS: allocated and executable, but
+        // with no bytes in the file, it is no code (Shdr::is_code) for the code bytes
+        // and for the coverage alike. Counted by one and not the other, the coverage
+        // was more than all the code.
+        let data = Dso::new(Arrangement::SeparateCode, 0x30000).build().data;
+        let (_, mut out) = transform_to_vec(&data, &opts(ModeChoice::Shift, 0x10000)).unwrap();
+        let before = inspect(&out, &opts(ModeChoice::Auto, 0x10000)).unwrap();
+        let elf = Elf::parse(&out).unwrap();
+        let text = elf.section(".text").unwrap();
+        let (at, size) = ((elf.ehdr.e_shoff + 64 * text.index as u64 + 4) as usize, text.sh_size);
+        out[at..at + 4].copy_from_slice(&elf::consts::SHT_NOBITS.to_le_bytes());
+        let r = inspect(&out, &opts(ModeChoice::Auto, 0x10000)).unwrap();
+        assert!(before.covered_before >= size && before.code_bytes >= size);
+        assert_eq!(r.code_bytes, before.code_bytes - size);
+        assert_eq!(r.covered_before, before.covered_before - size);
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! most bytes with `copy_file_range`, and applying edits block by block while
 //! writing means the output is never held in memory as a whole.
 
+use crate::addr_map::AddrMap;
 use crate::error::{Error, Reason, Result};
 use crate::patch::Sorted;
-use crate::plan::AddrMap;
 use std::io::{self, Seek, SeekFrom, Write};
 
 /// Where a piece's bytes come from.

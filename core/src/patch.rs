@@ -9,9 +9,9 @@
 //! Two edits of the same byte are a bug (two modules claiming one field), so they are
 //! refused instead of silently letting the later one win.
 
+use crate::addr_map::AddrMap;
 use crate::elf::Class;
 use crate::error::{Error, Reason, Result};
-use crate::plan::AddrMap;
 
 const OFF_BITS: u64 = (1 << 56) - 1;
 

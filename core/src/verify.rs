@@ -2,8 +2,7 @@
 //! the transformation is checked against the input before the file is used.
 //! It checks structure, not arithmetic: it does not repeat the repairs' formulas.
 
-use crate::assemble::PAD_SECTION;
-use crate::elf::consts::*;
+use crate::elf::names::PAD_SECTION;
 use crate::elf::{align_down, align_up, notes, Elf};
 use crate::error::{Error, Reason, Result};
 use crate::exposure::{self, Exposure};
@@ -71,7 +70,7 @@ pub fn check(elf: &Elf, an: &Analysis, plan: &Plan, exposure_limit: u64, out: &[
         if n.sh_addr != want {
             return Err(fail(format!("section {} ({}) is at {:#x}, planned {want:#x}", o.index, o.name, n.sh_addr)));
         }
-        if o.sh_flags & SHF_EXECINSTR != 0 && o.has_file_data() {
+        if o.is_code() {
             spot_check(elf, &new, o.sh_offset, n.sh_offset, o.sh_size, &o.name)?;
         }
     }
@@ -132,6 +131,7 @@ fn spot_check(old: &Elf, new: &Elf, o: u64, n: u64, size: u64, name: &str) -> Re
 #[cfg(test)]
 mod tests {
     use crate::elf::consts::*;
+    use crate::elf::names::PAD_SECTION;
     use crate::elf::Elf;
     use crate::error::Reason;
     use crate::testelf::{opts, run, Arrangement, Dso};
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn damaged_contents_are_rejected() {
-        let pad = |e: &Elf| e.shdrs.iter().find(|s| s.name == super::PAD_SECTION).unwrap().sh_offset as usize;
+        let pad = |e: &Elf| e.shdrs.iter().find(|s| s.name == PAD_SECTION).unwrap().sh_offset as usize;
         assert!(rejected(|e, b| b[pad(e) + 5] = 0x90).contains("not all trap"));
         let text = |e: &Elf| e.section(".text").unwrap().sh_offset as usize;
         assert!(rejected(|e, b| b[text(e) + 3] = 0x90).contains("contents of .text changed"));

@@ -3,7 +3,7 @@
 //! congruent to its address and which the loader places at a huge-page-aligned
 //! address. `inspect`'s figure for today, each plan's coverage, the probe and the
 //! manifest entry all come from here. The libc-free C runtime cannot link this crate,
-//! so `hp_exec_range` in runtime/hp_core.c states the same rule step for step, and
+//! so `hp_exec_range` in runtime/hp_elf.c states the same rule step for step, and
 //! tests/test_as_is.py holds the two to the same answer over a table of files.
 
 use crate::elf::{align_down, Phdr};

@@ -1,6 +1,6 @@
 /* libFuzzer target `audit-phdrs` (bench/fuzz.py builds it with clang -fsanitize=fuzzer,address):
  * the audit library's reader of a mapped object's program headers (runtime/hp_map.c,
- * hp_mapped_phdrs) and the window rule over what it accepts (hp_core.c, hp_exec_range).
+ * hp_mapped_phdrs) and the window rule over what it accepts (hp_elf.c, hp_exec_range).
  *
  * The input is an ELF file, mapped as ld.so maps an object's first load: from file
  * offset 0 at a page-aligned base, as long as the file's own first PT_LOAD says (all of
@@ -16,7 +16,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "hp_core.h"
+#include "hp_base.h"
+#include "hp_elf.h"
 #include "hp_map.h"
 
 #define PAGE 4096UL

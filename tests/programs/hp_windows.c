@@ -1,4 +1,4 @@
-/* Prints the huge-page windows the C runtime (runtime/hp_core.c) finds in each file
+/* Prints the huge-page windows the C runtime (runtime/hp_elf.c) finds in each file
  * named on the command line, one "PATH OFFSET LENGTH" line per run ("PATH unreadable"
  * when hp_elf_ok rejects the header or the program headers cannot be read), so that
  * tests/test_as_is.py can hold them against the core's. */
@@ -8,7 +8,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "hp_core.h"
+#include "hp_base.h"
+#include "hp_elf.h"
 
 int main(int argc, char **argv)
 {

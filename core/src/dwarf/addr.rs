@@ -5,8 +5,8 @@
 use super::info::UnitInfo;
 use super::unit::Unit;
 use super::{Edits, Refs, Sections};
+use crate::addr_map::AddrMap;
 use crate::error::{Error, Reason, Result};
-use crate::plan::AddrMap;
 
 pub(crate) fn repair(
     units: &[UnitInfo],

@@ -3,9 +3,9 @@
 
 use super::unit::Unit;
 use super::{Edits, Sections};
+use crate::addr_map::AddrMap;
 use crate::elf::{align_up, read_u32, read_u64};
 use crate::error::{Error, Reason, Result};
-use crate::plan::AddrMap;
 
 pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<()> {
     let Some(sec) = secs.id(".debug_aranges") else { return Ok(()) };

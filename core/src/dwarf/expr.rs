@@ -9,9 +9,9 @@
 //! outside the table is an error: it might carry an address.
 
 use super::{Edits, SecId, Slice};
+use crate::addr_map::AddrMap;
 use crate::error::{Error, Reason, Result};
 use crate::leb::{read_sleb, read_uleb};
-use crate::plan::AddrMap;
 
 /// Where an expression lives and how to read it.
 pub(crate) struct Place<'a> {

@@ -3,9 +3,9 @@
 
 use super::expr::{self, Place};
 use super::{Edits, Sections};
+use crate::addr_map::AddrMap;
 use crate::cfi::{self, Field, Flavour};
 use crate::error::Result;
-use crate::plan::AddrMap;
 
 pub(crate) fn repair(secs: &Sections, map: &AddrMap, asz: u8, ed: &mut Edits) -> Result<()> {
     let Some(sec) = secs.id(".debug_frame") else { return Ok(()) };

@@ -2,9 +2,9 @@
 //! triples after a header of six 32-bit offsets.
 
 use super::{Edits, Sections};
+use crate::addr_map::AddrMap;
 use crate::elf::{read_u32, read_u64};
 use crate::error::{Error, Reason, Result};
-use crate::plan::AddrMap;
 
 pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<()> {
     let Some(sec) = secs.id(".gdb_index") else { return Ok(()) };

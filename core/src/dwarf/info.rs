@@ -8,9 +8,9 @@
 
 use super::expr::{self, Place};
 use super::{gimli_err, Edits, Refs, SecId, Sections, Slice};
+use crate::addr_map::AddrMap;
 use crate::error::{Error, Reason, Result};
 use crate::leb::read_uleb;
-use crate::plan::AddrMap;
 use gimli::constants as dw;
 use gimli::AttributeValue as V;
 

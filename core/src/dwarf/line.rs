@@ -4,9 +4,9 @@
 //! header (all versions, including DWARF 5 entry formats).
 
 use super::{gimli_err, Edits, Sections, Slice};
+use crate::addr_map::AddrMap;
 use crate::error::{Error, Reason, Result};
 use crate::leb::read_uleb;
-use crate::plan::AddrMap;
 
 const DW_LNS_FIXED_ADVANCE_PC: u8 = 9;
 const DW_LNE_SET_ADDRESS: u8 = 2;

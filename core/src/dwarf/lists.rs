@@ -10,9 +10,9 @@
 use super::expr::{self, Place};
 use super::info::UnitInfo;
 use super::{Edits, Refs, SecId, Sections, Slice};
+use crate::addr_map::AddrMap;
 use crate::error::{Error, Reason, Result};
 use crate::leb::read_uleb;
-use crate::plan::AddrMap;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {

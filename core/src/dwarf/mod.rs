@@ -23,11 +23,11 @@ mod sections;
 pub(crate) mod testbytes;
 mod unit;
 
+use crate::addr_map::AddrMap;
 use crate::elf::consts::PT_TLS;
 use crate::elf::Elf;
 use crate::error::{Error, Reason, Result};
 use crate::patch::{Move, Patch, Patches};
-use crate::plan::AddrMap;
 use sections::{SecId, Sections};
 
 type Slice<'a> = gimli::EndianSlice<'a, gimli::LittleEndian>;

@@ -3,11 +3,11 @@
 //! editing.
 
 use super::{Changes, Edits, Replacement, Slice};
+use crate::addr_map::AddrMap;
 use crate::elf::consts::SHF_COMPRESSED;
 use crate::elf::{read_u32, read_u64, Elf};
 use crate::error::{Error, Reason, Result};
 use crate::patch::{sort_if_needed, Patch, Patches, Sorted};
-use crate::plan::AddrMap;
 use std::borrow::Cow;
 use std::io::{Read, Write};
 

@@ -129,7 +129,7 @@ pub(crate) fn patched(data: &[u8], fields: &[(u64, u64, u8)]) -> Vec<u8> {
 }
 
 /// The map the walkers' tests share: 0x1000..=0x8fff moves up by 2 MiB.
-pub(crate) const MAP: crate::plan::AddrMap = crate::plan::AddrMap::shift(0x1000, 0x8fff, DV);
+pub(crate) const MAP: crate::addr_map::AddrMap = crate::addr_map::AddrMap::shift(0x1000, 0x8fff, DV);
 /// Its displacement.
 pub(crate) const DV: u64 = 0x20_0000;
 

@@ -5,6 +5,7 @@
 //! is checked here once, so the repair modules can index without re-checking.
 
 pub mod consts;
+pub mod names;
 pub mod notes;
 mod records;
 
@@ -179,6 +180,12 @@ impl Shdr {
     /// Whether the section has bytes in the file.
     pub fn has_file_data(&self) -> bool {
         self.sh_type != SHT_NOBITS && self.sh_type != SHT_NULL && self.sh_size > 0
+    }
+    /// Whether the section is code: allocated, `SHF_EXECINSTR`, with bytes in the file.
+    /// The one answer for the core (the layout's code bytes, the windows' coverage, the
+    /// hazard scans, the self-check's comparison of moved code).
+    pub fn is_code(&self) -> bool {
+        self.is_alloc() && self.sh_flags & SHF_EXECINSTR != 0 && self.has_file_data()
     }
     /// One past the last virtual address.
     pub fn vend(&self) -> u64 {

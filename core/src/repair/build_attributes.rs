@@ -17,15 +17,15 @@
 //! but holds no address, so only this section needs a repair.
 
 use super::Ctx;
+use crate::addr_map::AddrMap;
+use crate::elf::names::BUILD_ATTRIBUTES;
 use crate::elf::notes::{Note, Walk};
 use crate::elf::{consts::*, read_u32, read_u64, Class, Elf, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
-use crate::plan::AddrMap;
 
 const NT_GNU_BUILD_ATTRIBUTE_OPEN: u32 = 0x100;
 const NT_GNU_BUILD_ATTRIBUTE_FUNC: u32 = 0x101;
-const SECTION: &str = ".gnu.build.attributes";
 
 /// One address in a note's description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ impl Field {
 /// Whether a section holds build attribute notes (the linker's output section, or
 /// one of the per-section inputs that a custom linker script kept apart).
 fn is_build_attributes(s: &Shdr) -> bool {
-    s.name.strip_prefix(SECTION).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    s.name.strip_prefix(BUILD_ATTRIBUTES).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
 /// Checks every build attribute note. Run before anything else walks the note
@@ -72,7 +72,7 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
         if f.width == 4 && u32::try_from(new).is_err() {
             return Err(Error::new(
                 Reason::UnsupportedSection,
-                format!("{SECTION}: the 4-byte address at file offset {:#x} cannot hold {new:#x}", f.off),
+                format!("{BUILD_ATTRIBUTES}: the 4-byte address at file offset {:#x} cannot hold {new:#x}", f.off),
             ));
         }
         if new != f.value {
@@ -143,7 +143,7 @@ mod tests {
     const C32: Class = Class { is64: false };
 
     fn walk(data: &[u8], class: Class) -> Result<Vec<Field>> {
-        fields(Walk::new(data, 0x1000, 4, SECTION), class, SECTION, (0, 0x50_0000))
+        fields(Walk::new(data, 0x1000, 4, BUILD_ATTRIBUTES), class, BUILD_ATTRIBUTES, (0, 0x50_0000))
     }
 
     #[test]
@@ -226,7 +226,7 @@ mod tests {
     fn ranges_from_the_split_point_on_move() {
         use crate::testelf::{contents, shifted, word, Arrangement};
         let (built, dv, out) = shifted(Arrangement::SeparateCode);
-        let notes = contents(&crate::elf::Elf::parse(&out).unwrap(), SECTION);
+        let notes = contents(&crate::elf::Elf::parse(&out).unwrap(), BUILD_ATTRIBUTES);
         // Two notes of a 12-byte header, an 8-byte name and two words.
         let ranges: Vec<u64> = [20, 28, 56, 64].iter().map(|&at| word(notes, at)).collect();
         let text = built.addr(".text");

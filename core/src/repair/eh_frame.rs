@@ -5,23 +5,24 @@
 //! relocations and are left to that repair.
 
 use super::Ctx;
+use crate::addr_map::AddrMap;
 use crate::cfi::{self, Field, Flavour, PE_ABSPTR, PE_DATAREL, PE_OMIT, PE_PCREL};
+use crate::elf::names::{EH_FRAME, EH_FRAME_HDR};
 use crate::elf::Shdr;
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
-use crate::plan::AddrMap;
 
 pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     let elf = ctx.elf;
     let asz = elf.class.word() as u8;
-    if let Some(s) = elf.section(".eh_frame").filter(|s| s.is_alloc() && s.has_file_data()) {
+    if let Some(s) = elf.section(EH_FRAME).filter(|s| s.is_alloc() && s.has_file_data()) {
         let map = ctx.plan.map;
         cfi::walk(elf.section_data(s), Flavour::EhFrame, asz, |f| match f {
             Field::Pointer { off, enc, size, value } => relative_pointer(s, &map, off, enc, size, value, 0, p),
             Field::Expression { .. } | Field::Fde { .. } => Ok(()),
         })?;
     }
-    if let Some(h) = elf.section(".eh_frame_hdr").filter(|s| s.is_alloc() && s.has_file_data()) {
+    if let Some(h) = elf.section(EH_FRAME_HDR).filter(|s| s.is_alloc() && s.has_file_data()) {
         header(ctx, h, p)?;
     }
     Ok(())

@@ -8,12 +8,13 @@
 //! types hold no address of this image and are left alone.
 
 use super::Ctx;
+use crate::addr_map::AddrMap;
 use crate::arch::RelocClass;
 use crate::elf::consts::*;
+use crate::elf::names::GOT;
 use crate::elf::{Elf, Shdr};
 use crate::error::{Error, Reason, Result};
 use crate::patch::Patches;
-use crate::plan::AddrMap;
 
 pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
     let elf = ctx.elf;
@@ -164,7 +165,7 @@ fn got_header(ctx: &Ctx, places: &[u64], p: &mut Patches) -> Result<()> {
     };
     let mut candidates: Vec<u64> =
         elf.dynamic()?.iter().filter(|(_, d)| d.tag == DT_PLTGOT).map(|(_, d)| d.val).collect();
-    candidates.extend(elf.section(".got").filter(|s| s.sh_size > 0).map(|s| s.sh_addr));
+    candidates.extend(elf.section(GOT).filter(|s| s.sh_size > 0).map(|s| s.sh_addr));
     candidates.sort_unstable();
     candidates.dedup();
     for c in candidates {

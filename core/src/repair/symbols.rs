@@ -28,7 +28,7 @@ pub(super) fn repair(ctx: &Ctx, p: &mut Patches) -> Result<()> {
                 && addr - s.sh_addr < s.sh_size
         })
     };
-    // A note or .interp relocated behind what stays (crate::plan::Relocated) takes the
+    // A note or .interp relocated behind what stays (crate::addr_map::Relocated) takes the
     // symbols defined in it along (glibc's local `__abi_tag` in .note.ABI-tag).
     let relocated_section = |shndx: u16| {
         shndx != SHN_UNDEF

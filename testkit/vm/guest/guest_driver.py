@@ -554,8 +554,8 @@ def take_free_huge_blocks() -> list[dict[str, int]]:
     """Takes the free 2 MiB blocks as hugetlb pages: asks for as many more as buddyinfo
     shows (no more: the kernel would reclaim to make them), again while blocks come back
     (freed pages merging) and the kernel gives them. Blocks left in ZONE_DMA are what its
-    reserve for the zones above keeps from any huge page (runtime/hp_core.c buddy_line
-    does not count them either). What buddyinfo said at each round."""
+    reserve for the zones above keeps from any huge page (runtime/hp_verdict.c
+    hp_buddy_block does not count them either). What buddyinfo said at each round."""
     rounds = []
     for _ in range(20):
         free = free_huge_blocks()
