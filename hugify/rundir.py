@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 #: The runtime directory, where this boot's records are kept (tmpfs on most systems).
 RUNTIME_DIR = Path("/run/hugify")
 VERDICT_FILE = "kernel-exec-pmd"
-#: What gives no large folios, this boot (hp_core.h HP_NO_LARGE_FOLIOS_PREFIX), written by
+#: What gives no large folios, this boot (hp_verdict.h HP_NO_LARGE_FOLIOS_PREFIX), written by
 #: the engine: "no-large-folios-MAJOR:MINOR" (a filesystem) holding "BOOT-ID FS-MAGIC",
 #: "no-large-folios-MAJOR:MINOR-INODE" (a file) holding "BOOT-ID FS-MAGIC CTIME SIZE".
 NO_LARGE_FOLIOS_PREFIX = "no-large-folios-"

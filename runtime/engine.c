@@ -1,5 +1,5 @@
 /* libhugify-engine.so — hp_core's window state machine for `hugify prefetch` and
- * `hugify status`, which call it through ctypes (hugify/prefetch.py): the runtime and
+ * `hugify status`, which call it through ctypes (hugify/engine.py): the runtime and
  * the CLI settle windows with the same code. Unlike the audit library it may use libc.
  * The ABI is the exported functions below and struct hp_window (hp_core.h). */
 #include <errno.h>
@@ -121,7 +121,7 @@ EXPORT int hp_engine_set_runtime_dir(const char *dir)
  * Negative: no bound (the default). */
 EXPORT void hp_engine_set_budget(int64_t bytes) { ctx.budget = bytes; }
 
-/* The records of the runtime directory, for hugify/prefetch.py: read only where they
+/* The records of the runtime directory, for hugify/rundir.py: read only where they
  * are honoured, written and removed only by root in a directory of root's
  * (hp_verdict.h). Read: the bytes read into buf, or -1 (none, or not honoured). */
 EXPORT long hp_engine_record_read(const char *name, char *buf, size_t cap)

@@ -25,7 +25,7 @@
  * "no-large-folios-MAJOR:MINOR-INODE" (a file) holding "BOOT-ID FS-MAGIC CTIME SIZE\n"
  * (magic in hex, ctime as SECONDS.NANOSECONDS). */
 #define HP_NO_LARGE_FOLIOS_PREFIX "no-large-folios-"
-/* The record of the kernel verdict (written by `hugify prefetch`, hugify/prefetch.py). */
+/* The record of the kernel verdict (written by `hugify prefetch`, hugify/rundir.py). */
 #define HP_KERNEL_RECORD "kernel-exec-pmd"
 /* Room a memory cgroup must have below its limit for a small read to say anything about
  * the filesystem, in huge pages. */
