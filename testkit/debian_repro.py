@@ -20,7 +20,6 @@ Every build is cached under the test cache, keyed by its inputs (testkit.cache).
 from __future__ import annotations
 
 import datetime
-import email.utils
 import hashlib
 import re
 import shlex
@@ -30,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
-from testkit.cache import CachedBuild, build_dir, cache_root, cached, cached_build, locked
+from testkit.cache import CachedBuild, build_dir, cache_root, cached, cached_build
+from testkit.cli import hugify
 from testkit.debian import (
     DebBuild,
     build_hugify_deb,
@@ -102,63 +102,26 @@ def chroot_tarball() -> Path:
 # --- the derived source -----------------------------------------------------------------------
 
 
-def _changelog_entry(source: str, version: str, dist: str, date: str) -> str:
-    return (
-        f"{source} ({version}) {dist}; urgency=medium\n\n"
-        "  * Hugified: Build-Depends on dh-sequence-hugify (the distribution's policy\n"
-        "    comes with it, recorded in the .buildinfo).\n\n"
-        f" -- hugify developers <hugify-devel@example.org>  {date}\n\n"
-    )
-
-
-#: What hugified_source changes (part of its cache key).
-DERIVATION = "Build-Depends: dh-sequence-hugify; a changelog entry a day after the last"
+#: Who signs the derived sources' changelog entries.
+MAINTAINER = "hugify developers <hugify-devel@example.org>"
+#: The code that makes a derived source (part of its cache key).
+DERIVE_CODE = (REPO / "hugify" / "derive.py", REPO / "hugify" / "commands" / "derive_source.py")
 
 
 def hugified_source(name: str, suffix: str = "+hugify1") -> Path:
-    """The archive's source `name` with one Build-Depends added (dh-sequence-hugify)
-    and a changelog entry VERSION+hugify1 dated a day after the last one (a fixed
-    date, so that the same inputs give the same source): the path of its .dsc, built
-    once."""
+    """The archive's source `name` as a distribution derives it, with `hugify
+    derive-source` of this checkout: one Build-Depends added (dh-sequence-hugify) and
+    a changelog entry VERSION+hugify1 a second after the last one. The path of its
+    .dsc, made once per source, suffix and derive-source's code."""
     dsc = source_package(name)
     inputs = [(p.name, p) for p in sorted(dsc.parent.iterdir())]
-    group = cache_root() / "repro"
-    key = files_key(inputs, suffix, DERIVATION, tool_versions("dpkg-dev"))
-    final = group / f"source-{name}-{key}"
-    if (final / "done").exists():
-        return next(final.glob("*.dsc"))
-    with locked(group / f"source-{name}.lock"):
-        if (final / "done").exists():
-            return next(final.glob("*.dsc"))
-        work = final.with_name(final.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        tree = work / "tree"
-        subprocess.run(["dpkg-source", "-x", str(dsc), str(tree)], check=True, capture_output=True, cwd=work)
-        control = tree / "debian" / "control"
-        text = control.read_text()
-        m = re.search(r"^Build-Depends:[ \t]*", text, re.M)
-        assert m, "no Build-Depends"
-        control.write_text(text[: m.end()] + "dh-sequence-hugify, " + text[m.end() :])
-        fields = {
-            f: subprocess.run(
-                ["dpkg-parsechangelog", "-l", str(tree / "debian/changelog"), "-S", f],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-            for f in ("Source", "Version", "Distribution", "Date")
-        }
-        changelog = tree / "debian" / "changelog"
-        last = email.utils.parsedate_to_datetime(fields["Date"])
-        date = email.utils.format_datetime(last + datetime.timedelta(days=1))
-        entry = _changelog_entry(fields["Source"], fields["Version"] + suffix, fields["Distribution"], date)
-        changelog.write_text(entry + changelog.read_text())
-        subprocess.run(["dpkg-source", "-b", "tree"], check=True, capture_output=True, cwd=work)
-        shutil.rmtree(tree)
-        (work / "done").touch()
-        work.rename(final)
-    return next(final.glob("*.dsc"))
+    code = [(str(p.relative_to(REPO)), p) for p in DERIVE_CODE]
+    key = files_key(inputs + code, suffix, MAINTAINER, tool_versions("dpkg-dev"))
+
+    def make(work: Path) -> None:
+        hugify("derive-source", dsc, "-o", work, "--suffix", suffix, "--maintainer", MAINTAINER, env=clean_env())
+
+    return next(cached(f"derived-{name}", key, make).glob("*.dsc"))
 
 
 # --- sbuild --------------------------------------------------------------------------------------

@@ -122,6 +122,18 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case(("prefetch", s["dir"]), 3, "wrong-file-type", (s["dir"],)),
         Case(("tree", s["text"]), 3, "wrong-file-type", (s["text"],)),
         Case(("sign", s["text"], "--report", s["text"]), 3, "wrong-file-type", (s["text"],)),
+        Case(
+            ("derive-source", s["dir"], "-o", s["dir"], "--maintainer", "A <a@example.org>"),
+            3,
+            "wrong-file-type",
+            (s["dir"],),
+        ),
+        Case(
+            ("derive-source", s["fifo"], "-o", s["dir"], "--maintainer", "A <a@example.org>"),
+            3,
+            "wrong-file-type",
+            (s["fifo"],),
+        ),
     ]
     missing = [
         Case(("inspect", s["missing"]), 5, "io-error", (s["missing"],)),
@@ -131,6 +143,12 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case(("tree", s["missing"]), 5, "io-error", (s["missing"],)),
         Case(("verify", s["missing"]), 5, "io-error", (s["missing"],)),
         Case(("check", s["missing"]), 5, "io-error", (s["missing"],)),
+        Case(
+            ("derive-source", s["missing"], "-o", s["dir"], "--maintainer", "A <a@example.org>"),
+            5,
+            "io-error",
+            (s["missing"],),
+        ),
     ]
     output = [
         Case(("transform", s["pie"], "-o", f"{s['nodir']}/out"), 5, "io-error", (f"{s['nodir']}/out", s["pie"])),
@@ -147,6 +165,12 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case(("tree", "/"), 4, "live-root"),
         Case(("repack", s["text"], "-o", s["dir"]), 3, "not-a-package", (s["text"],)),
         Case(("check", s["text"]), 3, "not-a-package", (s["text"],)),
+        Case(
+            ("derive-source", s["text"], "-o", s["dir"], "--maintainer", "A <a@example.org>"),
+            3,
+            "not-a-source",
+            (s["text"],),
+        ),
         Case(("explain", "no-such-reason"), 2),
         Case(("verify",), 2),
         Case(("try",), 2),

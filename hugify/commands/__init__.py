@@ -21,6 +21,7 @@ COMMANDS = [
     "verify",
     "check",
     "repack",
+    "derive-source",
     "try",
 ]
 #: Commands whose module has another name (`try` is a Python keyword); a dash
