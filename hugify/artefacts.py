@@ -43,7 +43,7 @@ CHUNK = 1 << 20
 # --- .changes ---------------------------------------------------------------------------
 
 
-def _unsigned_text(text: str) -> str:
+def unsigned_text(text: str) -> str:
     """A .changes file's fields without an OpenPGP clear signature around them (the
     signature is not checked here: the archive's upload queue checks it)."""
     lines = text.splitlines()
@@ -63,7 +63,7 @@ def changes_files(changes: Path) -> list[Path]:
     except UnicodeDecodeError:
         raise ReasonError("bad-changes", f"{changes}: not UTF-8 text") from None
     try:
-        fields = repack_deb.parse_control(_unsigned_text(text))
+        fields = repack_deb.parse_control(unsigned_text(text))
     except RepackError as e:
         raise ReasonError("bad-changes", f"{changes}: {e.detail}") from None
     listing = repack_deb.get(fields, "Checksums-Sha256")

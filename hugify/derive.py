@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hugify import files
-from hugify.artefacts import _unsigned_text as unsigned_text
+from hugify.artefacts import unsigned_text
 from hugify.reasons import ReasonError
 from hugify.repack_deb import Deb, get, parse_control
 from hugify.repack_package import RepackError, tool
