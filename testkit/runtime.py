@@ -28,7 +28,6 @@ from testkit.smaps import Mapping, exec_mappings, smaps_text
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT_LIB = RUNTIME / "libhugify-audit.so"
-HP = 2 << 20
 #: Every test that drops the page cache or depends on it holds this lock, so that the
 #: two pytest-xdist workers never evict each other's freshly prefetched files.
 LOCK = Path("/tmp/hugify-runtime-tests.lock")

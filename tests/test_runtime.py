@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.cli import hugify
 from testkit.runtime import (
     AUDIT_LIB,
-    HP,
     HUGIFY_RUN,
     REPO,
     Programs,

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
     AUDIT_LIB,
     HOT_SPIN,
-    HP,
     HUGIFY_RUN,
     REPO,
     Programs,

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.runtime import (
     AUDIT_LIB,
     GNU_LD,
-    HP,
     HUGIFY_RUN,
     LLD_LAYOUTS,
     RUNTIME,

@@ -32,18 +32,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import exec_load, readelf_windows
-from testkit.runtime import (
-    HOT_SPIN,
-    HP,
-    HUGIFY_RUN,
-    Programs,
-    _functions,
-    build_runtime,
-    copy_programs,
-    seccomp_program,
-)
+from testkit.runtime import HOT_SPIN, HUGIFY_RUN, Programs, _functions, build_runtime, copy_programs, seccomp_program
 
 NOBODY = pwd.getpwnam("nobody")
 #: What the audit library says about the map with HUGIFY_DEBUG=1.

@@ -29,11 +29,11 @@ from pathlib import Path
 import pytest
 
 from hugify import shared
+from testkit import HP
 from testkit.cli import hugify
 from testkit.runtime import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify_as_nobody, locked
 from testkit.shared import (
     ANY_COPY,
-    HP,
     SHMEM_ENABLED,
     Env,
     assert_kept,

@@ -35,9 +35,9 @@ from pathlib import Path
 from test_runtime_upgrade import build_deb, dpkg_root
 
 from hugify import shared
+from testkit import HP
 from testkit.runtime import (
     AUDIT_LIB,
-    HP,
     HUGIFY_RUN,
     LLD_LAYOUTS,
     REPO,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from testkit.runtime import HP, REPO, Programs, copy_programs, drop_caches, exec_segment_size, locked, run_mappings
+from testkit import HP
+from testkit.runtime import REPO, Programs, copy_programs, drop_caches, exec_segment_size, locked, run_mappings
 
 UNITS = REPO / "systemd"
 SERVICE = UNITS / "hugify-prefetch.service"

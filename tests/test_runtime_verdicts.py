@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import exec_load
 from testkit.runtime import (
     AS_NOBODY,
-    HP,
     HUGIFY_RUN,
     NO_MADV_HUGEPAGE,
     REPO,

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from hugify.sizes import human
+from testkit import HP
 from testkit.cli import hugify
-from testkit.runtime import HP, HUGIFY_RUN, _functions, exec_segment_size
+from testkit.runtime import HUGIFY_RUN, _functions, exec_segment_size
 
 CHILDREN = 8
 

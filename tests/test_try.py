@@ -23,8 +23,9 @@ import pytest
 
 from hugify import files
 from hugify.reasons import LOG_ENV
+from testkit import HP
 from testkit.recipes import build_itlb
-from testkit.runtime import HP, HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime
+from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime
 
 RECORD_LIB = RUNTIME / "libhugify-record.so"
 
