@@ -33,7 +33,11 @@ AUDIT_LIB = RUNTIME / "libhugify-audit.so"
 LOCK = Path("/tmp/hugify-runtime-tests.lock")
 
 
-def _functions(prefix: str, count: int, fill: int, factor: int = 3) -> str:
+def padded_functions(prefix: str, count: int, fill: int, factor: int = 3) -> str:
+    """C source of `count` functions PREFIX_fI, each padded with `fill` bytes of nop
+    (16384: 16 KiB, so that a few hundred make whole 2 MiB windows of code), the table
+    PREFIX_table of them and PREFIX_all(x), which calls every one through the table, so
+    that the linker keeps them all and a run touches every one."""
     out = [
         f'long {prefix}_f{i}(long x) {{ __asm__ volatile(".fill {fill}, 1, 0x90"); return x * {factor} + {i}; }}'
         for i in range(count)
@@ -128,7 +132,8 @@ class Programs:
         return [self.prog, self.lib, self.plug]
 
 
-def _run(cmd: list[str | Path], cwd: Path | None = None) -> None:
+def run_checked(cmd: list[str | Path], cwd: Path | None = None) -> None:
+    """Runs a build step (a compiler, make, dpkg): a failure raises with its output."""
     res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
@@ -147,7 +152,7 @@ def file_backed_only(directory: Path) -> Path:
 def build_runtime() -> None:
     """Builds runtime/ (make is incremental; the lock keeps workers from racing)."""
     with locked(Path("/tmp/hugify-runtime-build.lock")):
-        _run(["make", "-s", "-C", RUNTIME])
+        run_checked(["make", "-s", "-C", RUNTIME])
 
 
 @dataclass(frozen=True)
@@ -191,13 +196,13 @@ def build_programs(work: Path, layout: Layout = GNU_LD, main: str = MAIN, factor
     src = work / "orig"
     src.mkdir(parents=True)
     exe, lib, plug = layout.funcs
-    (src / "lib.c").write_text(_functions("lib", lib, 16384, factor))
-    (src / "plug.c").write_text(_functions("plug", plug, 16384, factor))
-    (src / "main.c").write_text(_functions("exe", exe, 16384, factor) + main)
+    (src / "lib.c").write_text(padded_functions("lib", lib, 16384, factor))
+    (src / "plug.c").write_text(padded_functions("plug", plug, 16384, factor))
+    (src / "main.c").write_text(padded_functions("exe", exe, 16384, factor) + main)
     cc, ld = layout.cc, list(layout.ldflags)
-    _run([cc, "-O1", "-fPIC", "-shared", *ld, "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"], src)
-    _run([cc, "-O1", "-fPIC", "-shared", *ld, "-o", "libplug.so", "plug.c"], src)
-    _run(
+    run_checked([cc, "-O1", "-fPIC", "-shared", *ld, "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"], src)
+    run_checked([cc, "-O1", "-fPIC", "-shared", *ld, "-o", "libplug.so", "plug.c"], src)
+    run_checked(
         [cc, "-O1", "-fPIE", "-pie", *ld, "-o", "prog", "main.c", "-L.", "-lbig", "-Wl,-rpath,$ORIGIN", "-ldl"],
         src,
     )
@@ -506,8 +511,8 @@ def build_idle(work: Path) -> Path:
     """A hugified program of two whole windows of code that it never runs: it exits at
     once, so that it runs as quickly in a memory cgroup of 2 MiB as anywhere."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / "idle.c").write_text(_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
-    _run(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
+    (work / "idle.c").write_text(padded_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
+    run_checked(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
     res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle", check=False)
     assert res.returncode == 0, res.stderr
     return work / "idle"

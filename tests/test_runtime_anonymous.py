@@ -36,10 +36,10 @@ from testkit.runtime import (
     HUGIFY_RUN,
     REPO,
     Programs,
-    _functions,
     copy_programs,
     locked,
     memory_cgroup,
+    padded_functions,
 )
 from testkit.smaps import Vma, smaps_of
 
@@ -49,7 +49,7 @@ COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied
 SPIN = (
     "#include <stdio.h>\n#include <unistd.h>\n"
     + HOT_SPIN
-    + _functions("spin", 200, 16384)
+    + padded_functions("spin", 200, 16384)
     + r"""
 int main(int argc, char **argv) {
     if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }

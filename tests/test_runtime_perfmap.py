@@ -35,7 +35,15 @@ import pytest
 from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import exec_load, readelf_windows
-from testkit.runtime import HOT_SPIN, HUGIFY_RUN, Programs, _functions, build_runtime, copy_programs, seccomp_program
+from testkit.runtime import (
+    HOT_SPIN,
+    HUGIFY_RUN,
+    Programs,
+    build_runtime,
+    copy_programs,
+    padded_functions,
+    seccomp_program,
+)
 
 NOBODY = pwd.getpwnam("nobody")
 #: What the audit library says about the map with HUGIFY_DEBUG=1.
@@ -52,7 +60,7 @@ PROGRAM = (
 #include <unistd.h>
 """
     + HOT_SPIN
-    + _functions("spin", 200, 16384)
+    + padded_functions("spin", 200, 16384)
     + r"""
 static void wait_for_a_line(void) { char c; if (read(0, &c, 1) != 1) exit(2); }
 

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 
 from testkit.cli import hugify
-from testkit.runtime import AUDIT_LIB, HOT_SPIN, Programs, _functions, locked
+from testkit.runtime import AUDIT_LIB, HOT_SPIN, Programs, locked, padded_functions
 from testkit.shared import Env, copies_of, files_on_tmpfs, nwin, prefetch, shared_lines
 
 SPIN = (
     "#include <stdio.h>\n#include <unistd.h>\n"
     + HOT_SPIN
-    + _functions("spin", 200, 16384)
+    + padded_functions("spin", 200, 16384)
     + r"""
 int main(int argc, char **argv) {
     if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }

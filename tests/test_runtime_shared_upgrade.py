@@ -41,10 +41,10 @@ from testkit.runtime import (
     HUGIFY_RUN,
     LLD_LAYOUTS,
     REPO,
-    _run,
     build_programs,
     build_runtime,
     exec_segment_size,
+    run_checked,
 )
 from testkit.shared import mount_tmpfs, nwin, shared_lines, unmount
 
@@ -119,10 +119,10 @@ class World:
 
     def install(self, *debs: Path) -> None:
         for deb in debs:
-            _run([*self.dpkg, "-i", str(deb)])
+            run_checked([*self.dpkg, "-i", str(deb)])
 
     def remove(self, *packages: str) -> None:
-        _run([*self.dpkg, "-r", *packages])
+        run_checked([*self.dpkg, "-r", *packages])
 
     def trigger(self) -> str:
         """The package trigger, as dpkg runs it after unpacking or removing a manifest's files."""

@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 from testkit.cli import hugify
-from testkit.runtime import AUDIT_LIB, HUGIFY_RUN, LLD_LAYOUTS, _run, build_programs, build_runtime
+from testkit.runtime import AUDIT_LIB, HUGIFY_RUN, LLD_LAYOUTS, build_programs, build_runtime, run_checked
 
 STARTS = 2000
 UPGRADES = 100
@@ -56,7 +56,7 @@ def build_deb(work: Path, package: str, version: str, files: dict[str, Path]) ->
         dest.write_bytes(src.read_bytes())
         dest.chmod(0o755 if os.access(src, os.X_OK) else 0o644)
     deb = work / f"{package}_{version}_amd64.deb"
-    _run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "--build", str(tree), str(deb)])
+    run_checked(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "--build", str(tree), str(deb)])
     return deb
 
 
@@ -87,14 +87,14 @@ def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
     rundir.mkdir()
     dpkg = dpkg_root(root)
     for deb in (lib_debs[0], prog_deb):
-        _run([*dpkg, "-i", str(deb)])
+        run_checked([*dpkg, "-i", str(deb)])
     prog, lib = root / LIBDIR / "prog", root / LIBDIR / "libbig.so"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_"))}
     env |= {"HUGIFY_RUNTIME_DIR": str(rundir), "HUGIFY_PERF_MAP": "0", "HUGIFY_DEBUG": "1"}
     # What each version prints, run plainly.
     outputs = {}
     for i, deb in enumerate(lib_debs):
-        _run([*dpkg, "-i", str(deb)])
+        run_checked([*dpkg, "-i", str(deb)])
         outputs[subprocess.run([prog], capture_output=True, text=True, env=env, check=True).stdout] = f"version {i + 1}"
     assert len(outputs) == 2, outputs
     host_run = set(os.listdir("/run/hugify")) if Path("/run/hugify").is_dir() else set()
@@ -107,7 +107,7 @@ def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
     def upgrade() -> None:
         nonlocal upgrades, prefetches
         while not done.is_set() or upgrades < UPGRADES:
-            _run([*dpkg, "-i", str(lib_debs[upgrades % 2])])
+            run_checked([*dpkg, "-i", str(lib_debs[upgrades % 2])])
             upgrades += 1
             res = hugify("prefetch", "--quiet", "--runtime-dir", rundir, prog, lib, check=False)
             prefetches += 1

@@ -21,12 +21,12 @@ import pytest
 from hugify.sizes import human
 from testkit import HP
 from testkit.cli import hugify
-from testkit.runtime import HUGIFY_RUN, _functions, exec_segment_size
+from testkit.runtime import HUGIFY_RUN, exec_segment_size, padded_functions
 
 CHILDREN = 8
 
 FORKING = (
-    _functions("fork", 200, 16384)
+    padded_functions("fork", 200, 16384)
     + r"""
 #include <stdio.h>
 #include <stdlib.h>

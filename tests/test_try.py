@@ -25,7 +25,7 @@ from hugify import files
 from hugify.reasons import LOG_ENV
 from testkit import HP
 from testkit.recipes import build_itlb
-from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime
+from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime, padded_functions
 
 RECORD_LIB = RUNTIME / "libhugify-record.so"
 
@@ -103,19 +103,6 @@ HUGE_CODE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 """
-
-
-def _functions(prefix: str, count: int) -> str:
-    """`count` functions of 16 KiB each (about 1.5 MiB for 96: over the default
-    threshold), called through a table so that none is left out."""
-    out = [
-        f'long {prefix}_f{i}(long x) {{ __asm__ volatile(".fill 16384, 1, 0x90"); return x * 3 + {i}; }}'
-        for i in range(count)
-    ]
-    out.append(f"long (*const {prefix}_table[])(long) = {{ {', '.join(f'{prefix}_f{i}' for i in range(count))} }};")
-    loop = f"for (int i = 0; i < {count}; i++) x = {prefix}_table[i](x) & 0xffff;"
-    out.append(f"long {prefix}_all(long x) {{ {loop} return x; }}")
-    return "\n".join(out) + "\n"
 
 
 def _hugify_try(
@@ -305,7 +292,7 @@ def test_the_shared_way_is_roots(shared_dir: Path) -> None:
 
 SEQUENTIAL = (
     "#include <stdio.h>\n#include <stdlib.h>\n"
-    + _functions("exe", 96)
+    + padded_functions("exe", 96, 16384)
     + "int main(int argc, char **argv) { long x = 1; for (int r = atoi(argv[1]); r > 0; r--) x = exe_all(x);"
     + ' printf("%ld\\n", x); }\n'
 )
@@ -346,7 +333,7 @@ def test_an_a_a_comparison_claims_nothing_unless_its_interval_excludes_1(tmp_pat
 #: inode given (the original's), as on the hugified side of --control.
 SKEWED = (
     "#include <stdio.h>\n#include <stdlib.h>\n#include <sys/stat.h>\n"
-    + _functions("exe", 96)
+    + padded_functions("exe", 96, 16384)
     + "int main(int argc, char **argv) { struct stat st; long x = 1, n = atol(argv[2]);"
     + ' if (stat("/proc/self/exe", &st) != 0) return 2; if (st.st_ino != (ino_t)atoll(argv[1])) n *= 3;'
     + ' for (long r = n; r > 0; r--) x = exe_all(x); printf("%d\\n", x >= 0); }\n'
@@ -389,7 +376,7 @@ def test_the_plot_never_writes_through_a_symlink_at_its_name(tmp_path: Path) -> 
 
 ADDRESS_PRINTER = (
     HUGE_CODE
-    + _functions("exe", 96)
+    + padded_functions("exe", 96, 16384)
     + r"""
 int main(void) {
     Dl_info info;
@@ -406,7 +393,7 @@ int main(void) {
 #: puts the code on whole windows, which start at 2 MiB at the earliest.
 ADDRESS_EXIT = (
     HUGE_CODE
-    + _functions("exe", 96)
+    + padded_functions("exe", 96, 16384)
     + r"""
 int main(void) {
     Dl_info info;
@@ -509,7 +496,7 @@ def test_make_running_compiles_is_compared_with_the_compiler_hugified(tmp_path: 
 #: (100 rounds took 20 ms, on the edge of too-short).
 RUNPATH_MAIN = (
     "#include <stdio.h>\n#include <unistd.h>\nlong lib_all(long);\n"
-    + _functions("exe", 80)
+    + padded_functions("exe", 80, 16384)
     + "int main(void) { long x = 1; for (int r = 0; r < 400; r++) x = lib_all(exe_all(x));"
     + ' printf("%ld\\n", x); fflush(stdout); usleep(300000); }\n'
 )
@@ -524,7 +511,7 @@ def test_a_program_with_runpath_origin_maps_both_copies(shared_dir: Path, user: 
     top = shared_dir
     (top / "bin").mkdir()
     (top / "lib").mkdir()
-    _cc(top / "lib" / "libbig.so", _functions("lib", 80), "-shared", "-fPIC")
+    _cc(top / "lib" / "libbig.so", padded_functions("lib", 80, 16384), "-shared", "-fPIC")
     prog = _cc(top / "bin" / "prog", RUNPATH_MAIN, "-L", str(top / "lib"), "-lbig", "-Wl,-rpath,$ORIGIN/../lib")
     env = {"XDG_CACHE_HOME": str(top / "cache"), "HOME": str(top)}
     args: tuple[str | Path, ...] = ("--json", "--min-rounds", "2", "--max-rounds", "2")
@@ -564,7 +551,10 @@ def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
     """A read-only filesystem, and one too small for the copy: one line naming the
     directory and the system's error, status 5 (try-cache), nothing left on it."""
     build_runtime()
-    prog = _cc(tmp_path / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
+    prog = _cc(
+        tmp_path / "prog",
+        HUGE_CODE + padded_functions("exe", 96, 16384) + "int main(void) { return exe_all(1) < 0; }\n",
+    )
     cache = tmp_path / "cache"
     cache.mkdir()
     options = "ro,size=1M,mode=0755" if kind == "read-only" else "size=1M,mode=0755"  # root's alone
@@ -610,7 +600,10 @@ def test_without_user_namespaces_a_user_is_told_why(shared_dir: Path) -> None:
     """Where the system lets this user make no user namespace, an unprivileged hugify
     try says so in one line naming the setting, status 4, and leaves nothing."""
     build_runtime()
-    prog = _cc(shared_dir / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
+    prog = _cc(
+        shared_dir / "prog",
+        HUGE_CODE + padded_functions("exe", 96, 16384) + "int main(void) { return exe_all(1) < 0; }\n",
+    )
     cache = shared_dir / "cache"
     subprocess.run(["chown", "-R", "65534:65534", str(shared_dir)], check=True)
     env = {k: v for k, v in os.environ.items() if k != LOG_ENV} | {"PYTHONPATH": str(REPO)}
@@ -763,7 +756,7 @@ def _marked(path: Path, marker: str, extra: str = "") -> Path:
         "int main(void) { long x = 1; for (int r = 600; r > 0; r--) x = exe_all(x);"
         f' {extra} puts("{marker}"); return x < 0; }}\n'
     )
-    return _cc(path, HUGE_CODE + _functions("exe", 96) + main, "-fPIE", "-pie")
+    return _cc(path, HUGE_CODE + padded_functions("exe", 96, 16384) + main, "-fPIE", "-pie")
 
 
 #: What the programs another user plants do besides: leave a file, as whoever runs them.
