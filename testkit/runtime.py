@@ -60,6 +60,22 @@ __attribute__((noinline)) long hugify_hot_spin(long x) {
 }
 """
 
+#: A hugified program that spends its time in hugify_hot_spin, inside a window: with an
+#: argument it first says "waiting" and waits for a line on stdin (time for perf or gdb
+#: to attach), then prints its result.
+SPIN = (
+    "#include <stdio.h>\n#include <unistd.h>\n"
+    + HOT_SPIN
+    + padded_functions("spin", 200, 16384)
+    + r"""
+int main(int argc, char **argv) {
+    if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
+    printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(argc));
+    return 0;
+}
+"""
+)
+
 MAIN = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -505,6 +521,14 @@ os.execvp(sys.argv[1], sys.argv[1:])
 #: seccomp filter on madvise, every other madvise allowed: what a service's
 #: SystemCallFilter can do to the runtime.
 NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, 32, 14, 0x00050001)
+
+
+def build_spin(work: Path) -> Path:
+    """SPIN compiled (with debug info, a PIE) and hugified in `work`: the hugified one."""
+    (work / "spin.c").write_text(SPIN)
+    run_checked(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], work)
+    hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin")
+    return work / "spin"
 
 
 def build_idle(work: Path) -> Path:

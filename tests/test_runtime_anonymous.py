@@ -32,32 +32,18 @@ from testkit.cli import hugify
 from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
     AUDIT_LIB,
-    HOT_SPIN,
     HUGIFY_RUN,
     REPO,
     Programs,
+    build_spin,
     copy_programs,
     locked,
     memory_cgroup,
-    padded_functions,
 )
 from testkit.smaps import Vma, smaps_of
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
-
-SPIN = (
-    "#include <stdio.h>\n#include <unistd.h>\n"
-    + HOT_SPIN
-    + padded_functions("spin", 200, 16384)
-    + r"""
-int main(int argc, char **argv) {
-    if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
-    printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(argc));
-    return 0;
-}
-"""
-)
 
 
 @pytest.fixture
@@ -70,12 +56,7 @@ def progs(built: Programs, large_folio_dir: Path, tmp_path: Path) -> Iterator[Pr
 @pytest.fixture(scope="module")
 def spin(built: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hugified program that spends its time in hugify_hot_spin, inside a window."""
-    work = tmp_path_factory.mktemp("spin")
-    (work / "spin.c").write_text(SPIN)
-    subprocess.run(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], cwd=work, check=True)
-    res = hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "spin"
+    return build_spin(tmp_path_factory.mktemp("spin"))
 
 
 # --- reading what the process had ----------------------------------------------------

@@ -23,34 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cli import hugify
-from testkit.runtime import AUDIT_LIB, HOT_SPIN, Programs, locked, padded_functions
+from testkit.runtime import AUDIT_LIB, Programs, build_spin, locked
 from testkit.shared import Env, copies_of, files_on_tmpfs, nwin, prefetch, shared_lines
 
-SPIN = (
-    "#include <stdio.h>\n#include <unistd.h>\n"
-    + HOT_SPIN
-    + padded_functions("spin", 200, 16384)
-    + r"""
-int main(int argc, char **argv) {
-    if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
-    printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(argc));
-    return 0;
-}
-"""
-)
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 
 
 @pytest.fixture(scope="module")
 def spin_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hugified program that spends its time in hugify_hot_spin, inside a window."""
-    work = tmp_path_factory.mktemp("spin")
-    (work / "spin.c").write_text(SPIN)
-    subprocess.run(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], cwd=work, check=True)
-    res = hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "spin"
+    return build_spin(tmp_path_factory.mktemp("spin"))
 
 
 @pytest.fixture
