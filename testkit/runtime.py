@@ -491,22 +491,38 @@ def in_cgroup(procs: Path, argv: list[str | Path]) -> list[str]:
     return ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(procs), *map(str, argv)]
 
 
-def seccomp_program(syscall: dict[str, int], arg: int, value: int, action: int) -> str:
+#: Returns of a seccomp filter (linux/seccomp.h): the call fails with EPERM
+#: (SECCOMP_RET_ERRNO | 1); the process is killed (SECCOMP_RET_KILL_PROCESS).
+SECCOMP_EPERM = 0x00050001
+SECCOMP_KILL_PROCESS = 0x80000000
+_SECCOMP_ALLOW = 0x7FFF0000
+
+
+def seccomp_program(
+    syscall: dict[str, int], action: int, equal: dict[int, int] | None = None, unequal: dict[int, int] | None = None
+) -> str:
     """A Python program (for `python3 -c PROGRAM ARGV…`) that runs ARGV under a seccomp
-    filter: the system call numbered syscall[machine] whose argument word at offset `arg`
-    of struct seccomp_data (16: args[0], 32: args[2]; the low half) is `value` gets the
-    filter's return `action`; every other call is allowed."""
+    filter: the system call numbered syscall[machine] gets the filter's return `action`
+    when each argument named in `equal` (by its index) is the value given there and each
+    named in `unequal` is not (the arguments' low 32 bits); every other call is allowed."""
+    conditions = [(i, v, True) for i, v in (equal or {}).items()]
+    conditions += [(i, v, False) for i, v in (unequal or {}).items()]
+    allow = 2 * len(conditions) + 3  # the index of the last instruction, `ret ALLOW`
+    lines = [("0x20, 0, 0, 0", "ld [0]: the system call number"), (f"0x15, 0, {allow - 2}, nr", "jeq nr, else allow")]
+    for i, value, is_equal in conditions:
+        lines.append((f"0x20, 0, 0, {16 + 8 * i}", f"ld args[{i}], its low half"))
+        skip = allow - len(lines) - 1  # from the jump that comes next to `ret ALLOW`
+        if is_equal:
+            lines.append((f"0x15, 0, {skip}, {value:#x}", f"jeq {value:#x}, else allow"))
+        else:
+            lines.append((f"0x15, {skip}, 0, {value:#x}", f"jeq {value:#x}: allow"))
+    lines += [(f"0x06, 0, 0, {action:#x}", "ret action"), (f"0x06, 0, 0, {_SECCOMP_ALLOW:#x}", "ret ALLOW")]
+    body = "".join(f'    struct.pack("HBBI", {fields}),  # {why}\n' for fields, why in lines)
     return rf"""
 import ctypes, os, platform, struct, sys
 nr = {syscall!r}[platform.machine()]
 insns = [
-    struct.pack("HBBI", 0x20, 0, 0, 0),  # ld [0]: the system call number
-    struct.pack("HBBI", 0x15, 0, 3, nr),  # jeq nr, else allow
-    struct.pack("HBBI", 0x20, 0, 0, {arg}),  # ld the argument's low half
-    struct.pack("HBBI", 0x15, 0, 1, {value}),  # jeq value, else allow
-    struct.pack("HBBI", 0x06, 0, 0, {action}),  # ret action
-    struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
-]
+{body}]
 prog = ctypes.create_string_buffer(b"".join(insns))
 buf = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog)))
 libc = ctypes.CDLL(None, use_errno=True)
@@ -520,7 +536,7 @@ os.execvp(sys.argv[1], sys.argv[1:])
 #: Runs argv[1:] with MADV_HUGEPAGE (14, the advice: args[2]) refused with EPERM by a
 #: seccomp filter on madvise, every other madvise allowed: what a service's
 #: SystemCallFilter can do to the runtime.
-NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, 32, 14, 0x00050001)
+NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, SECCOMP_EPERM, equal={2: 14})
 
 
 def build_spin(work: Path) -> Path:

@@ -34,11 +34,13 @@ from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
     REPO,
+    SECCOMP_EPERM,
     Programs,
     build_spin,
     copy_programs,
     locked,
     memory_cgroup,
+    seccomp_program,
 )
 from testkit.smaps import Vma, smaps_of
 
@@ -399,25 +401,8 @@ def test_thp_disabled_process_keeps_its_file_mapping(progs: Programs):
     assert_kept(res, progs, plain, "thp-off")
 
 
-SECCOMP = r"""
-import ctypes, os, platform, struct, sys
-nr = {"x86_64": 25, "aarch64": 216}[platform.machine()]  # mremap
-EPERM = 1
-insns = [
-    struct.pack("HBBI", 0x20, 0, 0, 0),  # ld [0]: the system call number
-    struct.pack("HBBI", 0x15, 0, 1, nr),  # jeq mremap
-    struct.pack("HBBI", 0x06, 0, 0, 0x00050000 | EPERM),  # ret ERRNO(EPERM)
-    struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
-]
-prog = ctypes.create_string_buffer(b"".join(insns))
-fprog = struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog))
-buf = ctypes.create_string_buffer(fprog)
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-assert libc.prctl(22, 2, ctypes.addressof(buf), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
-os.execv(sys.argv[1], sys.argv[1:])
-"""
+#: Runs argv[1:] with every mremap refused with EPERM.
+SECCOMP = seccomp_program({"x86_64": 25, "aarch64": 216}, SECCOMP_EPERM)
 
 
 def test_seccomp_forbidding_mremap_keeps_the_file_mapping(progs: Programs):

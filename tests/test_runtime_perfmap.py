@@ -38,6 +38,7 @@ from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
     HOT_SPIN,
     HUGIFY_RUN,
+    SECCOMP_KILL_PROCESS,
     Programs,
     build_runtime,
     copy_programs,
@@ -459,7 +460,7 @@ def test_map_is_written_completely_or_not_at_all(files: Files, rundir: Path):
 
 #: Runs argv[1:] killed by a seccomp filter at prctl(PR_SET_VMA, …) (args[0]), every
 #: other prctl allowed.
-SECCOMP_KILL_PR_SET_VMA = seccomp_program({"x86_64": 157, "aarch64": 167}, 16, 0x53564D41, 0x80000000)
+SECCOMP_KILL_PR_SET_VMA = seccomp_program({"x86_64": 157, "aarch64": 167}, SECCOMP_KILL_PROCESS, equal={0: 0x53564D41})
 
 
 def test_copies_carry_no_vma_name(files: Files, rundir: Path):
