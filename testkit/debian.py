@@ -15,13 +15,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
 from testkit.cache import CachedBuild, build_dir, cache_root, cached_build
+from testkit.cli import write_launcher
 from testkit.elf import readelf_build_id
 from testkit.recipes import ccache_env
 
@@ -291,18 +291,7 @@ def hugify_inputs() -> list[tuple[str, Path]]:
 def in_tree_env(bin_dir: Path, **extra: str) -> dict[str, str]:
     """The environment that puts this checkout's add-on, dh_hugify and hugify
     first: PERL5LIB for the Sequence module, PATH for the commands."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "hugify"
-    text = (
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
-        f'exec {sys.executable} -m hugify.cli "$@"\n'
-    )
-    if not wrapper.exists() or wrapper.read_text() != text:
-        tmp = wrapper.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(wrapper)
+    write_launcher(bin_dir / "hugify", REPO / "policy" / "policy.toml")
     path = f"{bin_dir}:{DH_HUGIFY_DIR}:{os.environ['PATH']}"
     return clean_env(PATH=path, PERL5LIB=str(DH_HUGIFY_DIR), **extra)
 

@@ -18,13 +18,13 @@ import hashlib
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from testkit import REPO
 from testkit.cache import cached
+from testkit.cli import write_launcher
 from testkit.debian import files_key, tool_versions, tree_files
 
 pytestmark = pytest.mark.slow
@@ -43,13 +43,7 @@ REPRODUCIBLE = (
 def _build(work: Path, name: str, faketime: str | None) -> tuple[int, str]:
     top = work / "top"
     (work / "home").mkdir(exist_ok=True)
-    wrapper = work / "hugify"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
-        f'exec {sys.executable} -m hugify.cli "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    wrapper = write_launcher(work / "hugify", REPO / "policy" / "policy.toml")
     cmd = ["rpmbuild", "-bb", "--define", f"_topdir {top}", "--define", f"hugify_test_src {RPM_DIR}"]
     cmd += ["--define", f"_buildrootdir {work / name / 'buildroot'}", "--define", f"_rpmdir {work / name / 'RPMS'}"]
     cmd += ["--load", str(MACROS), "--define", f"__hugify {wrapper}", "--define", f"__hugify_brp {BRP}"]

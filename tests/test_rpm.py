@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import pytest
 from hugify import manifest
 from testkit import HP, REPO
 from testkit.cache import locked
-from testkit.cli import rpm_env
+from testkit.cli import hugify, rpm_env, write_launcher
 from testkit.elf import exec_load, hugified, readelf_build_id
 
 RPM_DIR = REPO / "tests" / "rpm"
@@ -127,15 +126,7 @@ def _macro_path(files: tuple[tuple[Path, str], ...]) -> str:
 
 def _write_wrapper(shared: Path) -> Path:
     """The `hugify` command the brp script runs: this checkout, the shipped policy."""
-    wrapper = shared / "bin" / "hugify"
-    wrapper.parent.mkdir(exist_ok=True)
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
-        f'exec {sys.executable} -m hugify.cli "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return wrapper
+    return write_launcher(shared / "bin" / "hugify", REPO / "policy" / "policy.toml")
 
 
 def _build(shared: Path, name: str) -> Built:
@@ -409,23 +400,11 @@ def test_hugify_check_on_the_built_rpms(rpm_build) -> None:
     build-ids the -debuginfo package links (/usr/lib/debug/.build-id, symbolic links
     in an rpm). Without the -debuginfo package nothing is said about debug files."""
     b = _ok(rpm_build("hugify"))
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "check", *map(str, b.rpms)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+    res = hugify("check", *b.rpms, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.endswith("3 hugified file(s) as hugify left them\n"), res.stdout
     main = [r for r in b.rpms if "debuginfo" not in r.name and "debugsource" not in r.name]
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "check", *map(str, main)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+    res = hugify("check", *main, check=False)
     assert res.returncode == 0 and res.stdout.endswith("; no debug files given\n"), res.stdout + res.stderr
 
 

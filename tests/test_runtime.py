@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
-from testkit.cli import hugify
+from testkit.cli import command, hugify
 from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
@@ -466,10 +466,10 @@ def test_tmpfs_cannot_be_prefetched_said_once(progs: Programs, tmp_path: Path):
 def test_thp_disabled_for_the_process_is_refused_once(progs: Programs, tmp_path: Path):
     code = (
         "import ctypes, os, sys; ctypes.CDLL(None).prctl(41, 1, 0, 0, 0); "  # PR_SET_THP_DISABLE
-        "os.execv(sys.executable, [sys.executable, '-m', 'hugify.cli', 'prefetch', *sys.argv[1:]])"
+        "os.execv(sys.argv[1], sys.argv[1:])"
     )
     res = subprocess.run(
-        [sys.executable, "-c", code, "--runtime-dir", str(tmp_path), str(progs.prog), str(progs.lib)],
+        [sys.executable, "-c", code, *command("prefetch", "--runtime-dir", tmp_path, progs.prog, progs.lib)],
         capture_output=True,
         text=True,
         cwd=REPO,

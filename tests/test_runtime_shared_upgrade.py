@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import threading
 from collections import Counter
 from dataclasses import replace
@@ -36,6 +35,7 @@ from test_runtime_upgrade import build_deb, dpkg_root
 
 from hugify import shared
 from testkit import HP
+from testkit.cli import write_launcher
 from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
@@ -99,9 +99,7 @@ class World:
             for f, built in ((self.prog, one.prog), (self.lib, one.lib))
         ]
         (mdir / "hugify-shared-test.list").write_text("# hugify manifest v1\n" + "\n".join(lines) + "\n")
-        launcher = tmp_path / "hugify"
-        launcher.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m hugify.cli "$@"\n')
-        launcher.chmod(0o755)
+        launcher = write_launcher(tmp_path / "hugify")
         tools = tmp_path / "tools"  # no systemctl: the helper runs the prefetch itself
         tools.mkdir()
         for t in ("sh", "cat", "grep", "xargs", "nice"):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
-from testkit.cli import hugify
+from testkit.cli import command, hugify
 from testkit.elf import exec_load
 from testkit.runtime import (
     AS_NOBODY,
@@ -159,7 +159,7 @@ def test_madvise_hugepage_refused_by_seccomp_records_nothing(idle: Path, tmp_pat
             outcomes.append((cache, res.returncode, debug_line(res.stderr, idle)))
         drop_caches()
         under = subprocess.run(
-            [*filtered, sys.executable, "-m", "hugify.cli", "prefetch", "--json", "--runtime-dir", str(run), str(idle)],
+            [*filtered, *command("prefetch", "--json", "--runtime-dir", run, idle)],
             capture_output=True,
             text=True,
             cwd=REPO,

@@ -31,7 +31,7 @@ from test_rpm import WITH_MACROS, _eval
 from hugify import _core, policy, signing
 from testkit import REPO
 from testkit.cache import cache_root, locked
-from testkit.cli import hugify, rpm_env
+from testkit.cli import hugify, rpm_env, write_launcher
 from testkit.elf import bits_differing, readelf_build_id
 from testkit.recipes import BY_NAME, build
 
@@ -160,12 +160,7 @@ def _key(name: str) -> str:
 
 def _wrapper(work: Path) -> Path:
     """The `hugify` command of the build: this checkout, the shipped policy and the test's."""
-    w = work / "bin" / "hugify"
-    w.parent.mkdir(parents=True, exist_ok=True)
-    path = f"{SHIPPED_POLICY}:{work / 'policy.toml'}"
-    w.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} HUGIFY_POLICY_PATH={path} exec {sys.executable} -m hugify.cli "$@"\n')
-    w.chmod(0o755)
-    return w
+    return write_launcher(work / "bin" / "hugify", f"{SHIPPED_POLICY}:{work / 'policy.toml'}")
 
 
 def _run_logged(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> int:

@@ -11,7 +11,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -24,6 +23,7 @@ import pytest
 from hugify import files
 from hugify.reasons import LOG_ENV
 from testkit import HP
+from testkit.cli import command, hugify
 from testkit.recipes import build_itlb
 from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime, padded_functions
 
@@ -116,12 +116,12 @@ def _hugify_try(
     the system's python3, when given; through `launcher`, e.g. nohup, when given)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "PYTHON"))}
     base |= {"PYTHONPATH": str(REPO), "LC_ALL": "C", **(env or {})}
-    cmd = [sys.executable, "-m", "hugify.cli", "try", *map(str, args)]
+    cmd = command("try", *args)
     if user:
         # the suite's reason log is root's file; the system's python3 has what hugify needs
         base.pop(LOG_ENV, None)
         ids = ["--reuid", user, "--regid", str(pwd.getpwnam(user).pw_gid), "--clear-groups"]
-        cmd = ["setpriv", *ids, "/usr/bin/python3", *cmd[1:]]
+        cmd = ["setpriv", *ids, *command("try", *args, python="/usr/bin/python3")]
     return subprocess.run(
         [*launcher, *cmd], cwd=cwd, env=base, capture_output=True, text=True, timeout=600, check=False
     )
@@ -570,7 +570,7 @@ def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
     assert left == []
 
 
-#: Runs `hugify try ARGS` as uid 65534 inside a user namespace (mapping the first
+#: Runs argv[1:] (`hugify try ARGS`) as uid 65534 inside a user namespace (mapping the first
 #: 65536 ids to themselves) whose own user.max_user_namespaces is 0: the sysctl is kept
 #: per user namespace, so the system's stays as it is.
 NO_USERNS = """
@@ -586,7 +586,7 @@ if pid == 0:
     os.setgroups([])
     os.setgid(65534)
     os.setuid(65534)
-    os.execv("/usr/bin/python3", ["python3", "-m", "hugify.cli", "try", *sys.argv[1:]])
+    os.execv(sys.argv[1], sys.argv[1:])
 os.read(ready[0], 1)
 for name in ("uid_map", "gid_map"):
     with open(f"/proc/{pid}/{name}", "w") as f:
@@ -607,7 +607,12 @@ def test_without_user_namespaces_a_user_is_told_why(shared_dir: Path) -> None:
     cache = shared_dir / "cache"
     subprocess.run(["chown", "-R", "65534:65534", str(shared_dir)], check=True)
     env = {k: v for k, v in os.environ.items() if k != LOG_ENV} | {"PYTHONPATH": str(REPO)}
-    cmd = ["/usr/bin/python3", "-c", NO_USERNS, "--cache-dir", str(cache), "--", str(prog)]
+    cmd = [
+        "/usr/bin/python3",
+        "-c",
+        NO_USERNS,
+        *command("try", "--cache-dir", cache, "--", prog, python="/usr/bin/python3"),
+    ]
     res = subprocess.run(cmd, cwd=shared_dir, env=env, capture_output=True, text=True, check=False)
     assert res.returncode == 4, res.stderr
     assert res.stderr == (
@@ -636,15 +641,11 @@ def test_explain_and_usage() -> None:
         "runs-unseen": 8,
         "control-failed": 8,
     }
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO, capture_output=True, text=True, check=False
-    )
+    res = hugify("explain", *ids, check=False)
     assert res.returncode == 0, res.stderr
     for line, (rid, status) in zip(res.stdout.splitlines(), ids.items(), strict=True):
         assert line.startswith(f"{rid} (") and f", exit status {status}): hugify try: " in line, line
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "try", "--json"], cwd=REPO, capture_output=True, text=True, check=False
-    )
+    res = hugify("try", "--json", check=False)
     assert res.returncode == 2 and "give the command to compare after --" in res.stderr
 
 
@@ -714,7 +715,7 @@ def test_a_terminated_comparison_leaves_nothing_behind(tmp_path: Path) -> None:
     marker = "987.654"
     cache = tmp_path / "cache"
     script = f"sleep {marker} & i=0; while [ $i -lt 100000 ]; do i=$((i + 1)); done"
-    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with subprocess.Popen([*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) as p:
         deadline = time.monotonic() + 60
@@ -936,7 +937,7 @@ def test_a_killed_comparison_leaves_no_process_and_no_mount(tmp_path: Path) -> N
     marker = "4321.875"
     cache = tmp_path / "cache"
     state = _system_state(tmp_path)
-    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
     script = f"sleep {marker} & {prog}; sleep 3"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
@@ -1033,7 +1034,7 @@ def test_an_interrupted_comparison_reports_its_rounds_and_leaves_nothing(tmp_pat
     cache = tmp_path / "cache"
     log = tmp_path / "runs.log"
     script = f"echo run >> {log}; sleep {marker} & {prog}"
-    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with subprocess.Popen(
         [*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
