@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """The runtime side: exec latency and minor page faults of a hugified >= 6 MiB program,
 original vs hugified-and-prefetched, and the overheads of hugify-run and of the audit
 library against a direct exec, all measured interleaved in one run (the machines here
@@ -17,7 +16,7 @@ against without them (HUGIFY_SHARED=0) and against the anonymous copies of the s
 windows (HUGIFY_ANONYMOUS=always), interleaved with the rest, and la_objopen's time for
 an object mapped from a copy.
 
-usage: bench/runtime_bench.py [--rounds N] [--libs N]
+usage: tools/bench runtime_bench [--rounds N] [--libs N]
 """
 
 from __future__ import annotations
@@ -35,21 +34,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from testkit.bench import REPO, interleaved
+from testkit import REPO
+from testkit.bench import devnull, interleaved
 from testkit.cli import hugify
 from testkit.elf import exec_load
+from testkit.recipes import BY_NAME, build
 
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT = RUNTIME / "libhugify-audit.so"
-DEVNULL = os.open(os.devnull, os.O_WRONLY)
 
 
 def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
     """Wall time of fork+exec+run+exit, and the child's minor page faults (wait4)."""
     start = time.perf_counter()
     pid = os.posix_spawn(
-        argv[0], argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, DEVNULL, 1), (os.POSIX_SPAWN_DUP2, DEVNULL, 2)]
+        argv[0], argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, devnull(), 1), (os.POSIX_SPAWN_DUP2, devnull(), 2)]
     )
     _, status, ru = os.wait4(pid, 0)
     wall = time.perf_counter() - start
@@ -161,8 +161,6 @@ def build_programs(work: Path, libs: int) -> Built:
     """The runtime (and its timing build), the gcc-bfd-large recipe's program and
     library copied and hugified into `work`, the hugified ones prefetched."""
     subprocess.run(["make", "-s", "-C", RUNTIME, "all", "timing"], check=True)
-    from testkit.recipes import BY_NAME, build
-
     src = build(BY_NAME["gcc-bfd-large"])
     orig, hug = work / "orig", work / "hug"
     orig.mkdir()

@@ -3,7 +3,8 @@ import, as one package (never shipped: the wheel holds `hugify` only, the .deb a
 .rpm install from the wheel's file list).
 
 Tests find it through pytest's `pythonpath` (pyproject.toml); benchmarks run as modules
-from the repository root (`python -m bench.NAME`), so no file edits `sys.path`.
+of the checkout (`tools/bench NAME` runs `python -m bench.NAME` with the checkout on
+PYTHONPATH), so no file edits `sys.path`.
 
 Modules, each owning one thing:
 - cli: running the hugify CLI and the programs it rewrote (one environment contract).
