@@ -547,6 +547,19 @@ def build_spin(work: Path) -> Path:
     return work / "spin"
 
 
+def perf_record(data: Path, *target: str | Path) -> list[str]:
+    """The command line of `perf record` sampling the cpu-clock (hardware counters are
+    not available in these VMs) into `data`, of `target`: `-p PID`, `-a`, or `--
+    COMMAND...` (perf launching it)."""
+    return ["perf", "record", "-q", "-e", "cpu-clock", "-o", str(data), *map(str, target)]
+
+
+def perf_attached(data: Path, *target: str | Path) -> subprocess.Popen[str]:
+    """perf_record(data, *target) started in the background (`-p PID` or `-a`): its
+    output dropped, its errors kept for `communicate`."""
+    return subprocess.Popen(perf_record(data, *target), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
 def build_idle(work: Path) -> Path:
     """A hugified program of two whole windows of code that it never runs: it exits at
     once, so that it runs as quickly in a memory cgroup of 2 MiB as anywhere."""

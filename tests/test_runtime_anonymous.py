@@ -40,6 +40,8 @@ from testkit.runtime import (
     copy_programs,
     locked,
     memory_cgroup,
+    perf_attached,
+    perf_record,
     seccomp_program,
 )
 from testkit.smaps import Vma, smaps_of
@@ -276,7 +278,7 @@ def test_perf_resolves_the_copied_code_by_name(spin: Path, tmp_path: Path):
     # launched under perf, the copies are named through the file (perf saw it mapped and no
     # new mapping since): without the map (HUGIFY_PERF_MAP=0, nothing left in /tmp)
     res = run(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-o", data, "--", HUGIFY_RUN, "--anonymous=always", spin],
+        perf_record(data, "--", HUGIFY_RUN, "--anonymous=always", spin),
         {**DEBUG, "HUGIFY_PERF_MAP": "0"},
     )
     assert copy_lines(res.stderr)[str(spin)] == (nwin(spin), nwin(spin), "")
@@ -304,10 +306,7 @@ def test_perf_attached_later_resolves_through_the_perf_map(spin: Path, tmp_path:
         perf_map = Path(f"/tmp/perf-{p.pid}.map")
         hot = [line for line in perf_map.read_text().splitlines() if line.endswith(" hugify_hot_spin")]
         assert len(hot) == 1
-        perf = subprocess.Popen(
-            ["perf", "record", "-q", "-e", "cpu-clock", "-p", str(p.pid), "-o", str(data)],
-            stderr=subprocess.PIPE,
-        )
+        perf = perf_attached(data, "-p", p.pid)
         time.sleep(1.0)  # perf is attached
         p.stdin.write("\n")
         p.stdin.close()

@@ -43,6 +43,7 @@ from testkit.runtime import (
     build_runtime,
     copy_programs,
     padded_functions,
+    perf_attached,
     seccomp_program,
 )
 
@@ -548,12 +549,7 @@ def test_perf_started_after_the_fork_names_the_childs_copied_code(
     child = r.child()
     data = tmp_path / "perf.data"
     target = ["-p", str(child)] if how == "-p" else ["-a"]
-    perf = subprocess.Popen(
-        ["perf", "record", "-q", "-e", "cpu-clock", *target, "-o", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    perf = perf_attached(data, *target)
     try:
         time.sleep(2.0)  # perf has read /proc and is recording
         out = r.finish()
@@ -577,12 +573,7 @@ def test_perf_recording_before_the_start_needs_no_map(
     mremap that put each copy in place: the copies are named through the files, in the
     parent and, through perf's fork event, in the forked child, with no map written."""
     data = tmp_path / "perf.data"
-    perf = subprocess.Popen(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-a", "-o", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    perf = perf_attached(data, "-a")
     try:
         time.sleep(2.0)
         t0 = time.time_ns()
