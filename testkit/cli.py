@@ -46,15 +46,9 @@ def hugify(
     `python` is the interpreter (`command`), `stdin` its input. A non-zero exit
     raises, unless the caller passes `check=False` to look at the result itself."""
     full = {**(os.environ if env is None else env), **(add_env or {})}
+    argv = [*map(str, runner), *command(*args, python=python)]
     res = subprocess.run(
-        [*map(str, runner), *command(*args, python=python)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
+        argv, input=stdin, capture_output=True, text=True, env=full, cwd=REPO, timeout=timeout, check=False
     )
     if check and res.returncode != 0:
         raise AssertionError(f"hugify {' '.join(map(str, args))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")

@@ -282,26 +282,19 @@ def test_gdb_breaks_at_source_lines_and_backtraces_with_the_debug_file(rpm_build
         "-ex",
         f"set environment LD_LIBRARY_PATH={b.root / 'usr/lib64'}",
     ]
-    res = subprocess.run(
-        [*gdb, "-ex", f"break lib.c:{lib_line}", "-ex", "run", "-ex", "bt", str(b.root / PROG)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = res.stdout + res.stderr
+
+    def backtrace(where: str) -> str:
+        """gdb's output of a run of the program stopped at `where`, and its backtrace."""
+        argv = [*gdb, "-ex", f"break {where}", "-ex", "run", "-ex", "bt", str(b.root / PROG)]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        return res.stdout + res.stderr
+
+    out = backtrace(f"lib.c:{lib_line}")
     assert re.search(rf"Breakpoint 1, lib_entry \(x=-?\d+\) at lib\.c:{lib_line}", out), out
     assert re.search(rf"#0\s+lib_entry \(x=-?\d+\) at lib\.c:{lib_line}", out), out
     assert re.search(rf"#1\s+0x[0-9a-f]+ in main \(argc=1, argv=0x[0-9a-f]+\) at main\.c:{main_line}", out), out
     # A breakpoint inside the moved code of the program itself.
-    res = subprocess.run(
-        [*gdb, "-ex", "break exe_f700", "-ex", "run", "-ex", "bt", str(b.root / PROG)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = res.stdout + res.stderr
+    out = backtrace("exe_f700")
     assert re.search(r"#0\s+exe_f700 \(x=-?\d+\) at exe_gen\d\.c:\d+", out), out
     assert re.search(r"#1\s+0x[0-9a-f]+ in exe_dispatch \(seed=1\) at exe_table\.c:\d+", out), out
     assert re.search(r"in main \(argc=1, argv=0x[0-9a-f]+\) at main\.c:\d+", out), out

@@ -374,33 +374,24 @@ def test_the_plot_never_writes_through_a_symlink_at_its_name(tmp_path: Path) -> 
     assert ET.parse(plot).getroot().tag == "{http://www.w3.org/2000/svg}svg"
 
 
-ADDRESS_PRINTER = (
-    HUGE_CODE
-    + padded_functions("exe", 96, 16384)
-    + r"""
-int main(void) {
-    Dl_info info;
-    long x = exe_all(1);
-    dladdr((void *)exe_f0, &info);
+def _address_program(body: str) -> str:
+    """A program of 96 functions (1.5 MiB of code) whose main finds its load address
+    (`info`, from dladdr of exe_f0), then runs `body`."""
+    main = "int main(void) {\n    Dl_info info;\n    dladdr((void *)exe_f0, &info);\n" + body + "}\n"
+    return HUGE_CODE + padded_functions("exe", 96, 16384) + main
+
+
+#: Prints where its code lies from where it was loaded.
+ADDRESS_PRINTER = _address_program(
+    r"""    long x = exe_all(1);
     printf("%ld: exe_f0 at %#lx from the load address\n", x, (unsigned long)((char *)exe_f0 - (char *)info.dli_fbase));
     return 0;
-}
 """
 )
-
-
 #: Exits with 7 where its code lies 2 MiB or more from where it was loaded: the shift
 #: puts the code on whole windows, which start at 2 MiB at the earliest.
-ADDRESS_EXIT = (
-    HUGE_CODE
-    + padded_functions("exe", 96, 16384)
-    + r"""
-int main(void) {
-    Dl_info info;
-    dladdr((void *)exe_f0, &info);
-    return exe_all(1) >= 0 && (char *)exe_f0 - (char *)info.dli_fbase >= 0x200000 ? 7 : 0;
-}
-"""
+ADDRESS_EXIT = _address_program(
+    "    return exe_all(1) >= 0 && (char *)exe_f0 - (char *)info.dli_fbase >= 0x200000 ? 7 : 0;\n"
 )
 
 
