@@ -133,21 +133,27 @@ class Built:
 
 
 @dataclass
+class PrefetchTimes:
+    """`hugify prefetch` of files already in place, in ms."""
+
+    batch: list[float]  # per file, in a batch of `batch_files`
+    batch_files: int
+    one: list[float]  # for one file alone
+    cli: list[float]  # the whole command, for one file
+
+
+@dataclass
 class Measured:
     """Everything the benchmark measured; `report` only prints it."""
 
     rounds: int
     libs: int
     exec_size: int  # the hugified program's executable segment
-    coverage_before: dict[str, float]
-    coverage_after: dict[str, float]
+    coverage: tuple[dict[str, float], dict[str, float]]  # each file's, before and after the starts
     starts: dict[str, list[tuple[float, int]]]  # case -> (wall, minor faults) per round
     per_object: dict[str, list[float]]  # la_objopen's time (us) per object
     per_shared: dict[str, list[float]]  # the same, the objects mapped from shared copies
-    prefetch_batch: list[float]  # ms per file of `hugify prefetch` of a batch in place
-    batch_files: int
-    prefetch_one: list[float]  # ms of it for one file alone
-    prefetch_cli: list[float]  # ms of the whole command for one file
+    prefetch: PrefetchTimes
 
 
 def fsync(path: Path) -> None:
@@ -220,10 +226,10 @@ def la_objopen_times(prog: Path, env: dict[str, str], runs: int = 50) -> dict[st
     return per_object
 
 
-def prefetch_times(hug_files: list[Path], batch: Path) -> tuple[list[float], int, list[float], list[float]]:
-    """hugify prefetch on files already in place: its own per-file timing (ms) for the
-    two files and for 16 more copies of them (one smaps read serves a whole batch), for
-    one file alone, and the whole command's for one file; and the batch's size."""
+def prefetch_times(hug_files: list[Path], batch: Path) -> PrefetchTimes:
+    """hugify prefetch on files already in place: its own per-file timing for the two
+    files and for 16 more copies of them (one smaps read serves a whole batch), for one
+    file alone, and the whole command's for one file."""
     batch.mkdir()
     copies = []
     for i in range(8):
@@ -253,7 +259,7 @@ def prefetch_times(hug_files: list[Path], batch: Path) -> tuple[list[float], int
         t = time.perf_counter()
         hugify("prefetch", "--quiet", hug_files[0])
         cli.append((time.perf_counter() - t) * 1e3)
-    return per_file, len(copies) + 2, one, cli
+    return PrefetchTimes(per_file, len(copies) + 2, one, cli)
 
 
 def measure(work: Path, rounds: int, libs: int) -> Measured:
@@ -265,31 +271,19 @@ def measure(work: Path, rounds: int, libs: int) -> Measured:
     timing_env = {**base, "LD_AUDIT": str(RUNTIME / "libhugify-audit-timing.so")}
     with shared_copies(p.hug_files, work) as (shared_files, shared_run):
         cases = start_cases(p, libs, shared_files, shared_run, base)
-        coverage_before = coverage(p.hug_files)
+        before = coverage(p.hug_files)
         starts = interleaved(cases, rounds)
-        coverage_after = coverage(p.hug_files)
+        after = coverage(p.hug_files)
         per_object = la_objopen_times(p.hug / "prog", timing_env)
         per_shared = la_objopen_times(shared_files[0], {**timing_env, "HUGIFY_RUNTIME_DIR": str(shared_run)})
-    per_file, batch_files, one, cli = prefetch_times(p.hug_files, work / "batch")
-    return Measured(
-        rounds=rounds,
-        libs=libs,
-        exec_size=exec_load(p.hug / "prog").memsz,
-        coverage_before=coverage_before,
-        coverage_after=coverage_after,
-        starts=starts,
-        per_object=per_object,
-        per_shared=per_shared,
-        prefetch_batch=per_file,
-        batch_files=batch_files,
-        prefetch_one=one,
-        prefetch_cli=cli,
-    )
+    prefetch = prefetch_times(p.hug_files, work / "batch")
+    exec_size = exec_load(p.hug / "prog").memsz
+    return Measured(rounds, libs, exec_size, (before, after), starts, per_object, per_shared, prefetch)
 
 
 def _print_starts(m: Measured) -> None:
     print(f"program: gcc-bfd-large, executable segment {m.exec_size / 2**20:.1f} MiB hugified; {m.rounds} rounds")
-    print(f"huge-page coverage of the hugified files before/after timing: {m.coverage_before} / {m.coverage_after}")
+    print(f"huge-page coverage of the hugified files before/after timing: {m.coverage[0]} / {m.coverage[1]}")
     print(f"{'case':42} {'median us':>10} {'p10 us':>9} {'minflt':>7}")
     for k, v in m.starts.items():
         print(f"{k:42} {med(v) * 1e6:10.0f} {p10(v) * 1e6:9.0f} {med(v, 1):7.0f}")
@@ -360,11 +354,12 @@ def _print_audit(m: Measured) -> None:
 
 
 def _print_prefetch(m: Measured) -> None:
-    one = statistics.median(m.prefetch_one)
+    t = m.prefetch
+    one = statistics.median(t.one)
     print(
-        f"hugify prefetch, already prefetched: {statistics.median(m.prefetch_batch):.2f} ms per file in a batch of "
-        f"{m.batch_files}, {one:.2f} ms for one file alone "
-        f"(whole command incl. Python start-up {statistics.median(m.prefetch_cli):.0f} ms); target < 5 ms per file:",
+        f"hugify prefetch, already prefetched: {statistics.median(t.batch):.2f} ms per file in a batch of "
+        f"{t.batch_files}, {one:.2f} ms for one file alone "
+        f"(whole command incl. Python start-up {statistics.median(t.cli):.0f} ms); target < 5 ms per file:",
         "met" if one < 5 else "MISSED",
     )
 
