@@ -39,8 +39,8 @@ int main(void) { printf("%ld\n", prog_all(1) + lib_all(2)); return 0; }
 
 def build(work: Path) -> Path:
     """prog (4.4 MiB of code) linking libfew.so (2.5 MiB), both hugified: 5 windows."""
-    (work / "lib.c").write_text(padded_functions("lib", 160, 16384))
-    (work / "main.c").write_text(padded_functions("prog", 280, 16384) + MAIN)
+    (work / "lib.c").write_text(padded_functions("lib", 160))
+    (work / "main.c").write_text(padded_functions("prog", 280) + MAIN)
     cc = ["gcc", "-O1", "-g"]
     subprocess.run(
         [*cc, "-fPIC", "-shared", "-Wl,-soname,libfew.so", "-o", "libfew.orig.so", "lib.c"], cwd=work, check=True

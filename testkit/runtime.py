@@ -33,9 +33,9 @@ AUDIT_LIB = RUNTIME / "libhugify-audit.so"
 LOCK = Path("/tmp/hugify-runtime-tests.lock")
 
 
-def padded_functions(prefix: str, count: int, fill: int, factor: int = 3) -> str:
+def padded_functions(prefix: str, count: int, fill: int = 16384, factor: int = 3) -> str:
     """C source of `count` functions PREFIX_fI, each padded with `fill` bytes of nop
-    (16384: 16 KiB, so that a few hundred make whole 2 MiB windows of code), the table
+    (16 KiB: a few hundred make whole 2 MiB windows of code), the table
     PREFIX_table of them and PREFIX_all(x), which calls every one through the table, so
     that the linker keeps them all and a run touches every one."""
     out = [
@@ -66,7 +66,7 @@ __attribute__((noinline)) long hugify_hot_spin(long x) {
 SPIN = (
     "#include <stdio.h>\n#include <unistd.h>\n"
     + HOT_SPIN
-    + padded_functions("spin", 200, 16384)
+    + padded_functions("spin", 200)
     + r"""
 int main(int argc, char **argv) {
     if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
@@ -212,9 +212,9 @@ def build_programs(work: Path, layout: Layout = GNU_LD, main: str = MAIN, factor
     src = work / "orig"
     src.mkdir(parents=True)
     exe, lib, plug = layout.funcs
-    (src / "lib.c").write_text(padded_functions("lib", lib, 16384, factor))
-    (src / "plug.c").write_text(padded_functions("plug", plug, 16384, factor))
-    (src / "main.c").write_text(padded_functions("exe", exe, 16384, factor) + main)
+    (src / "lib.c").write_text(padded_functions("lib", lib, factor=factor))
+    (src / "plug.c").write_text(padded_functions("plug", plug, factor=factor))
+    (src / "main.c").write_text(padded_functions("exe", exe, factor=factor) + main)
     cc, ld = layout.cc, list(layout.ldflags)
     run_checked([cc, "-O1", "-fPIC", "-shared", *ld, "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"], src)
     run_checked([cc, "-O1", "-fPIC", "-shared", *ld, "-o", "libplug.so", "plug.c"], src)
@@ -564,7 +564,7 @@ def build_idle(work: Path) -> Path:
     """A hugified program of two whole windows of code that it never runs: it exits at
     once, so that it runs as quickly in a memory cgroup of 2 MiB as anywhere."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / "idle.c").write_text(padded_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
+    (work / "idle.c").write_text(padded_functions("idle", 200) + "int main(void) { return 0; }\n")
     run_checked(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
     res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle", check=False)
     assert res.returncode == 0, res.stderr

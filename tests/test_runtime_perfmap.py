@@ -62,7 +62,7 @@ PROGRAM = (
 #include <unistd.h>
 """
     + HOT_SPIN
-    + padded_functions("spin", 200, 16384)
+    + padded_functions("spin", 200)
     + r"""
 static void wait_for_a_line(void) { char c; if (read(0, &c, 1) != 1) exit(2); }
 

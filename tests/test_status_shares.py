@@ -26,7 +26,7 @@ from testkit.runtime import HUGIFY_RUN, exec_segment_size, padded_functions
 CHILDREN = 8
 
 FORKING = (
-    padded_functions("fork", 200, 16384)
+    padded_functions("fork", 200)
     + r"""
 #include <stdio.h>
 #include <stdlib.h>

@@ -292,7 +292,7 @@ def test_the_shared_way_is_roots(shared_dir: Path) -> None:
 
 SEQUENTIAL = (
     "#include <stdio.h>\n#include <stdlib.h>\n"
-    + padded_functions("exe", 96, 16384)
+    + padded_functions("exe", 96)
     + "int main(int argc, char **argv) { long x = 1; for (int r = atoi(argv[1]); r > 0; r--) x = exe_all(x);"
     + ' printf("%ld\\n", x); }\n'
 )
@@ -333,7 +333,7 @@ def test_an_a_a_comparison_claims_nothing_unless_its_interval_excludes_1(tmp_pat
 #: inode given (the original's), as on the hugified side of --control.
 SKEWED = (
     "#include <stdio.h>\n#include <stdlib.h>\n#include <sys/stat.h>\n"
-    + padded_functions("exe", 96, 16384)
+    + padded_functions("exe", 96)
     + "int main(int argc, char **argv) { struct stat st; long x = 1, n = atol(argv[2]);"
     + ' if (stat("/proc/self/exe", &st) != 0) return 2; if (st.st_ino != (ino_t)atoll(argv[1])) n *= 3;'
     + ' for (long r = n; r > 0; r--) x = exe_all(x); printf("%d\\n", x >= 0); }\n'
@@ -378,7 +378,7 @@ def _address_program(body: str) -> str:
     """A program of 96 functions (1.5 MiB of code) whose main finds its load address
     (`info`, from dladdr of exe_f0), then runs `body`."""
     main = "int main(void) {\n    Dl_info info;\n    dladdr((void *)exe_f0, &info);\n" + body + "}\n"
-    return HUGE_CODE + padded_functions("exe", 96, 16384) + main
+    return HUGE_CODE + padded_functions("exe", 96) + main
 
 
 #: Prints where its code lies from where it was loaded.
@@ -487,7 +487,7 @@ def test_make_running_compiles_is_compared_with_the_compiler_hugified(tmp_path: 
 #: (100 rounds took 20 ms, on the edge of too-short).
 RUNPATH_MAIN = (
     "#include <stdio.h>\n#include <unistd.h>\nlong lib_all(long);\n"
-    + padded_functions("exe", 80, 16384)
+    + padded_functions("exe", 80)
     + "int main(void) { long x = 1; for (int r = 0; r < 400; r++) x = lib_all(exe_all(x));"
     + ' printf("%ld\\n", x); fflush(stdout); usleep(300000); }\n'
 )
@@ -502,7 +502,7 @@ def test_a_program_with_runpath_origin_maps_both_copies(shared_dir: Path, user: 
     top = shared_dir
     (top / "bin").mkdir()
     (top / "lib").mkdir()
-    _cc(top / "lib" / "libbig.so", padded_functions("lib", 80, 16384), "-shared", "-fPIC")
+    _cc(top / "lib" / "libbig.so", padded_functions("lib", 80), "-shared", "-fPIC")
     prog = _cc(top / "bin" / "prog", RUNPATH_MAIN, "-L", str(top / "lib"), "-lbig", "-Wl,-rpath,$ORIGIN/../lib")
     env = {"XDG_CACHE_HOME": str(top / "cache"), "HOME": str(top)}
     args: tuple[str | Path, ...] = ("--json", "--min-rounds", "2", "--max-rounds", "2")
@@ -544,7 +544,7 @@ def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
     build_runtime()
     prog = _cc(
         tmp_path / "prog",
-        HUGE_CODE + padded_functions("exe", 96, 16384) + "int main(void) { return exe_all(1) < 0; }\n",
+        HUGE_CODE + padded_functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n",
     )
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -593,7 +593,7 @@ def test_without_user_namespaces_a_user_is_told_why(shared_dir: Path) -> None:
     build_runtime()
     prog = _cc(
         shared_dir / "prog",
-        HUGE_CODE + padded_functions("exe", 96, 16384) + "int main(void) { return exe_all(1) < 0; }\n",
+        HUGE_CODE + padded_functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n",
     )
     cache = shared_dir / "cache"
     subprocess.run(["chown", "-R", "65534:65534", str(shared_dir)], check=True)
@@ -748,7 +748,7 @@ def _marked(path: Path, marker: str, extra: str = "") -> Path:
         "int main(void) { long x = 1; for (int r = 600; r > 0; r--) x = exe_all(x);"
         f' {extra} puts("{marker}"); return x < 0; }}\n'
     )
-    return _cc(path, HUGE_CODE + padded_functions("exe", 96, 16384) + main, "-fPIE", "-pie")
+    return _cc(path, HUGE_CODE + padded_functions("exe", 96) + main, "-fPIE", "-pie")
 
 
 #: What the programs another user plants do besides: leave a file, as whoever runs them.
