@@ -60,9 +60,9 @@ __attribute__((noinline)) long hugify_hot_spin(long x) {
 }
 """
 
-#: A hugified program that spends its time in hugify_hot_spin, inside a window: with an
-#: argument it first says "waiting" and waits for a line on stdin (time for perf or gdb
-#: to attach), then prints its result.
+#: A program (build_spin hugifies it) that spends its time in hugify_hot_spin, inside a
+#: window: with an argument it first says "waiting" and waits for a line on stdin (time
+#: for perf or gdb to attach), then prints its result.
 SPIN = (
     "#include <stdio.h>\n#include <unistd.h>\n"
     + HOT_SPIN
@@ -539,12 +539,19 @@ os.execvp(sys.argv[1], sys.argv[1:])
 NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, SECCOMP_EPERM, equal={2: 14})
 
 
+def build_hugified(work: Path, name: str, source: str, *flags: str) -> Path:
+    """`source` built as a PIE (gcc -O1, `flags` after the source: -g, -ldl) into
+    WORK/NAME.orig and hugified into WORK/NAME, which it returns."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"{name}.c").write_text(source)
+    run_checked(["gcc", "-O1", "-fPIE", "-pie", "-o", f"{name}.orig", f"{name}.c", *flags], work)
+    hugify("transform", "--threshold", "0", work / f"{name}.orig", "-o", work / name)
+    return work / name
+
+
 def build_spin(work: Path) -> Path:
-    """SPIN compiled (with debug info, a PIE) and hugified in `work`: the hugified one."""
-    (work / "spin.c").write_text(SPIN)
-    run_checked(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], work)
-    hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin")
-    return work / "spin"
+    """SPIN built with debug info and hugified in `work`."""
+    return build_hugified(work, "spin", SPIN, "-g")
 
 
 def perf_record(data: Path, *target: str | Path) -> list[str]:
@@ -563,12 +570,7 @@ def perf_attached(data: Path, *target: str | Path) -> subprocess.Popen[str]:
 def build_idle(work: Path) -> Path:
     """A hugified program of two whole windows of code that it never runs: it exits at
     once, so that it runs as quickly in a memory cgroup of 2 MiB as anywhere."""
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "idle.c").write_text(padded_functions("idle", 200) + "int main(void) { return 0; }\n")
-    run_checked(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
-    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "idle"
+    return build_hugified(work, "idle", padded_functions("idle", 200) + "int main(void) { return 0; }\n")
 
 
 @contextlib.contextmanager

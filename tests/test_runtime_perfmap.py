@@ -33,13 +33,13 @@ from pathlib import Path
 import pytest
 
 from testkit import HP
-from testkit.cli import hugify
 from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
     HOT_SPIN,
     HUGIFY_RUN,
     SECCOMP_KILL_PROCESS,
     Programs,
+    build_hugified,
     build_runtime,
     copy_programs,
     padded_functions,
@@ -126,11 +126,7 @@ def files(built: Programs) -> Iterator[Files]:
     work = Path(tempfile.mkdtemp(prefix="hugify-perfmap-", dir="/var/tmp"))
     try:
         work.chmod(0o755)
-        (work / "prog.c").write_text(PROGRAM)
-        cc = ["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "prog.orig", "prog.c", "-ldl"]
-        subprocess.run(cc, cwd=work, check=True)
-        res = hugify("transform", "--threshold", "0", work / "prog.orig", "-o", work / "prog", check=False)
-        assert res.returncode == 0, res.stderr
+        build_hugified(work, "prog", PROGRAM, "-g", "-ldl")
         copy_programs(built, work / "lib")
         shutil.copy(work / "lib" / "libplug.so", work / "libplug.so")
         for f in (work / "prog", work / "libplug.so"):
