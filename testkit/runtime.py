@@ -245,6 +245,29 @@ def copy_programs(p: Programs, dest: Path) -> Programs:
     return Programs(dest, p.orig)
 
 
+#: The transparent huge page settings in sysfs.
+THP = Path("/sys/kernel/mm/transparent_hugepage")
+
+
+def thp_setting(name: str = "enabled") -> str:
+    """The value selected (the bracketed one) of THP's setting `name` in sysfs:
+    `enabled`, `shmem_enabled`, `defrag`."""
+    return (THP / name).read_text().split("[")[1].split("]")[0]
+
+
+@contextlib.contextmanager
+def thp_set(name: str, value: str) -> Iterator[None]:
+    """THP's setting `name` set to `value` for the block, the value before put back
+    after it (the caller holds the runtime tests' lock: other tests read the setting)."""
+    before = thp_setting(name)
+    (THP / name).write_text(value)
+    try:
+        yield
+    finally:
+        (THP / name).write_text(before)
+    assert thp_setting(name) == before
+
+
 def locked(path: Path = LOCK) -> contextlib.AbstractContextManager[None]:
     """The runtime tests' lock (they share the page cache and THP settings)."""
     return recipes.locked(path)

@@ -22,7 +22,6 @@ from testkit.runtime import AUDIT_LIB, Programs, copy_programs
 from testkit.smaps import smaps_of
 
 SHARED_LINE = re.compile(r"^hugify-audit: shared (\S+): (\d+)/(\d+) windows mapped(.*)$", re.M)
-SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 
 
 @dataclass

@@ -40,6 +40,7 @@ from testkit.runtime import (
     parse_smaps,
     read_plainly,
     run_mappings,
+    thp_setting,
 )
 
 
@@ -317,10 +318,7 @@ def test_status_reports_coverage_and_settings(progs: Programs, tmp_path: Path):
     assert cov == {str(progs.prog): 1.0, str(progs.lib): 0.0, str(progs.plug): 0.0}
     assert {f["coverage"] for f in cold["files"]} == {0.0}
     system = json.loads(res.stdout)["system"]
-    assert (
-        system["thp_enabled"]
-        == Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
-    )
+    assert system["thp_enabled"] == thp_setting()
     assert system["pmd_size"] == HP and system["page_size"] == os.sysconf("SC_PAGE_SIZE")
     assert system["features"]["cachestat"] is cachestat_works()
     assert "COVERAGE" in text.stdout and "100.0 %" in text.stdout and "enabled=" in text.stdout
@@ -383,7 +381,7 @@ def test_kernel_awareness_is_probed_and_recorded(progs: Programs, tmp_path: Path
         code, report = prefetch_json("--runtime-dir", rdir, progs.lib)
     assert code == 0
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    thp = thp_setting()
     assert (rdir / "kernel-exec-pmd").read_text() == f"{boot} {int(by_itself)} {thp}\n"
     assert report["system"]["exec_pmd_readahead"] is by_itself
     assert set(states(report, progs.lib)) == ({"kernel"} if by_itself else {"loaded"})
@@ -399,7 +397,7 @@ def test_a_recorded_kernel_verdict_is_checked_against_a_cold_window(progs: Progr
     dropped by that first look: prefetch records "no" and loads the windows, hugify-run
     removes it and loads them. A verdict of an earlier boot is ignored: probed again."""
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    thp = thp_setting()
     yes = tmp_path / "yes"
     yes.mkdir()
     record = yes / "kernel-exec-pmd"

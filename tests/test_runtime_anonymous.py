@@ -43,10 +43,10 @@ from testkit.runtime import (
     perf_attached,
     perf_record,
     seccomp_program,
+    thp_set,
 )
 from testkit.smaps import Vma, smaps_of
 
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
 
 
@@ -379,13 +379,8 @@ def assert_kept(res: subprocess.CompletedProcess[str], progs: Programs, plain: s
 
 def test_thp_never_is_respected(progs: Programs):
     plain = result(run([progs.prog, progs.plug]))
-    with locked():
-        before = THP_ENABLED.read_text().split("[")[1].split("]")[0]
-        THP_ENABLED.write_text("never")
-        try:
-            res = run([HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
-        finally:
-            THP_ENABLED.write_text(before)
+    with locked(), thp_set("enabled", "never"):
+        res = run([HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
     # thp-off from sysfs; not-huge where /run/hugify still records the earlier mode (the
     # audit library trusts that record until the next `hugify prefetch`)
     assert_kept(res, progs, plain, "(thp-off|not-huge)")

@@ -41,10 +41,10 @@ from testkit.runtime import (
     hugify_as_nobody,
     locked,
     seccomp_program,
+    thp_set,
 )
 from testkit.shared import (
     ANY_COPY,
-    SHMEM_ENABLED,
     Env,
     assert_kept,
     assert_mapped_from_copies,
@@ -379,14 +379,8 @@ def test_a_full_tmpfs_leaves_the_files_as_they_are(env: Env):
 
 @contextlib.contextmanager
 def shmem_enabled(value: str) -> Iterator[None]:
-    with locked():
-        before = SHMEM_ENABLED.read_text().split("[")[1].split("]")[0]
-        SHMEM_ENABLED.write_text(value)
-        try:
-            yield
-        finally:
-            SHMEM_ENABLED.write_text(before)
-    assert f"[{before}]" in SHMEM_ENABLED.read_text()
+    with locked(), thp_set("shmem_enabled", value):
+        yield
 
 
 def test_shared_memory_huge_pages_refused(env: Env):

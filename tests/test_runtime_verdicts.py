@@ -52,6 +52,7 @@ from testkit.runtime import (
     public_dir,
     read_plainly,
     run_mappings,
+    thp_setting,
 )
 
 XFS_MAGIC = "58465342"
@@ -386,7 +387,7 @@ def test_a_reader_racing_the_kernel_probe_never_makes_its_verdict(progs: Program
     assert "raced [2097152]" in res.stderr, res.stderr  # the racer read the probed window
     report = json.loads(res.stdout[: res.stdout.rindex("}") + 1])
     assert report["system"]["exec_pmd_readahead"] is by_itself, report["system"]
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    thp = thp_setting()
     assert (run / "kernel-exec-pmd").read_text() == f"{BOOT} {int(by_itself)} {thp}\n"
     (f,) = report["files"]
     assert {w["state"] for w in f["windows"]} <= ({"kernel", "huge"} if by_itself else {"loaded", "huge"}), f
