@@ -16,7 +16,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,6 +267,36 @@ def thp_set(name: str, value: str) -> Iterator[None]:
     finally:
         (THP / name).write_text(before)
     assert thp_setting(name) == before
+
+
+def starts_during(start: Callable[[int], None], starts: int, change: Callable[[int], None], changes: int) -> int:
+    """Calls start(0), start(1), ... (a process started each) while another thread calls
+    change(0), change(1), ... (an upgrade each): at least `starts` starts and `changes`
+    changes, the changes going on until the starts are made and the starts until the
+    changes are; the thread is joined at the end, also when a start fails. Returns the
+    number of starts. (A change that raises ends the changes early: the caller counts
+    them.)"""
+    done = threading.Event()
+
+    def changing() -> None:
+        made = 0
+        while not done.is_set() or made < changes:
+            change(made)
+            made += 1
+
+    changer = threading.Thread(target=changing)
+    changer.start()
+    made = 0
+    try:
+        while made < starts or changer.is_alive():
+            if made >= starts:
+                done.set()
+            start(made)
+            made += 1
+    finally:
+        done.set()
+        changer.join()
+    return made
 
 
 def locked(path: Path = LOCK) -> contextlib.AbstractContextManager[None]:
