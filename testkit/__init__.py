@@ -11,6 +11,7 @@ Modules, each owning one thing:
 - elf: the ELF oracles (readelf, eu-elflint, pyelftools; never hugify._core).
 - cache: the test cache, its lock and the one way a build lands in it.
 - recipes: the test programs built from recipes, and their cache keys.
+- rpm: the checkout's rpm macros and brp script as rpm is given them, macro expansion.
 - smaps: the smaps oracle (one reader of /proc/PID/smaps).
 - runtime: the runtime tests' programs, page-cache state and locks.
 - shared: the shared-mapping (hugify-run --shared) test support.

@@ -26,12 +26,11 @@ from testkit import REPO
 from testkit.cache import cached
 from testkit.cli import write_launcher
 from testkit.debian import files_key, tool_versions, tree_files
+from testkit.rpm import BRP, MACROS
 
 pytestmark = pytest.mark.slow
 
 RPM_DIR = REPO / "tests" / "rpm"
-MACROS = REPO / "brp-scripts" / "macros.hugify"
-BRP = REPO / "brp-scripts" / "brp-hugify"
 EPOCH = "1700000000"
 REPRODUCIBLE = (
     ("use_source_date_epoch_as_buildtime", "1"),
