@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """What the boot service costs at distribution scale, and what `runtime.boot_budget`
 bounds (issue 20, item 6).
 
@@ -11,7 +10,7 @@ bytes read from storage (the child's I/O accounting), page cache the files hold
 afterwards (mincore), and windows made huge. The peer, in the same rounds: reading the
 same files whole with read(2) (`cat`): what reading them at all costs.
 
-usage: bench/boot_prefetch.py [--rounds N] [--budgets 0,256M,512M,1G]
+usage: tools/bench boot_prefetch [--rounds N] [--budgets 0,256M,512M,1G]
        (0: no bound; the policy's default is the shipped policy/policy.toml's)
 """
 
@@ -29,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from testkit.bench import REPO, round_orders
+from testkit import REPO
+from testkit.bench import round_orders
 from testkit.cache import cache_root
 from testkit.cli import command, hugify
 from testkit.corpus import hugified_tree, parse_size

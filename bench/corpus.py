@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """The real-Debian-binaries corpus in one table (the packages, policy and summary of
 testkit/corpus.py): ELF files, the share transformed, refusals by reason,
 total growth, median predicted coverage, and transform throughput.
@@ -8,7 +7,7 @@ timed), in MB of transformed input per second, and as a ratio to `cp` copying th
 same files in the same run, alternating. The packages are fetched once into the test
 cache (apt-get download).
 
-usage: bench/corpus.py [--jobs N] [--repeat N]
+usage: tools/bench corpus [--jobs N] [--repeat N]
 """
 
 from __future__ import annotations

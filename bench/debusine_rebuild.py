@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """A rebuild of real Debian sources on the deployed debusine instance (issue 44, items 3
 and 4; tools/debusine-deploy, testkit/debusine): uploads each source to the workspace,
 starts one publish-to-SUITE workflow per source (debusine's debian_pipeline: sbuild on the
@@ -16,7 +15,7 @@ with its log link and does not stop the others. A worker killed mid-build
 debusine gives the running work request back to it (or retries it), and the check at the
 end counts each source once in the suite: nothing is published twice.
 
-usage: bench/debusine_rebuild.py [--set small|full] [--packages P,...] [--dsc FILE]...
+usage: tools/bench debusine_rebuild [--set small|full] [--packages P,...] [--dsc FILE]...
         [--broken NAME] [--kill-worker-after S] [--timeout S] [--json OUT] [--up] [--down]
 
 Not hugified yet: the derived sources (`hugify derive-source`, item 2) come with the
@@ -36,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import testkit.bench  # noqa: F401  (a benchmark's own run goes on with the project's .venv)
 from testkit import debusine
 from testkit.cache import cache_root, locked
 from testkit.debian_roots import source_package

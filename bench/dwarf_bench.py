@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify transform vs debugedit on the same binary with 50 MiB of debug sections.
 
 debugedit is the DWARF rewriter rpm's find-debuginfo runs on every package
@@ -7,7 +6,7 @@ is the natural peer. The binary is the test matrix's `dw-cxx-large` recipe: GNU 
 C++ at -O2 -g, 32 heavy translation units. Targets (issue #3): hugify's whole
 transform time <= 1.0x debugedit's, peak memory <= 2x the file size.
 
-usage: bench/dwarf_bench.py [--repeat N]
+usage: tools/bench dwarf_bench [--repeat N]
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """Runs each fuzz target of fuzz/ (libFuzzer) for a bounded time.
 
-    bench/fuzz.py [--seconds N] [TARGET…]      (default: 60 s each, every target)
+    tools/bench fuzz [--seconds N] [TARGET…]      (default: 60 s each, every target)
 
 The core's targets (inspect, transform, dwarf: fuzz/fuzz_targets/, cargo-fuzz) and the C
 runtime's ELF readers (audit-phdrs: the audit library's reader of a mapped object's
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from testkit.bench import REPO
+from testkit import REPO
 from testkit.cache import cache_root
 from testkit.cli import command
 

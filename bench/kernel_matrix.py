@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """The full kernel x filesystem matrix (issue 20): every kernel of testkit/vm/kernels.py's SUITES
 (bookworm's, trixie's, trixie-backports' and sid's linux-image-amd64) on ext4, XFS and
 btrfs, each booted under qemu on a real Debian 12 root (testkit/vm/boot.py), measured by
@@ -14,7 +13,7 @@ in the environment and set system-wide, at the disk's default read_ahead_kb, 128
 Boots are cached by their inputs (a second run only boots what changed); a cold run is
 about 12 TCG boots of a few minutes each per way. Must run as root (loop devices, chroot).
 
-usage: bench/kernel_matrix.py [--out FILE] [--parallel N] [--only SUITE:FS ...]
+usage: tools/bench kernel_matrix [--out FILE] [--parallel N] [--only SUITE:FS ...]
                               [--ways matrix,glibc.elf.thp]
 
 --parallel boots N guests at once (each TCG guest keeps one host core busy). With only

@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """What perf's map of the anonymous copies costs (docs/runtime-reference.md, "perf and gdb"): N
 short processes of a hugified program and its hugified library, each started through
 `hugify-run --anonymous=always` (every window copied), with this checkout's runtime as
@@ -9,7 +8,7 @@ left in /tmp (each process's /tmp/perf-PID.map, measured after it ended and then
 removed) and the time from spawn to exit, the ways interleaved process by process (the
 machine is shared and noisy: the time is a ratio against the default in the same run).
 
-usage: bench/perfmap_bench.py [--processes 1000] [--baseline-runtime DIR] [--json OUT]
+usage: tools/bench perfmap_bench [--processes 1000] [--baseline-runtime DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -24,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from testkit.bench import REPO, ratio_summary, round_orders
+from testkit import REPO
+from testkit.bench import devnull, ratio_summary, round_orders
 from testkit.cli import hugify
-from testkit.runtime import _functions
+from testkit.runtime import padded_functions
 
 HUGIFY_RUN = REPO / "runtime" / "hugify-run"
-DEVNULL = os.open(os.devnull, os.O_WRONLY)
 
 MAIN = r"""
 #include <stdio.h>
@@ -40,8 +39,8 @@ int main(void) { printf("%ld\n", prog_all(1) + lib_all(2)); return 0; }
 
 def build(work: Path) -> Path:
     """prog (4.4 MiB of code) linking libfew.so (2.5 MiB), both hugified: 5 windows."""
-    (work / "lib.c").write_text(_functions("lib", 160, 16384))
-    (work / "main.c").write_text(_functions("prog", 280, 16384) + MAIN)
+    (work / "lib.c").write_text(padded_functions("lib", 160))
+    (work / "main.c").write_text(padded_functions("prog", 280) + MAIN)
     cc = ["gcc", "-O1", "-g"]
     subprocess.run(
         [*cc, "-fPIC", "-shared", "-Wl,-soname,libfew.so", "-o", "libfew.orig.so", "lib.c"], cwd=work, check=True
@@ -60,7 +59,7 @@ def one(hugify_run: Path, prog: Path, env: dict[str, str]) -> tuple[float, int, 
     (its perf map, removed after it was measured)."""
     argv = [str(hugify_run), "--anonymous=always", str(prog)]
     start = time.perf_counter()
-    pid = os.posix_spawn(argv[0], argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, DEVNULL, 1)])
+    pid = os.posix_spawn(argv[0], argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, devnull(), 1)])
     _, status, _ = os.wait4(pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:

@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify repack vs dpkg-deb unpack + dpkg-deb --build of the same package, in one run.
 
 The package is a real Debian 12 one of about 100 MiB installed, fetched with
@@ -10,7 +9,7 @@ compression. Both are interleaved (a new order each round), each repetition writ
 Printed: the median wall times, the ratio of the medians and the range of the
 per-repetition ratios. Target (issue 15): repack at most 2x the peer.
 
-usage: bench/repack_bench.py [--repeat N] [--package NAME]
+usage: tools/bench repack_bench [--repeat N] [--package NAME]
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from testkit.bench import REPO, Sample, interleaved, median_wall, report, run
+from testkit import REPO
+from testkit.bench import Sample, interleaved, median_wall, report, run
 from testkit.cli import command
 from testkit.recipes import debian_packages
 

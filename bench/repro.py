@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """Reproducible under variation, the whole matrix (issue 40, item 2): real Debian source
 packages of three kinds turned on the documented way (one Build-Depends,
 dh-sequence-hugify; the test distribution's policy package, threshold 4 KiB), each
@@ -17,7 +16,7 @@ this run, or by the run that put it in the cache). Builds go through the test ca
 (testkit.cache), shared with the suite: hello's are the suite's (tests/test_repro_*.py).
 One heavy build at a time, niced.
 
-usage: bench/repro.py [--only NAME ...] [--json OUT]
+usage: tools/bench repro [--only NAME ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import testkit.bench  # noqa: F401  (a benchmark's own run goes on with the project's .venv)
 from testkit.cache import USED_ENV, build_cost
 from testkit.debian_repro import (
     deb_digests,

@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """How many more files a change lets shift: `hugify inspect` of this checkout and
 of a baseline checkout over the same ELF files (of at least --min-size bytes, as
 the layout survey counts them), and the files whose shift plan changed, with
@@ -11,7 +10,7 @@ data in the code's window), with the totals. With --exposure-limit SIZE, a third
 pair of columns gives this checkout's choice under that opt-in (policy key
 exposure_limit): what a package that accepts the exposure gets back.
 
-usage: bench/shift_gain.py --baseline CHECKOUT [--min-size BYTES] [--threshold SIZE]
+usage: tools/bench shift_gain --baseline CHECKOUT [--min-size BYTES] [--threshold SIZE]
                            [--exposure-limit SIZE] PATH...
 """
 
@@ -25,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from testkit.bench import REPO
+from testkit import REPO
 from testkit.cli import command
 
 ELF_MAGIC = b"\x7fELF"

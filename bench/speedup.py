@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """Does hugify make programs faster? Real workloads, each measured by `hugify try`.
 
 Each workload is one `hugify try --json` comparison of a command on the original
@@ -28,7 +27,7 @@ and shared ways, the peers hugifyr and iodlr, glibc 2.44's own advice over hugif
 and original files, and for itlb a relink (bench/peers.py). --bundle DIR carries that
 measurement to another machine (bench/bundle.py).
 
-usage: bench/speedup.py [--quick] [--only W[,W...]] [--json OUT] [--min-rounds N]
+usage: tools/bench speedup [--quick] [--only W[,W...]] [--json OUT] [--min-rounds N]
                         [--max-rounds N] [--budget SECONDS] [--target PERCENT]
                         [--ways W[,W...]|all] [--bundle DIR] [--in-bundle MANIFEST]
 """
@@ -56,8 +55,8 @@ from bench.workloads.sources import cxx_unit
 from hugify.abtest import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from hugify.trial.report import interval, mib
 from hugify.trial.ways import WayUnavailable
+from testkit import REPO
 from testkit import peers as peer_builds
-from testkit.bench import REPO
 from testkit.cache import cache_root
 from testkit.cli import command
 from testkit.recipes import ITLB_CFLAGS, build_itlb, debian_packages

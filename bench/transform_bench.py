@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify transform vs cp on the same large file, in one run.
 
 The file is a PIE of 50+ MiB without debug info: ~3 MiB of generated code plus a
@@ -11,7 +10,7 @@ With --debian, the same comparison (and the ratio to cp) runs instead on the
 biggest code of the running Debian release: its libLLVM and chromium (apt-get
 download, cached with the test fixtures).
 
-usage: bench/transform_bench.py [--repeat N] [--baseline CHECKOUT] [--debian]
+usage: tools/bench transform_bench [--repeat N] [--baseline CHECKOUT] [--debian]
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from testkit import REPO
 from testkit.bench import (
-    REPO,
     Sample,
     add_baseline_option,
     baseline_name,

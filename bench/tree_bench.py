@@ -1,4 +1,3 @@
-#!/usr/bin/env -S sh -c 'd=$(realpath "$0"); PYTHONPATH=${d%/*/*} exec python3 -m "bench.$(basename "$0" .py)" "$@"'
 """hugify tree --jobs 2 vs find-debuginfo -j2 over the same build root, in one run.
 
 The build root holds several large ELF files built with -g, as a package build
@@ -11,7 +10,7 @@ tree and in the same run, interleaved. Target (issue #5): hugify's wall time und
 50 % of find-debuginfo's. With --baseline, hugify from another checkout runs in the
 same rounds, for a no-slowdown check of a change (this/baseline per round).
 
-usage: bench/tree_bench.py [--repeat N] [--baseline CHECKOUT]
+usage: tools/bench tree_bench [--repeat N] [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from testkit import REPO
 from testkit.bench import (
-    REPO,
     add_baseline_option,
     baseline_name,
     installed_env,

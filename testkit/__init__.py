@@ -3,13 +3,15 @@ import, as one package (never shipped: the wheel holds `hugify` only, the .deb a
 .rpm install from the wheel's file list).
 
 Tests find it through pytest's `pythonpath` (pyproject.toml); benchmarks run as modules
-from the repository root (`python -m bench.NAME`), so no file edits `sys.path`.
+of the checkout (`tools/bench NAME` runs `python -m bench.NAME` with the checkout on
+PYTHONPATH), so no file edits `sys.path`.
 
 Modules, each owning one thing:
 - cli: running the hugify CLI and the programs it rewrote (one environment contract).
 - elf: the ELF oracles (readelf, eu-elflint, pyelftools; never hugify._core).
 - cache: the test cache, its lock and the one way a build lands in it.
 - recipes: the test programs built from recipes, and their cache keys.
+- rpm: the checkout's rpm macros and brp script as rpm is given them, macro expansion.
 - smaps: the smaps oracle (one reader of /proc/PID/smaps).
 - runtime: the runtime tests' programs, page-cache state and locks.
 - shared: the shared-mapping (hugify-run --shared) test support.

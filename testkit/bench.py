@@ -7,47 +7,30 @@ interval, as `hugify try` reports it)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import resource
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from hugify.abtest import ratio_summary
 from testkit import REPO
-
-#: The interpreter the benchmarks run with: they import the test suite's modules,
-#: which need the development packages (tools/requirements-dev.txt).
-PROJECT_PYTHON = REPO / ".venv" / "bin" / "python"
-
-
-def _run_with_the_project_python() -> None:
-    """Started as `bench/X.py` (its shebang runs it as the module bench.X) or as
-    `python3 -m bench.X` by an interpreter that lacks the development packages, a
-    benchmark runs itself again, as the same module, with the project's .venv
-    (what bench/README.md documents), or says in one line how to make it."""
-    import importlib.util
-
-    if importlib.util.find_spec("elftools") is not None:
-        return
-    main = sys.modules["__main__"]
-    module = main.__spec__.name if main.__spec__ else None
-    if module and PROJECT_PYTHON.exists() and Path(sys.executable) != PROJECT_PYTHON:
-        os.execv(PROJECT_PYTHON, [str(PROJECT_PYTHON), "-m", module, *sys.argv[1:]])
-    sys.exit(f"{sys.argv[0]}: needs the development packages: run `make setup` (creates {PROJECT_PYTHON})")
-
-
-if Path(sys.argv[0]).resolve().parent == REPO / "bench":  # a benchmark's own run, not an import by a test
-    _run_with_the_project_python()
-from hugify.abtest import ratio_summary  # noqa: E402  (after the interpreter check above)
 
 #: What a contender's run gives (a Sample, or a benchmark's own figures).
 T = TypeVar("T")
+
+
+@functools.cache
+def devnull() -> int:
+    """A descriptor of /dev/null for the benchmarks' children's output, opened at the
+    first use (importing a benchmark opens nothing)."""
+    return os.open(os.devnull, os.O_WRONLY)
 
 
 @dataclass

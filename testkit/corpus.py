@@ -19,7 +19,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit import REPO
 from testkit.cache import cache_root
 from testkit.cli import hugify
 from testkit.recipes import CXX_WORKLOAD, debian_packages
@@ -339,11 +337,8 @@ def transform_tree(root: Path, jobs: int) -> tuple[dict[str, Any], float]:
     with tempfile.TemporaryDirectory(prefix="hugify-corpus-") as tmp:
         policy, report = Path(tmp) / "policy.toml", Path(tmp) / "report.json"
         policy.write_text(POLICY)
-        cmd = [sys.executable, "-m", "hugify.cli", "tree", "--policy", str(policy), "--jobs", str(jobs)]
         start = time.perf_counter()
-        subprocess.run(
-            [*cmd, "--no-progress", "--report", str(report), str(root)], check=True, capture_output=True, cwd=REPO
-        )
+        hugify("tree", "--policy", policy, "--jobs", str(jobs), "--no-progress", "--report", report, root)
         seconds = time.perf_counter() - start
         return json.loads(report.read_text()), seconds
 

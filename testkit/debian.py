@@ -15,15 +15,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
 from testkit.cache import CachedBuild, build_dir, cache_root, cached_build
+from testkit.cli import write_launcher
 from testkit.elf import readelf_build_id
 from testkit.recipes import ccache_env
+from testkit.runtime import run_checked
 
 DEB_SRC = REPO / "tests" / "deb" / "hugify-deb-test"
 GEN_CODE = REPO / "tests" / "programs" / "gen_code.py"
@@ -291,18 +292,7 @@ def hugify_inputs() -> list[tuple[str, Path]]:
 def in_tree_env(bin_dir: Path, **extra: str) -> dict[str, str]:
     """The environment that puts this checkout's add-on, dh_hugify and hugify
     first: PERL5LIB for the Sequence module, PATH for the commands."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "hugify"
-    text = (
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
-        f'exec {sys.executable} -m hugify.cli "$@"\n'
-    )
-    if not wrapper.exists() or wrapper.read_text() != text:
-        tmp = wrapper.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(wrapper)
+    write_launcher(bin_dir / "hugify", REPO / "policy" / "policy.toml")
     path = f"{bin_dir}:{DH_HUGIFY_DIR}:{os.environ['PATH']}"
     return clean_env(PATH=path, PERL5LIB=str(DH_HUGIFY_DIR), **extra)
 
@@ -537,3 +527,32 @@ def run_in_root(root: Path, prog: str) -> subprocess.CompletedProcess[str]:
     """Runs `prog` of an unpacked package tree with the tree's libraries first."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(root / "usr/lib" / MULTIARCH)}
     return subprocess.run([str(root / prog)], capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def build_deb(work: Path, package: str, version: str, files: dict[str, Path]) -> Path:
+    """A binary package of `files` (path in the package -> file) built with dpkg-deb
+    (for dpkg to install into a throwaway root: dpkg_root)."""
+    tree = work / f"{package}_{version}"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: {version}\nArchitecture: amd64\n"
+        "Maintainer: hugify tests <tests@hugify.invalid>\nDescription: hugify's upgrade test\n"
+    )
+    for path, src in files.items():
+        dest = tree / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(src.read_bytes())
+        dest.chmod(0o755 if os.access(src, os.X_OK) else 0o644)
+    deb = work / f"{package}_{version}_amd64.deb"
+    run_checked(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "--build", str(tree), str(deb)])
+    return deb
+
+
+def dpkg_root(root: Path) -> list[str]:
+    """dpkg for the throwaway root and its own database (never this machine's)."""
+    admin = root / "var/lib/dpkg"
+    for d in ("info", "updates", "triggers"):
+        (admin / d).mkdir(parents=True, exist_ok=True)
+    for f in ("status", "available"):
+        (admin / f).touch()
+    return ["dpkg", f"--root={root}", f"--admindir={admin}", "--log=/dev/null"]

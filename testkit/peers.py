@@ -33,9 +33,7 @@ from pathlib import Path
 from testkit import REPO
 from testkit.cache import cached
 
-# testkit.recipes (and testkit.vm) are imported where used: recipes imports pytest, and
-# bench/speedup.py imports this module before testkit.bench has run it again with the
-# project's .venv when started by a bare interpreter (its shebang).
+# testkit.recipes (and testkit.vm) are imported where used: recipes imports pytest.
 
 HUGIFYR_ARCHIVE = "hugifyr-369d59a.tar.gz"
 IODLR_ARCHIVE = "iodlr-large_page-c-676bb7d.tar.gz"

@@ -16,7 +16,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,13 +29,16 @@ from testkit.smaps import Mapping, exec_mappings, smaps_text
 RUNTIME = REPO / "runtime"
 HUGIFY_RUN = RUNTIME / "hugify-run"
 AUDIT_LIB = RUNTIME / "libhugify-audit.so"
-HP = 2 << 20
 #: Every test that drops the page cache or depends on it holds this lock, so that the
 #: two pytest-xdist workers never evict each other's freshly prefetched files.
 LOCK = Path("/tmp/hugify-runtime-tests.lock")
 
 
-def _functions(prefix: str, count: int, fill: int, factor: int = 3) -> str:
+def padded_functions(prefix: str, count: int, fill: int = 16384, factor: int = 3) -> str:
+    """C source of `count` functions PREFIX_fI, each padded with `fill` bytes of nop
+    (16 KiB: a few hundred make whole 2 MiB windows of code), the table
+    PREFIX_table of them and PREFIX_all(x), which calls every one through the table, so
+    that the linker keeps them all and a run touches every one."""
     out = [
         f'long {prefix}_f{i}(long x) {{ __asm__ volatile(".fill {fill}, 1, 0x90"); return x * {factor} + {i}; }}'
         for i in range(count)
@@ -56,6 +60,22 @@ __attribute__((noinline)) long hugify_hot_spin(long x) {
     return x;
 }
 """
+
+#: A program (build_spin hugifies it) that spends its time in hugify_hot_spin, inside a
+#: window: with an argument it first says "waiting" and waits for a line on stdin (time
+#: for perf or gdb to attach), then prints its result.
+SPIN = (
+    "#include <stdio.h>\n#include <unistd.h>\n"
+    + HOT_SPIN
+    + padded_functions("spin", 200)
+    + r"""
+int main(int argc, char **argv) {
+    if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
+    printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(argc));
+    return 0;
+}
+"""
+)
 
 MAIN = r"""
 #define _GNU_SOURCE
@@ -129,7 +149,8 @@ class Programs:
         return [self.prog, self.lib, self.plug]
 
 
-def _run(cmd: list[str | Path], cwd: Path | None = None) -> None:
+def run_checked(cmd: list[str | Path], cwd: Path | None = None) -> None:
+    """Runs a build step (a compiler, make, dpkg): a failure raises with its output."""
     res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
@@ -148,7 +169,7 @@ def file_backed_only(directory: Path) -> Path:
 def build_runtime() -> None:
     """Builds runtime/ (make is incremental; the lock keeps workers from racing)."""
     with locked(Path("/tmp/hugify-runtime-build.lock")):
-        _run(["make", "-s", "-C", RUNTIME])
+        run_checked(["make", "-s", "-C", RUNTIME])
 
 
 @dataclass(frozen=True)
@@ -192,13 +213,13 @@ def build_programs(work: Path, layout: Layout = GNU_LD, main: str = MAIN, factor
     src = work / "orig"
     src.mkdir(parents=True)
     exe, lib, plug = layout.funcs
-    (src / "lib.c").write_text(_functions("lib", lib, 16384, factor))
-    (src / "plug.c").write_text(_functions("plug", plug, 16384, factor))
-    (src / "main.c").write_text(_functions("exe", exe, 16384, factor) + main)
+    (src / "lib.c").write_text(padded_functions("lib", lib, factor=factor))
+    (src / "plug.c").write_text(padded_functions("plug", plug, factor=factor))
+    (src / "main.c").write_text(padded_functions("exe", exe, factor=factor) + main)
     cc, ld = layout.cc, list(layout.ldflags)
-    _run([cc, "-O1", "-fPIC", "-shared", *ld, "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"], src)
-    _run([cc, "-O1", "-fPIC", "-shared", *ld, "-o", "libplug.so", "plug.c"], src)
-    _run(
+    run_checked([cc, "-O1", "-fPIC", "-shared", *ld, "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"], src)
+    run_checked([cc, "-O1", "-fPIC", "-shared", *ld, "-o", "libplug.so", "plug.c"], src)
+    run_checked(
         [cc, "-O1", "-fPIE", "-pie", *ld, "-o", "prog", "main.c", "-L.", "-lbig", "-Wl,-rpath,$ORIGIN", "-ldl"],
         src,
     )
@@ -223,6 +244,59 @@ def copy_programs(p: Programs, dest: Path) -> Programs:
         os.fsync(fd)
         os.close(fd)
     return Programs(dest, p.orig)
+
+
+#: The transparent huge page settings in sysfs.
+THP = Path("/sys/kernel/mm/transparent_hugepage")
+
+
+def thp_setting(name: str = "enabled") -> str:
+    """The value selected (the bracketed one) of THP's setting `name` in sysfs:
+    `enabled`, `shmem_enabled`, `defrag`."""
+    return (THP / name).read_text().split("[")[1].split("]")[0]
+
+
+@contextlib.contextmanager
+def thp_set(name: str, value: str) -> Iterator[None]:
+    """THP's setting `name` set to `value` for the block, the value before put back
+    after it (the caller holds the runtime tests' lock: other tests read the setting)."""
+    before = thp_setting(name)
+    (THP / name).write_text(value)
+    try:
+        yield
+    finally:
+        (THP / name).write_text(before)
+    assert thp_setting(name) == before
+
+
+def starts_during(start: Callable[[int], None], starts: int, change: Callable[[int], None], changes: int) -> int:
+    """Calls start(0), start(1), ... (a process started each) while another thread calls
+    change(0), change(1), ... (an upgrade each): at least `starts` starts and `changes`
+    changes, the changes going on until the starts are made and the starts until the
+    changes are; the thread is joined at the end, also when a start fails. Returns the
+    number of starts. (A change that raises ends the changes early: the caller counts
+    them.)"""
+    done = threading.Event()
+
+    def changing() -> None:
+        made = 0
+        while not done.is_set() or made < changes:
+            change(made)
+            made += 1
+
+    changer = threading.Thread(target=changing)
+    changer.start()
+    made = 0
+    try:
+        while made < starts or changer.is_alive():
+            if made >= starts:
+                done.set()
+            start(made)
+            made += 1
+    finally:
+        done.set()
+        changer.join()
+    return made
 
 
 def locked(path: Path = LOCK) -> contextlib.AbstractContextManager[None]:
@@ -471,22 +545,38 @@ def in_cgroup(procs: Path, argv: list[str | Path]) -> list[str]:
     return ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(procs), *map(str, argv)]
 
 
-def seccomp_program(syscall: dict[str, int], arg: int, value: int, action: int) -> str:
+#: Returns of a seccomp filter (linux/seccomp.h): the call fails with EPERM
+#: (SECCOMP_RET_ERRNO | 1); the process is killed (SECCOMP_RET_KILL_PROCESS).
+SECCOMP_EPERM = 0x00050001
+SECCOMP_KILL_PROCESS = 0x80000000
+_SECCOMP_ALLOW = 0x7FFF0000
+
+
+def seccomp_program(
+    syscall: dict[str, int], action: int, equal: dict[int, int] | None = None, unequal: dict[int, int] | None = None
+) -> str:
     """A Python program (for `python3 -c PROGRAM ARGV…`) that runs ARGV under a seccomp
-    filter: the system call numbered syscall[machine] whose argument word at offset `arg`
-    of struct seccomp_data (16: args[0], 32: args[2]; the low half) is `value` gets the
-    filter's return `action`; every other call is allowed."""
+    filter: the system call numbered syscall[machine] gets the filter's return `action`
+    when each argument named in `equal` (by its index) is the value given there and each
+    named in `unequal` is not (the arguments' low 32 bits); every other call is allowed."""
+    conditions = [(i, v, True) for i, v in (equal or {}).items()]
+    conditions += [(i, v, False) for i, v in (unequal or {}).items()]
+    allow = 2 * len(conditions) + 3  # the index of the last instruction, `ret ALLOW`
+    lines = [("0x20, 0, 0, 0", "ld [0]: the system call number"), (f"0x15, 0, {allow - 2}, nr", "jeq nr, else allow")]
+    for i, value, is_equal in conditions:
+        lines.append((f"0x20, 0, 0, {16 + 8 * i}", f"ld args[{i}], its low half"))
+        skip = allow - len(lines) - 1  # from the jump that comes next to `ret ALLOW`
+        if is_equal:
+            lines.append((f"0x15, 0, {skip}, {value:#x}", f"jeq {value:#x}, else allow"))
+        else:
+            lines.append((f"0x15, {skip}, 0, {value:#x}", f"jeq {value:#x}: allow"))
+    lines += [(f"0x06, 0, 0, {action:#x}", "ret action"), (f"0x06, 0, 0, {_SECCOMP_ALLOW:#x}", "ret ALLOW")]
+    body = "".join(f'    struct.pack("HBBI", {fields}),  # {why}\n' for fields, why in lines)
     return rf"""
 import ctypes, os, platform, struct, sys
 nr = {syscall!r}[platform.machine()]
 insns = [
-    struct.pack("HBBI", 0x20, 0, 0, 0),  # ld [0]: the system call number
-    struct.pack("HBBI", 0x15, 0, 3, nr),  # jeq nr, else allow
-    struct.pack("HBBI", 0x20, 0, 0, {arg}),  # ld the argument's low half
-    struct.pack("HBBI", 0x15, 0, 1, {value}),  # jeq value, else allow
-    struct.pack("HBBI", 0x06, 0, 0, {action}),  # ret action
-    struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
-]
+{body}]
 prog = ctypes.create_string_buffer(b"".join(insns))
 buf = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog)))
 libc = ctypes.CDLL(None, use_errno=True)
@@ -500,18 +590,41 @@ os.execvp(sys.argv[1], sys.argv[1:])
 #: Runs argv[1:] with MADV_HUGEPAGE (14, the advice: args[2]) refused with EPERM by a
 #: seccomp filter on madvise, every other madvise allowed: what a service's
 #: SystemCallFilter can do to the runtime.
-NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, 32, 14, 0x00050001)
+NO_MADV_HUGEPAGE = seccomp_program({"x86_64": 28, "aarch64": 233}, SECCOMP_EPERM, equal={2: 14})
+
+
+def build_hugified(work: Path, name: str, source: str, *flags: str) -> Path:
+    """`source` built as a PIE (gcc -O1, `flags` after the source: -g, -ldl) into
+    WORK/NAME.orig and hugified into WORK/NAME, which it returns."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"{name}.c").write_text(source)
+    run_checked(["gcc", "-O1", "-fPIE", "-pie", "-o", f"{name}.orig", f"{name}.c", *flags], work)
+    hugify("transform", "--threshold", "0", work / f"{name}.orig", "-o", work / name)
+    return work / name
+
+
+def build_spin(work: Path) -> Path:
+    """SPIN built with debug info and hugified in `work`."""
+    return build_hugified(work, "spin", SPIN, "-g")
+
+
+def perf_record(data: Path, *target: str | Path) -> list[str]:
+    """The command line of `perf record` sampling the cpu-clock (hardware counters are
+    not available in these VMs) into `data`, of `target`: `-p PID`, `-a`, or `--
+    COMMAND...` (perf launching it)."""
+    return ["perf", "record", "-q", "-e", "cpu-clock", "-o", str(data), *map(str, target)]
+
+
+def perf_attached(data: Path, *target: str | Path) -> subprocess.Popen[str]:
+    """perf_record(data, *target) started in the background (`-p PID` or `-a`): its
+    output dropped, its errors kept for `communicate`."""
+    return subprocess.Popen(perf_record(data, *target), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def build_idle(work: Path) -> Path:
     """A hugified program of two whole windows of code that it never runs: it exits at
     once, so that it runs as quickly in a memory cgroup of 2 MiB as anywhere."""
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "idle.c").write_text(_functions("idle", 200, 16384) + "int main(void) { return 0; }\n")
-    _run(["gcc", "-O1", "-fPIE", "-pie", "-o", "idle.orig", "idle.c"], work)
-    res = hugify("transform", "--threshold", "0", work / "idle.orig", "-o", work / "idle", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "idle"
+    return build_hugified(work, "idle", padded_functions("idle", 200) + "int main(void) { return 0; }\n")
 
 
 @contextlib.contextmanager

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hugify import kernel, shared
+from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import readelf_windows
 from testkit.runtime import AUDIT_LIB, Programs, copy_programs
 from testkit.smaps import smaps_of
 
-HP = 2 << 20
 SHARED_LINE = re.compile(r"^hugify-audit: shared (\S+): (\d+)/(\d+) windows mapped(.*)$", re.M)
-SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 
 
 @dataclass

@@ -12,8 +12,6 @@ Fixtures more than one test file uses live here too."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 
 from hugify.reasons import LOG_ENV
 from testkit import REPO
+from testkit.cli import hugify
 from testkit.runtime import Programs, build_programs, build_runtime, gives_large_folios, locked, loop_fs
 
 #: The host's runtime directory, which the suite must leave as it found it.
@@ -90,9 +89,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     log.unlink()
     if not seen:
         return
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "explain", *seen], cwd=REPO, capture_output=True, text=True, check=False
-    )
+    res = hugify("explain", *seen, check=False)
     if res.returncode != 0:
         print(f"\nreason ids printed during the run that `hugify explain` does not know:\n{res.stderr}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from testkit import HP
 from testkit.vm.aarch64 import boot, cross_built_package, hugify_stage
 from testkit.vm.boot import BootResult
 
-HP = 2 << 20
 PROG = "/usr/bin/hugify-deb-test"
 LIB = "/usr/lib/aarch64-linux-gnu/libhugdebtest.so.1"
 NOBTI = "/opt/nobti/libhugdebtest.so.1"

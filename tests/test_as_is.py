@@ -25,10 +25,10 @@ from testkit.runtime import (
     HUGIFY_RUN,
     MAIN,
     RUNTIME,
-    _functions,
     build_runtime,
     drop_caches,
     locked,
+    padded_functions,
     parse_smaps,
     run_mappings,
 )
@@ -47,8 +47,8 @@ def as_is(large_folio_dir: Path) -> Path:
     build_runtime()
     work = large_folio_dir / "as-is"
     work.mkdir()
-    (work / "main.c").write_text(_functions("exe", 600, 16384) + "long lib_all(long x) { return x; }\n" + MAIN)
-    (work / "plug.c").write_text(_functions("plug", 300, 16384))
+    (work / "main.c").write_text(padded_functions("exe", 600) + "long lib_all(long x) { return x; }\n" + MAIN)
+    (work / "plug.c").write_text(padded_functions("plug", 300))
     _gcc(work, "-O1", "-no-pie", "-fno-pie", "-o", "prog", "main.c", "-ldl")
     _gcc(work, "-O1", "-fPIC", "-shared", "-Wl,-z,max-page-size=0x200000", "-o", "libplug.so", "plug.c")
     root = work / "root"

@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hugify import manifest
-from testkit import HP, REPO
+from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import readelf_build_id, readelf_loads
 from testkit.recipes import BY_NAME, build
@@ -43,15 +41,7 @@ def env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def record(tmp_path: Path, action: str, paths: list[Path]) -> str:
     """`hugify manifest ACTION --from-stdin`, the paths on stdin as rpm gives them."""
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "manifest", action, "--from-stdin"],
-        input="".join(f"{p}\n" for p in paths),
-        capture_output=True,
-        text=True,
-        env={**env(tmp_path), "PYTHONPATH": str(REPO)},
-        check=True,
-    )
-    return res.stdout
+    return hugify("manifest", action, "--from-stdin", stdin="".join(f"{p}\n" for p in paths), env=env(tmp_path)).stdout
 
 
 def test_record_lists_only_hugified_regular_files(files: Path, tmp_path: Path) -> None:

@@ -32,7 +32,16 @@ from testkit.elf import (
     readelf_windows,
 )
 from testkit.recipes import BY_NAME, PROGRAMS, build, cached_dir
-from testkit.runtime import HUGIFY_RUN, MAIN, _functions, build_runtime, drop_caches, locked, parse_smaps, run_mappings
+from testkit.runtime import (
+    HUGIFY_RUN,
+    MAIN,
+    build_runtime,
+    drop_caches,
+    locked,
+    padded_functions,
+    parse_smaps,
+    run_mappings,
+)
 
 TABLE = 3 << 20
 FUNCS = 3450  # about 2.2 MiB of code from clang -O2
@@ -220,9 +229,9 @@ def test_the_runtime_maps_the_whole_windows_of_a_load_that_starts_mid_window(tmp
     2 MiB folio, which the program maps with a PMD. (The audit library is left out:
     tests/test_runtime_lld.py covers it.)"""
     build_runtime()
-    (tmp_path / "lib.c").write_text(_functions("lib", 150, 16384) + TABLE_C)  # 2.4 MiB of code
+    (tmp_path / "lib.c").write_text(padded_functions("lib", 150) + TABLE_C)  # 2.4 MiB of code
     (tmp_path / "table.bin").write_bytes(_table())
-    (tmp_path / "main.c").write_text(_functions("exe", 8, 16384) + MAIN)
+    (tmp_path / "main.c").write_text(padded_functions("exe", 8) + MAIN)
     lld = ["clang", "-O1", "-fPIC", "-shared", "-fuse-ld=lld", "-Wl,-soname,libbig.so", "-o", "libbig.so", "lib.c"]
     subprocess.run(lld, cwd=tmp_path, check=True)
     prog = ["gcc", "-O1", "-fPIE", "-pie", "-o", "prog", "main.c", "-L.", "-lbig", "-Wl,-rpath,$ORIGIN", "-ldl"]

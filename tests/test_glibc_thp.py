@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import pytest
 
 from hugify import _core
 from testkit import HP, REPO
-from testkit.cli import transform
+from testkit.cli import command, hugify, transform
 from testkit.recipes import RECIPES, build
 from testkit.runtime import drop_caches, locked
 from testkit.vm.boot import GUEST
@@ -224,8 +223,8 @@ def test_cold_starts_are_huge_up_to_the_core_limit_and_not_without_the_tunable(r
 
 
 def status(root: Root, *files: str) -> tuple[str, dict[str, object]]:
-    text = root.run("python3", "-m", "hugify.cli", "status", *files)
-    js = root.run("python3", "-m", "hugify.cli", "status", "--json", *files)
+    text = root.run(*command("status", *files, python="python3"))
+    js = root.run(*command("status", "--json", *files, python="python3"))
     assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
     return text.stdout, json.loads(js.stdout)["system"]["glibc_elf_thp"]
 
@@ -278,9 +277,8 @@ def test_status_says_nothing_of_it_where_glibc_has_no_such_tunable(root: Root) -
     """This host's glibc (Debian 12's 2.36) has no glibc.elf.thp: status names its
     version in --json and prints no hint about it."""
     files = [str(root.host(f)) for f in root.files("bfd")]
-    cli = [sys.executable, "-m", "hugify.cli", "status"]
-    text = subprocess.run([*cli, *files], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    js = subprocess.run([*cli, "--json", *files], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    text = hugify("status", *files).stdout
+    js = hugify("status", "--json", *files).stdout
     advice = json.loads(js)["system"]["glibc_elf_thp"]
     host = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
     assert advice == {"glibc": host, "has_tunable": False, "system_wide": None, "advises": False, "files": []}, advice

@@ -9,7 +9,6 @@ import shutil
 import stat
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -152,12 +151,9 @@ def test_file_in_a_read_only_directory_is_refused_and_untouched(original: Path, 
     private mount namespace."""
     prog = _copy(original, tmp_path / "ro")
     before = prog.read_bytes()
-    script = (
-        f"mount --bind {prog.parent} {prog.parent} && mount -o remount,bind,ro {prog.parent} && "
-        f"exec env PYTHONPATH={Path(__file__).resolve().parent.parent} {sys.executable} "
-        f"-m hugify.cli transform --in-place {prog}"
-    )
-    res = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, check=False)
+    read_only = f'mount --bind {prog.parent} {prog.parent} && mount -o remount,bind,ro {prog.parent} && exec "$@"'
+    in_namespace = ["unshare", "--mount", "sh", "-c", read_only, "sh"]
+    res = hugify("transform", "--in-place", prog, runner=in_namespace, check=False)
     _refused(res, IO_ERROR, "io-error", prog, before)
 
 
@@ -179,13 +175,7 @@ def test_file_larger_than_2_gib(original: Path, tmp_path: Path) -> None:
     size = 2200 << 20
     os.truncate(prog, size)
     out = tmp_path / "new"
-    res = subprocess.run(
-        ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "hugify.cli", "transform", str(prog), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        check=False,
-    )
+    res = hugify("transform", prog, "-o", out, runner=["/usr/bin/time", "-f", "%M"], check=False)
     assert res.returncode == 0, res.stderr
     peak_kib = int(res.stderr.strip().splitlines()[-1])
     assert peak_kib * 1024 < 1.3 * size, peak_kib

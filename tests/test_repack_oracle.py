@@ -147,19 +147,39 @@ def rows(h: dict[str, list[str]], stem: str) -> list[tuple[str, int, str]]:
     return list(zip(names, map(int, flags), versions, strict=True))
 
 
-def followed(version: str, rule: str | None, old_new: tuple[str, str] | None) -> str:
-    """A relation's version as the documented table of operators says it becomes:
-    `follows` moves the original version of a package repacked together to its new
-    one (written with or without the epoch, as it was); `kept` and anything else
-    leave it."""
-    if rule != "follows" or old_new is None:
-        return version
-    old, new = old_new
-    if version == old:
-        return new
-    if version == old.split(":", 1)[-1]:
-        return new.split(":", 1)[-1]
-    return version
+FOLLOWS_HEADING = "`follows` writes the new version"
+
+
+def follows(doc: Path, symbols: dict[str, str]) -> dict[str, str]:
+    """The doc's table of what `follows` writes, each row's forms spelled out with
+    `symbols` (the table's letters and their values for one repacked package): the
+    original version, written each way the table lists, -> what it becomes."""
+
+    def spelled(form: str) -> str:
+        letters = "|".join(map(re.escape, sorted(symbols, key=len, reverse=True)))
+        return re.sub(letters, lambda m: symbols[m.group(0)], form.strip("`"))
+
+    return {spelled(written): spelled(becomes) for written, becomes in documented(doc, FOLLOWS_HEADING).items()}
+
+
+def followed(version: str, rule: str | None, forms: dict[str, str]) -> str:
+    """A relation's version as the documented tables say it becomes: by its operator's
+    rule, `follows` per the forms of the package it names (`follows`), every other
+    rule leaves it."""
+    return forms.get(version, version) if rule == "follows" else version
+
+
+def rpm_forms(old_new: tuple[str, str] | None) -> dict[str, str]:
+    """docs/packaging-rpm.md's `follows` forms for a package repacked together, from
+    its original and new E:V-R."""
+    if old_new is None:
+        return {}
+    parts = [re.fullmatch(r"(?:(\d+):)?([^-]+)-([^-]+)", v) for v in old_new]
+    assert parts[0] and parts[1], old_new
+    (epoch, version, release), (new_epoch, new_version, new_release) = parts[0].groups(), parts[1].groups()
+    assert (new_epoch, new_version) == (epoch, version), old_new  # repack changes the release only
+    symbols = {"E:": f"{epoch}:" if epoch else "", "V": version, "R": release, "R'": new_release}
+    return follows(DOCS / "packaging-rpm.md", symbols)
 
 
 def expected_rows(
@@ -171,7 +191,7 @@ def expected_rows(
     for name, flags, version in before:
         op = OPERATORS.get(flags & (LESS | GREATER | EQUAL))
         rule = operators[op] if op else None
-        out.append((name, flags & ~AUTO_MARKS, followed(version, rule, together.get(subject(name)))))
+        out.append((name, flags & ~AUTO_MARKS, followed(version, rule, rpm_forms(together.get(subject(name))))))
     return sorted(out)
 
 
@@ -503,7 +523,9 @@ def deb_relations(value: str, together: dict[str, tuple[str, str]]) -> str:
 
     def one(m: re.Match[str]) -> str:
         name, op, version = m.group("name"), m.group("op"), m.group("version")
-        after = followed(version, operators[op], together.get(name.split(":")[0]))
+        old_new = together.get(name.split(":")[0])
+        forms = follows(DOCS / "packaging-debian.md", {"V": old_new[0], "V'": old_new[1]}) if old_new else {}
+        after = followed(version, operators[op], forms)
         start, end = m.start("version") - m.start(), m.end("version") - m.start()
         return m.group(0)[:start] + after + m.group(0)[end:]
 

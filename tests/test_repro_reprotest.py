@@ -15,7 +15,7 @@ sha256 of its .debs; reprotest's own diffoscope compares them too.
 
 This is the suite's quick variant. The rebuild of hello from its .buildinfo in a
 fresh chroot is tests/test_repro_switch.py's (the same sbuild build, built once);
-bench/repro.py runs the whole matrix — reprotest and the rebuild — on three packages
+tools/bench repro runs the whole matrix — reprotest and the rebuild — on three packages
 of three kinds (C, C++, Rust), with its figures in bench/README.md.
 """
 

@@ -18,20 +18,19 @@ import hashlib
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from testkit import REPO
 from testkit.cache import cached
+from testkit.cli import write_launcher
 from testkit.debian import files_key, tool_versions, tree_files
+from testkit.rpm import BRP, MACROS
 
 pytestmark = pytest.mark.slow
 
 RPM_DIR = REPO / "tests" / "rpm"
-MACROS = REPO / "brp-scripts" / "macros.hugify"
-BRP = REPO / "brp-scripts" / "brp-hugify"
 EPOCH = "1700000000"
 REPRODUCIBLE = (
     ("use_source_date_epoch_as_buildtime", "1"),
@@ -43,13 +42,7 @@ REPRODUCIBLE = (
 def _build(work: Path, name: str, faketime: str | None) -> tuple[int, str]:
     top = work / "top"
     (work / "home").mkdir(exist_ok=True)
-    wrapper = work / "hugify"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
-        f'exec {sys.executable} -m hugify.cli "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    wrapper = write_launcher(work / "hugify", REPO / "policy" / "policy.toml")
     cmd = ["rpmbuild", "-bb", "--define", f"_topdir {top}", "--define", f"hugify_test_src {RPM_DIR}"]
     cmd += ["--define", f"_buildrootdir {work / name / 'buildroot'}", "--define", f"_rpmdir {work / name / 'RPMS'}"]
     cmd += ["--load", str(MACROS), "--define", f"__hugify {wrapper}", "--define", f"__hugify_brp {BRP}"]

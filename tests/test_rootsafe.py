@@ -39,7 +39,7 @@ import pytest
 from hugify import files
 from hugify.cli import main
 from testkit import HP, REPO
-from testkit.cli import hugify
+from testkit.cli import command, hugify
 from testkit.elf import readelf_loads
 from testkit.recipes import BY_NAME, build
 
@@ -530,14 +530,7 @@ def test_fifo_device_and_symlinks_are_refused_without_blocking(tmp_path: Path, p
         for args in (["--in-place"], ["-o", str(work / "out")]):
             if args[0] == "-o" and path.name in ("prog", "link"):
                 continue  # -o only reads its source: test_transform_to_output_reads_through_a_symlink
-            res = subprocess.run(
-                [sys.executable, "-m", "hugify.cli", "transform", *args, str(path)],
-                capture_output=True,
-                text=True,
-                cwd=REPO,
-                timeout=60,
-                check=False,
-            )
+            res = hugify("transform", *args, path, timeout=60, check=False)
             assert res.returncode == status, (path, args, res.stderr)
             one_line(res.stderr, reason)
             assert words in res.stderr
@@ -593,15 +586,8 @@ def hostile(tmp_path: Path, program: Path, outside: Path) -> Iterator[Hostile]:
 
 
 def tree_log(h: Hostile, *extra: str) -> tuple[int, list[str]]:
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "tree", str(h.root), "--no-progress", "--jobs", "2", *extra],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        env={**os.environ, "HUGIFY_POLICY_PATH": ""},
-        check=False,
-    )
+    args = ("tree", h.root, "--no-progress", "--jobs", "2", *extra)
+    res = hugify(*args, add_env={"HUGIFY_POLICY_PATH": ""}, timeout=600, check=False)
     return res.returncode, res.stdout.splitlines() + res.stderr.splitlines()
 
 
@@ -857,10 +843,7 @@ def strace(tmp_path: Path, *args: str | Path) -> list[str]:
             f"trace={METADATA_CALLS}",
             "-o",
             str(log),
-            sys.executable,
-            "-m",
-            "hugify.cli",
-            *map(str, args),
+            *command(*args),
         ],
         cwd=REPO,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HUGIFY_POLICY_PATH": ""},

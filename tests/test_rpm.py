@@ -18,13 +18,11 @@ compare against what the RPMs contain, never against hugify's own id.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,15 +31,13 @@ import pytest
 from hugify import manifest
 from testkit import HP, REPO
 from testkit.cache import locked
-from testkit.cli import rpm_env
+from testkit.cli import hugify, rpm_env, write_launcher
 from testkit.elf import exec_load, hugified, readelf_build_id
+from testkit.rpm import BRP, HOST_MACROS, MACROS, WITH_MACROS, MacroFiles, macro_path, rpm_eval
 
 RPM_DIR = REPO / "tests" / "rpm"
 SPEC = RPM_DIR / "hugify-test.spec"
 BROKEN_SPEC = RPM_DIR / "hugify-broken.spec"
-MACROS = REPO / "brp-scripts" / "macros.hugify"
-HOST_MACROS = REPO / "brp-scripts" / "etc-rpm-macros.hugify"
-BRP = REPO / "brp-scripts" / "brp-hugify"
 PROG, LINK, SMALL = "usr/bin/hugify-test", "usr/bin/hugify-test-link", "usr/bin/hugify-small"
 LIB = "usr/lib64/libhugtest.so.1"
 MANIFEST = "usr/lib/hugify/manifest.d/hugify-test.list"
@@ -50,15 +46,12 @@ MANIFEST = "usr/lib/hugify/manifest.d/hugify-test.list"
 @dataclass(frozen=True)
 class Variant:
     spec: Path = SPEC
-    #: Macro files and where rpm reads them: "macros.d" (a package's
-    #: /usr/lib/rpm/macros.d/macros.hugify) or "etc" (/etc/rpm/macros.hugify).
-    macros: tuple[tuple[Path, str], ...] = ()
+    macros: MacroFiles = ()
     #: Lines a maintainer would add to the spec preamble.
     preamble: tuple[str, ...] = ()
     defines: tuple[tuple[str, str], ...] = ()
 
 
-WITH_MACROS = ((MACROS, "macros.d"),)
 VARIANTS = {
     # Off also when a system-wide hugify (make install, the hugify rpm) put its
     # macros into /usr/lib/rpm/macros.d, which every rpmbuild reads.
@@ -109,33 +102,9 @@ def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _macro_path(files: tuple[tuple[Path, str], ...]) -> str:
-    """rpm's own macro path with our files where a package or the admin would put them."""
-    out = subprocess.run(["rpm", "--showrc"], capture_output=True, text=True, check=True).stdout
-    path = re.search(r"^Macro path: (.*)$", out, re.M)
-    assert path, "rpm --showrc shows no macro path"
-    entries = path.group(1).split(":")
-    for f, where in files:
-        anchor = {"macros.d": "/usr/lib/rpm/macros.d/macros.*", "etc": "/etc/rpm/macros.*"}[where]
-        i = entries.index(anchor)
-        # The directory's files one by one, without a system-wide copy of ours (make
-        # install, the hugify rpm): rpm would load both, and a definition made twice
-        # survives one %undefine.
-        entries[i : i + 1] = [*(p for p in sorted(glob.glob(anchor)) if Path(p).name != f.name), str(f)]
-    return ":".join(entries)
-
-
 def _write_wrapper(shared: Path) -> Path:
     """The `hugify` command the brp script runs: this checkout, the shipped policy."""
-    wrapper = shared / "bin" / "hugify"
-    wrapper.parent.mkdir(exist_ok=True)
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} HUGIFY_POLICY_PATH={REPO / 'policy' / 'policy.toml'} "
-        f'exec {sys.executable} -m hugify.cli "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return wrapper
+    return write_launcher(shared / "bin" / "hugify", REPO / "policy" / "policy.toml")
 
 
 def _build(shared: Path, name: str) -> Built:
@@ -291,26 +260,19 @@ def test_gdb_breaks_at_source_lines_and_backtraces_with_the_debug_file(rpm_build
         "-ex",
         f"set environment LD_LIBRARY_PATH={b.root / 'usr/lib64'}",
     ]
-    res = subprocess.run(
-        [*gdb, "-ex", f"break lib.c:{lib_line}", "-ex", "run", "-ex", "bt", str(b.root / PROG)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = res.stdout + res.stderr
+
+    def backtrace(where: str) -> str:
+        """gdb's output of a run of the program stopped at `where`, and its backtrace."""
+        argv = [*gdb, "-ex", f"break {where}", "-ex", "run", "-ex", "bt", str(b.root / PROG)]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        return res.stdout + res.stderr
+
+    out = backtrace(f"lib.c:{lib_line}")
     assert re.search(rf"Breakpoint 1, lib_entry \(x=-?\d+\) at lib\.c:{lib_line}", out), out
     assert re.search(rf"#0\s+lib_entry \(x=-?\d+\) at lib\.c:{lib_line}", out), out
     assert re.search(rf"#1\s+0x[0-9a-f]+ in main \(argc=1, argv=0x[0-9a-f]+\) at main\.c:{main_line}", out), out
     # A breakpoint inside the moved code of the program itself.
-    res = subprocess.run(
-        [*gdb, "-ex", "break exe_f700", "-ex", "run", "-ex", "bt", str(b.root / PROG)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = res.stdout + res.stderr
+    out = backtrace("exe_f700")
     assert re.search(r"#0\s+exe_f700 \(x=-?\d+\) at exe_gen\d\.c:\d+", out), out
     assert re.search(r"#1\s+0x[0-9a-f]+ in exe_dispatch \(seed=1\) at exe_table\.c:\d+", out), out
     assert re.search(r"in main \(argc=1, argv=0x[0-9a-f]+\) at main\.c:\d+", out), out
@@ -409,23 +371,11 @@ def test_hugify_check_on_the_built_rpms(rpm_build) -> None:
     build-ids the -debuginfo package links (/usr/lib/debug/.build-id, symbolic links
     in an rpm). Without the -debuginfo package nothing is said about debug files."""
     b = _ok(rpm_build("hugify"))
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "check", *map(str, b.rpms)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+    res = hugify("check", *b.rpms, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.endswith("3 hugified file(s) as hugify left them\n"), res.stdout
     main = [r for r in b.rpms if "debuginfo" not in r.name and "debugsource" not in r.name]
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "check", *map(str, main)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+    res = hugify("check", *main, check=False)
     assert res.returncode == 0 and res.stdout.endswith("; no debug files given\n"), res.stdout + res.stderr
 
 
@@ -459,27 +409,19 @@ def test_hugify_exclude_from_skips_paths(rpm_build) -> None:
 # --- the macros, expanded by rpm itself (fast) ----------------------------------------
 
 
-def _eval(*args: str, files: tuple[tuple[Path, str], ...] = WITH_MACROS) -> list[str]:
-    """Expands each --eval argument in one rpm process (in order, so definitions made
-    by one expansion are seen by the next); one output line per line of expansion."""
-    cmd = ["rpm", "--macros", _macro_path(files), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HOME": "/nonexistent"}, check=True)
-    return res.stdout.split("\n")
-
-
 def test_macro_step_is_on_by_default_and_switches_off() -> None:
     brp = "/usr/lib/rpm/brp-hugify --hugify '/usr/bin/hugify'"
-    assert _eval("--eval", "%{__brp_hugify}")[0].startswith(brp)
+    assert rpm_eval("--eval", "%{__brp_hugify}")[0].startswith(brp)
     for off in (["--define", "_hugify 0"], ["--undefine", "_hugify"], ["--define", "__brp_hugify %{nil}"]):
-        assert _eval(*off, "--eval", "[%{?__brp_hugify}]")[0] == "[]", off
+        assert rpm_eval(*off, "--eval", "[%{?__brp_hugify}]")[0] == "[]", off
         # find-debuginfo still runs, unchanged.
-        assert _eval(*off, "--eval", "%{__find_debuginfo}")[:2] == ["", "/usr/bin/find-debuginfo"], off
-        assert _eval(*off, "--eval", "[%{?__brp_hugify_check}]")[0] == "[]", off
-    assert _eval("--define", "_hugify 1", "--eval", "%{__brp_hugify}")[0].startswith(brp)
+        assert rpm_eval(*off, "--eval", "%{__find_debuginfo}")[:2] == ["", "/usr/bin/find-debuginfo"], off
+        assert rpm_eval(*off, "--eval", "[%{?__brp_hugify_check}]")[0] == "[]", off
+    assert rpm_eval("--define", "_hugify 1", "--eval", "%{__brp_hugify}")[0].startswith(brp)
 
 
 def test_macro_knobs_reach_the_brp_command() -> None:
-    line = _eval(
+    line = rpm_eval(
         "--define",
         r"_hugify_exclude_from ^/usr/lib64/foo/.*\\.so$",  # rpm drops one level of backslashes
         "--define",
@@ -490,14 +432,15 @@ def test_macro_knobs_reach_the_brp_command() -> None:
     assert r"--exclude-from '^/usr/lib64/foo/.*\.so$'" in line
     # The report outlives the build: rpm >= 4.20 removes %{builddir} after it.
     assert (
-        "--report-dir '/b/BUILD'" in _eval("--define", "builddir /b/BUILD/foo-1-build", "--eval", "%{__brp_hugify}")[0]
+        "--report-dir '/b/BUILD'"
+        in rpm_eval("--define", "builddir /b/BUILD/foo-1-build", "--eval", "%{__brp_hugify}")[0]
     )
-    assert "--report-dir '/b/BUILD'" in _eval("--define", "_builddir /b/BUILD", "--eval", "%{__brp_hugify}")[0]
+    assert "--report-dir '/b/BUILD'" in rpm_eval("--define", "_builddir /b/BUILD", "--eval", "%{__brp_hugify}")[0]
     assert line.endswith("--policy /tmp/p.toml --jobs 3")
 
 
 def test_find_debuginfo_is_prefixed_by_the_step_on_its_own_line() -> None:
-    first, second = _eval("--eval", "%{__find_debuginfo}")[:2]
+    first, second = rpm_eval("--eval", "%{__find_debuginfo}")[:2]
     assert first.startswith("/usr/lib/rpm/brp-hugify ") and "&&" not in first
     # find-debuginfo runs inside the step's --then, which checks the build root after it.
     assert second.startswith("/usr/lib/rpm/brp-hugify ") and second.endswith(" --then /usr/bin/find-debuginfo")
@@ -505,8 +448,8 @@ def test_find_debuginfo_is_prefixed_by_the_step_on_its_own_line() -> None:
 
 def test_manifest_line_ships_only_when_hugify_runs() -> None:
     # macros.d hook: hugify runs inside find-debuginfo, so only with %debug_package.
-    assert _eval("--eval", "[%{?hugify_manifest}]")[0] == "[]"
-    out = _eval(
+    assert rpm_eval("--eval", "[%{?hugify_manifest}]")[0] == "[]"
+    out = rpm_eval(
         "--define",
         "__debug_package 1",
         "--define",
@@ -524,28 +467,30 @@ def test_manifest_line_ships_only_when_hugify_runs() -> None:
     # build directory that is not noarch gets it.
     auto = ("_enable_debug_packages 1", "__spec_install_template %%{debug_package}", "buildsubdir foo-1")
     defines = [a for d in auto for a in ("--define", d)]
-    assert _eval(*defines, "--define", "name foo", "--eval", "[%{?hugify_manifest}]")[0] == (
+    assert rpm_eval(*defines, "--define", "name foo", "--eval", "[%{?hugify_manifest}]")[0] == (
         "[/usr/lib/hugify/manifest.d/foo.list]"
     )
     for off in ("_enable_debug_packages 0", "_target_cpu noarch", "__spec_install_template %{nil}"):
-        assert _eval(*defines, "--define", off, "--eval", "[%{?hugify_manifest}]")[0] == "[]", off
+        assert rpm_eval(*defines, "--define", off, "--eval", "[%{?hugify_manifest}]")[0] == "[]", off
     # Host or distro hook: hugify runs first in %__spec_install_post, with or without debuginfo.
     host = ((MACROS, "macros.d"), (HOST_MACROS, "etc"))
-    out = _eval("--define", "name foo", "--eval", "%{?hugify_manifest}", "--eval", "%{__find_debuginfo}", files=host)
+    out = rpm_eval("--define", "name foo", "--eval", "%{?hugify_manifest}", "--eval", "%{__find_debuginfo}", files=host)
     assert out[0] == "/usr/lib/hugify/manifest.d/foo.list"
     assert out[1] == "", "the host hook runs hugify already; find-debuginfo must not run it again"
     assert out[2].endswith(" --then /usr/bin/find-debuginfo")
     # Opted out: nothing to ship.
-    assert _eval("--define", "_hugify 0", "--define", "__debug_package 1", "--eval", "[%{?hugify_manifest}]")[0] == "[]"
+    assert (
+        rpm_eval("--define", "_hugify 0", "--define", "__debug_package 1", "--eval", "[%{?hugify_manifest}]")[0] == "[]"
+    )
 
 
 def test_host_macros_put_the_step_first_in_spec_install_post() -> None:
     host = ((MACROS, "macros.d"), (HOST_MACROS, "etc"))
-    lines = [x.strip() for x in _eval("--eval", "%{__spec_install_post}", files=host) if x.strip()]
+    lines = [x.strip() for x in rpm_eval("--eval", "%{__spec_install_post}", files=host) if x.strip()]
     assert lines[0].startswith("/usr/lib/rpm/brp-hugify ")
     # The check last, after %__os_install_post's strip.
     assert lines[-1].startswith("/usr/lib/rpm/brp-hugify --check ")
-    without = [x.strip() for x in _eval("--eval", "%{__spec_install_post}", files=WITH_MACROS) if x.strip()]
+    without = [x.strip() for x in rpm_eval("--eval", "%{__spec_install_post}", files=WITH_MACROS) if x.strip()]
     assert lines[1:-1] == without, "the host file must keep the platform's steps"
 
 
@@ -616,7 +561,7 @@ def _switch_line(macro: str, value: str) -> str:
 
 @pytest.mark.parametrize("value", ON + OFF + BAD)
 def test_hugify_switch_spellings_in_the_macros(value: str) -> None:
-    step = _eval("--define", f"_hugify {value}", "--eval", "[%{?__brp_hugify}]")[0]
+    step = rpm_eval("--define", f"_hugify {value}", "--eval", "[%{?__brp_hugify}]")[0]
     if value in ON:
         assert step.startswith("[/usr/lib/rpm/brp-hugify --hugify "), step
     elif value in OFF:
@@ -624,7 +569,7 @@ def test_hugify_switch_spellings_in_the_macros(value: str) -> None:
     else:  # a shell line that prints the one line and fails %install
         assert step.endswith("; exit 1]") and _switch_line("_hugify", value) in step, step
     # While rpm reads %files: the manifest line is there when hugify runs; a bad value fails.
-    cmd = ["rpm", "--macros", _macro_path(WITH_MACROS), "--define", f"_hugify {value}"]
+    cmd = ["rpm", "--macros", macro_path(WITH_MACROS), "--define", f"_hugify {value}"]
     cmd += ["--define", "__debug_package 1", "--define", "name foo", "--eval", "[%{?hugify_manifest}]"]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HOME": "/nonexistent"}, check=False)
     if value in BAD:
@@ -639,17 +584,17 @@ def test_integrators_switches_take_the_same_spellings() -> None:
     # The host file says 1: find-debuginfo does not run the step again (only its --then,
     # which checks the build root after find-debuginfo).
     then = " --then /usr/bin/find-debuginfo"
-    first, second = _eval("--eval", "%{__find_debuginfo}", files=host)[:2]
+    first, second = rpm_eval("--eval", "%{__find_debuginfo}", files=host)[:2]
     assert first == "" and second.endswith(then)
     for off in ("no", "Off", "0"):
-        first = _eval("--define", f"__hugify_in_spec_install_post {off}", "--eval", "%{__find_debuginfo}")[0]
+        first = rpm_eval("--define", f"__hugify_in_spec_install_post {off}", "--eval", "%{__find_debuginfo}")[0]
         assert first.startswith("/usr/lib/rpm/brp-hugify "), (off, first)
     for on in ("yes", "ON", "1"):
-        out = _eval("--define", f"__hugify_in_spec_install_post {on}", "--eval", "%{__find_debuginfo}")
+        out = rpm_eval("--define", f"__hugify_in_spec_install_post {on}", "--eval", "%{__find_debuginfo}")
         assert out[0] == "" and out[1].endswith(then), (on, out)
-    out = _eval("--define", "__hugify_in_spec_install_post sometimes", "--eval", "%{__find_debuginfo}")[0]
+    out = rpm_eval("--define", "__hugify_in_spec_install_post sometimes", "--eval", "%{__find_debuginfo}")[0]
     assert _switch_line("__hugify_in_spec_install_post", "sometimes") in out and out.endswith("exit 1")
-    out = _eval("--define", "__hugify_sign_in_spec_install_post perhaps", "--eval", "%{__brp_hugify}")[0]
+    out = rpm_eval("--define", "__hugify_sign_in_spec_install_post perhaps", "--eval", "%{__brp_hugify}")[0]
     assert _switch_line("__hugify_sign_in_spec_install_post", "perhaps") in out
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cli import hugify
+from testkit import HP
+from testkit.cli import command, hugify
 from testkit.elf import exec_load
 from testkit.runtime import (
     AUDIT_LIB,
-    HP,
     HUGIFY_RUN,
     REPO,
     Programs,
@@ -42,6 +42,7 @@ from testkit.runtime import (
     parse_smaps,
     read_plainly,
     run_mappings,
+    thp_setting,
 )
 
 
@@ -319,10 +320,7 @@ def test_status_reports_coverage_and_settings(progs: Programs, tmp_path: Path):
     assert cov == {str(progs.prog): 1.0, str(progs.lib): 0.0, str(progs.plug): 0.0}
     assert {f["coverage"] for f in cold["files"]} == {0.0}
     system = json.loads(res.stdout)["system"]
-    assert (
-        system["thp_enabled"]
-        == Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
-    )
+    assert system["thp_enabled"] == thp_setting()
     assert system["pmd_size"] == HP and system["page_size"] == os.sysconf("SC_PAGE_SIZE")
     assert system["features"]["cachestat"] is cachestat_works()
     assert "COVERAGE" in text.stdout and "100.0 %" in text.stdout and "enabled=" in text.stdout
@@ -385,7 +383,7 @@ def test_kernel_awareness_is_probed_and_recorded(progs: Programs, tmp_path: Path
         code, report = prefetch_json("--runtime-dir", rdir, progs.lib)
     assert code == 0
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    thp = thp_setting()
     assert (rdir / "kernel-exec-pmd").read_text() == f"{boot} {int(by_itself)} {thp}\n"
     assert report["system"]["exec_pmd_readahead"] is by_itself
     assert set(states(report, progs.lib)) == ({"kernel"} if by_itself else {"loaded"})
@@ -401,7 +399,7 @@ def test_a_recorded_kernel_verdict_is_checked_against_a_cold_window(progs: Progr
     dropped by that first look: prefetch records "no" and loads the windows, hugify-run
     removes it and loads them. A verdict of an earlier boot is ignored: probed again."""
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    thp = thp_setting()
     yes = tmp_path / "yes"
     yes.mkdir()
     record = yes / "kernel-exec-pmd"
@@ -465,12 +463,12 @@ def test_hugify_run_and_the_audit_library_take_the_pmd_size_the_kernel_reports(
     fake.write_text(reported)
     script = 'mount --bind "$1" /sys/kernel/mm/transparent_hugepage/hpage_pmd_size && shift && exec "$@"'
     said = {}
-    for who, command, extra in (
+    for who, started, extra in (
         ("hugify-run", [HUGIFY_RUN, prog, "-"], {"HUGIFY_AUDIT_LIB": ""}),
         ("hugify-audit", [prog, "-"], {"LD_AUDIT": str(AUDIT_LIB)}),
     ):
         env = clean_env(tmp_path / "run", HUGIFY_DEBUG="1", **extra)
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", fake, *command]
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", fake, *started]
         res = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
         assert res.returncode == 0, res.stderr
         said[who] = [line for line in res.stderr.splitlines() if line.startswith(f"{who}: {prog}: ")]
@@ -506,10 +504,10 @@ def test_tmpfs_cannot_be_prefetched_said_once(progs: Programs, tmp_path: Path):
 def test_thp_disabled_for_the_process_is_refused_once(progs: Programs, tmp_path: Path):
     code = (
         "import ctypes, os, sys; ctypes.CDLL(None).prctl(41, 1, 0, 0, 0); "  # PR_SET_THP_DISABLE
-        "os.execv(sys.executable, [sys.executable, '-m', 'hugify.cli', 'prefetch', *sys.argv[1:]])"
+        "os.execv(sys.argv[1], sys.argv[1:])"
     )
     res = subprocess.run(
-        [sys.executable, "-c", code, "--runtime-dir", str(tmp_path), str(progs.prog), str(progs.lib)],
+        [sys.executable, "-c", code, *command("prefetch", "--runtime-dir", tmp_path, progs.prog, progs.lib)],
         capture_output=True,
         text=True,
         cwd=REPO,

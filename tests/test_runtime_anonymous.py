@@ -27,37 +27,27 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
     AUDIT_LIB,
-    HOT_SPIN,
-    HP,
     HUGIFY_RUN,
     REPO,
+    SECCOMP_EPERM,
     Programs,
-    _functions,
+    build_spin,
     copy_programs,
     locked,
     memory_cgroup,
+    perf_attached,
+    perf_record,
+    seccomp_program,
+    thp_set,
 )
 from testkit.smaps import Vma, smaps_of
 
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 COPIED = re.compile(r"^hugify-audit: anonymous (\S+): (\d+)/(\d+) windows copied(.*)$", re.M)
-
-SPIN = (
-    "#include <stdio.h>\n#include <unistd.h>\n"
-    + HOT_SPIN
-    + _functions("spin", 200, 16384)
-    + r"""
-int main(int argc, char **argv) {
-    if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
-    printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(argc));
-    return 0;
-}
-"""
-)
 
 
 @pytest.fixture
@@ -70,12 +60,7 @@ def progs(built: Programs, large_folio_dir: Path, tmp_path: Path) -> Iterator[Pr
 @pytest.fixture(scope="module")
 def spin(built: Programs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hugified program that spends its time in hugify_hot_spin, inside a window."""
-    work = tmp_path_factory.mktemp("spin")
-    (work / "spin.c").write_text(SPIN)
-    subprocess.run(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], cwd=work, check=True)
-    res = hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "spin"
+    return build_spin(tmp_path_factory.mktemp("spin"))
 
 
 # --- reading what the process had ----------------------------------------------------
@@ -293,7 +278,7 @@ def test_perf_resolves_the_copied_code_by_name(spin: Path, tmp_path: Path):
     # launched under perf, the copies are named through the file (perf saw it mapped and no
     # new mapping since): without the map (HUGIFY_PERF_MAP=0, nothing left in /tmp)
     res = run(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-o", data, "--", HUGIFY_RUN, "--anonymous=always", spin],
+        perf_record(data, "--", HUGIFY_RUN, "--anonymous=always", spin),
         {**DEBUG, "HUGIFY_PERF_MAP": "0"},
     )
     assert copy_lines(res.stderr)[str(spin)] == (nwin(spin), nwin(spin), "")
@@ -321,10 +306,7 @@ def test_perf_attached_later_resolves_through_the_perf_map(spin: Path, tmp_path:
         perf_map = Path(f"/tmp/perf-{p.pid}.map")
         hot = [line for line in perf_map.read_text().splitlines() if line.endswith(" hugify_hot_spin")]
         assert len(hot) == 1
-        perf = subprocess.Popen(
-            ["perf", "record", "-q", "-e", "cpu-clock", "-p", str(p.pid), "-o", str(data)],
-            stderr=subprocess.PIPE,
-        )
+        perf = perf_attached(data, "-p", p.pid)
         time.sleep(1.0)  # perf is attached
         p.stdin.write("\n")
         p.stdin.close()
@@ -397,13 +379,8 @@ def assert_kept(res: subprocess.CompletedProcess[str], progs: Programs, plain: s
 
 def test_thp_never_is_respected(progs: Programs):
     plain = result(run([progs.prog, progs.plug]))
-    with locked():
-        before = THP_ENABLED.read_text().split("[")[1].split("]")[0]
-        THP_ENABLED.write_text("never")
-        try:
-            res = run([HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
-        finally:
-            THP_ENABLED.write_text(before)
+    with locked(), thp_set("enabled", "never"):
+        res = run([HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
     # thp-off from sysfs; not-huge where /run/hugify still records the earlier mode (the
     # audit library trusts that record until the next `hugify prefetch`)
     assert_kept(res, progs, plain, "(thp-off|not-huge)")
@@ -418,25 +395,8 @@ def test_thp_disabled_process_keeps_its_file_mapping(progs: Programs):
     assert_kept(res, progs, plain, "thp-off")
 
 
-SECCOMP = r"""
-import ctypes, os, platform, struct, sys
-nr = {"x86_64": 25, "aarch64": 216}[platform.machine()]  # mremap
-EPERM = 1
-insns = [
-    struct.pack("HBBI", 0x20, 0, 0, 0),  # ld [0]: the system call number
-    struct.pack("HBBI", 0x15, 0, 1, nr),  # jeq mremap
-    struct.pack("HBBI", 0x06, 0, 0, 0x00050000 | EPERM),  # ret ERRNO(EPERM)
-    struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
-]
-prog = ctypes.create_string_buffer(b"".join(insns))
-fprog = struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog))
-buf = ctypes.create_string_buffer(fprog)
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-assert libc.prctl(22, 2, ctypes.addressof(buf), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
-os.execv(sys.argv[1], sys.argv[1:])
-"""
+#: Runs argv[1:] with every mremap refused with EPERM.
+SECCOMP = seccomp_program({"x86_64": 25, "aarch64": 216}, SECCOMP_EPERM)
 
 
 def test_seccomp_forbidding_mremap_keeps_the_file_mapping(progs: Programs):

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.runtime import (
     AS_NOBODY,
     AUDIT_LIB,
-    HP,
     HUGIFY_RUN,
     Programs,
     clean_env,

@@ -14,7 +14,6 @@ tests' lock like every test that touches the page cache."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -41,6 +40,7 @@ from testkit.runtime import (
     locked,
     loop_fs,
     read_plainly,
+    thp_set,
 )
 
 EXT4_MAGIC = "ef53"
@@ -203,18 +203,6 @@ def test_a_process_without_huge_pages_records_nothing(built: Programs, tmp_path:
     assert not list(run.glob("no-large-folios-*")), [p.read_text() for p in run.iterdir()]
 
 
-@contextlib.contextmanager
-def thp_enabled(mode: str) -> Iterator[None]:
-    """THP `enabled` set to `mode` for the block (the caller holds the runtime tests' lock)."""
-    knob = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    before = knob.read_text().split("[")[1].split("]")[0]
-    knob.write_text(mode)
-    try:
-        yield
-    finally:
-        knob.write_text(before)
-
-
 def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(on_xfs: tuple[Programs, Path]):
     """Issue 20 item 5 on whatever kernel runs the suite, on XFS (large folios from 5.18),
     with THP `always`: prefetch's probe must say what the kernel does by itself, and
@@ -229,7 +217,7 @@ def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(on_xfs: t
       EINVAL where CONFIG_READ_ONLY_THP_FOR_FS is off, as on 6.18), the verdict follows
       the fault alone."""
     progs, run = on_xfs
-    with thp_enabled("always"):
+    with thp_set("enabled", "always"):
         assert gives_large_folios(progs.prog), "XFS gave no 2 MiB folio"
         by_itself = kernel_maps_exec_huge(progs.prog)
         cold_window(progs.prog, MADV_COLLAPSE)  # whatever it does, it changes nothing below

@@ -44,12 +44,12 @@ from testkit.runtime import (
     GNU_LD,
     HUGIFY_RUN,
     LLD_LAYOUTS,
-    _run,
     build_programs,
     build_runtime,
     drop_caches,
     locked,
     read_plainly,
+    run_checked,
 )
 
 LDSO = Path("/lib64/ld-linux-x86-64.so.2")
@@ -99,7 +99,7 @@ def versions(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     for f in v1.iterdir():
         assert f.stat().st_size == (v2 / f.name).stat().st_size, f"{f.name}: the versions' layouts differ"
     (work / "renamer.c").write_text(RENAMER)
-    _run(["gcc", "-O1", "-fPIC", "-shared", "-o", "renamer.so", "renamer.c"], work)
+    run_checked(["gcc", "-O1", "-fPIC", "-shared", "-o", "renamer.so", "renamer.c"], work)
     return Versions(v1, v2, work / "renamer.so")
 
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.elf import readelf_windows, window_offsets
 from testkit.runtime import (
     AUDIT_LIB,
-    HP,
     HUGIFY_RUN,
     LLD_LAYOUTS,
     Layout,

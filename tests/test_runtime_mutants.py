@@ -24,18 +24,18 @@ from pathlib import Path
 
 import pytest
 
+from testkit import HP
 from testkit.runtime import (
     AUDIT_LIB,
     GNU_LD,
-    HP,
     HUGIFY_RUN,
     LLD_LAYOUTS,
     RUNTIME,
     Programs,
-    _run,
     build_programs,
     build_runtime,
     read_plainly,
+    run_checked,
 )
 
 HUGIFY_RUN_ASAN = RUNTIME / "hugify-run-asan"
@@ -192,7 +192,7 @@ class Outcome:
 def originals(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Programs:
     assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
     build_runtime()
-    _run(["make", "-s", "-C", RUNTIME, "hugify-run-asan"])
+    run_checked(["make", "-s", "-C", RUNTIME, "hugify-run-asan"])
     return build_programs(tmp_path_factory.mktemp(f"mutants-{request.param.name}"), request.param, main=MAIN)
 
 
@@ -320,7 +320,7 @@ def test_a_window_the_process_does_not_map_as_the_file_is_skipped_not_unsupporte
     ("unsupported", which would speak of the filesystem where this process is the cause)."""
     protector = tmp_path / "protector.so"
     (tmp_path / "protector.c").write_text(PROTECTOR)
-    _run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", protector, tmp_path / "protector.c"])
+    run_checked(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", protector, tmp_path / "protector.c"])
     _, env = ways(tmp_path / "run")["audit"]
     env = env | {"LD_AUDIT": f"{protector}:{AUDIT_LIB}"}
     set_cache(originals.lib, "small")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testkit.cli import command
 from testkit.runtime import (
     AUDIT_LIB,
     HUGIFY_RUN,
@@ -145,7 +146,7 @@ def test_engine_reason_ids_are_the_cores_and_never_empty(tmp_path: Path):
     for rid in ids:
         window = prefetch.Window(0, "failed", rid, prefetcher._explain(target, rid, 3))
         assert window.as_json()["reason"] == rid and window.as_json()["detail"], rid
-    res = run([sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO)
+    res = run(command("explain", *ids), cwd=REPO)
     assert res.returncode == 0 and len(res.stdout.splitlines()) == len(ids), res.stderr
 
 

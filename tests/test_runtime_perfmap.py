@@ -32,16 +32,18 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cli import hugify
+from testkit import HP
 from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
     HOT_SPIN,
-    HP,
     HUGIFY_RUN,
+    SECCOMP_KILL_PROCESS,
     Programs,
-    _functions,
+    build_hugified,
     build_runtime,
     copy_programs,
+    padded_functions,
+    perf_attached,
     seccomp_program,
 )
 
@@ -60,7 +62,7 @@ PROGRAM = (
 #include <unistd.h>
 """
     + HOT_SPIN
-    + _functions("spin", 200, 16384)
+    + padded_functions("spin", 200)
     + r"""
 static void wait_for_a_line(void) { char c; if (read(0, &c, 1) != 1) exit(2); }
 
@@ -124,11 +126,7 @@ def files(built: Programs) -> Iterator[Files]:
     work = Path(tempfile.mkdtemp(prefix="hugify-perfmap-", dir="/var/tmp"))
     try:
         work.chmod(0o755)
-        (work / "prog.c").write_text(PROGRAM)
-        cc = ["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "prog.orig", "prog.c", "-ldl"]
-        subprocess.run(cc, cwd=work, check=True)
-        res = hugify("transform", "--threshold", "0", work / "prog.orig", "-o", work / "prog", check=False)
-        assert res.returncode == 0, res.stderr
+        build_hugified(work, "prog", PROGRAM, "-g", "-ldl")
         copy_programs(built, work / "lib")
         shutil.copy(work / "lib" / "libplug.so", work / "libplug.so")
         for f in (work / "prog", work / "libplug.so"):
@@ -459,7 +457,7 @@ def test_map_is_written_completely_or_not_at_all(files: Files, rundir: Path):
 
 #: Runs argv[1:] killed by a seccomp filter at prctl(PR_SET_VMA, …) (args[0]), every
 #: other prctl allowed.
-SECCOMP_KILL_PR_SET_VMA = seccomp_program({"x86_64": 157, "aarch64": 167}, 16, 0x53564D41, 0x80000000)
+SECCOMP_KILL_PR_SET_VMA = seccomp_program({"x86_64": 157, "aarch64": 167}, SECCOMP_KILL_PROCESS, equal={0: 0x53564D41})
 
 
 def test_copies_carry_no_vma_name(files: Files, rundir: Path):
@@ -547,12 +545,7 @@ def test_perf_started_after_the_fork_names_the_childs_copied_code(
     child = r.child()
     data = tmp_path / "perf.data"
     target = ["-p", str(child)] if how == "-p" else ["-a"]
-    perf = subprocess.Popen(
-        ["perf", "record", "-q", "-e", "cpu-clock", *target, "-o", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    perf = perf_attached(data, *target)
     try:
         time.sleep(2.0)  # perf has read /proc and is recording
         out = r.finish()
@@ -576,12 +569,7 @@ def test_perf_recording_before_the_start_needs_no_map(
     mremap that put each copy in place: the copies are named through the files, in the
     parent and, through perf's fork event, in the forked child, with no map written."""
     data = tmp_path / "perf.data"
-    perf = subprocess.Popen(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-a", "-o", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    perf = perf_attached(data, "-a")
     try:
         time.sleep(2.0)
         t0 = time.time_ns()

@@ -20,13 +20,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from testkit.cli import hugify
+from testkit.cli import command, hugify
 from testkit.runtime import (
     AS_NOBODY,
     AUDIT_LIB,
@@ -217,7 +216,7 @@ def prefetch_after(plant: str, run: Path, prog: Path, policy: Path) -> subproces
     """Root's `hugify prefetch --runtime-dir RUN PROG`, the policy's anonymous programs
     from `policy`, in a shell that first runs `plant` with $$ the pid prefetch then keeps
     (it execs)."""
-    cli = [sys.executable, "-m", "hugify.cli", "prefetch", "--runtime-dir", str(run), str(prog)]
+    cli = command("prefetch", "--runtime-dir", run, prog)
     return subprocess.run(
         ["sh", "-c", f'{plant} && exec "$@"', "sh", *cli],
         capture_output=True,

@@ -29,12 +29,22 @@ from pathlib import Path
 import pytest
 
 from hugify import shared
+from testkit import HP
 from testkit.cli import hugify
-from testkit.runtime import AS_NOBODY, AUDIT_LIB, HUGIFY_RUN, Programs, copy_programs, hugify_as_nobody, locked
+from testkit.runtime import (
+    AS_NOBODY,
+    AUDIT_LIB,
+    HUGIFY_RUN,
+    SECCOMP_EPERM,
+    Programs,
+    copy_programs,
+    hugify_as_nobody,
+    locked,
+    seccomp_program,
+    thp_set,
+)
 from testkit.shared import (
     ANY_COPY,
-    HP,
-    SHMEM_ENABLED,
     Env,
     assert_kept,
     assert_mapped_from_copies,
@@ -369,14 +379,8 @@ def test_a_full_tmpfs_leaves_the_files_as_they_are(env: Env):
 
 @contextlib.contextmanager
 def shmem_enabled(value: str) -> Iterator[None]:
-    with locked():
-        before = SHMEM_ENABLED.read_text().split("[")[1].split("]")[0]
-        SHMEM_ENABLED.write_text(value)
-        try:
-            yield
-        finally:
-            SHMEM_ENABLED.write_text(before)
-    assert f"[{before}]" in SHMEM_ENABLED.read_text()
+    with locked(), thp_set("shmem_enabled", value):
+        yield
 
 
 def test_shared_memory_huge_pages_refused(env: Env):
@@ -493,30 +497,12 @@ def test_a_copy_tampered_with_is_not_mapped(env: Env, tamper: str, why: str):
 #: Forbids mmap of a file at a fixed address with exactly the flags the audit library
 #: maps a copy with (MAP_PRIVATE | MAP_FIXED): ld.so maps objects with MAP_DENYWRITE too
 #: (glibc's MAP_COPY), so loading works and only the copies' mmap fails.
-SECCOMP_MMAP = r"""
-import ctypes, os, platform, struct, sys
-nr = {"x86_64": 9, "aarch64": 222}[platform.machine()]  # mmap
-EPERM = 1
-def ins(code, jt, jf, k): return struct.pack("HBBI", code, jt, jf, k)
-insns = [
-    ins(0x20, 0, 0, 0),  # ld nr
-    ins(0x15, 0, 5, nr),  # jeq mmap, else allow
-    ins(0x20, 0, 0, 16 + 3 * 8),  # ld args[3] (flags), low word
-    ins(0x15, 0, 3, 0x12),  # jeq MAP_PRIVATE|MAP_FIXED, else allow
-    ins(0x20, 0, 0, 16 + 4 * 8),  # ld args[4] (fd), low word
-    ins(0x15, 1, 0, 0xFFFFFFFF),  # jeq -1: anonymous, allow
-    ins(0x06, 0, 0, 0x00050000 | EPERM),  # ret ERRNO(EPERM)
-    ins(0x06, 0, 0, 0x7FFF0000),  # ret ALLOW
-]
-prog = ctypes.create_string_buffer(b"".join(insns))
-fprog = struct.pack("HxxxxxxQ", len(insns), ctypes.addressof(prog))
-buf = ctypes.create_string_buffer(fprog)
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-assert libc.prctl(22, 2, ctypes.addressof(buf), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
-os.execv(sys.argv[1], sys.argv[1:])
-"""
+SECCOMP_MMAP = seccomp_program(
+    {"x86_64": 9, "aarch64": 222},
+    SECCOMP_EPERM,
+    equal={3: 0x12},
+    unequal={4: 0xFFFFFFFF},  # the fd: not -1, a file
+)
 
 
 def test_a_seccomp_filter_forbidding_the_mmap_keeps_the_file_mapping(env: Env):

@@ -23,34 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cli import hugify
-from testkit.runtime import AUDIT_LIB, HOT_SPIN, Programs, _functions, locked
+from testkit.runtime import AUDIT_LIB, Programs, build_spin, locked, perf_attached, perf_record
 from testkit.shared import Env, copies_of, files_on_tmpfs, nwin, prefetch, shared_lines
 
-SPIN = (
-    "#include <stdio.h>\n#include <unistd.h>\n"
-    + HOT_SPIN
-    + _functions("spin", 200, 16384)
-    + r"""
-int main(int argc, char **argv) {
-    if (argc > 1) { printf("waiting\n"); fflush(stdout); char c; if (read(0, &c, 1) < 0) return 2; }
-    printf("result %ld %ld\n", spin_all(1), hugify_hot_spin(argc));
-    return 0;
-}
-"""
-)
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 
 
 @pytest.fixture(scope="module")
 def spin_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hugified program that spends its time in hugify_hot_spin, inside a window."""
-    work = tmp_path_factory.mktemp("spin")
-    (work / "spin.c").write_text(SPIN)
-    subprocess.run(["gcc", "-O1", "-g", "-fPIE", "-pie", "-o", "spin.orig", "spin.c"], cwd=work, check=True)
-    res = hugify("transform", "--threshold", "0", work / "spin.orig", "-o", work / "spin", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "spin"
+    return build_spin(tmp_path_factory.mktemp("spin"))
 
 
 @pytest.fixture
@@ -137,7 +119,7 @@ def test_perf_launched_names_the_hot_function_of_the_copied_code(env: tuple[Env,
     e, spin = env
     data = tmp_path / "perf.data"
     res = subprocess.run(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-o", str(data), "--", str(spin)],
+        perf_record(data, "--", spin),
         capture_output=True,
         text=True,
         env=audit_env(e),
@@ -160,12 +142,7 @@ def test_perf_attached_names_the_hot_function_through_the_copy(env: tuple[Env, P
     with held(e, [str(spin), "wait"]) as p:
         assert mapped_from_copy(p.pid, copy)
         target = ["-p", str(p.pid)] if how == "-p" else ["-a"]
-        perf = subprocess.Popen(
-            ["perf", "record", "-q", "-e", "cpu-clock", *target, "-o", str(data)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        perf = perf_attached(data, *target)
         try:
             time.sleep(2.0)  # perf is attached
             assert p.stdin is not None
@@ -281,25 +258,12 @@ def test_a_kernel_core_dump_names_every_module_by_its_build_id(env: tuple[Env, P
     (their ELF headers and build-id notes, which stay file-backed) and its file note
     names the copies for the windows."""
     e, _ = env
-    with core_pattern(str(tmp_path / "core.%p")):
-        # prlimit executes the program itself (one process): no core size limit for it.
-        p = subprocess.Popen(
-            ["prlimit", "--core=unlimited", str(e.progs.prog), str(e.progs.plug), "wait"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=audit_env(e),
-        )
-        try:
-            assert p.stdout is not None and p.stdout.readline() == "waiting\n"
-            assert mapped_from_copy(p.pid, copy_of(e, e.progs.prog))
-            p.send_signal(signal.SIGSEGV)
-            p.wait(timeout=120)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    # prlimit executes the program itself (one process): no core size limit for it.
+    dumping = ["prlimit", "--core=unlimited", str(e.progs.prog), str(e.progs.plug), "wait"]
+    with core_pattern(str(tmp_path / "core.%p")), held(e, dumping) as p:
+        assert mapped_from_copy(p.pid, copy_of(e, e.progs.prog))
+        p.send_signal(signal.SIGSEGV)
+        p.wait(timeout=120)
     core = tmp_path / f"core.{p.pid}"
     assert p.returncode == -signal.SIGSEGV and core.is_file(), (p.returncode, list(tmp_path.iterdir()))
     assert_modules_named(core, e)

@@ -26,25 +26,24 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-import threading
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from test_runtime_upgrade import build_deb, dpkg_root
-
 from hugify import shared
+from testkit import HP
+from testkit.cli import write_launcher
+from testkit.debian import build_deb, dpkg_root
 from testkit.runtime import (
     AUDIT_LIB,
-    HP,
     HUGIFY_RUN,
     LLD_LAYOUTS,
     REPO,
-    _run,
     build_programs,
     build_runtime,
     exec_segment_size,
+    run_checked,
+    starts_during,
 )
 from testkit.shared import mount_tmpfs, nwin, shared_lines, unmount
 
@@ -99,9 +98,7 @@ class World:
             for f, built in ((self.prog, one.prog), (self.lib, one.lib))
         ]
         (mdir / "hugify-shared-test.list").write_text("# hugify manifest v1\n" + "\n".join(lines) + "\n")
-        launcher = tmp_path / "hugify"
-        launcher.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m hugify.cli "$@"\n')
-        launcher.chmod(0o755)
+        launcher = write_launcher(tmp_path / "hugify")
         tools = tmp_path / "tools"  # no systemctl: the helper runs the prefetch itself
         tools.mkdir()
         for t in ("sh", "cat", "grep", "xargs", "nice"):
@@ -119,10 +116,10 @@ class World:
 
     def install(self, *debs: Path) -> None:
         for deb in debs:
-            _run([*self.dpkg, "-i", str(deb)])
+            run_checked([*self.dpkg, "-i", str(deb)])
 
     def remove(self, *packages: str) -> None:
-        _run([*self.dpkg, "-r", *packages])
+        run_checked([*self.dpkg, "-r", *packages])
 
     def trigger(self) -> str:
         """The package trigger, as dpkg runs it after unpacking or removing a manifest's files."""
@@ -232,52 +229,44 @@ def test_starts_during_upgrades_map_only_their_own_version_s_copy(tmp_path: Path
             keys[key_of(w.lib)] = str(i + 1)
         assert len(outputs) == 2
         upgrades = 0
-        done = threading.Event()
         trigger_errors: list[str] = []
 
-        def upgrade() -> None:
+        def upgrade(i: int) -> None:
             nonlocal upgrades
-            while not done.is_set() or upgrades < UPGRADES:
-                deb = w.lib_debs[upgrades % 2]
-                w.install(deb)
-                keys[key_of(w.lib)] = "1" if deb == w.lib_debs[0] else "2"
-                upgrades += 1
-                err = w.trigger()
-                if "Traceback" in err:
-                    trigger_errors.append(err)
+            deb = w.lib_debs[i % 2]
+            w.install(deb)
+            keys[key_of(w.lib)] = "1" if deb == w.lib_debs[0] else "2"
+            upgrades += 1
+            err = w.trigger()
+            if "Traceback" in err:
+                trigger_errors.append(err)
 
         seen: Counter[str] = Counter()
         wrong: list[str] = []
-        from_copies = starts = 0
-        upgrader = threading.Thread(target=upgrade)
-        upgrader.start()
-        try:
-            while starts < STARTS or upgrader.is_alive():
-                if starts >= STARTS:
-                    done.set()
-                argv = [str(w.prog)] if starts % 2 else [str(HUGIFY_RUN), str(w.prog)]
-                res = subprocess.run(argv, capture_output=True, text=True, env=w.env, check=False, timeout=120)
-                starts += 1
-                version = outputs.get(res.stdout)
-                if res.returncode != 0 or version is None:
-                    wrong.append(f"start {starts}: exit {res.returncode}, output {res.stdout!r}\n{res.stderr[-1500:]}")
-                    continue
-                seen[version] += 1
-                n = w.lib_windows
-                m = re.search(
-                    rf"^hugify-audit: shared {re.escape(str(w.lib))}: {n}/{n} windows mapped from \S+/shared/([\d:]+)/",
-                    res.stderr,
-                    re.M,
-                )
-                if m:
-                    from_copies += 1
-                    if keys.get(m[1]) != version:
-                        wrong.append(
-                            f"start {starts}: printed version {version}, mapped the copy {m[1]} of {keys.get(m[1])}"
-                        )
-        finally:
-            done.set()
-            upgrader.join()
+        from_copies = 0
+        n = w.lib_windows
+        mapped = re.compile(
+            rf"^hugify-audit: shared {re.escape(str(w.lib))}: {n}/{n} windows mapped from \S+/shared/([\d:]+)/", re.M
+        )
+
+        def start(i: int) -> None:
+            nonlocal from_copies
+            argv = [str(w.prog)] if i % 2 else [str(HUGIFY_RUN), str(w.prog)]
+            res = subprocess.run(argv, capture_output=True, text=True, env=w.env, check=False, timeout=120)
+            version = outputs.get(res.stdout)
+            if res.returncode != 0 or version is None:
+                wrong.append(f"start {i + 1}: exit {res.returncode}, output {res.stdout!r}\n{res.stderr[-1500:]}")
+                return
+            seen[version] += 1
+            m = mapped.search(res.stderr)
+            if m:
+                from_copies += 1
+                if keys.get(m[1]) != version:
+                    wrong.append(
+                        f"start {i + 1}: printed version {version}, mapped the copy {m[1]} of {keys.get(m[1])}"
+                    )
+
+        starts = starts_during(start, STARTS, upgrade, UPGRADES)
         print(
             f"\nshared copies under upgrades: {starts} starts ({seen['1']} version 1, {seen['2']} version 2) during "
             f"{upgrades} upgrades and downgrades with dpkg and the trigger after each; {from_copies} mapped the "

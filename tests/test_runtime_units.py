@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from testkit.runtime import HP, REPO, Programs, copy_programs, drop_caches, exec_segment_size, locked, run_mappings
+from testkit import HP
+from testkit.cli import write_launcher
+from testkit.runtime import REPO, Programs, copy_programs, drop_caches, exec_segment_size, locked, run_mappings
 
 UNITS = REPO / "systemd"
 SERVICE = UNITS / "hugify-prefetch.service"
@@ -28,12 +30,7 @@ GENERATOR = UNITS / "hugify-shared-generator.in"
 @pytest.fixture
 def launcher(tmp_path: Path) -> Path:
     """An executable `hugify` that runs this checkout's CLI (what /usr/bin/hugify is)."""
-    p = tmp_path / "hugify"
-    p.write_text(
-        f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m hugify.cli "$@"\n'
-    )
-    p.chmod(0o755)
-    return p
+    return write_launcher(tmp_path / "hugify")
 
 
 def manifest_for(progs: Programs, directory: Path, name: str = "test.list") -> Path:

@@ -24,13 +24,21 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 from testkit.cli import hugify
-from testkit.runtime import AUDIT_LIB, HUGIFY_RUN, LLD_LAYOUTS, _run, build_programs, build_runtime
+from testkit.debian import build_deb, dpkg_root
+from testkit.runtime import (
+    AUDIT_LIB,
+    HUGIFY_RUN,
+    LLD_LAYOUTS,
+    build_programs,
+    build_runtime,
+    run_checked,
+    starts_during,
+)
 
 STARTS = 2000
 UPGRADES = 100
@@ -40,34 +48,6 @@ MAIN = r"""
 long lib_all(long);
 int main(void) { printf("result %ld\n", exe_all(1) + lib_all(2)); return 0; }
 """
-
-
-def build_deb(work: Path, package: str, version: str, files: dict[str, Path]) -> Path:
-    """A binary package of `files` (path in the package -> file) built with dpkg-deb."""
-    tree = work / f"{package}_{version}"
-    (tree / "DEBIAN").mkdir(parents=True)
-    (tree / "DEBIAN" / "control").write_text(
-        f"Package: {package}\nVersion: {version}\nArchitecture: amd64\n"
-        "Maintainer: hugify tests <tests@hugify.invalid>\nDescription: hugify's upgrade test\n"
-    )
-    for path, src in files.items():
-        dest = tree / path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(src.read_bytes())
-        dest.chmod(0o755 if os.access(src, os.X_OK) else 0o644)
-    deb = work / f"{package}_{version}_amd64.deb"
-    _run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "--build", str(tree), str(deb)])
-    return deb
-
-
-def dpkg_root(root: Path) -> list[str]:
-    """dpkg for the throwaway root and its own database (never this machine's)."""
-    admin = root / "var/lib/dpkg"
-    for d in ("info", "updates", "triggers"):
-        (admin / d).mkdir(parents=True, exist_ok=True)
-    for f in ("status", "available"):
-        (admin / f).touch()
-    return ["dpkg", f"--root={root}", f"--admindir={admin}", "--log=/dev/null"]
 
 
 def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
@@ -87,14 +67,14 @@ def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
     rundir.mkdir()
     dpkg = dpkg_root(root)
     for deb in (lib_debs[0], prog_deb):
-        _run([*dpkg, "-i", str(deb)])
+        run_checked([*dpkg, "-i", str(deb)])
     prog, lib = root / LIBDIR / "prog", root / LIBDIR / "libbig.so"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HUGIFY_"))}
     env |= {"HUGIFY_RUNTIME_DIR": str(rundir), "HUGIFY_PERF_MAP": "0", "HUGIFY_DEBUG": "1"}
     # What each version prints, run plainly.
     outputs = {}
     for i, deb in enumerate(lib_debs):
-        _run([*dpkg, "-i", str(deb)])
+        run_checked([*dpkg, "-i", str(deb)])
         outputs[subprocess.run([prog], capture_output=True, text=True, env=env, check=True).stdout] = f"version {i + 1}"
     assert len(outputs) == 2, outputs
     host_run = set(os.listdir("/run/hugify")) if Path("/run/hugify").is_dir() else set()
@@ -102,18 +82,16 @@ def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
 
     upgrades = prefetches = 0
     prefetch_failures: list[str] = []
-    done = threading.Event()
 
-    def upgrade() -> None:
+    def upgrade(i: int) -> None:
         nonlocal upgrades, prefetches
-        while not done.is_set() or upgrades < UPGRADES:
-            _run([*dpkg, "-i", str(lib_debs[upgrades % 2])])
-            upgrades += 1
-            res = hugify("prefetch", "--quiet", "--runtime-dir", rundir, prog, lib, check=False)
-            prefetches += 1
-            # 1: a window failed (fragmented memory); 4: the filesystem gives no large folios
-            if res.returncode not in (0, 1, 4) or "Traceback" in res.stderr:
-                prefetch_failures.append(res.stderr)
+        run_checked([*dpkg, "-i", str(lib_debs[i % 2])])
+        upgrades += 1
+        res = hugify("prefetch", "--quiet", "--runtime-dir", rundir, prog, lib, check=False)
+        prefetches += 1
+        # 1: a window failed (fragmented memory); 4: the filesystem gives no large folios
+        if res.returncode not in (0, 1, 4) or "Traceback" in res.stderr:
+            prefetch_failures.append(res.stderr)
 
     ways = {
         "audit": ([str(prog)], env | {"LD_AUDIT": str(AUDIT_LIB)}),
@@ -121,28 +99,23 @@ def test_starts_during_upgrades_run_one_version_each(tmp_path: Path) -> None:
     }
     seen: Counter[str] = Counter()
     wrong: list[str] = []
-    replaced = repaired = starts = 0
+    replaced = repaired = 0
     pids = []
+
+    def start(i: int) -> None:
+        nonlocal replaced, repaired
+        argv, way_env = ways["audit" if i % 2 else "hugify-run"]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=way_env)
+        out, err = p.communicate(timeout=120)
+        pids.append(p.pid)
+        if p.returncode != 0 or out not in outputs:
+            wrong.append(f"start {i + 1} ({argv[0]}): exit {p.returncode}, output {out!r}\n{err[-2000:]}")
+        seen[outputs.get(out, "neither")] += 1
+        replaced += sum(int(n) for n in re.findall(r"(\d+) replaced", err))
+        repaired += sum(int(n) for n in re.findall(r"^hugify-audit: .* (\d+) repaired\)", err, re.M))
+
     started = time.monotonic()
-    upgrader = threading.Thread(target=upgrade)
-    upgrader.start()
-    try:
-        while starts < STARTS or upgrader.is_alive():
-            if starts >= STARTS:
-                done.set()
-            argv, way_env = ways["audit" if starts % 2 else "hugify-run"]
-            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=way_env)
-            out, err = p.communicate(timeout=120)
-            pids.append(p.pid)
-            starts += 1
-            if p.returncode != 0 or out not in outputs:
-                wrong.append(f"start {starts} ({argv[0]}): exit {p.returncode}, output {out!r}\n{err[-2000:]}")
-            seen[outputs.get(out, "neither")] += 1
-            replaced += sum(int(n) for n in re.findall(r"(\d+) replaced", err))
-            repaired += sum(int(n) for n in re.findall(r"^hugify-audit: .* (\d+) repaired\)", err, re.M))
-    finally:
-        done.set()
-        upgrader.join()
+    starts = starts_during(start, STARTS, upgrade, UPGRADES)
     wall = time.monotonic() - started
 
     print(

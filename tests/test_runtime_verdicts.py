@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cli import hugify
+from testkit import HP
+from testkit.cli import command, hugify
 from testkit.elf import exec_load
 from testkit.runtime import (
     AS_NOBODY,
-    HP,
     HUGIFY_RUN,
     NO_MADV_HUGEPAGE,
     REPO,
@@ -52,6 +52,7 @@ from testkit.runtime import (
     public_dir,
     read_plainly,
     run_mappings,
+    thp_setting,
 )
 
 XFS_MAGIC = "58465342"
@@ -159,7 +160,7 @@ def test_madvise_hugepage_refused_by_seccomp_records_nothing(idle: Path, tmp_pat
             outcomes.append((cache, res.returncode, debug_line(res.stderr, idle)))
         drop_caches()
         under = subprocess.run(
-            [*filtered, sys.executable, "-m", "hugify.cli", "prefetch", "--json", "--runtime-dir", str(run), str(idle)],
+            [*filtered, *command("prefetch", "--json", "--runtime-dir", run, idle)],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -386,7 +387,7 @@ def test_a_reader_racing_the_kernel_probe_never_makes_its_verdict(progs: Program
     assert "raced [2097152]" in res.stderr, res.stderr  # the racer read the probed window
     report = json.loads(res.stdout[: res.stdout.rindex("}") + 1])
     assert report["system"]["exec_pmd_readahead"] is by_itself, report["system"]
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    thp = thp_setting()
     assert (run / "kernel-exec-pmd").read_text() == f"{BOOT} {int(by_itself)} {thp}\n"
     (f,) = report["files"]
     assert {w["state"] for w in f["windows"]} <= ({"kernel", "huge"} if by_itself else {"loaded", "huge"}), f

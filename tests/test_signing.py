@@ -26,19 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_rpm import WITH_MACROS, _eval
 
 from hugify import _core, policy, signing
 from testkit import REPO
 from testkit.cache import cache_root, locked
-from testkit.cli import hugify, rpm_env
+from testkit.cli import hugify, rpm_env, write_launcher
 from testkit.elf import bits_differing, readelf_build_id
 from testkit.recipes import BY_NAME, build
+from testkit.rpm import BRP, MACROS, WITH_MACROS, rpm_eval
 
 COSIGN = Path(os.environ.get("HUGIFY_COSIGN") or cache_root() / "cosign-v2.6.5" / "bin" / "cosign")
 PASSWORD = "hugify-tests-Passw0rd"
-BRP = REPO / "brp-scripts" / "brp-hugify"
-MACROS = REPO / "brp-scripts" / "macros.hugify"
 RPM_DIR = REPO / "tests" / "rpm"
 DEB_DIR = REPO / "tests" / "sign" / "deb"
 DH_DIR = REPO / "dh-hugify"
@@ -160,12 +158,7 @@ def _key(name: str) -> str:
 
 def _wrapper(work: Path) -> Path:
     """The `hugify` command of the build: this checkout, the shipped policy and the test's."""
-    w = work / "bin" / "hugify"
-    w.parent.mkdir(parents=True, exist_ok=True)
-    path = f"{SHIPPED_POLICY}:{work / 'policy.toml'}"
-    w.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} HUGIFY_POLICY_PATH={path} exec {sys.executable} -m hugify.cli "$@"\n')
-    w.chmod(0o755)
-    return w
+    return write_launcher(work / "bin" / "hugify", f"{SHIPPED_POLICY}:{work / 'policy.toml'}")
 
 
 def _run_logged(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> int:
@@ -693,12 +686,12 @@ def test_attestation_macro_lists_the_files_and_appends_the_step_once() -> None:
     """The macros.d file is read before the platform's, so only the expansion of
     %{?hugify_attestation} (while rpm reads the spec) can add the step."""
     spec = ["--define", "__debug_package 1", "--define", "name foo", "--define", "version 1", "--define", "release 2"]
-    assert _eval("--eval", "[%{?hugify_attestation}]", files=WITH_MACROS)[0] == "[]", "hugify does not run"
-    assert _eval(*spec, "--define", "_hugify 0", "--eval", "[%{?hugify_attestation}]")[0] == "[]"
-    before = [x.strip() for x in _eval(*spec, "--eval", "%{__spec_install_post}") if x.strip()]
+    assert rpm_eval("--eval", "[%{?hugify_attestation}]", files=WITH_MACROS)[0] == "[]", "hugify does not run"
+    assert rpm_eval(*spec, "--define", "_hugify 0", "--eval", "[%{?hugify_attestation}]")[0] == "[]"
+    before = [x.strip() for x in rpm_eval(*spec, "--eval", "%{__spec_install_post}") if x.strip()]
     assert not any("--sign" in x for x in before)
     twice = ["--eval", "%{?hugify_attestation}"] * 2
-    out = _eval(*spec, *twice, "--eval", "%{__spec_install_post}")
+    out = rpm_eval(*spec, *twice, "--eval", "%{__spec_install_post}")
     assert re.fullmatch(r"-f /\S+/foo-1-2\.x86_64\.hugify-attestation\.files", out[0]) and out[1] == out[0]
     after = [x.strip() for x in out[2:] if x.strip()]
     assert after[:-1] == before, "the platform's steps stay, in order"
@@ -717,14 +710,14 @@ def test_attestation_macro_keeps_shell_continuations_and_distro_integrations(tmp
     )
     spec = ["--define", "__debug_package 1", "--define", "name foo", "--define", "version 1", "--define", "release 2"]
     files = (*WITH_MACROS, (host, "etc"))
-    before = _eval(*spec, "--eval", "%{macrobody:__spec_install_post}", files=files)
+    before = rpm_eval(*spec, "--eval", "%{macrobody:__spec_install_post}", files=files)
     assert "    sign-modules --opt \\" in before and "      'a\\.b'" in before
-    out = _eval(*spec, "--eval", "%{?hugify_attestation}", "--eval", "%{macrobody:__spec_install_post}", files=files)
+    out = rpm_eval(*spec, "--eval", "%{?hugify_attestation}", "--eval", "%{macrobody:__spec_install_post}", files=files)
     assert out[1 : len(before)] == before[: len(before) - 1]
     assert out[len(before) :][:2] == ["%{?__brp_hugify_sign}", "%{nil}"]
     # A distribution that runs the step itself says so; nothing is appended then.
     distro = ["--define", "__hugify_sign_in_spec_install_post 1"]
-    out = _eval(
+    out = rpm_eval(
         *spec, *distro, "--eval", "%{?hugify_attestation}", "--eval", "%{macrobody:__spec_install_post}", files=files
     )
     assert out[0].startswith("-f ") and "__brp_hugify_sign" not in "\n".join(out)

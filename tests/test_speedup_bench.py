@@ -29,6 +29,8 @@ from testkit.peers import HUGIFYR_ARCHIVE
 from testkit.recipes import build_itlb
 from testkit.runtime import REPO, Programs, copy_programs, gives_large_folios, locked
 
+#: The one way to start a benchmark (bench/README.md).
+BENCH = str(REPO / "tools" / "bench")
 WORKLOADS = {
     "clang", "clang-anon", "clang-shared", "gcc", "postgres", "python", "itlb", "itlb-anon", "itlb-shared", "node",
     "apache",
@@ -47,12 +49,13 @@ CLAIMS = {
 }
 
 
-def test_the_benchmark_runs_by_its_shebang():
-    """`bench/speedup.py`, started by its python3 shebang with the system's interpreter
-    (no development packages), runs itself with the project's .venv."""
+def test_the_benchmark_runs_through_tools_bench():
+    """`tools/bench speedup`, started from another directory with only the system's
+    directories on PATH (whose python3 lacks the development packages), runs the
+    benchmark with the project's .venv."""
     res = subprocess.run(
-        ["bench/speedup.py", "--help"],
-        cwd=REPO,
+        [BENCH, "speedup", "--help"],
+        cwd="/",
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin"},
@@ -73,7 +76,7 @@ def test_quick_run_of_every_workload(built: Programs, tmp_path: Path):
         with tempfile.TemporaryDirectory(dir=cache_root()) as probe:  # the filesystem of hugify try's copies
             large = gives_large_folios(copy_programs(built, Path(probe)).prog)
         res = subprocess.run(
-            [sys.executable, "-m", "bench.speedup", "--quick", "--json", str(out)],
+            [BENCH, "speedup", "--quick", "--json", str(out)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -134,12 +137,12 @@ def test_quick_run_of_every_workload(built: Programs, tmp_path: Path):
 
 
 def test_unknown_workload_is_a_usage_error():
-    cmd = [sys.executable, "-m", "bench.speedup", "--only", "itlb,nosuch"]
+    cmd = [BENCH, "speedup", "--only", "itlb,nosuch"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     assert res.returncode == 2
     known = "clang, clang-anon, clang-shared, gcc, postgres, python, itlb, itlb-anon, itlb-shared, node, apache"
     assert f"unknown workload nosuch; known: {known}" in res.stderr
-    cmd = [sys.executable, "-m", "bench.speedup", "--ways", "hugify,nosuch"]
+    cmd = [BENCH, "speedup", "--ways", "hugify,nosuch"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     assert res.returncode == 2 and f"unknown way nosuch; known: {', '.join(ALL)}" in res.stderr
 
@@ -164,7 +167,7 @@ def test_quick_run_of_every_way_on_the_itlb_program(built: Programs, tmp_path: P
     with locked():
         large = _large_folios(built)
         res = subprocess.run(
-            [sys.executable, "-m", "bench.speedup", "--quick", "--ways", "all", "--only", "itlb", "--json", str(out)],
+            [BENCH, "speedup", "--quick", "--ways", "all", "--only", "itlb", "--json", str(out)],
             cwd=REPO, capture_output=True, text=True, timeout=1800, check=False,
         )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -275,7 +278,7 @@ def test_a_bundle_runs_the_measurement_from_its_own_root(built: Programs, tmp_pa
     writes the same JSON with the same ways measured."""
     bundle = tmp_path / "bundle"
     out = tmp_path / "out" / "speedup.json"
-    cmd = [sys.executable, "-m", "bench.speedup", "--bundle", str(bundle), "--ways", "hugify,iodlr", "--only", "itlb"]
+    cmd = [BENCH, "speedup", "--bundle", str(bundle), "--ways", "hugify,iodlr", "--only", "itlb"]
     with locked():
         large = _large_folios(built)
         made = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)

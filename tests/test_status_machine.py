@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,11 +138,12 @@ def test_a_prefetch_finds_out_the_exec_verdict_and_a_user_cannot_tell_cachestat(
     assert "by the kernel itself unknown" not in text, text
     # As another user: the suite's interpreter may sit under a home nobody may enter;
     # the installed hugify runs Debian's /usr/bin/python3 too.
-    res = subprocess.run(
-        [*AS_NOBODY, "/usr/bin/python3", "-m", "hugify.cli", "status", "--manifest-dir", "/nonexistent"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+    res = hugify(
+        "status",
+        "--manifest-dir",
+        "/nonexistent",
+        runner=AS_NOBODY,
+        python="/usr/bin/python3",
         env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"},
         check=False,
     )

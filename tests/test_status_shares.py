@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from hugify.sizes import human
+from testkit import HP
 from testkit.cli import hugify
-from testkit.runtime import HP, HUGIFY_RUN, _functions, exec_segment_size
+from testkit.runtime import HUGIFY_RUN, build_hugified, exec_segment_size, padded_functions
 
 CHILDREN = 8
 
 FORKING = (
-    _functions("fork", 200, 16384)
+    padded_functions("fork", 200)
     + r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,12 +52,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def forking(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("forking")
-    (work / "forking.c").write_text(FORKING)
-    subprocess.run(["gcc", "-O1", "-fPIE", "-pie", "-o", "forking.orig", "forking.c"], cwd=work, check=True)
-    res = hugify("transform", "--threshold", "0", work / "forking.orig", "-o", work / "forking", check=False)
-    assert res.returncode == 0, res.stderr
-    return work / "forking"
+    return build_hugified(tmp_path_factory.mktemp("forking"), "forking", FORKING)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from hugify import manifest
 from testkit import HP
-from testkit.cli import hugify, run_program
+from testkit.cli import command, hugify, run_program
 from testkit.elf import bits_differing, readelf_build_id, readelf_loads
 from testkit.recipes import BY_NAME, build
 
@@ -445,9 +445,7 @@ def test_progress_only_on_a_terminal(tree: Tree) -> None:
 
 
 def hugify_cmd() -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "hugify.cli"]
+    return command()
 
 
 # --- in-process: the worker pool -----------------------------------------------------

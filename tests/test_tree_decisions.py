@@ -16,6 +16,7 @@ import pytest
 
 from hugify import files, manifest, policy, tree
 from hugify.rewrite import Settings
+from testkit import HP
 
 ELFCLASS64, ELFDATA2LSB, EV_CURRENT = 2, 1, 1
 ET_EXEC, ET_DYN = 2, 3
@@ -23,7 +24,6 @@ EM_X86_64, EM_AARCH64 = 62, 183
 EHDR64 = "<16sHHIQQQIHHHHHH"  # Elf64_Ehdr
 PHDR64 = "<IIQQQQQQ"  # Elf64_Phdr
 PT_LOAD, PF_X, PF_R = 1, 1, 4
-HP = 2 << 20
 
 
 def elf_header(e_type: int = ET_DYN, machine: int = EM_X86_64) -> bytes:

@@ -11,7 +11,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -23,8 +22,10 @@ import pytest
 
 from hugify import files
 from hugify.reasons import LOG_ENV
+from testkit import HP
+from testkit.cli import command, hugify
 from testkit.recipes import build_itlb
-from testkit.runtime import HP, HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime
+from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime, padded_functions
 
 RECORD_LIB = RUNTIME / "libhugify-record.so"
 
@@ -104,19 +105,6 @@ HUGE_CODE = r"""
 """
 
 
-def _functions(prefix: str, count: int) -> str:
-    """`count` functions of 16 KiB each (about 1.5 MiB for 96: over the default
-    threshold), called through a table so that none is left out."""
-    out = [
-        f'long {prefix}_f{i}(long x) {{ __asm__ volatile(".fill 16384, 1, 0x90"); return x * 3 + {i}; }}'
-        for i in range(count)
-    ]
-    out.append(f"long (*const {prefix}_table[])(long) = {{ {', '.join(f'{prefix}_f{i}' for i in range(count))} }};")
-    loop = f"for (int i = 0; i < {count}; i++) x = {prefix}_table[i](x) & 0xffff;"
-    out.append(f"long {prefix}_all(long x) {{ {loop} return x; }}")
-    return "\n".join(out) + "\n"
-
-
 def _hugify_try(
     *args: str | Path,
     cwd: Path,
@@ -128,12 +116,12 @@ def _hugify_try(
     the system's python3, when given; through `launcher`, e.g. nohup, when given)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "PYTHON"))}
     base |= {"PYTHONPATH": str(REPO), "LC_ALL": "C", **(env or {})}
-    cmd = [sys.executable, "-m", "hugify.cli", "try", *map(str, args)]
+    cmd = command("try", *args)
     if user:
         # the suite's reason log is root's file; the system's python3 has what hugify needs
         base.pop(LOG_ENV, None)
         ids = ["--reuid", user, "--regid", str(pwd.getpwnam(user).pw_gid), "--clear-groups"]
-        cmd = ["setpriv", *ids, "/usr/bin/python3", *cmd[1:]]
+        cmd = ["setpriv", *ids, *command("try", *args, python="/usr/bin/python3")]
     return subprocess.run(
         [*launcher, *cmd], cwd=cwd, env=base, capture_output=True, text=True, timeout=600, check=False
     )
@@ -304,7 +292,7 @@ def test_the_shared_way_is_roots(shared_dir: Path) -> None:
 
 SEQUENTIAL = (
     "#include <stdio.h>\n#include <stdlib.h>\n"
-    + _functions("exe", 96)
+    + padded_functions("exe", 96)
     + "int main(int argc, char **argv) { long x = 1; for (int r = atoi(argv[1]); r > 0; r--) x = exe_all(x);"
     + ' printf("%ld\\n", x); }\n'
 )
@@ -345,7 +333,7 @@ def test_an_a_a_comparison_claims_nothing_unless_its_interval_excludes_1(tmp_pat
 #: inode given (the original's), as on the hugified side of --control.
 SKEWED = (
     "#include <stdio.h>\n#include <stdlib.h>\n#include <sys/stat.h>\n"
-    + _functions("exe", 96)
+    + padded_functions("exe", 96)
     + "int main(int argc, char **argv) { struct stat st; long x = 1, n = atol(argv[2]);"
     + ' if (stat("/proc/self/exe", &st) != 0) return 2; if (st.st_ino != (ino_t)atoll(argv[1])) n *= 3;'
     + ' for (long r = n; r > 0; r--) x = exe_all(x); printf("%d\\n", x >= 0); }\n'
@@ -386,33 +374,24 @@ def test_the_plot_never_writes_through_a_symlink_at_its_name(tmp_path: Path) -> 
     assert ET.parse(plot).getroot().tag == "{http://www.w3.org/2000/svg}svg"
 
 
-ADDRESS_PRINTER = (
-    HUGE_CODE
-    + _functions("exe", 96)
-    + r"""
-int main(void) {
-    Dl_info info;
-    long x = exe_all(1);
-    dladdr((void *)exe_f0, &info);
+def _address_program(body: str) -> str:
+    """A program of 96 functions (1.5 MiB of code) whose main finds its load address
+    (`info`, from dladdr of exe_f0), then runs `body`."""
+    main = "int main(void) {\n    Dl_info info;\n    dladdr((void *)exe_f0, &info);\n" + body + "}\n"
+    return HUGE_CODE + padded_functions("exe", 96) + main
+
+
+#: Prints where its code lies from where it was loaded.
+ADDRESS_PRINTER = _address_program(
+    r"""    long x = exe_all(1);
     printf("%ld: exe_f0 at %#lx from the load address\n", x, (unsigned long)((char *)exe_f0 - (char *)info.dli_fbase));
     return 0;
-}
 """
 )
-
-
 #: Exits with 7 where its code lies 2 MiB or more from where it was loaded: the shift
 #: puts the code on whole windows, which start at 2 MiB at the earliest.
-ADDRESS_EXIT = (
-    HUGE_CODE
-    + _functions("exe", 96)
-    + r"""
-int main(void) {
-    Dl_info info;
-    dladdr((void *)exe_f0, &info);
-    return exe_all(1) >= 0 && (char *)exe_f0 - (char *)info.dli_fbase >= 0x200000 ? 7 : 0;
-}
-"""
+ADDRESS_EXIT = _address_program(
+    "    return exe_all(1) >= 0 && (char *)exe_f0 - (char *)info.dli_fbase >= 0x200000 ? 7 : 0;\n"
 )
 
 
@@ -508,7 +487,7 @@ def test_make_running_compiles_is_compared_with_the_compiler_hugified(tmp_path: 
 #: (100 rounds took 20 ms, on the edge of too-short).
 RUNPATH_MAIN = (
     "#include <stdio.h>\n#include <unistd.h>\nlong lib_all(long);\n"
-    + _functions("exe", 80)
+    + padded_functions("exe", 80)
     + "int main(void) { long x = 1; for (int r = 0; r < 400; r++) x = lib_all(exe_all(x));"
     + ' printf("%ld\\n", x); fflush(stdout); usleep(300000); }\n'
 )
@@ -523,7 +502,7 @@ def test_a_program_with_runpath_origin_maps_both_copies(shared_dir: Path, user: 
     top = shared_dir
     (top / "bin").mkdir()
     (top / "lib").mkdir()
-    _cc(top / "lib" / "libbig.so", _functions("lib", 80), "-shared", "-fPIC")
+    _cc(top / "lib" / "libbig.so", padded_functions("lib", 80), "-shared", "-fPIC")
     prog = _cc(top / "bin" / "prog", RUNPATH_MAIN, "-L", str(top / "lib"), "-lbig", "-Wl,-rpath,$ORIGIN/../lib")
     env = {"XDG_CACHE_HOME": str(top / "cache"), "HOME": str(top)}
     args: tuple[str | Path, ...] = ("--json", "--min-rounds", "2", "--max-rounds", "2")
@@ -563,7 +542,10 @@ def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
     """A read-only filesystem, and one too small for the copy: one line naming the
     directory and the system's error, status 5 (try-cache), nothing left on it."""
     build_runtime()
-    prog = _cc(tmp_path / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
+    prog = _cc(
+        tmp_path / "prog",
+        HUGE_CODE + padded_functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n",
+    )
     cache = tmp_path / "cache"
     cache.mkdir()
     options = "ro,size=1M,mode=0755" if kind == "read-only" else "size=1M,mode=0755"  # root's alone
@@ -579,7 +561,7 @@ def test_an_unwritable_cache_is_one_line(tmp_path: Path, kind: str) -> None:
     assert left == []
 
 
-#: Runs `hugify try ARGS` as uid 65534 inside a user namespace (mapping the first
+#: Runs argv[1:] (`hugify try ARGS`) as uid 65534 inside a user namespace (mapping the first
 #: 65536 ids to themselves) whose own user.max_user_namespaces is 0: the sysctl is kept
 #: per user namespace, so the system's stays as it is.
 NO_USERNS = """
@@ -595,7 +577,7 @@ if pid == 0:
     os.setgroups([])
     os.setgid(65534)
     os.setuid(65534)
-    os.execv("/usr/bin/python3", ["python3", "-m", "hugify.cli", "try", *sys.argv[1:]])
+    os.execv(sys.argv[1], sys.argv[1:])
 os.read(ready[0], 1)
 for name in ("uid_map", "gid_map"):
     with open(f"/proc/{pid}/{name}", "w") as f:
@@ -609,11 +591,19 @@ def test_without_user_namespaces_a_user_is_told_why(shared_dir: Path) -> None:
     """Where the system lets this user make no user namespace, an unprivileged hugify
     try says so in one line naming the setting, status 4, and leaves nothing."""
     build_runtime()
-    prog = _cc(shared_dir / "prog", HUGE_CODE + _functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n")
+    prog = _cc(
+        shared_dir / "prog",
+        HUGE_CODE + padded_functions("exe", 96) + "int main(void) { return exe_all(1) < 0; }\n",
+    )
     cache = shared_dir / "cache"
     subprocess.run(["chown", "-R", "65534:65534", str(shared_dir)], check=True)
     env = {k: v for k, v in os.environ.items() if k != LOG_ENV} | {"PYTHONPATH": str(REPO)}
-    cmd = ["/usr/bin/python3", "-c", NO_USERNS, "--cache-dir", str(cache), "--", str(prog)]
+    cmd = [
+        "/usr/bin/python3",
+        "-c",
+        NO_USERNS,
+        *command("try", "--cache-dir", cache, "--", prog, python="/usr/bin/python3"),
+    ]
     res = subprocess.run(cmd, cwd=shared_dir, env=env, capture_output=True, text=True, check=False)
     assert res.returncode == 4, res.stderr
     assert res.stderr == (
@@ -642,15 +632,11 @@ def test_explain_and_usage() -> None:
         "runs-unseen": 8,
         "control-failed": 8,
     }
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "explain", *ids], cwd=REPO, capture_output=True, text=True, check=False
-    )
+    res = hugify("explain", *ids, check=False)
     assert res.returncode == 0, res.stderr
     for line, (rid, status) in zip(res.stdout.splitlines(), ids.items(), strict=True):
         assert line.startswith(f"{rid} (") and f", exit status {status}): hugify try: " in line, line
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "try", "--json"], cwd=REPO, capture_output=True, text=True, check=False
-    )
+    res = hugify("try", "--json", check=False)
     assert res.returncode == 2 and "give the command to compare after --" in res.stderr
 
 
@@ -720,7 +706,7 @@ def test_a_terminated_comparison_leaves_nothing_behind(tmp_path: Path) -> None:
     marker = "987.654"
     cache = tmp_path / "cache"
     script = f"sleep {marker} & i=0; while [ $i -lt 100000 ]; do i=$((i + 1)); done"
-    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with subprocess.Popen([*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) as p:
         deadline = time.monotonic() + 60
@@ -762,7 +748,7 @@ def _marked(path: Path, marker: str, extra: str = "") -> Path:
         "int main(void) { long x = 1; for (int r = 600; r > 0; r--) x = exe_all(x);"
         f' {extra} puts("{marker}"); return x < 0; }}\n'
     )
-    return _cc(path, HUGE_CODE + _functions("exe", 96) + main, "-fPIE", "-pie")
+    return _cc(path, HUGE_CODE + padded_functions("exe", 96) + main, "-fPIE", "-pie")
 
 
 #: What the programs another user plants do besides: leave a file, as whoever runs them.
@@ -942,7 +928,7 @@ def test_a_killed_comparison_leaves_no_process_and_no_mount(tmp_path: Path) -> N
     marker = "4321.875"
     cache = tmp_path / "cache"
     state = _system_state(tmp_path)
-    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
     script = f"sleep {marker} & {prog}; sleep 3"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
@@ -1039,7 +1025,7 @@ def test_an_interrupted_comparison_reports_its_rounds_and_leaves_nothing(tmp_pat
     cache = tmp_path / "cache"
     log = tmp_path / "runs.log"
     script = f"echo run >> {log}; sleep {marker} & {prog}"
-    cmd = [sys.executable, "-m", "hugify.cli", "try", "--cache-dir", str(cache), "--budget", "600", "--"]
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with subprocess.Popen(
         [*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from testkit import REPO
+from testkit.cli import hugify
 
 
 def tracked(*patterns: str) -> list[Path]:
@@ -135,9 +135,7 @@ def test_every_document_and_section_pointed_at_exists() -> None:
 
 
 def test_manifest_rule_states_the_fixed_address_rule() -> None:
-    res = subprocess.run(
-        [sys.executable, "-m", "hugify.cli", "manifest", "--help"], cwd=REPO, capture_output=True, text=True, check=True
-    )
+    res = hugify("manifest", "--help")
     help_text = " ".join(res.stdout.split())
     assert "ET_EXEC at its fixed address" in help_text and "p_align of at least" in help_text
     doc = " ".join((REPO / "docs/manifest.md").read_text().split())

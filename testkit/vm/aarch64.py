@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testkit.cache import build_dir, building, cache_root, cached_build, locked
-from testkit.cli import hugify
+from testkit.cli import hugify, write_launcher
 from testkit.debian import (
     DebBuild,
     collect,
@@ -167,12 +167,7 @@ def _hugify_for_chroot(dest: Path) -> None:
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    wrapper = dest / "bin" / "hugify"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        '#!/bin/sh\nPYTHONPATH=/hugify HUGIFY_POLICY_PATH=/hugify/policy exec python3 -m hugify.cli "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    write_launcher(dest / "bin" / "hugify", "/hugify/policy", python="python3", repo="/hugify")
 
 
 def cross_built_package() -> DebBuild:

@@ -16,7 +16,7 @@ in the same rounds (its docstring says how and from where).
 Boots are cached by their inputs (testkit.vm.boot.boot), so a second run only boots what
 changed. Must run as root (loop devices, chroot).
 
-usage: bench/boot_cost_vm.py [--only SUITE:FS ...] [--rounds N]
+usage: tools/bench boot_cost_vm [--only SUITE:FS ...] [--rounds N]
        [--budgets 0,64M,256M,512M,none] [--thp MODE] [--json OUT]
        (none: no bound; 0: the service loads nothing, its fixed cost)
 """
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from testkit.bench import REPO
+from testkit import REPO
 from testkit.cache import build_dir, building, cache_root, locked
 from testkit.corpus import CORPUS, hugified_tree, parse_size
 from testkit.debian import files_key, hugify_inputs

@@ -5,7 +5,7 @@ whom (the kernel alone, prefetch, hugify-run, the audit library), with THP `alwa
 both cache states (cold, and cached in small folios); where `madvise` differs it says so.
 The table sits between two marker comments; everything else in the file is kept.
 
-usage: bench/matrix_table.py [--json FILE...] [--doc FILE]
+usage: tools/bench matrix_table [--json FILE...] [--doc FILE]
 """
 
 from __future__ import annotations
