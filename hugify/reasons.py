@@ -58,13 +58,7 @@ def say_error(e: OSError, what: str = "") -> Exit:
     """Says in one line on stderr ("hugify: error: WHAT...") why a command's own
     output failed: an unsafe file's refusal (with its reason id, exit status 6) or the
     I/O error (io-error, 5)."""
-    if isinstance(e, files.UnsafeFile):
-        printed([e.reason])
-        print(f"hugify: error: {what}{e}", file=sys.stderr)
-        return Exit.UNSAFE
-    printed(["io-error"])
-    print(f"hugify: error: {what}{io_detail(e)} (io-error)", file=sys.stderr)
-    return Exit.IO
+    return _say_os_error(e, f"hugify: error: {what}")
 
 
 def report(e: ReasonError | OSError) -> Exit:
@@ -73,10 +67,15 @@ def report(e: ReasonError | OSError) -> Exit:
         printed([e.reason])
         print(f"hugify: {e.detail} ({e.reason})", file=sys.stderr)
         return e.exit
+    return _say_os_error(e, "hugify: ")
+
+
+def _say_os_error(e: OSError, lead: str) -> Exit:
+    """Says, after `lead`, an unsafe file's refusal or an I/O error; its exit status."""
     if isinstance(e, files.UnsafeFile):
         printed([e.reason])
-        print(f"hugify: {e}", file=sys.stderr)
+        print(f"{lead}{e}", file=sys.stderr)
         return Exit.UNSAFE
     printed(["io-error"])
-    print(f"hugify: {io_detail(e)} (io-error)", file=sys.stderr)
+    print(f"{lead}{io_detail(e)} (io-error)", file=sys.stderr)
     return Exit.IO

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hugify import reasons
-from hugify.commands.common import add_recorded_policy_option, epilog
+from hugify.commands.common import add_policy_option, add_recorded_policy_option, epilog
 from hugify.exitcodes import Exit
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "debian/.debhelper/PACKAGE/dbgsym-root; rpm: $RPM_BUILD_ROOT): each hugified file's build-id must have one",
     )
     p.add_argument("--package", metavar="NAME", help="the policy's [packages.NAME] (default: the report's package)")
-    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_policy_option(p)
     add_recorded_policy_option(p)
     p.add_argument(
         "--on-regression",

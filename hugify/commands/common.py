@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import stat
 import sys
 from typing import TYPE_CHECKING, Any
@@ -44,20 +45,17 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _add_size_option(p: argparse.ArgumentParser, flag: str, default: int, help: str) -> None:
+    p.add_argument(flag, type=size_arg, default=default, metavar="SIZE", help=help)
+
+
 def add_plan_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--huge-page-size",
-        type=size_arg,
-        default=_core.DEFAULT_HUGE_PAGE,
-        metavar="SIZE",
-        help="huge-page size to align code to (default: 2M)",
-    )
-    p.add_argument(
+    _add_size_option(p, "--huge-page-size", _core.DEFAULT_HUGE_PAGE, "huge-page size to align code to (default: 2M)")
+    _add_size_option(
+        p,
         "--threshold",
-        type=size_arg,
-        default=_core.DEFAULT_THRESHOLD,
-        metavar="SIZE",
-        help="refuse files whose executable segment is smaller (default: 1M; 0 for any size)",
+        _core.DEFAULT_THRESHOLD,
+        "refuse files whose executable segment is smaller (default: 1M; 0 for any size)",
     )
     p.add_argument(
         "--mode",
@@ -66,23 +64,40 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         help="shift: move code onto whole huge pages; align: pad file offsets only; "
         "auto: shift where provably safe, else align (default)",
     )
-    p.add_argument(
+    _add_size_option(
+        p,
         "--exposure-limit",
-        type=size_arg,
-        default=0,
-        metavar="SIZE",
-        help="bytes of a file that were not executable (read-only data) allowed to become executable, "
+        0,
+        "bytes of a file that were not executable (read-only data) allowed to become executable, "
         "in any mode (default: 0, none)",
     )
-    p.add_argument(
+    _add_size_option(
+        p,
         "--page-size",
-        type=size_arg,
-        default=0,
-        metavar="SIZE",
-        help="largest base page size the output runs with, which exposure is measured in and loads stay "
+        0,
+        "largest base page size the output runs with, which exposure is measured in and loads stay "
         "congruent modulo (default: the largest the architecture's distribution kernels use: 64K on aarch64, "
         "4K on x86_64 and i386)",
     )
+
+
+def add_json_option(p: argparse.ArgumentParser, help: str = "machine-readable output") -> None:
+    """--json, the same flag in every command that has one."""
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def print_json(doc: object) -> None:
+    """What --json prints: the document indented, keys sorted (the same input, the same
+    bytes), then a newline."""
+    json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+    print()
+
+
+def add_policy_option(p: argparse.ArgumentParser, help: str = "a policy layered over the system ones") -> None:
+    """--policy FILE: one more policy layer, over the system's (hugify.policy.load)."""
+    from pathlib import Path
+
+    p.add_argument("--policy", type=Path, metavar="FILE", help=help)
 
 
 def settings(args: argparse.Namespace) -> Settings:

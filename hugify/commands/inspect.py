@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from hugify import _core, reasons
-from hugify.commands.common import add_plan_options, epilog, failure, say_failure, settings
+from hugify.commands.common import add_json_option, add_plan_options, epilog, failure, print_json, say_failure, settings
 from hugify.exitcodes import Exit, worst
 from hugify.rewrite import hugify_error
 
 
 def run(args: argparse.Namespace) -> Exit:
-    import json
     import shutil
 
     from hugify import render
@@ -42,8 +40,7 @@ def run(args: argparse.Namespace) -> Exit:
         if not args.json:
             print(render.inspect_text(path, r, width))
     if args.json:
-        json.dump(results, sys.stdout, indent=2, sort_keys=True)
-        print()
+        print_json(results)
     return worst(codes)
 
 
@@ -64,6 +61,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("files", nargs="+", metavar="FILE", help="ELF programs or libraries to look at")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p)
     add_plan_options(p)
     p.set_defaults(func=run)

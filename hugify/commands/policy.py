@@ -6,12 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from hugify.commands.common import epilog
+from hugify.commands.common import add_json_option, add_policy_option, epilog, print_json
 from hugify.exitcodes import Exit
 
 
 def show(args: argparse.Namespace) -> Exit:
-    import json
 
     from hugify import policy
 
@@ -30,8 +29,7 @@ def show(args: argparse.Namespace) -> Exit:
         }
         if overrides:
             doc["packages"] = {name: policy.settings_json(o) for name, o in sorted(overrides.items())}
-        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
-        print()
+        print_json(doc)
     else:
         sys.stdout.write(policy.render(pol, layers, overrides))
     return Exit.OK
@@ -79,9 +77,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "0; 2 usage; 3 the policy is not usable.",
         ),
     )
-    s.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_policy_option(s)
     s.add_argument("--package", metavar="NAME", help="show the values in effect for this package")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(s)
     s.set_defaults(func=show)
     c = cmds.add_parser(
         "check",

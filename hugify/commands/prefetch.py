@@ -4,13 +4,12 @@ folios, so that every process maps their code with huge pages."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hugify import reasons
-from hugify.commands.common import epilog
+from hugify.commands.common import add_json_option, add_policy_option, epilog, print_json
 from hugify.exitcodes import Exit, worst
 
 if TYPE_CHECKING:
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace) -> Exit:
         if problem:
             pf.say(problem)
             if args.json:
-                _dump({"system": r.system.as_json(), "refused": problem, "files": []})
+                print_json({"system": r.system.as_json(), "refused": problem, "files": []})
             return Exit.REFUSED
         for t in targets:
             if t.entry and t.entry.huge_page != r.hp:
@@ -159,7 +158,7 @@ def run(args: argparse.Namespace) -> Exit:
             ms = sum(t.elapsed for t in work) * 1e3
             print(f"{len(work)} files, {huge}/{windows} windows huge, {ms:.1f} ms")
         if args.json:
-            _dump(
+            print_json(
                 {
                     "system": r.system.as_json(),
                     "messages": messages,
@@ -227,11 +226,6 @@ def _clear_records(runtime_dir: str | None, say_done: bool) -> Exit:
     return Exit.IO if left else Exit.OK
 
 
-def _dump(obj: dict[str, Any]) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
-    print()
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "prefetch",
@@ -284,9 +278,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the boot service's run: if no prefetch ran yet this boot, read at most the policy's "
         "runtime.boot_budget bytes of code (the rest stays cold: state cold, reason budget)",
     )
-    p.add_argument(
-        "--policy", metavar="FILE", type=Path, help="an extra policy layer ([runtime] boot_budget and anonymous)"
-    )
+    add_policy_option(p, "an extra policy layer ([runtime] boot_budget and anonymous)")
     p.add_argument("-q", "--quiet", action="store_true", help="report only files with a problem")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p)
     p.set_defaults(func=run)

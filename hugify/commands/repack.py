@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from hugify.commands.common import epilog
+from hugify.commands.common import add_policy_option, epilog
 from hugify.exitcodes import Exit
 
 
@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="appended to the version; it must sort above the original (default: +hugify1 for Debian, "
         ".hugify1 to the rpm Release)",
     )
-    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_policy_option(p)
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="files transformed at once (default: CPUs)")
     p.add_argument("--dry-run", action="store_true", help="do everything in a scratch directory, print the summary")
     p.set_defaults(func=run)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import add_recorded_policy_option, build_root, epilog, usable_policy
+from hugify.commands.common import add_policy_option, add_recorded_policy_option, build_root, epilog, usable_policy
 from hugify.docs import doc
 from hugify.exitcodes import Exit
 
@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="install the statement as STEM.intoto.json (default: the package's name; dh_hugify_sign gives "
         "NAME:ARCH for Multi-Arch: same packages, so that two architectures install side by side)",
     )
-    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_policy_option(p)
     add_recorded_policy_option(p)
     p.add_argument("--no-install", action="store_true", help="write nothing into ROOT (only --output)")
     p.add_argument(

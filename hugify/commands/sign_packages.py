@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hugify.commands.common import epilog, usable_policy
+from hugify.commands.common import add_policy_option, epilog, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -68,5 +68,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the signing key: a cosign key file (COSIGN_PASSWORD in the environment) or a KMS/PKCS#11 URI "
         "(default: the policy's signing.key, or $HUGIFY_SIGNING_KEY)",
     )
-    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_policy_option(p)
     p.set_defaults(func=run)

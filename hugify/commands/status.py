@@ -5,7 +5,6 @@ it all in one pass; `as_json` and `print_text` only render what it found."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugify import reasons
-from hugify.commands.common import epilog
+from hugify.commands.common import add_json_option, epilog, print_json
 from hugify.docs import doc
 from hugify.exitcodes import Exit
 
@@ -470,8 +469,7 @@ def run(args: argparse.Namespace) -> Exit:
     with pf.session(args.runtime_dir) as r:
         found = gather(r, targets, problems)
         if args.json:
-            json.dump(as_json(found), sys.stdout, indent=2, sort_keys=True)
-            print()
+            print_json(as_json(found))
         else:
             print_text(found, files_given=bool(args.files))
     return Exit.OK
@@ -503,5 +501,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--manifest-dir", metavar="DIR", type=Path, help="default: $HUGIFY_MANIFEST_DIR or /usr/lib/hugify/manifest.d"
     )
     p.add_argument("--runtime-dir", metavar="DIR", help="where `hugify prefetch` records the kernel verdict")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p)
     p.set_defaults(func=run)

@@ -6,13 +6,12 @@ import argparse
 import sys
 
 from hugify import _core
-from hugify.commands.common import add_plan_options, epilog, failure, say_failure, settings
+from hugify.commands.common import add_json_option, add_plan_options, epilog, failure, print_json, say_failure, settings
 from hugify.exitcodes import Exit
 from hugify.rewrite import rewrite
 
 
 def run(args: argparse.Namespace) -> Exit:
-    import json
 
     from hugify import render
 
@@ -25,16 +24,14 @@ def run(args: argparse.Namespace) -> Exit:
     except (_core.HugifyError, OSError) as e:
         code, info = failure(e, args.file)
         if args.json:
-            json.dump({"path": args.file, "error": info}, sys.stdout, indent=2, sort_keys=True)
-            print()
+            print_json({"path": args.file, "error": info})
         else:
             say_failure(args.file, info)
         return code
     out = str(dst or src)
     _say_if_stripped(src, out)
     if args.json:
-        json.dump({"path": args.file, "output": out, **r}, sys.stdout, indent=2, sort_keys=True)
-        print()
+        print_json({"path": args.file, "output": out, **r})
     else:
         print(render.transform_line(out, r))
     return Exit.OK
@@ -84,6 +81,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="rewrite a file signed with security.ima/security.evm and drop those attributes "
         "(default: refuse it, reason signed-file)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p)
     add_plan_options(p)
     p.set_defaults(func=run)

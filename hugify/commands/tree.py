@@ -8,7 +8,15 @@ import re
 import sys
 from pathlib import Path
 
-from hugify.commands.common import add_recorded_policy_option, build_root, epilog, failure, say_failure, usable_policy
+from hugify.commands.common import (
+    add_policy_option,
+    add_recorded_policy_option,
+    build_root,
+    epilog,
+    failure,
+    say_failure,
+    usable_policy,
+)
 from hugify.docs import doc
 from hugify.exitcodes import Exit
 
@@ -99,7 +107,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("root", metavar="ROOT", help="the build root (rpm: $RPM_BUILD_ROOT; Debian: debian/PKG)")
-    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
+    add_policy_option(p)
     add_recorded_policy_option(p)
     p.add_argument("--package", metavar="NAME", help="apply the policy's [packages.NAME] overrides")
     p.add_argument("--jobs", "-j", type=_jobs, metavar="N", help="files transformed at once (default: CPUs)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import examples
+from hugify.commands.common import add_json_option, add_policy_option, examples, print_json
 from hugify.docs import doc
 from hugify.exitcodes import Exit
 
@@ -135,7 +134,7 @@ def run(args: argparse.Namespace) -> Exit:
         reasons.printed([e.reason])
         kind = reasons.table()[e.reason][0]
         if args.json:
-            _dump({**e.found, "error": {"reason": e.reason, "kind": kind, "detail": e.detail}})
+            print_json({**e.found, "error": {"reason": e.reason, "kind": kind, "detail": e.detail}})
         print(f"hugify try: {e.detail} ({e.reason})", file=sys.stderr)
         return Exit.for_kind(kind)
     if tty:
@@ -150,7 +149,7 @@ def run(args: argparse.Namespace) -> Exit:
             print(f"hugify try: cannot write the plot {reasons.io_detail(e)} (io-error)", file=sys.stderr)
             return Exit.IO
     if args.json:
-        _dump(result)
+        print_json(result)
     else:
         sys.stdout.write(report.text(result))
     if result.get("interrupted"):
@@ -236,11 +235,6 @@ def _stopped_by_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _dump(obj: object) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
-    print()
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "try",
@@ -282,7 +276,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PATH",
         help="files the command writes, compared (sha256) between the sides after every round",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output, every round's times included")
+    add_json_option(p, "machine-readable output, every round's times included")
     p.add_argument("--plot", type=Path, metavar="FILE", help="also write the per-round ratios as an SVG picture")
     p.add_argument(
         "--cache-dir",
@@ -291,11 +285,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where the hugified copies are kept (default: /var/cache/hugify/try for root, else "
         "$XDG_CACHE_HOME/hugify/try or ~/.cache/hugify/try); it must be the caller's and writable by nobody else",
     )
-    p.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="a policy layered over the system's (threshold, mode, include/exclude globs); stripped files are "
+    add_policy_option(
+        p,
+        "a policy layered over the system's (threshold, mode, include/exclude globs); stripped files are "
         "transformed unless it says refuse_stripped = true",
     )
     p.add_argument(

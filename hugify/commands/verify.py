@@ -4,14 +4,13 @@ statement of its package says (docs/signing.md)?"""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 from hugify import reasons
-from hugify.commands.common import epilog, usable_policy
+from hugify.commands.common import add_json_option, add_policy_option, epilog, print_json, usable_policy
 from hugify.exitcodes import Exit
 
 
@@ -96,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         counts = {v.id: sum(r.verdict is v for r in results) for v in signing.Verdict}
         doc = {"files": [r.as_json() for r in results], "summary": counts, "exit_status": status}
-        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
-        print()
+        print_json(doc)
     else:
         for r in results:
             print(r.line())
@@ -149,6 +147,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PUB",
         help="a trusted public key (file or KMS URI); repeatable; default: the policy's signing.public_key",
     )
-    p.add_argument("--policy", type=Path, metavar="FILE", help="a policy layered over the system ones")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_policy_option(p)
+    add_json_option(p)
     p.set_defaults(func=run)
