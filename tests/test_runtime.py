@@ -44,6 +44,7 @@ from testkit.runtime import (
     run_mappings,
     thp_setting,
 )
+from testkit.smaps import Mapping
 
 
 @pytest.fixture
@@ -150,15 +151,24 @@ def test_prefetch_repairs_small_folio_pollution(progs: Programs, tmp_path: Path)
     assert_huge(after, progs.prog, progs.lib)
 
 
-def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Programs, tmp_path: Path):
-    """The mincore(2) path of kernels before 6.5, on this kernel."""
-    env = {"HUGIFY_FORCE_MINCORE": "1"}
+def prefetch_and_status(
+    progs: Programs, tmp_path: Path, env: dict[str, str], *also: Path
+) -> tuple[int, dict, dict[str, Mapping], dict]:
+    """From a cold cache with the library read in small folios: prefetch of the program and
+    the library under `env`, the program's mappings once run, then status of those (and
+    `also`) under `env`."""
     with locked():
         drop_caches()
         read_plainly([progs.lib])
         code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
         maps = run_mappings([progs.prog])
-        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, add_env=env, check=False).stdout)
+        status = json.loads(hugify("status", "--json", progs.prog, progs.lib, *also, add_env=env, check=False).stdout)
+    return code, report, maps, status
+
+
+def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Programs, tmp_path: Path):
+    """The mincore(2) path of kernels before 6.5, on this kernel."""
+    code, report, maps, status = prefetch_and_status(progs, tmp_path, {"HUGIFY_FORCE_MINCORE": "1"})
     assert code == 0, report
     assert report["system"]["cachestat"] is False
     assert set(states(report, progs.prog)) == {"loaded"}
@@ -170,15 +180,7 @@ def test_prefetch_repairs_with_mincore_where_cachestat_is_missing(progs: Program
 def test_prefetch_verifies_from_smaps_where_pagemap_scan_is_missing(progs: Programs, tmp_path: Path):
     """The /proc/self/smaps path of kernels before 6.7 (each window a VMA of its own),
     for prefetch and status, on this kernel."""
-    env = {"HUGIFY_FORCE_SMAPS": "1"}
-    with locked():
-        drop_caches()
-        read_plainly([progs.lib])
-        code, report = prefetch_json("--runtime-dir", tmp_path, progs.prog, progs.lib, env=env)
-        maps = run_mappings([progs.prog])
-        status = json.loads(
-            hugify("status", "--json", progs.prog, progs.lib, progs.plug, add_env=env, check=False).stdout
-        )
+    code, report, maps, status = prefetch_and_status(progs, tmp_path, {"HUGIFY_FORCE_SMAPS": "1"}, progs.plug)
     assert code == 0, report
     assert set(states(report, progs.prog)) == {"loaded"}
     assert set(states(report, progs.lib)) == {"repaired"}
