@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from hugify.commands.common import epilog
+from hugify.docs import doc
 from hugify.exitcodes import Exit
 
 
@@ -60,7 +61,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="make the +hugifyN source that builds a Debian source package with hugify on",
         description="Unpacks the source (dpkg-source -x, which checks every file the .dsc lists), adds "
         "dh-sequence-hugify to its Build-Depends (the switch the .buildinfo of every build records, with "
-        "hugify and the distribution's policy package: docs/packaging-debian.md, 'Turning it on, recorded') "
+        "hugify and the distribution's policy package: "
+        f"{doc('packaging-debian.md')}, 'Turning it on, recorded') "
         "and a changelog entry VERSION+hugify1 saying so, and builds the new source (dpkg-source -b) into "
         "DIR, which must exist: its .dsc, the new debian tarball or diff, and the upstream tarballs it "
         "shares with the original. Nothing else of the package changes. Same input and options give the "
