@@ -11,11 +11,13 @@ the tool versions), one directory per key; a changed input rebuilds.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +258,38 @@ def collect(parent: Path, out: Path) -> None:
 
 def deb_field(deb: Path, name: str) -> str:
     return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
+
+
+#: What a package installs that no program reads: its documents and manual pages.
+UNREAD = ("./usr/share/doc/", "./usr/share/man/")
+#: Fields of the control file that say nothing of what is installed or run.
+UNREAD_FIELDS = ("Version:", "Installed-Size:")
+
+
+def installed_digest(debs: Iterable[Path]) -> str:
+    """A digest of what dpkg installs from the .debs and runs while it does: each file's
+    path, mode, owner, kind and content (a link: its target), the control file and the
+    maintainer scripts and triggers; not the documents and manual pages (UNREAD) nor
+    the version and installed size. A snapshot of hugify (tools/stamp-snapshot) is
+    versioned by a digest of every source, documents, tests and packaging files
+    included, so its version (and the build's cache key) changes where nothing that
+    is installed and read does."""
+    h = hashlib.sha256()
+    for deb in debs:
+        h.update(deb_field(deb, "Package").encode() + b"\0")
+        for part in ("--ctrl-tarfile", "--fsys-tarfile"):
+            tar = subprocess.run(["dpkg-deb", part, str(deb)], capture_output=True, check=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(tar)) as members:
+                for m in sorted(members.getmembers(), key=lambda m: m.name):
+                    if m.name.startswith(UNREAD) or m.name == "./md5sums":  # md5sums: the documents' too
+                        continue
+                    f = members.extractfile(m)
+                    data = f.read() if f else m.linkname.encode()
+                    if m.name == "./control":
+                        lines = data.decode().splitlines(keepends=True)
+                        data = "".join(line for line in lines if not line.startswith(UNREAD_FIELDS)).encode()
+                    h.update(f"{m.name}\0{m.mode:o} {m.uid}:{m.gid} {m.type!r}\0".encode() + data + b"\0")
+    return h.hexdigest()[:16]
 
 
 class DebBuild(CachedBuild):
