@@ -10,6 +10,7 @@ the tool versions), one directory per key; a changed input rebuilds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
-from testkit.cache import CachedBuild, build_dir, cache_root, cached_build
+from testkit.cache import CachedBuild, build_dir, cache_root, cached_build, locked
 from testkit.elf import readelf_build_id
 from testkit.recipes import ccache_env
 
@@ -409,6 +410,19 @@ def toolchain_key() -> str:
     return tool_versions(*PACKAGING_TOOLS) + rustc
 
 
+#: The checkout's cargo target directory (the suite's `make build` fills it first): the
+#: builds of hugify's .deb and rpm and of its wheel compile into it, so that the crates
+#: hugify depends on are compiled once, not once more for each.
+CARGO_TARGET = REPO / "target"
+
+
+def cargo_target_held() -> contextlib.AbstractContextManager[None]:
+    """Held around a build that compiles into CARGO_TARGET: cargo copies every build's
+    library to the same target/release/lib_core.so, where a build beside it (the .deb's
+    and the rpm's under pytest -n 2, the wheel's) would install it as its own."""
+    return locked(CARGO_TARGET / ".hugify-package-builds.lock")
+
+
 # --- hugify's own .deb (test_packages.py, test_sbuild.py, test_boot.py) ----------------------
 
 
@@ -429,14 +443,14 @@ def build_hugify_deb() -> DebBuild:
             if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
             else f"{rust['cargo_dir']}:{STD_PATH}"
         )
-        # The checkout's own target directory (the suite's `make build` filled it): the
-        # crates hugify depends on are compiled once, not again for its package.
-        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2", CARGO_TARGET_DIR=str(REPO / "target"))
+        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2", CARGO_TARGET_DIR=str(CARGO_TARGET))
         env.pop("CARGO_HOME", None)
         env.pop("RUSTUP_HOME", None)
-        res = subprocess.run(
-            ["make", "deb"], cwd=src, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False
-        )
+        make = ["make", "deb"]
+        with cargo_target_held():
+            res = subprocess.run(
+                make, cwd=src, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False
+            )
         (src / "dist").mkdir(exist_ok=True)  # a make deb that failed early made none
         collect(src / "dist", out)
         return res.returncode, res.stdout
