@@ -10,17 +10,20 @@ the tool versions), one directory per key; a changed input rebuilds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
-from testkit.cache import CachedBuild, build_dir, cache_root, cached_build
+from testkit.cache import CachedBuild, build_dir, cache_root, cached_build, locked
 from testkit.cli import write_launcher
 from testkit.elf import readelf_build_id
 from testkit.recipes import ccache_env
@@ -259,6 +262,38 @@ def deb_field(deb: Path, name: str) -> str:
     return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
 
 
+#: What a package installs that no program reads: its documents and manual pages.
+UNREAD = ("./usr/share/doc/", "./usr/share/man/")
+#: Fields of the control file that say nothing of what is installed or run.
+UNREAD_FIELDS = ("Version:", "Installed-Size:")
+
+
+def installed_digest(debs: Iterable[Path]) -> str:
+    """A digest of what dpkg installs from the .debs and runs while it does: each file's
+    path, mode, owner, kind and content (a link: its target), the control file and the
+    maintainer scripts and triggers; not the documents and manual pages (UNREAD) nor
+    the version and installed size. A snapshot of hugify (tools/stamp-snapshot) is
+    versioned by a digest of every source, documents, tests and packaging files
+    included, so its version (and the build's cache key) changes where nothing that
+    is installed and read does."""
+    h = hashlib.sha256()
+    for deb in debs:
+        h.update(deb_field(deb, "Package").encode() + b"\0")
+        for part in ("--ctrl-tarfile", "--fsys-tarfile"):
+            tar = subprocess.run(["dpkg-deb", part, str(deb)], capture_output=True, check=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(tar)) as members:
+                for m in sorted(members.getmembers(), key=lambda m: m.name):
+                    if m.name.startswith(UNREAD) or m.name == "./md5sums":  # md5sums: the documents' too
+                        continue
+                    f = members.extractfile(m)
+                    data = f.read() if f else m.linkname.encode()
+                    if m.name == "./control":
+                        lines = data.decode().splitlines(keepends=True)
+                        data = "".join(line for line in lines if not line.startswith(UNREAD_FIELDS)).encode()
+                    h.update(f"{m.name}\0{m.mode:o} {m.uid}:{m.gid} {m.type!r}\0".encode() + data + b"\0")
+    return h.hexdigest()[:16]
+
+
 class DebBuild(CachedBuild):
     """A dpkg-buildpackage run (see collect for the layout of its directory)."""
 
@@ -365,6 +400,19 @@ def toolchain_key() -> str:
     return tool_versions(*PACKAGING_TOOLS) + rustc
 
 
+#: The checkout's cargo target directory (the suite's `make build` fills it first): the
+#: builds of hugify's .deb and rpm and of its wheel compile into it, so that the crates
+#: hugify depends on are compiled once, not once more for each.
+CARGO_TARGET = REPO / "target"
+
+
+def cargo_target_held() -> contextlib.AbstractContextManager[None]:
+    """Held around a build that compiles into CARGO_TARGET: cargo copies every build's
+    library to the same target/release/lib_core.so, where a build beside it (the .deb's
+    and the rpm's under pytest -n 2, the wheel's) would install it as its own."""
+    return locked(CARGO_TARGET / ".hugify-package-builds.lock")
+
+
 # --- hugify's own .deb (test_packages.py, test_sbuild.py, test_boot.py) ----------------------
 
 
@@ -385,14 +433,14 @@ def build_hugify_deb() -> DebBuild:
             if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
             else f"{rust['cargo_dir']}:{STD_PATH}"
         )
-        # The checkout's own target directory (the suite's `make build` filled it): the
-        # crates hugify depends on are compiled once, not again for its package.
-        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2", CARGO_TARGET_DIR=str(REPO / "target"))
+        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2", CARGO_TARGET_DIR=str(CARGO_TARGET))
         env.pop("CARGO_HOME", None)
         env.pop("RUSTUP_HOME", None)
-        res = subprocess.run(
-            ["make", "deb"], cwd=src, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False
-        )
+        make = ["make", "deb"]
+        with cargo_target_held():
+            res = subprocess.run(
+                make, cwd=src, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False
+            )
         (src / "dist").mkdir(exist_ok=True)  # a make deb that failed early made none
         collect(src / "dist", out)
         return res.returncode, res.stdout

@@ -4,7 +4,10 @@ languages, cached outside the checkout by the hash of their recipe.
 A recipe names a toolchain and its flags; ``build(recipe)`` returns a directory
 holding ``prog`` and, for dynamically linked recipes, ``libhug.so`` (found by
 ``prog`` through ``$ORIGIN``). The cache key covers the recipe, the sources under
-tests/programs, and the tool versions, so a toolchain upgrade rebuilds.
+tests/programs, and the tool versions, so a toolchain upgrade rebuilds. Their C code is
+tests/programs/gen_code.py's, one function in FULL_EVERY a switch function and the others
+padded to its size, measured on the recipe's compiler (generate_code): the sizes and
+layouts of full programs at a fifth of the compile time.
 
 Run ``.venv/bin/python -m testkit.recipes`` to build every recipe ahead of the tests.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
 from testkit import REPO
 from testkit.annobin_notes import annotate
@@ -35,6 +39,13 @@ PROGRAMS = REPO / "tests" / "programs"
 ANNOBIN_NOTES = Path(__file__).resolve().parent / "annobin_notes.py"
 #: Bump when the build steps below change in a way that changes their output.
 BUILD_VERSION = 2
+#: One generated C function in this many is a switch function (tests/programs/gen_code.py);
+#: the others are padded to its size, which compiles about five times faster.
+FULL_EVERY = 8
+#: Functions of the probe that measures what a padded function lacks (code_padding).
+PROBE_FUNCS = 64
+#: What generate_code's sources depend on besides its arguments (part of cache keys).
+GENERATOR = f"gen_code.py --padded, one in {FULL_EVERY} a switch function, probed on {PROBE_FUNCS}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +150,11 @@ RECIPES = [
     # lld puts .rodata before the code (-z rosegment): it moves with the code, and
     # stays out of the executable load: the code's window next to it stays in small
     # pages (about 3 MiB of code, one whole window; shifted, though alignment alone
-    # would cover as much).
-    Recipe("clang-lld", cc="clang", ldflags=("-fuse-ld=lld",), exe_funcs=4600, lib_funcs=4600, transform_opts=SHIFT),
+    # would cover as much). Of the shift's two ways to that window, code ending on it
+    # or starting on it, the one with less padding in it wins; the program's 4620
+    # functions end its code near the end of a page, so its load starts mid-window
+    # (test_as_is's corner).
+    Recipe("clang-lld", cc="clang", ldflags=("-fuse-ld=lld",), exe_funcs=4620, lib_funcs=4600, transform_opts=SHIFT),
     Recipe("clang-lld-no-rosegment", cc="clang", ldflags=("-fuse-ld=lld", "-Wl,--no-rosegment")),
     # (lld 14's RELR lacks the GLIBC_ABI_DT_RELR dependency that glibc 2.36 requires,
     # so RELR is covered by GNU ld.)
@@ -195,7 +209,10 @@ DWARF_RECIPES = [
     # lld's rodata-first layout (-z rosegment, its default), in C and in Rust.
     _dw("dw-clang-lld", "-g", cc="clang", ldflags=("-fuse-ld=lld",), transform_opts=EXPOSE),
     _dw("dw-rust-lld", "-g", lang="rust", ldflags=("-C", "link-arg=-fuse-ld=lld"), transform_opts=EXPOSE),
-    _dw("dw-cxx-large", "-g", lang="cxx", heavy_units=32),
+    # Many C++ units of libstdc++ templates (each about 1 MiB of .debug_info): four
+    # prove what 32 did; the 50 MiB of debug sections are bench/dwarf_bench.py's
+    # (BENCH_RECIPES).
+    _dw("dw-cxx-heavy", "-g", lang="cxx", heavy_units=4),
 ]
 A64, I686 = "aarch64-linux-gnu", "i686-linux-gnu"
 CROSS_RECIPES = [
@@ -246,7 +263,10 @@ ANNOBIN_RECIPES = [
     CrossRecipe("annobin-i686-gcc-bfd", target=I686, exe_funcs=3000, lib_funcs=300, annobin=True),
 ]
 RECIPES_ALL = RECIPES + DWARF_RECIPES + CROSS_RECIPES + CROSS_DWARF_RECIPES + ANNOBIN_RECIPES
-BY_NAME = {r.name: r for r in RECIPES_ALL}
+#: For the benchmarks alone: bench/dwarf_bench.py's C++ program with 32 heavy units
+#: (about 50 MiB of debug sections; 6 minutes of compiling on two busy cores).
+BENCH_RECIPES = [_dw("dw-cxx-large", "-g", lang="cxx", heavy_units=32)]
+BY_NAME = {r.name: r for r in RECIPES_ALL + BENCH_RECIPES}
 
 
 def _tool_versions(r: Recipe) -> list[str]:
@@ -271,7 +291,7 @@ def recipe_key(r: Recipe) -> str:
     for p in sorted(PROGRAMS.iterdir()) + ([ANNOBIN_NOTES] if r.annobin else []):
         h.update(p.name.encode() + p.read_bytes())
     h.update("\n".join(_tool_versions(r)).encode())
-    h.update(str(BUILD_VERSION).encode())
+    h.update(str(BUILD_VERSION).encode() + GENERATOR.encode())
     return h.hexdigest()[:16]
 
 
@@ -302,9 +322,49 @@ def _final(work: Path) -> Path:
     return work.with_name(work.name.removeprefix(".").removesuffix(".tmp"))
 
 
-def _generate(prefix: str, count: int, files: int, work: Path) -> list[str]:
-    _run([sys.executable, str(PROGRAMS / "gen_code.py"), prefix, str(count), str(files), str(work)], work)
+def generate_code(
+    prefix: str, count: int, files: int, work: Path, *, compiler: list[str], flags: list[str]
+) -> list[str]:
+    """tests/programs/gen_code.py's units of `count` functions in `files` files, one
+    function in FULL_EVERY a switch function and the others padded to its size as
+    `compiler` with `flags` (the code's: -O, -fPIC, ...) compiles it (code_padding);
+    the names of the sources, the table unit last."""
+    gen = [sys.executable, str(PROGRAMS / "gen_code.py"), "--padded", code_padding(compiler, flags, work)]
+    _run([*gen, prefix, str(count), str(files), str(work)], work)
     return [f"{prefix}_gen{i}.c" for i in range(files)] + [f"{prefix}_table.c"]
+
+
+def code_padding(compiler: list[str], flags: list[str], work: Path) -> str:
+    """gen_code.py's --padded argument for a compiler and its code flags: one function
+    in FULL_EVERY a switch function, the others padded by the room a switch function
+    takes beyond a padded one, the table unit holding a jump table's read-only data for
+    each. Both are measured on a probe of PROBE_FUNCS functions, switch and padded in
+    turn, compiled the same way (debug information changes no code): from each
+    function's address to the next one's, alignment included; the jump tables' section
+    over the switch functions. The padding is whole 16 bytes, so that a padded function
+    stays as aligned as it was."""
+    probe = work / f"probe-{hashlib.sha256(repr((compiler, flags)).encode()).hexdigest()[:8]}"
+    gen = [sys.executable, str(PROGRAMS / "gen_code.py"), "--padded", "2:0:0"]
+    # Its last unit: functions 128 and on, whose constants take as many bytes as most.
+    _run([*gen, "probe", str(3 * PROBE_FUNCS), "3", str(probe)], work)
+    compile_ = ["ccache", *compiler, *flags, "-c", "-o", "probe.o", "probe_gen2.c"]
+    _run(compile_, probe, ccache_env(dict(os.environ)))
+    with (probe / "probe.o").open("rb") as f:
+        elf = ELFFile(f)
+        text = elf.get_section_by_name(".text")
+        starts = sorted(
+            (sym["st_value"], int(sym.name.removeprefix("probe_f")) % 2)
+            for sym in elf.get_section_by_name(".symtab").iter_symbols()
+            if sym.name.startswith("probe_f") and sym["st_info"]["type"] == "STT_FUNC"
+        )
+        rodata = sum(s["sh_size"] for s in elf.iter_sections() if s.name.startswith(".rodata"))
+    shutil.rmtree(probe)
+    ends = [a for a, _ in starts[1:]] + [text["sh_size"]]
+    room: tuple[list[int], list[int]] = ([], [])
+    for (start, kind), end in zip(starts, ends, strict=True):
+        room[kind].append(end - start)
+    full, padded = (sum(r) / len(r) for r in room)
+    return f"{FULL_EVERY}:{max(0, round((full - padded) / 16) * 16)}:{rodata // len(room[0])}"
 
 
 def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> list[str]:
@@ -337,18 +397,20 @@ def _build_c_family(r: Recipe, work: Path) -> None:
     for p in ("main.c", "lib.c", "cxx_main.cc", "cxx_lib.cc"):
         shutil.copy(PROGRAMS / p, work / p)
     files = max(2, r.exe_funcs // 1000)
-    exe_src = _generate("exe", r.exe_funcs, files, work)
+    cc = r.compiler(cxx=False)  # the generated units are C
+    exe_src = generate_code("exe", r.exe_funcs, files, work, compiler=cc, flags=[*r.cflags, "-fPIE"])
     cxx = r.lang == "cxx"
     driver = r.compiler(cxx)
     main_src = "cxx_main.cc" if cxx else "main.c"
     if r.static_pie:
         objs = _compile_objects(r, [*exe_src, main_src], "-fPIE", work)
         # A static program has no library: main.c's library calls come from lib.c.
-        objs += _compile_objects(r, [*_generate("lib", r.lib_funcs, 2, work), "lib.c"], "-fPIE", work)
+        lib_src = generate_code("lib", r.lib_funcs, 2, work, compiler=cc, flags=[*r.cflags, "-fPIE"])
+        objs += _compile_objects(r, [*lib_src, "lib.c"], "-fPIE", work)
         _run([*driver, "-static-pie", *r.ldflags, "-o", "prog", *objs, "-lpthread"], work)
         return
     lib_src = [
-        *_generate("lib", r.lib_funcs, max(2, r.lib_funcs // 1000), work),
+        *generate_code("lib", r.lib_funcs, max(2, r.lib_funcs // 1000), work, compiler=cc, flags=[*r.cflags, "-fPIC"]),
         "cxx_lib.cc" if cxx else "lib.c",
     ]
     lib_objs = _compile_objects(r, lib_src, "-fPIC", work)

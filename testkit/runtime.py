@@ -381,9 +381,10 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
 def cold_window(path: Path, advice: int | None) -> tuple[int, int]:
     """Maps the first 2 MiB window of the file's code like the ELF loader (PROT_READ |
-    PROT_EXEC, MAP_PRIVATE, 2 MiB-aligned) in a child process, from a cold cache, gives it
-    `advice` (if any), reads one byte, and returns (the madvise errno, 0 if it worked;
-    FilePmdMapped of that mapping in KiB, from its smaps)."""
+    PROT_EXEC, MAP_PRIVATE, 2 MiB-aligned) in a child process, the file alone evicted
+    from the page cache first, gives it `advice` (if any), reads one byte, and returns
+    (the madvise errno, 0 if it worked; FilePmdMapped of that mapping in KiB, from its
+    smaps)."""
     code = r"""
 import ctypes, os, re, sys
 path, off, advice = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -404,7 +405,10 @@ block = smaps.split(f"{at:x}-", 1)[1]
 print(err, int(re.search(r"FilePmdMapped:\s+(\d+)", block).group(1)))
 """
     offset = exec_load(path).offset
-    drop_caches()
+    # This file alone: a test beside it (pytest -n 2) may be reading the page cache of
+    # its own files, such as test_boot's container asking `hugify status` of the windows
+    # its boot service just loaded (dropping the whole page cache failed it).
+    evict([path])
     out = subprocess.run(
         [sys.executable, "-c", code, str(path), str(offset), str(-1 if advice is None else advice)],
         capture_output=True,
@@ -664,10 +668,12 @@ def evict(paths: list[Path]) -> None:
     pages still being read (a process that faulted one page and exited leaves its
     readahead of megabytes in flight; btrfs keeps them locked while it checks their
     checksums), and a read waits for them. Left cached, they made the next series of
-    cold starts read megabytes less, now and then (test_runtime_cost's bounds)."""
+    cold starts read megabytes less, now and then (test_runtime_cost's bounds). Written
+    pages are written back first: dirty ones, those of a file just copied, stay cached."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            os.fsync(fd)
             while os.read(fd, 1 << 20):
                 pass
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

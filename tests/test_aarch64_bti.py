@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import struct
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,10 +23,10 @@ import pytest
 from testkit import HP, REPO
 from testkit.cli import hugify, run_program
 from testkit.elf import readelf_loads
+from testkit.recipes import generate_code
 
 CC = "aarch64-linux-gnu-gcc"
 RUNNER = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
-GEN_CODE = Path(__file__).parent / "programs" / "gen_code.py"
 
 LIB_EXTRA = """
 #include "lib_gen.h"
@@ -49,11 +48,10 @@ def _properties(path: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def bti_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("bti")
-    subprocess.run([sys.executable, str(GEN_CODE), "lib", "1400", "2", str(work)], check=True)
+    flags = ["-O2", "-fPIC", "-mbranch-protection=standard"]
+    sources = [*generate_code("lib", 1400, 2, work, compiler=[CC], flags=flags), "lib_extra.c"]
     (work / "lib_extra.c").write_text(LIB_EXTRA)
     (work / "main.c").write_text(MAIN)
-    sources = ["lib_gen0.c", "lib_gen1.c", "lib_table.c", "lib_extra.c"]
-    flags = ["-O2", "-fPIC", "-mbranch-protection=standard"]
     compile_jobs = [[CC, *flags, "-c", s, "-o", f"{s}.o"] for s in sources]
     with ThreadPoolExecutor(max_workers=2) as pool:
         for job in [pool.submit(subprocess.run, cmd, cwd=work, check=True) for cmd in compile_jobs]:

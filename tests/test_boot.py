@@ -187,7 +187,10 @@ def boot() -> Boot:
                 shutil.copy(p, work / "share/debs/second")
             (work / "share" / "inside.sh").write_text(INSIDE)
             (work / TEST_UNIT).write_text(UNIT)
-            run_session(work, root)
+            # From the boot service's prefetch to `hugify status`, the session reads the
+            # host's page cache: the runtime tests, which drop it, wait.
+            with runtime_lock():
+                run_session(work, root)
             # The overlay's layers are only needed while it runs.
             for d in ("upper", "work", "merged"):
                 shutil.rmtree(work / d, ignore_errors=True)

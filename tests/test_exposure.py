@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from testkit.elf import (
     readelf_sections,
     readelf_windows,
 )
-from testkit.recipes import BY_NAME, PROGRAMS, build, cached_dir
+from testkit.recipes import BY_NAME, GENERATOR, PROGRAMS, build, cached_dir, generate_code
 from testkit.runtime import (
     HUGIFY_RUN,
     MAIN,
@@ -70,11 +69,10 @@ def _table() -> bytes:
 
 
 def _make(work: Path) -> None:
-    subprocess.run([sys.executable, str(PROGRAMS / "gen_code.py"), "lib", str(FUNCS), "4", str(work)], check=True)
+    sources = [*generate_code("lib", FUNCS, 4, work, compiler=["clang"], flags=["-O2", "-fPIC"]), "table.c"]
     (work / "table.c").write_text(TABLE_C)
     (work / "main.c").write_text(MAIN_C)
     (work / "table.bin").write_bytes(_table())
-    sources = [f"lib_gen{i}.c" for i in range(4)] + ["lib_table.c", "table.c"]
     cc = ["clang", "-O2", "-fuse-ld=lld"]
     subprocess.run(
         [*cc, "-fPIC", "-shared", "-Wl,-soname,libtable.so", "-o", "libtable.so", *sources], cwd=work, check=True
@@ -88,7 +86,7 @@ def _make(work: Path) -> None:
 @pytest.fixture(scope="module")
 def lld_library() -> Path:
     """The directory with libtable.so (lld, 2.2 MiB of code, a 3 MiB table) and prog."""
-    key = "\n".join([TABLE_C, MAIN_C, str(FUNCS), (PROGRAMS / "gen_code.py").read_text()])
+    key = "\n".join([TABLE_C, MAIN_C, str(FUNCS), (PROGRAMS / "gen_code.py").read_text(), GENERATOR])
     return cached_dir("exposure-lld", key, _make)
 
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ import pytest
 
 from hugify import _core, manifest
 from testkit import HP
-from testkit.debian import EXEC, LLD_LIB, LLD_PLUGIN, LLD_PROG, MANIFEST_DIR, build_variant
+from testkit.debian import EXEC, LLD_LIB, LLD_PLUGIN, LLD_PROG, MANIFEST_DIR, build_variant, installed_digest
 from testkit.elf import readelf_loads, readelf_windows, window_offsets
 from testkit.vm import glibc_thp, matrix_table
 from testkit.vm.boot import BootResult, GuestPanic, VmError, boot, boot_uncached, guest_inputs, initramfs, root_image
@@ -638,6 +639,40 @@ def test_the_support_table_says_what_the_boot_asserts(booted: BootResult, as_is_
     assert ("also khugepaged" in code) == khugepaged_collapses_code(booted.kernel, booted.fs), code
     whole = len(as_is_windows) * HP / 2**20
     assert re.fullmatch(rf"{whole:.1f} of [\d.]+ MiB: prefetch, hugify-run, audit library", as_is), as_is
+
+
+def test_a_guest_is_keyed_by_what_dpkg_installs_and_runs(tmp_path: Path) -> None:
+    """The guests' images and boots are keyed by what dpkg installs from hugify's and the
+    test package's debs (testkit.debian.installed_digest): another version (a snapshot's
+    is a digest of every source file) or other documents leave the key alone; another
+    installed file's content or mode, or another maintainer script, change it."""
+
+    def deb(version: str = "1.0", doc: str = "doc", code: str = "code", mode: int = 0o644, script: str = "") -> Path:
+        root = tmp_path / f"{len(list(tmp_path.iterdir()))}"
+        control = f"Package: hugify-key-test\nVersion: {version}\nArchitecture: all\nMaintainer: t <t@example.org>\n"
+        files = {
+            "DEBIAN/control": control + "Description: a test\n",
+            "usr/share/doc/hugify-key-test/README": doc,
+            "usr/share/man/man1/hugify-key-test.1": doc,
+            "usr/lib/hugify-key-test/code.py": code,
+        }
+        if script:
+            files["DEBIAN/postinst"] = f"#!/bin/sh\n{script}\n"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+        (root / "usr/lib/hugify-key-test/code.py").chmod(mode)
+        if script:
+            (root / "DEBIAN/postinst").chmod(0o755)
+        out = root.with_suffix(".deb")
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-b", str(root), str(out)], check=True, capture_output=True)
+        return out
+
+    key = installed_digest([deb()])
+    assert installed_digest([deb(version="1.0+src.0123456789ab", doc="other documents")]) == key
+    assert installed_digest([deb(code="other code")]) != key
+    assert installed_digest([deb(mode=0o755)]) != key
+    assert installed_digest([deb(script="true")]) != key
 
 
 @pytest.fixture(scope="module")

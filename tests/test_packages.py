@@ -44,6 +44,7 @@ from hugify.commands import COMMANDS
 from testkit import REPO
 from testkit.cache import CachedBuild, build_dir, building, cache_root, cached_build, locked, save_result
 from testkit.debian import (
+    CARGO_TARGET,
     EXEC,
     LIB,
     LINK,
@@ -56,6 +57,7 @@ from testkit.debian import (
     build_hugify_deb,
     build_id,
     build_variant,
+    cargo_target_held,
     clean_env,
     collect,
     debug_file,
@@ -243,21 +245,35 @@ def build_hugify_rpm() -> RpmBuild:
             CARGO_HOME=rust["CARGO_HOME"],
             RUSTUP_HOME=rust["RUSTUP_HOME"],
             PATH=f"{rust['cargo_dir']}:{STD_PATH}",
+            CARGO_TARGET_DIR=str(CARGO_TARGET),
         )
         # --nodeps: Debian's rpm database does not know the Debian packages.
         cmd = ["rpmbuild", "-bb", "--nodeps", "--define", f"_topdir {top}", str(REPO / "spec" / "hugify.spec")]
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
+        with cargo_target_held():
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
         collect_rpms(top, out)
         return res.returncode, res.stdout
 
     group = cache_root() / "packages"
-    final = build_dir("packages", "hugify-rpm", files_key(sources, toolchain_key()))
+    # Keyed by where it compiles too: a build into its own target directory is not reused.
+    final = build_dir("packages", "hugify-rpm", files_key(sources, toolchain_key(), f"CARGO_TARGET_DIR={CARGO_TARGET}"))
     return RpmBuild(cached_build(final, group / "hugify-rpm.lock", group / "hugify-rpm-build", build))
 
 
 @pytest.fixture(scope="session")
 def hugify_rpm() -> RpmBuild:
     return build_hugify_rpm().ok()
+
+
+@slow
+def test_hugify_rpm_reuses_the_crates_the_checkout_compiled(hugify_rpm: RpmBuild) -> None:
+    """The rpm's cargo build shares the checkout's target directory, as the .deb's does:
+    the Rust crates that depend on neither the Python nor the C compiler found (the
+    heaviest to compile) are those `make build` compiled before the tests, not compiled
+    once more."""
+    assert re.search(r"^\s*Finished `release` profile", hugify_rpm.log, re.M), hugify_rpm.log[-3000:]
+    compiled = set(re.findall(r"^\s*Compiling (\S+) v", hugify_rpm.log, re.M))
+    assert compiled.isdisjoint({"gimli", "iced-x86", "syn"}), sorted(compiled)
 
 
 @slow

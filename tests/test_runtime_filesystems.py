@@ -30,6 +30,7 @@ from testkit.runtime import (
     MADV_COLLAPSE,
     Programs,
     blocks_read_by,
+    cached_pages,
     clean_env,
     cold_window,
     copy_programs,
@@ -230,3 +231,17 @@ def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(on_xfs: t
         assert {w["state"] for w in f["windows"]} == ({"kernel"} if by_itself else {"loaded"}), f
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert (run / "kernel-exec-pmd").read_text() == f"{boot} {int(by_itself)} always\n"
+
+
+def test_a_cold_window_is_measured_with_its_file_alone_evicted(on_xfs: tuple[Programs, Path]):
+    """The measurement every verdict above is checked against evicts the file it measures
+    and no other: a test beside it (pytest -n 2) keeps the page cache of its own files,
+    such as test_boot's container asking `hugify status` of the windows its boot service
+    loaded, which a drop of the whole page cache here once failed."""
+    progs, _ = on_xfs
+    read_plainly([progs.prog, progs.lib])
+    pages = -(-progs.lib.stat().st_size // 4096)
+    assert cached_pages(progs.lib) == pages
+    # The program's small folios went: its first window came back as one 2 MiB folio.
+    assert gives_large_folios(progs.prog), "XFS gave no 2 MiB folio"
+    assert cached_pages(progs.lib) == pages

@@ -21,6 +21,7 @@ import pytest
 
 from testkit import REPO
 from testkit.cache import build_dir, building, cache_root, locked
+from testkit.debian import cargo_target_held
 from testkit.elf import hugified
 from testkit.recipes import BY_NAME, build
 
@@ -53,7 +54,8 @@ def built_wheel() -> Path:
         if not (final / "done").exists():
             with building(final) as work:
                 cmd = [str(maturin), "build", "--release", "--locked", "--out", str(work)]
-                res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+                with cargo_target_held():  # the checkout's target directory, which it compiles into
+                    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
                 assert res.returncode == 0, res.stderr[-4000:]
                 (work / "done").touch()
     (wheel,) = final.glob("hugify-*.whl")

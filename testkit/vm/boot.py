@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.cache import build_dir, building, cache_root, locked
-from testkit.debian import build_hugify_deb, build_variant, files_key, tool_versions
+from testkit.debian import build_hugify_deb, build_variant, files_key, installed_digest, tool_versions
 from testkit.debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
 from testkit.vm.kernels import Kernel, update_lists
 
@@ -235,16 +235,17 @@ def guest_inputs() -> GuestInputs:
     debs = [*hugify.installable(), *(variant.deb(p) for p in GUEST_DEBS)]
     root = systemd_root(debs[0])
     tools = guest_tools()
-    debug_debs = (*debug_tool_debs(root), *(variant.deb(p) for p in GUEST_DEBUG_DEBS))
+    archive, symbols = debug_tool_debs(root), [variant.deb(p) for p in GUEST_DEBUG_DEBS]
     files = [(n, GUEST / n) for n in ("guest_driver.py", UNIT_NAME, "init")]
     files += [(p.name, p) for p in sorted(tools.iterdir())]
-    # The packages count by their builds' cache keys (their sources and tools), not their
-    # bytes: the shared cache may rebuild them for another checkout in between, and a
-    # rebuild of the same sources must not make every image and boot stale. The archive's
-    # debs count by their names (package, version).
-    key = files_key(
-        files, root.parent.name, hugify.dir.name, variant.dir.name, ROOT_RECIPE, *(d.name for d in debug_debs)
-    )
+    # hugify's and the test package's debs count by what dpkg installs from them and runs
+    # (installed_digest), not by their builds' cache keys nor their versions, which change
+    # with any source file of hugify, its documents and tests too: a change the guest
+    # cannot see must not make every image and boot stale. The archive's debs count by
+    # their names (package, version).
+    installed = installed_digest([*debs, *symbols])
+    key = files_key(files, root.parent.name, installed, ROOT_RECIPE, *(d.name for d in archive))
+    debug_debs = (*archive, *symbols)
     return GuestInputs(root, debs, tools, key, debug_debs)
 
 
