@@ -1,8 +1,9 @@
 """hugify's runtime on Debian's own kernels, booted for real under qemu, on a real
 Debian 12 root with systemd as PID 1 (testkit/vm/boot.py), one disk per filesystem.
 
-The suite boots a subset of the matrix (testkit.vm.matrix.SUBSET: trixie's 6.12 on ext4 and
-XFS, the newest kernel on ext4); bench/kernel_matrix.py boots all of it and regenerates
+The suite boots a subset of the matrix (testkit.vm.matrix.SUBSET: trixie's 6.12 on ext4,
+no large folios, and the newest kernel on ext4, large folios); bench/kernel_matrix.py boots
+all of it (XFS and btrfs on every kernel among them) and regenerates
 docs/runtime-reference.md's "Where it works" table. A boot's results are cached by all its inputs.
 
 What is asserted, per boot, with THP `always` (booted) and `madvise` (set through
