@@ -79,18 +79,14 @@ pub(crate) fn repair(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{assert_refused, encoding, patched, Bytes, DV, MAP};
-    use crate::dwarf::SecId;
+    use crate::dwarf::testbytes::{assert_refused, encoding, patched, repaired, Bytes, DV, MAP};
 
     fn unit(version: u16, address_size: u8) -> UnitInfo {
         UnitInfo { encoding: encoding(version, address_size), low_pc: 0, addr_base: 8 }
     }
 
     fn walk(data: &[u8], units: &[UnitInfo], refs: &Refs, tls_size: u64) -> Result<Vec<u8>> {
-        let secs = Sections::for_tests(&[(".debug_addr", data)]);
-        let mut ed = Edits::new(&secs);
-        repair(units, &secs, &MAP, refs, tls_size, &mut ed)?;
-        Ok(ed.applied(&secs, SecId(0), &MAP))
+        repaired(".debug_addr", data, |secs, ed| repair(units, secs, &MAP, refs, tls_size, ed))
     }
 
     /// A DWARF 5 contribution of `entries` of `size` bytes; returns their offsets.
