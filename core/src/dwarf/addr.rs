@@ -57,10 +57,7 @@ pub(crate) fn repair(
     let mut at = 0u64;
     while at < data.len() as u64 {
         let unit = Unit::at(data, at, ".debug_addr", "contribution")?;
-        let version = unit.version()?;
-        if version != 5 {
-            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_addr at {at:#x}: version {version}")));
-        }
+        unit.require_version(5)?;
         // The version, address_size, segment_selector_size.
         let sizes = unit.header(2, 2)?;
         let (asz, segment_selector_size) = (sizes[0], sizes[1]);

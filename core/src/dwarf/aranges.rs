@@ -13,10 +13,7 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
     let mut set = 0u64;
     while set < data.len() as u64 {
         let unit = Unit::at(data, set, ".debug_aranges", "set")?;
-        let version = unit.version()?;
-        if version != 2 {
-            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_aranges at {set:#x}: version {version}")));
-        }
+        unit.require_version(2)?;
         // The version, debug_info_offset, address_size, segment_selector_size.
         let header = 2 + unit.offset_size + 2;
         let sizes = unit.header(header - 2, 2)?;
