@@ -27,13 +27,12 @@ from testkit import REPO
 from testkit.bench import (
     Sample,
     add_baseline_option,
-    baseline_name,
     installed_env,
     interleaved,
     median_wall,
     report,
-    report_pairs,
     run,
+    with_baseline,
 )
 from testkit.cli import command
 from testkit.corpus import RELEASE
@@ -58,14 +57,16 @@ def compare(path: Path, out: Path, repeat: int, baseline: Path | None) -> dict[s
         "cp": lambda: run(["cp", path, out]),
         "hugify transform": lambda: run(command("transform", path, "-o", out), env=env),
     }
-    if baseline:
-        old = baseline_name(baseline)
-        contenders[old] = lambda: run(command("transform", path, "-o", out), env=env, cwd=baseline)
-    results = interleaved(contenders, repeat, prepare=clean)
-    report(f"transform of {path.name} ({path.stat().st_size / 2**20:.0f} MiB)", results, "cp")
-    if baseline:
-        report_pairs(results, "hugify transform", old)
-    return results
+    return with_baseline(
+        f"transform of {path.name} ({path.stat().st_size / 2**20:.0f} MiB)",
+        contenders,
+        "cp",
+        repeat=repeat,
+        prepare=clean,
+        baseline=baseline,
+        ours="hugify transform",
+        run_from=lambda checkout: run(command("transform", path, "-o", out), env=env, cwd=checkout),
+    )
 
 
 def big_pie(work: Path) -> Path:

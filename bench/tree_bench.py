@@ -26,16 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from testkit import REPO
-from testkit.bench import (
-    add_baseline_option,
-    baseline_name,
-    installed_env,
-    interleaved,
-    median_wall,
-    report,
-    report_pairs,
-    run,
-)
+from testkit.bench import Sample, add_baseline_option, installed_env, median_wall, run, with_baseline
 from testkit.cache import cache_root
 from testkit.cli import command
 
@@ -161,14 +152,22 @@ def main() -> None:
             "find-debuginfo -j2": lambda: run(find_debuginfo, env=env),
             "hugify tree --jobs 2": lambda: run(tree_cmd, env=env),
         }
-        if args.baseline:
-            old = baseline_name(args.baseline)
-            old_env = {**env, "HUGIFY_POLICY_PATH": str(args.baseline / "policy" / "policy.toml")}
-            contenders[old] = lambda: run(tree_cmd, env=old_env, cwd=args.baseline)
-        results = interleaved(contenders, args.repeat, prepare=fresh)
-        report("one package's build root", results, "find-debuginfo -j2")
-        if args.baseline:
-            report_pairs(results, "hugify tree --jobs 2", old)
+
+        def from_checkout(checkout: Path) -> Sample:
+            """The baseline's hugify tree, with the baseline's policy."""
+            old_env = {**env, "HUGIFY_POLICY_PATH": str(checkout / "policy" / "policy.toml")}
+            return run(tree_cmd, env=old_env, cwd=checkout)
+
+        results = with_baseline(
+            "one package's build root",
+            contenders,
+            "find-debuginfo -j2",
+            repeat=args.repeat,
+            prepare=fresh,
+            baseline=args.baseline,
+            ours="hugify tree --jobs 2",
+            run_from=from_checkout,
+        )
         ratio = median_wall(results["hugify tree --jobs 2"]) / median_wall(results["find-debuginfo -j2"])
         verdict = "ok" if ratio < 0.5 else "MISSED"
         print(f"RESULT hugify tree = {ratio * 100:.0f}% of find-debuginfo's wall time (target < 50%): {verdict}")

@@ -409,16 +409,9 @@ static void map_name(char *out, long pid)
 {
     static const char pre[] = "/tmp/perf-";
     size_t n = 0;
-    char d[24];
-    int k = 0;
     for (const char *p = pre; *p; p++)
         out[n++] = *p;
-    do {
-        d[k++] = (char)('0' + pid % 10);
-        pid /= 10;
-    } while (pid);
-    while (k)
-        out[n++] = d[--k];
+    n += hp_put_num(out + n, (uint64_t)pid, 10);
     hp_copy_str(out + n, 8, ".map");
 }
 

@@ -55,15 +55,8 @@ EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *coo
     }
     if (!record[0])
         return 0;
-    char line[8300], path[4096], digits[24];
-    size_t n = 0, cap = sizeof line - 1;
-    long pid = hp_getpid(), k = 0;
-    do {
-        digits[k++] = (char)('0' + pid % 10);
-        pid /= 10;
-    } while (pid);
-    while (k)
-        line[n++] = digits[--k];
+    char line[8300], path[4096];
+    size_t n = hp_put_num(line, (uint64_t)hp_getpid(), 10), cap = sizeof line - 1;
     line[n++] = '\t';
     const char *name = map->l_name;
     if (!name || !name[0]) { /* the program */

@@ -141,3 +141,28 @@ def report_pairs(results: dict[str, list[Sample]], new: str, old: str) -> None:
         r = ratio_summary(ratios)
         ci = f" [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]" if r["ci95"] else ""
         print(f"RESULT {what} {new} / {old} = {r['median']:.3f}{ci} (median of {len(ratios)} pairs, 95 % interval)")
+
+
+def with_baseline(
+    title: str,
+    contenders: dict[str, Callable[[], Sample]],
+    reference: str,
+    *,
+    repeat: int,
+    prepare: Callable[[], None],
+    baseline: Path | None,
+    ours: str,
+    run_from: Callable[[Path], Sample],
+) -> dict[str, list[Sample]]:
+    """The contenders `interleaved` and reported against `reference`; with a baseline
+    checkout, `ours` as run_from(checkout) runs it joins them, and ours/baseline is
+    reported per round (report_pairs)."""
+    if baseline is None:
+        results = interleaved(contenders, repeat, prepare=prepare)
+        report(title, results, reference)
+        return results
+    old = baseline_name(baseline)
+    results = interleaved({**contenders, old: lambda: run_from(baseline)}, repeat, prepare=prepare)
+    report(title, results, reference)
+    report_pairs(results, ours, old)
+    return results

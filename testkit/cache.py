@@ -71,20 +71,28 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def build_once(final: Path, lock: Path, make: Callable[[Path], None], product: str = "") -> Path:
+    """`final / product` (the entry itself by default, else what it holds that shows it
+    complete), built once: unless it exists, `make` fills building()'s scratch directory
+    under `lock`, so that one process builds it while the others wait and then find it."""
+    made = final / product
+    if made.exists():
+        return made
+    with locked(lock):
+        if made.exists():
+            return made
+        with building(final) as work:
+            make(work)
+    return made
+
+
 def cached(name: str, key: str, make: Callable[[Path], None]) -> Path:
     """cache_root()/NAME-KEY, made by `make` in a temporary directory on first use
     (under a lock, so that one process builds it while the others wait)."""
     root = cache_root()
     final = root / f"{name}-{key}"
     note_used(final)
-    if final.is_dir():
-        return final
-    with locked(final.parent / f"{name}.lock"):
-        if final.is_dir():
-            return final
-        with building(final) as work:
-            make(work)
-    return final
+    return build_once(final, final.parent / f"{name}.lock", make)
 
 
 # --- the cost ledger ---------------------------------------------------------------------
@@ -213,17 +221,15 @@ def cached_build(final: Path, lock: Path, scratch: Path, build: Callable[[Path, 
     directory, puts what it produced into `out` and returns its exit status and log.
     A worker that waited on the lock finds the other's result."""
     note_used(final)
-    if (final / "rc").exists():
-        return final
-    with locked(lock):
-        if (final / "rc").exists():
-            return final
+
+    def make(work: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
-        with building(final) as work:
-            rc, log = build(scratch, work)
-            save_result(work, rc, log)
+        rc, log = build(scratch, work)
+        save_result(work, rc, log)
         shutil.rmtree(scratch, ignore_errors=True)
+
+    build_once(final, lock, make, "rc")
     return final
 
 

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from testkit.cache import building, cache_root, locked, note_used
+from testkit.cache import build_once, building, cache_root, locked, note_used
 from testkit.debian import deb_field, tool_versions
 
 SUITE = "bookworm"
@@ -36,17 +36,14 @@ def debian_root(
     key = hashlib.sha256("\0".join([*args, fmt, tool_versions("mmdebstrap"), *other]).encode()).hexdigest()[:16]
     group = cache_root() / "debian-roots"
     final = group / f"{name}-{key}"
-    out = final / ("root.tar" if fmt == "tar" else "root")
+    product = "root.tar" if fmt == "tar" else "root"
     note_used(final)
-    if out.exists():
-        return out
-    with locked(group / f"{name}.lock"):
-        if out.exists():
-            return out
-        with building(final) as work:
-            res = mmdebstrap(work / out.name, f"--format={fmt}", *args, suite=suite, mirrors=mirrors)
-            assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
-    return out
+
+    def make(work: Path) -> None:
+        res = mmdebstrap(work / product, f"--format={fmt}", *args, suite=suite, mirrors=mirrors)
+        assert res.returncode == 0, f"mmdebstrap failed:\n{res.stdout[-6000:]}"
+
+    return build_once(final, group / f"{name}.lock", make, product)
 
 
 def mmdebstrap(

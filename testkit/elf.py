@@ -20,6 +20,11 @@ from testkit import HP
 # --- readelf -----------------------------------------------------------------------
 
 
+def readelf(path: Path, *options: str) -> str:
+    """What `readelf OPTIONS FILE` prints."""
+    return subprocess.run(["readelf", *options, str(path)], capture_output=True, text=True, check=True).stdout
+
+
 @dataclass
 class Load:
     offset: int
@@ -31,7 +36,7 @@ class Load:
 
 
 def readelf_loads(path: Path) -> list[Load]:
-    out = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
+    out = readelf(path, "-lW")
     loads = []
     for line in out.splitlines():
         f = line.split()
@@ -54,7 +59,7 @@ class SectionHeader:
 
 def readelf_sections(path: Path) -> list[SectionHeader]:
     """The section headers as `readelf -SW` prints them (the null section left out)."""
-    out = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True, check=True).stdout
+    out = readelf(path, "-SW")
     secs = []
     for line in out.splitlines():
         # "  [Nr] Name Type Address Off Size ES Flg Lk Inf Al", Flg empty for some.
@@ -188,7 +193,7 @@ def hugified(path: Path) -> bool:
 
 
 def readelf_build_id(path: Path) -> bytes:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
+    out = readelf(path, "-n")
     m = re.search(r"Build ID: ([0-9a-f]+)", out)
     assert m, f"no build-id in {path}"
     return bytes.fromhex(m.group(1))
@@ -196,7 +201,7 @@ def readelf_build_id(path: Path) -> bytes:
 
 def readelf_probes(path: Path) -> list[tuple[str, int, int, int]]:
     """(name, pc, base, semaphore) for every SystemTap probe note."""
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
+    out = readelf(path, "-n")
     probes = []
     for m in re.finditer(r"Name: (\S+)\s+Location: (0x[0-9a-f]+), Base: (0x[0-9a-f]+), Semaphore: (0x[0-9a-f]+)", out):
         probes.append((m.group(1), int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16)))

@@ -156,6 +156,25 @@ impl<'a> Cursor<'a> {
         })?;
         Ok(len)
     }
+
+    /// Reads the augmentation data of a record whose augmentation string starts with
+    /// 'z' (a ULEB128 length, then the fields `read` takes) and moves to its end. A
+    /// length past the record would skip its instructions unread; fields that run past
+    /// the length make a short augmentation. Errors name the record (`what` at `at`).
+    fn augmentation(&mut self, what: &str, at: u64, read: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let len = self.uleb()?;
+        let end = self
+            .pos
+            .checked_add(len)
+            .filter(|&e| e <= self.end)
+            .ok_or_else(|| bad(format!("{what} at {at:#x} has an impossible augmentation length")))?;
+        read(self)?;
+        if self.pos > end {
+            return Err(bad(format!("{what} at {at:#x} has a short augmentation")));
+        }
+        self.pos = end;
+        Ok(())
+    }
 }
 
 fn sign_extend(v: u64, size: u8) -> u64 {
@@ -218,18 +237,7 @@ pub fn walk(data: &[u8], flavour: Flavour, addr_size: u8, mut visit: impl FnMut(
                 visit(Field::Fde { off, enc, value, len })?;
             }
             if cie.has_z {
-                let aug_len = c.uleb()?;
-                // An augmentation past the record would skip its instructions unread.
-                let aug_end = c
-                    .pos
-                    .checked_add(aug_len)
-                    .filter(|&e| e <= c.end)
-                    .ok_or_else(|| bad(format!("FDE at {pos:#x} has an impossible augmentation length")))?;
-                c.pointer(cie.lsda_enc, cie.addr_size, &mut visit)?;
-                if c.pos > aug_end {
-                    return Err(bad(format!("FDE at {pos:#x} has a short augmentation")));
-                }
-                c.pos = aug_end;
+                c.augmentation("FDE", pos, |c| c.pointer(cie.lsda_enc, cie.addr_size, &mut visit))?;
             }
             instructions(&mut c, cie.fde_enc, cie.addr_size, &mut visit)?;
         }
@@ -267,33 +275,26 @@ fn parse_cie(c: &mut Cursor, addr_size: u8, visit: &mut impl FnMut(Field) -> Res
         c.uleb()?;
     }
     if cie.has_z {
-        let aug_len = c.uleb()?;
-        let aug_end = c
-            .pos
-            .checked_add(aug_len)
-            .filter(|&e| e <= c.end)
-            .ok_or_else(|| bad(format!("CIE at {at:#x} has an impossible augmentation length")))?;
-        for &ch in &aug[1..] {
-            match ch {
-                b'L' => cie.lsda_enc = c.u8()?,
-                b'R' => cie.fde_enc = c.u8()?,
-                b'P' => {
-                    let enc = c.u8()?;
-                    c.pointer(enc, cie.addr_size, visit)?;
-                }
-                b'S' | b'B' | b'G' => {}
-                other => {
-                    return Err(Error::new(
-                        Reason::UnsupportedSection,
-                        format!("CIE at {at:#x} has unknown augmentation '{}'", char::from(other)),
-                    ))
+        c.augmentation("CIE", at, |c| {
+            for &ch in &aug[1..] {
+                match ch {
+                    b'L' => cie.lsda_enc = c.u8()?,
+                    b'R' => cie.fde_enc = c.u8()?,
+                    b'P' => {
+                        let enc = c.u8()?;
+                        c.pointer(enc, cie.addr_size, visit)?;
+                    }
+                    b'S' | b'B' | b'G' => {}
+                    other => {
+                        return Err(Error::new(
+                            Reason::UnsupportedSection,
+                            format!("CIE at {at:#x} has unknown augmentation '{}'", char::from(other)),
+                        ))
+                    }
                 }
             }
-        }
-        if c.pos > aug_end {
-            return Err(bad(format!("CIE at {at:#x} has a short augmentation")));
-        }
-        c.pos = aug_end;
+            Ok(())
+        })?;
     } else if !aug.is_empty() && aug != b"eh" {
         return Err(bad(format!("CIE at {at:#x} has augmentation {:?} without 'z'", String::from_utf8_lossy(aug))));
     }

@@ -5,7 +5,7 @@ for arm64 with Debian 13's branch protection and hugify built for arm64
 (tests/test_aarch64_boot.py; issue 32 item 4).
 
 Every heavy piece is built once into the shared test cache, keyed by what goes into it
-(testkit.cache: cache_root, locked, cached_build):
+(testkit.cache: cache_root, locked, build_once, cached_build):
 - cross_root(): a Debian 13 amd64 root with arm64 as a foreign architecture and its
   cross toolchain (crossbuild-essential-arm64, libc6-dev:arm64, debhelper), by
   mmdebstrap; Debian 12's cross toolchain cannot make BTI-marked programs (its crt
@@ -45,7 +45,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from testkit.cache import build_dir, building, cache_root, cached_build, locked
+from testkit.cache import build_dir, build_once, cache_root, cached_build, locked
 from testkit.cli import hugify, write_launcher
 from testkit.debian import (
     DebBuild,
@@ -280,16 +280,9 @@ def root_image() -> tuple[Path, str]:
     drivers = [("driver", DRIVER), ("guest_driver", GUEST / "guest_driver.py")]
     key = files_key(drivers, root.parent.name, package.dir.name, stage.parent.name, tool_versions("xfsprogs"))
     final = build_dir("aarch64", f"root-{FS}", key)
-    image = final / "root.img"
-    if image.exists():
-        return image, key
-    with locked(cache_root() / "aarch64" / "root.lock"):
-        if image.exists():
-            return image, key
-        with (
-            building(final) as work,
-            tempfile.TemporaryDirectory(prefix="hugify-aarch64-root-", dir=cache_root() / "aarch64") as tmp,
-        ):
+
+    def make(work: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="hugify-aarch64-root-", dir=cache_root() / "aarch64") as tmp:
             _run(["truncate", "-s", IMAGE_SIZE, str(work / "root.img")])
             _run(["mkfs.xfs", "-q", "-f", str(work / "root.img")])
             staged = Path(tmp) / "root"
@@ -297,7 +290,8 @@ def root_image() -> tuple[Path, str]:
             _stage_guest(staged, root, package, stage)
             with loop_mounted(work / "root.img") as mnt:
                 _run(["cp", "-a", f"{staged}/.", str(mnt)])
-    return image, key
+
+    return build_once(final, cache_root() / "aarch64" / "root.lock", make, "root.img"), key
 
 
 def _machine(k_vmlinuz: Path, initrd: Path) -> Callable[[Path, Path], list[str]]:

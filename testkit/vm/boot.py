@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit.cache import build_dir, building, cache_root, locked
+from testkit.cache import build_dir, build_once, building, cache_root, locked
 from testkit.debian import build_hugify_deb, build_variant, files_key, installed_digest, tool_versions
 from testkit.debian_roots import KEYRING, MIRROR, SUITE, apt_options, systemd_root
 from testkit.vm.kernels import Kernel, update_lists
@@ -147,36 +147,32 @@ def initramfs(k: Kernel, busybox: Path = Path("/bin/busybox")) -> Path:
     init = GUEST / "init"
     key = files_key([("init", init), ("busybox", busybox)], k.package, k.version, repr(WANTED_MODULES))
     final = build_dir("kernel-matrix", f"initramfs-{k.release}", key)
-    out = final / "initrd.gz"
-    if out.exists():
-        return out
-    with locked(cache_root() / "kernel-matrix" / "initramfs.lock"):
-        if out.exists():
-            return out
-        with building(final) as work:
-            tree = work / "tree"
-            for d in ("bin", "dev", "proc", "sys", "newroot", "modules"):
-                (tree / d).mkdir(parents=True)
-            shutil.copy(busybox, tree / "bin" / "busybox")
-            shutil.copy(init, tree / "init")
-            (tree / "init").chmod(0o755)
-            names = []
-            for path in module_load_order(k.modules):
-                name = _module_name(path) + ".ko"
-                (tree / "modules" / name).write_bytes(_decompressed(k.modules / path))
-                names.append(name)
-            (tree / "modules" / "order").write_text("".join(f"{n}\n" for n in names))
-            files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
-            cpio = subprocess.run(
-                ["cpio", "-o", "-H", "newc", "--quiet", "--reproducible"],
-                input="\n".join([".", *files]).encode(),
-                cwd=tree,
-                capture_output=True,
-                check=True,
-            ).stdout
-            (work / "initrd.gz").write_bytes(gzip.compress(cpio, mtime=0))
-            shutil.rmtree(tree)
-    return out
+
+    def make(work: Path) -> None:
+        tree = work / "tree"
+        for d in ("bin", "dev", "proc", "sys", "newroot", "modules"):
+            (tree / d).mkdir(parents=True)
+        shutil.copy(busybox, tree / "bin" / "busybox")
+        shutil.copy(init, tree / "init")
+        (tree / "init").chmod(0o755)
+        names = []
+        for path in module_load_order(k.modules):
+            name = _module_name(path) + ".ko"
+            (tree / "modules" / name).write_bytes(_decompressed(k.modules / path))
+            names.append(name)
+        (tree / "modules" / "order").write_text("".join(f"{n}\n" for n in names))
+        files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
+        cpio = subprocess.run(
+            ["cpio", "-o", "-H", "newc", "--quiet", "--reproducible"],
+            input="\n".join([".", *files]).encode(),
+            cwd=tree,
+            capture_output=True,
+            check=True,
+        ).stdout
+        (work / "initrd.gz").write_bytes(gzip.compress(cpio, mtime=0))
+        shutil.rmtree(tree)
+
+    return build_once(final, cache_root() / "kernel-matrix" / "initramfs.lock", make, "initrd.gz")
 
 
 # --- the root disks --------------------------------------------------------------------------
@@ -308,16 +304,9 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
     more = (extra.name, extra.key, extra.size) if extra else ()  # the matrix's key stays as it was
     name = f"root-{extra.name}-{fs}" if extra else f"root-{fs}"
     final = build_dir("kernel-matrix", name, files_key([], g.key, fs, tool_versions(*VM_TOOLS), *more))
-    image = final / "root.img"
-    if image.exists():
-        return image
-    with locked(cache_root() / "kernel-matrix" / "root.lock"):
-        if image.exists():
-            return image
-        with (
-            building(final) as work,
-            tempfile.TemporaryDirectory(prefix="hugify-matrix-root-", dir=cache_root() / "kernel-matrix") as tmp,
-        ):
+
+    def make(work: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="hugify-matrix-root-", dir=cache_root() / "kernel-matrix") as tmp:
             _run(["truncate", "-s", extra.size if extra else IMAGE_SIZE, str(work / "root.img")])
             _run([*MKFS[fs], str(work / "root.img")])
             staged = Path(tmp) / "root"
@@ -327,7 +316,8 @@ def root_image(fs: str, g: GuestInputs, extra: RootExtra | None = None) -> Path:
                 extra.stage(staged)
             with loop_mounted(work / "root.img") as mnt:
                 _run(["cp", "-a", f"{staged}/.", str(mnt)])
-    return image
+
+    return build_once(final, cache_root() / "kernel-matrix" / "root.lock", make, "root.img")
 
 
 # --- the boot ------------------------------------------------------------------------------------

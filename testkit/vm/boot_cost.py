@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit import REPO
-from testkit.cache import build_dir, building, cache_root, locked
+from testkit.cache import build_dir, build_once, cache_root
 from testkit.corpus import CORPUS, hugified_tree, parse_size
 from testkit.debian import files_key, hugify_inputs
 from testkit.vm.boot import ACCEL, GUEST, MEMORY_MIB, UNIT_NAME, RootExtra, VmError, boot, guest_inputs, root_image
@@ -133,38 +133,35 @@ def payload() -> Path:
         PAYLOAD_RECIPE,
     )
     final = build_dir("boot-cost", "payload", key)
-    if final.is_dir():
-        return final
-    with locked(cache_root() / "boot-cost" / "payload.lock"):
-        if final.is_dir():
-            return final
-        with building(final) as work:
-            manifests = work / "usr" / "lib" / "hugify" / "manifest.d"
-            manifests.mkdir(parents=True)
-            with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-                manifest = Path(tmp) / "manifest"
-                hugified_tree(Path(tmp), manifest)
-                tree = Path(tmp) / "root"
-                owners = package_of_paths(corpus)
-                header, *lines = manifest.read_text().splitlines()
-                by_package: dict[str, list[str]] = {}
-                copied: dict[tuple[int, int], Path] = {}
-                for line in lines:
-                    if not line or line.startswith("#"):
-                        continue
-                    path = line.split("\t", 1)[0]
-                    src, dest = tree / path.lstrip("/"), work / PREFIX.lstrip("/") / path.lstrip("/")
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    st = src.stat()
-                    if (st.st_dev, st.st_ino) in copied:  # hardlinked names stay one inode
-                        os.link(copied[st.st_dev, st.st_ino], dest)
-                    else:
-                        shutil.copy2(src, dest)
-                        copied[st.st_dev, st.st_ino] = dest
-                    by_package.setdefault(owners.get(path, "hugify-corpus"), []).append(PREFIX + line)
-                for pkg, entries in by_package.items():
-                    (manifests / f"{pkg}.list").write_text("\n".join([header, *entries]) + "\n")
-    return final
+
+    def make(work: Path) -> None:
+        manifests = work / "usr" / "lib" / "hugify" / "manifest.d"
+        manifests.mkdir(parents=True)
+        with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+            manifest = Path(tmp) / "manifest"
+            hugified_tree(Path(tmp), manifest)
+            tree = Path(tmp) / "root"
+            owners = package_of_paths(corpus)
+            header, *lines = manifest.read_text().splitlines()
+            by_package: dict[str, list[str]] = {}
+            copied: dict[tuple[int, int], Path] = {}
+            for line in lines:
+                if not line or line.startswith("#"):
+                    continue
+                path = line.split("\t", 1)[0]
+                src, dest = tree / path.lstrip("/"), work / PREFIX.lstrip("/") / path.lstrip("/")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                st = src.stat()
+                if (st.st_dev, st.st_ino) in copied:  # hardlinked names stay one inode
+                    os.link(copied[st.st_dev, st.st_ino], dest)
+                else:
+                    shutil.copy2(src, dest)
+                    copied[st.st_dev, st.st_ino] = dest
+                by_package.setdefault(owners.get(path, "hugify-corpus"), []).append(PREFIX + line)
+            for pkg, entries in by_package.items():
+                (manifests / f"{pkg}.list").write_text("\n".join([header, *entries]) + "\n")
+
+    return build_once(final, cache_root() / "boot-cost" / "payload.lock", make)
 
 
 def root_extra(rounds: int, budgets: list[int]) -> RootExtra:

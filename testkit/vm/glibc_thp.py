@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from testkit.cache import build_dir, building, cache_root, locked
+from testkit.cache import build_dir, build_once, building, cache_root, locked
 from testkit.debian import files_key
 from testkit.debian_roots import KEYRING, MIRROR, apt_options, debian_root
 from testkit.vm.boot import GUEST, UNIT_NAME, RootExtra, VmError
@@ -114,16 +114,12 @@ def host_root() -> Path:
     debs = glibc_debs()
     base = debian_root("glibc-thp-base", "--variant=minbase", "--include=python3")
     final = build_dir("glibc-thp", "root", files_key([], base.parent.name, *(d.name for d in debs), RECIPE))
-    root = final / "root"
-    if root.is_dir():
-        return root
-    with locked(cache_root() / "glibc-thp" / "root.lock"):
-        if root.is_dir():
-            return root
-        with building(final) as work:
-            subprocess.run(["cp", "-a", str(base), str(work / "root")], check=True)
-            unpack_glibc(work / "root", debs)
-    return root
+
+    def make(work: Path) -> None:
+        subprocess.run(["cp", "-a", str(base), str(work / "root")], check=True)
+        unpack_glibc(work / "root", debs)
+
+    return build_once(final, cache_root() / "glibc-thp" / "root.lock", make, "root")
 
 
 def root_extra() -> RootExtra:

@@ -57,10 +57,7 @@ pub(crate) fn repair(
     let mut at = 0u64;
     while at < data.len() as u64 {
         let unit = Unit::at(data, at, ".debug_addr", "contribution")?;
-        let version = unit.version()?;
-        if version != 5 {
-            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_addr at {at:#x}: version {version}")));
-        }
+        unit.require_version(5)?;
         // The version, address_size, segment_selector_size.
         let sizes = unit.header(2, 2)?;
         let (asz, segment_selector_size) = (sizes[0], sizes[1]);
@@ -79,18 +76,14 @@ pub(crate) fn repair(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{assert_refused, encoding, patched, Bytes, DV, MAP};
-    use crate::dwarf::SecId;
+    use crate::dwarf::testbytes::{assert_refused, encoding, patched, repaired, Bytes, DV, MAP};
 
     fn unit(version: u16, address_size: u8) -> UnitInfo {
         UnitInfo { encoding: encoding(version, address_size), low_pc: 0, addr_base: 8 }
     }
 
     fn walk(data: &[u8], units: &[UnitInfo], refs: &Refs, tls_size: u64) -> Result<Vec<u8>> {
-        let secs = Sections::for_tests(&[(".debug_addr", data)]);
-        let mut ed = Edits::new(&secs);
-        repair(units, &secs, &MAP, refs, tls_size, &mut ed)?;
-        Ok(ed.applied(&secs, SecId(0), &MAP))
+        repaired(".debug_addr", data, |secs, ed| repair(units, secs, &MAP, refs, tls_size, ed))
     }
 
     /// A DWARF 5 contribution of `entries` of `size` bytes; returns their offsets.

@@ -13,10 +13,7 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
     let mut set = 0u64;
     while set < data.len() as u64 {
         let unit = Unit::at(data, set, ".debug_aranges", "set")?;
-        let version = unit.version()?;
-        if version != 2 {
-            return Err(Error::new(Reason::UnsupportedDwarf, format!(".debug_aranges at {set:#x}: version {version}")));
-        }
+        unit.require_version(2)?;
         // The version, debug_info_offset, address_size, segment_selector_size.
         let header = 2 + unit.offset_size + 2;
         let sizes = unit.header(header - 2, 2)?;
@@ -46,8 +43,7 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{assert_refused, patched, Bytes, DV, MAP};
-    use crate::dwarf::SecId;
+    use crate::dwarf::testbytes::{assert_refused, patched, repaired, Bytes, DV, MAP};
 
     /// A set header (32-bit); the tuples start at the next multiple of their size.
     fn set(b: &mut Bytes, version: u16, address_size: u8, segment_size: u8) -> u64 {
@@ -63,10 +59,7 @@ mod tests {
     }
 
     fn walk(data: &[u8]) -> Result<Vec<u8>> {
-        let secs = Sections::for_tests(&[(".debug_aranges", data)]);
-        let mut ed = Edits::new(&secs);
-        repair(&secs, &MAP, &mut ed)?;
-        Ok(ed.applied(&secs, SecId(0), &MAP))
+        repaired(".debug_aranges", data, |secs, ed| repair(secs, &MAP, ed))
     }
 
     #[test]

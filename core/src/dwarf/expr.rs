@@ -56,6 +56,15 @@ enum Shape {
     Unknown,
 }
 
+/// Gives the opcodes `first..=last` one shape.
+const fn set_range(t: &mut [Shape; 256], first: usize, last: usize, shape: Shape) {
+    let mut op = first;
+    while op <= last {
+        t[op] = shape;
+        op += 1;
+    }
+}
+
 const fn shapes() -> [Shape; 256] {
     use Shape::*;
     let mut t = [Unknown; 256];
@@ -71,39 +80,16 @@ const fn shapes() -> [Shape; 256] {
     t[0x0f] = Fixed(8);
     t[0x10] = Uleb;
     t[0x11] = Sleb;
-    let mut op = 0x12;
-    while op <= 0x14 {
-        t[op] = None; // dup, drop, over
-        op += 1;
-    }
+    set_range(&mut t, 0x12, 0x14, None); // dup, drop, over
     t[0x15] = Fixed(1); // pick
-    op = 0x16;
-    while op <= 0x22 {
-        t[op] = None; // swap .. plus
-        op += 1;
-    }
+    set_range(&mut t, 0x16, 0x22, None); // swap .. plus
     t[0x23] = Uleb; // plus_uconst
-    op = 0x24;
-    while op <= 0x27 {
-        t[op] = None; // shl shr shra xor
-        op += 1;
-    }
+    set_range(&mut t, 0x24, 0x27, None); // shl shr shra xor
     t[0x28] = Fixed(2); // bra
-    op = 0x29;
-    while op <= 0x2e {
-        t[op] = None; // eq .. ne
-        op += 1;
-    }
+    set_range(&mut t, 0x29, 0x2e, None); // eq .. ne
     t[0x2f] = Fixed(2); // skip
-    op = 0x30;
-    while op <= 0x6f {
-        t[op] = None; // lit0-31, reg0-31
-        op += 1;
-    }
-    while op <= 0x8f {
-        t[op] = Sleb; // breg0-31
-        op += 1;
-    }
+    set_range(&mut t, 0x30, 0x6f, None); // lit0-31, reg0-31
+    set_range(&mut t, 0x70, 0x8f, Sleb); // breg0-31
     t[0x90] = Uleb; // regx
     t[0x91] = Sleb; // fbreg
     t[0x92] = UlebSleb; // bregx

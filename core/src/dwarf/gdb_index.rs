@@ -43,8 +43,7 @@ pub(crate) fn repair(secs: &Sections, map: &AddrMap, ed: &mut Edits) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{assert_refused, patched, Bytes, DV, MAP};
-    use crate::dwarf::SecId;
+    use crate::dwarf::testbytes::{assert_refused, patched, repaired, Bytes, DV, MAP};
 
     /// An index of `version` with one CU, no type units, the address area at
     /// `area` (where the caller's triples go), an empty symbol table and pool.
@@ -76,10 +75,7 @@ mod tests {
     }
 
     fn walk(data: &[u8]) -> Result<Vec<u8>> {
-        let secs = Sections::for_tests(&[(".gdb_index", data)]);
-        let mut ed = Edits::new(&secs);
-        repair(&secs, &MAP, &mut ed)?;
-        Ok(ed.applied(&secs, SecId(0), &MAP))
+        repaired(".gdb_index", data, |secs, ed| repair(secs, &MAP, ed))
     }
 
     #[test]

@@ -103,8 +103,7 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::testbytes::{assert_refused, framed, patched, Bytes, DV, MAP};
-    use crate::dwarf::SecId;
+    use crate::dwarf::testbytes::{assert_refused, framed, patched, repaired, Bytes, DV, MAP};
     use gimli::constants::*;
 
     /// The standard opcodes' operand counts, DW_LNS_copy to DW_LNS_set_isa.
@@ -176,10 +175,7 @@ mod tests {
     }
 
     fn walk(data: &[u8]) -> Result<Vec<u8>> {
-        let secs = Sections::for_tests(&[(".debug_line", data)]);
-        let mut ed = Edits::new(&secs);
-        repair(&secs.gimli(), &secs, &MAP, 8, &mut ed)?;
-        Ok(ed.applied(&secs, SecId(0), &MAP))
+        repaired(".debug_line", data, |secs, ed| repair(&secs.gimli(), secs, &MAP, 8, ed))
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Little-endian byte strings for the unit tests of the DWARF and call-frame walkers,
 //! written field by field. Every writer returns the offset it wrote at, so a test
-//! names the place an edit must land by the field it put there, not by counting.
+//! names the place an edit must land by the field it put there, not by counting; and
+//! `repaired`, one section put through a walker under the tests' shared map.
 
 /// A growing byte string.
 #[derive(Default)]
@@ -132,6 +133,19 @@ pub(crate) fn patched(data: &[u8], fields: &[(u64, u64, u8)]) -> Vec<u8> {
 pub(crate) const MAP: crate::addr_map::AddrMap = crate::addr_map::AddrMap::shift(0x1000, 0x8fff, DV);
 /// Its displacement.
 pub(crate) const DV: u64 = 0x20_0000;
+
+/// A section `name` holding `data`, put through one walker's `repair` under [`MAP`]:
+/// the section's bytes with the edits applied.
+pub(crate) fn repaired(
+    name: &str,
+    data: &[u8],
+    repair: impl FnOnce(&super::Sections, &mut super::Edits) -> crate::error::Result<()>,
+) -> crate::error::Result<Vec<u8>> {
+    let secs = super::Sections::for_tests(&[(name, data)]);
+    let mut ed = super::Edits::new(&secs);
+    repair(&secs, &mut ed)?;
+    Ok(ed.applied(&secs, super::SecId(0), &MAP))
+}
 
 /// A DWARF 32-bit encoding.
 pub(crate) fn encoding(version: u16, address_size: u8) -> gimli::Encoding {

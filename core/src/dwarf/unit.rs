@@ -55,9 +55,17 @@ impl<'a> Unit<'a> {
         Ok(&self.data[from as usize..(from + len) as usize])
     }
 
-    /// The 2-byte version that starts every header.
-    pub fn version(&self) -> Result<u16> {
+    /// Checks the 2-byte version that starts every header: the one version of the
+    /// section's units this walker reads, any other unsupported.
+    pub fn require_version(&self, supported: u16) -> Result<()> {
         let b = self.header(0, 2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        let version = u16::from_le_bytes([b[0], b[1]]);
+        if version != supported {
+            return Err(Error::new(
+                Reason::UnsupportedDwarf,
+                format!("{} at {:#x}: version {version}", self.section, self.start),
+            ));
+        }
+        Ok(())
     }
 }
