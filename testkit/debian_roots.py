@@ -12,6 +12,7 @@ suite's deb-src), package lists and cache.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,7 +54,13 @@ def mmdebstrap(
     MIRRORS are given) run to its end: its exit status and its output, stdout and
     stderr in one stream. dpkg runs under eatmydata while the root is made (mmdebstrap's
     own hooks, which take it out again: the root is the same), since its fsync of every
-    file unpacked is most of a root's time on a busy disk."""
+    file unpacked is most of a root's time on a busy disk.
+
+    The packages' maintainer scripts do not see the test runner: debusine-server's
+    postinst runs Django, whose settings switch to debusine's own test mode (importing
+    its test-only modules, which the package does not depend on) when PYTEST_XDIST_WORKER
+    is set, and fails to configure."""
+    outside_the_tests = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run(
         [
             "mmdebstrap",
@@ -68,6 +75,7 @@ def mmdebstrap(
         stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout,
+        env=outside_the_tests,
         check=False,
     )
 

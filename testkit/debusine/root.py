@@ -40,10 +40,6 @@ PACKAGES = (
     "ca-certificates",
     "openssl",
     "debusine-server",
-    # debusine-server 0.16.2's postinst runs Django's checks, which import
-    # debusine.test.base, which imports lxml: the package does not depend on it, and a
-    # root made from empty caches fails to configure without it
-    "python3-lxml",
     "debusine-client",
     # the external workers and the unshare backend of sbuild and mmdebstrap (the worker
     # package recommends them; `ip` is the unshare executor's requirement)
