@@ -433,9 +433,17 @@ def build_hugify_deb() -> DebBuild:
             if Path(rust["cargo_dir"]) == Path(rust["CARGO_HOME"]) / "bin"
             else f"{rust['cargo_dir']}:{STD_PATH}"
         )
-        env = clean_env(PATH=path, DEB_BUILD_OPTIONS="parallel=2", CARGO_TARGET_DIR=str(CARGO_TARGET))
-        env.pop("CARGO_HOME", None)
-        env.pop("RUSTUP_HOME", None)
+        # CARGO_HOME and RUSTUP_HOME as the user has them (debian/rules' default is
+        # ~/.cargo): the crates in CARGO_TARGET were compiled from that CARGO_HOME's
+        # registry by `make build` and the rpm's build, and cargo compiles them all again
+        # for another one.
+        env = clean_env(
+            PATH=path,
+            DEB_BUILD_OPTIONS="parallel=2",
+            CARGO_TARGET_DIR=str(CARGO_TARGET),
+            CARGO_HOME=rust["CARGO_HOME"],
+            RUSTUP_HOME=rust["RUSTUP_HOME"],
+        )
         make = ["make", "deb"]
         with cargo_target_held():
             res = subprocess.run(

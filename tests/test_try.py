@@ -1025,7 +1025,10 @@ def test_an_interrupted_comparison_reports_its_rounds_and_leaves_nothing(tmp_pat
     cache = tmp_path / "cache"
     log = tmp_path / "runs.log"
     script = f"echo run >> {log}; sleep {marker} & {prog}"
-    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--")
+    # 200 rounds at the least: the comparison cannot end by itself while this process,
+    # starved on a loaded machine, has yet to send the signal (a cold suite run saw it
+    # finish first, with status 0)
+    cmd = command("try", "--cache-dir", cache, "--budget", "600", "--min-rounds", "200", "--max-rounds", "200", "--")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with subprocess.Popen(
         [*cmd, "sh", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
