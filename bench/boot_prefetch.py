@@ -16,7 +16,6 @@ usage: tools/bench boot_prefetch [--rounds N] [--budgets 0,256M,512M,1G]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 from testkit import REPO
-from testkit.bench import round_orders
+from testkit.bench import parser, round_orders
 from testkit.cache import cache_root
 from testkit.cli import command, hugify
 from testkit.corpus import hugified_tree, parse_size
@@ -66,7 +65,7 @@ def timed(cmd: list[str], env: dict[str, str], capture: bool = True) -> tuple[fl
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budgets", default="0,256M,512M,1G")
     ap.add_argument("--json", type=Path, help="write the figures here too")

@@ -12,18 +12,17 @@ usage: tools/bench corpus [--jobs N] [--repeat N]
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
-from testkit.bench import run
+from testkit.bench import parser, run
 from testkit.corpus import PACKAGES, copy_tree, corpus, summarize, transform_tree
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=1, help="hugify tree --jobs (default 1)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each (default 3)")
     args = ap.parse_args()

@@ -24,7 +24,6 @@ reproducibility issue's recorded switch; this is the batch and its bookkeeping.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit import debusine
+from testkit.bench import parser
 from testkit.cache import cache_root, locked
 from testkit.debian_roots import source_package
 from testkit.debusine import client, deploy
@@ -265,7 +265,7 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", choices=sorted(SETS), default="small")
     ap.add_argument("--packages", help="comma-separated source names (instead of --set)")
     ap.add_argument("--dsc", type=Path, action="append", default=[], help="a local source package too (repeatable)")

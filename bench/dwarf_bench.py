@@ -11,13 +11,12 @@ usage: tools/bench dwarf_bench [--repeat N]
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from testkit.bench import interleaved, median_wall, report, run
+from testkit.bench import interleaved, median_wall, parser, report, run
 from testkit.cli import command
 from testkit.recipes import BY_NAME, build
 
@@ -28,7 +27,7 @@ def debug_size(path: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     prog = build(BY_NAME["dw-cxx-large"]) / "prog"

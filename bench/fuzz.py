@@ -20,7 +20,6 @@ fuzz/regressions/TARGET/, and fix the bug.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 
 from testkit import REPO
+from testkit.bench import parser
 from testkit.cache import cache_root
 from testkit.cli import command
 
@@ -210,7 +210,7 @@ def run_target(fuzz: list[str], target: str, seconds: int, seeds: Path) -> tuple
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=60, help="time per target (default 60)")
     ap.add_argument("targets", nargs="*", default=TARGETS, metavar="TARGET", help=", ".join(TARGETS))
     args = ap.parse_args()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit import REPO
+from testkit.bench import parser
 from testkit.vm.boot import ACCEL, MEMORY_MIB, VmError, boot
 from testkit.vm.glibc_thp import glibc_thp_row, root_extra
 from testkit.vm.kernels import KernelUnavailable
@@ -41,7 +42,7 @@ WAYS = ("matrix", "glibc.elf.thp")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__file__, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "kernel_matrix.json")
     ap.add_argument("--parallel", type=int, default=1, help="guests booted at once (default 1)")
     ap.add_argument("--only", nargs="*", default=[], help="SUITE:FS pairs (default: the whole matrix)")

@@ -12,15 +12,15 @@ made on first use: a few minutes and about 1 GiB of packages). Must run as root
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
+from testkit.bench import parser
 from testkit.trixie import TEST_FILES, run_inside, trixie_root
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tools/bench next_userland", description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers inside (default 2)")
     ap.add_argument("pytest_args", nargs="*", help="more arguments for pytest inside, e.g. -k NAME")
     args = ap.parse_args(argv)

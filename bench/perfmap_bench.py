@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from testkit import REPO
-from testkit.bench import devnull, ratio_summary, round_orders
+from testkit.bench import devnull, parser, ratio_summary, round_orders
 from testkit.cli import hugify
 from testkit.runtime import padded_functions
 
@@ -74,7 +74,7 @@ def one(hugify_run: Path, prog: Path, env: dict[str, str]) -> tuple[float, int, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__file__, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=1000, help="processes per way (default 1000)")
     ap.add_argument(
         "--baseline-runtime", type=Path, metavar="DIR", help="also this build's hugify-run (and audit library)"

@@ -14,7 +14,6 @@ usage: tools/bench repack_bench [--repeat N] [--package NAME]
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -23,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from testkit import REPO
-from testkit.bench import Sample, interleaved, median_wall, report, run
+from testkit.bench import Sample, interleaved, median_wall, parser, report, run
 from testkit.cli import command
 from testkit.recipes import debian_packages
 
@@ -37,7 +36,7 @@ def fetch(name: str) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--package", default="libllvm14")
     args = ap.parse_args()

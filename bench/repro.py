@@ -21,7 +21,6 @@ usage: tools/bench repro [--only NAME ...] [--json OUT]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testkit.bench import parser
 from testkit.cache import USED_ENV, build_cost
 from testkit.debian_repro import (
     deb_digests,
@@ -149,7 +149,7 @@ def report(res: Result) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", choices=list(PACKAGES), help="these packages only")
     ap.add_argument("--json", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)

@@ -21,7 +21,6 @@ usage: tools/bench runtime_bench [--rounds N] [--libs N]
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testkit import REPO
-from testkit.bench import devnull, interleaved
+from testkit.bench import devnull, interleaved, parser
 from testkit.cli import hugify
 from testkit.elf import exec_load
 from testkit.recipes import BY_NAME, build
@@ -372,7 +371,7 @@ def report(m: Measured) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__file__, description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=200, help="interleaved repetitions (default 200)")
     ap.add_argument("--libs", type=int, default=40, help="libraries of the per-object audit measurement")
     args = ap.parse_args()

@@ -16,7 +16,6 @@ usage: tools/bench shift_gain --baseline CHECKOUT [--min-size BYTES] [--threshol
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import json
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit import REPO
+from testkit.bench import parser
 from testkit.cli import command
 
 ELF_MAGIC = b"\x7fELF"
@@ -129,7 +129,7 @@ def exposure_table(files: list[Path], roots: list[Path], *runs: dict[Path, dict[
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", type=Path, required=True, metavar="CHECKOUT")
     ap.add_argument("--min-size", type=int, default=1 << 20)
     ap.add_argument("--threshold", default="1M", metavar="SIZE", help="inspect's --threshold (default 1M)")

@@ -57,6 +57,7 @@ from hugify.trial.report import interval, mib
 from hugify.trial.ways import WayUnavailable
 from testkit import REPO
 from testkit import peers as peer_builds
+from testkit.bench import parser
 from testkit.cache import cache_root
 from testkit.cli import command
 from testkit.recipes import ITLB_CFLAGS, build_itlb, debian_packages
@@ -649,7 +650,7 @@ def machine() -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one round per workload, smallest inputs (the test)")
     ap.add_argument("--only", metavar="W[,W...]", help=f"workloads to run, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--json", metavar="OUT", type=Path, help="write the results as JSON here")

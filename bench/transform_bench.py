@@ -15,7 +15,6 @@ usage: tools/bench transform_bench [--repeat N] [--baseline CHECKOUT] [--debian]
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import subprocess
@@ -30,6 +29,7 @@ from testkit.bench import (
     installed_env,
     interleaved,
     median_wall,
+    parser,
     report,
     run,
     with_baseline,
@@ -87,7 +87,7 @@ def big_pie(work: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
     add_baseline_option(ap)
     ap.add_argument("--debian", action="store_true", help="compare on libLLVM and chromium from Debian instead")

@@ -15,7 +15,6 @@ usage: tools/bench tree_bench [--repeat N] [--baseline CHECKOUT]
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from testkit import REPO
-from testkit.bench import Sample, add_baseline_option, installed_env, median_wall, run, with_baseline
+from testkit.bench import Sample, add_baseline_option, installed_env, median_wall, parser, run, with_baseline
 from testkit.cache import cache_root
 from testkit.cli import command
 
@@ -93,7 +92,7 @@ def pristine() -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
     add_baseline_option(ap)
     args = ap.parse_args()

@@ -27,6 +27,13 @@ T = TypeVar("T")
 
 
 @functools.cache
+def parser(script: str, **kwargs: object) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, its usage line naming the way the benchmark is
+    started (`tools/bench NAME`, bench/README.md), not the file python -m runs; `script`
+    is the benchmark's __file__."""
+    return argparse.ArgumentParser(prog=f"tools/bench {Path(script).stem}", **kwargs)  # type: ignore[arg-type]
+
+
 def devnull() -> int:
     """A descriptor of /dev/null for the benchmarks' children's output, opened at the
     first use (importing a benchmark opens nothing)."""

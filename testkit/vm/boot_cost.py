@@ -288,7 +288,9 @@ def variant_args(variant: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="tools/bench boot_cost_vm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--only", nargs="*", default=list(DEFAULT_PAIRS), help="SUITE:FS pairs (suite or newest)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budgets", default="0,64M,128M,512M,none")

@@ -287,7 +287,9 @@ def merged(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="tools/bench matrix_table", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--json", type=Path, nargs="+", default=[REPO / "bench" / "kernel_matrix.json"])
     ap.add_argument("--doc", type=Path, default=REPO / "docs" / "runtime-reference.md")
     args = ap.parse_args()
