@@ -60,24 +60,11 @@ def mmdebstrap(
     postinst runs Django, whose settings switch to debusine's own test mode (importing
     its test-only modules, which the package does not depend on) when PYTEST_XDIST_WORKER
     is set, and fails to configure."""
-    outside_the_tests = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run(
-        [
-            "mmdebstrap",
-            "--mode=root",
-            *args,
-            f"--hook-dir={EATMYDATA_HOOKS}",
-            suite,
-            str(target),
-            *(list(mirrors) or [MIRROR]),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        env=outside_the_tests,
-        check=False,
-    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    argv = ["mmdebstrap", "--mode=root", *args, f"--hook-dir={EATMYDATA_HOOKS}", suite, str(target)]
+    argv += list(mirrors) or [MIRROR]
+    out, err = subprocess.PIPE, subprocess.STDOUT  # one stream
+    return subprocess.run(argv, stdout=out, stderr=err, text=True, timeout=timeout, env=env, check=False)
 
 
 def apt_options(state: Path, sources: list[str]) -> list[str]:
