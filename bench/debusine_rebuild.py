@@ -1,25 +1,41 @@
-"""A rebuild of real Debian sources on the deployed debusine instance (issue 44, items 3
-and 4; tools/debusine-deploy, testkit/debusine): uploads each source to the workspace,
-starts one publish-to-SUITE workflow per source (debusine's debian_pipeline: sbuild on the
-external workers, then published into the instance's suite, whose indexes the signing
-worker signs), waits, and reports per package: result, build time, worker, work request and
-workflow ids, and debusine's links to the work request and the build log.
+"""A derivative's rebuild of real Debian sources with hugify on, on the deployed debusine
+instance (issue 44, items 3 and 4; tools/debusine-deploy, testkit/debusine).
+
+Each source goes through `hugify derive-source` first (the `+hugify1` source with
+dh-sequence-hugify in its Build-Depends and a changelog entry for the suite), as a
+derivative uploads it. hugify's own packages (hugify, which provides dh-sequence-hugify,
+and hugify-policy-debian: this checkout's `make deb`) are published into the instance's
+suite by debusine's package_publish workflow before the first build: the suite is the
+first extra repository of every build its publishing workflow starts, so the builds
+install them from there (docs/packaging-debian.md, "On debusine"). Then each derived
+source is uploaded to the workspace and built by one publish-to-SUITE workflow
+(debian_pipeline: sbuild on the external workers, then published into the suite, whose
+indexes the signing worker signs). With --archive-sources the archive's unchanged source
+of each is built in the same batch too (the build-trixie workflow: built, not
+published), the comparison for the build time hugify adds.
+
+After the builds, each published derived build is checked outside debusine: its .debs
+are the ones the suite's Packages index lists (SHA256), its .buildinfo records hugify
+and the policy package, `hugify check` passes on its .changes, every -dbgsym debug
+file carries the build-id of a binary of the build (readelf -n on both sides) and every
+hugified file has its debug file, `hugify sign-packages` signs its statements with a
+cosign key made for the batch, and `hugify verify` accepts the extracted packages with
+those bundles.
 
 Resumable: each upload and workflow is recorded in the instance's run directory
 (bench-state.json) as soon as debusine returns its id, so an interrupted run started again
 adopts them instead of starting them twice; a workflow debusine started for a recorded
 upload whose id the run did not live to record is found and adopted too (at worst an
-upload is made twice, which publishes nothing). A source that fails to build is reported
-with its log link and does not stop the others. A worker killed mid-build
-(--kill-worker-after S, SIGKILL to the unit running an sbuild) is restarted by systemd;
-debusine gives the running work request back to it (or retries it), and the check at the
-end counts each source once in the suite: nothing is published twice.
+upload is made twice, which publishes nothing). A source that derive-source refuses or
+that fails to build is reported (with its reason, or debusine's log link) and does not
+stop the others. A worker killed mid-build (--kill-worker-after S, SIGKILL to the unit
+running an sbuild) is restarted by systemd; debusine gives the running work request back
+to it (or retries it), and the check at the end counts each source once in the suite:
+nothing is published twice.
 
 usage: tools/bench debusine_rebuild [--set small|full] [--packages P,...] [--dsc FILE]...
-        [--broken NAME] [--kill-worker-after S] [--timeout S] [--json OUT] [--up] [--down]
-
-Not hugified yet: the derived sources (`hugify derive-source`, item 2) come with the
-reproducibility issue's recorded switch; this is the batch and its bookkeeping.
+        [--archive-sources] [--broken NAME] [--kill-worker-after S] [--timeout S]
+        [--json OUT] [--up] [--down]
 """
 
 from __future__ import annotations
@@ -30,16 +46,20 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit import debusine
+from testkit import REPO, debusine
 from testkit.bench import parser
 from testkit.cache import cache_root, locked
+from testkit.cli import hugify
+from testkit.debian import build_hugify_deb, deb_field
 from testkit.debian_roots import source_package
 from testkit.debusine import client, deploy
 from testkit.debusine.deploy import Instance
+from testkit.elf import hugified, readelf
 
 #: The three large sources: each ships an ELF file with well over the 1 MiB of code
 #: hugify's default policy transforms, and each builds on two cores in tens of minutes,
@@ -51,24 +71,37 @@ LARGE = {
     "icu": "ICU 76: libicuuc/libicui18n, 2-3 MiB of code each; C++, autotools",
 }
 #: Small and medium sources of different build systems and languages, minutes each.
+#: (sqlite3 is not among them: its debian/rules calls the dh_* commands itself, so
+#: derive-source refuses it, no-dh-sequence.)
 SMALL = {
     "dash": "dash: C, autotools, about a minute",
     "lz4": "lz4: C library and tool, make",
-    "libzstd": "zstd: C library and tool, make/cmake",
-    "sqlite3": "sqlite3: libsqlite3 ~1.3 MiB of code, autotools",
+    "libzstd": "zstd: the zstd program ~1.1 MiB of code (hugified by default), C, make and cmake",
     "gawk": "gawk: C, autotools",
     "lua5.4": "Lua 5.4: C, make",
     "tmux": "tmux: C, autotools",
     "less": "less: C, autotools",
     "memcached": "memcached: C, autotools, a server",
 }
-SETS = {"small": ["dash", "lz4"], "full": [*SMALL, *LARGE]}
+#: small: one tiny source and one with a file over the default threshold.
+SETS = {"small": ["dash", "libzstd"], "full": [*SMALL, *LARGE]}
 SUITE = "trixie"
 #: A workflow whose build failed ends aborted, one that ran through completed.
 FINISHED = ("completed", "aborted")
-#: The suffix of the name a copy made to fail (--broken) is reported under.
+#: The suffix of the name a copy made to fail (--broken) is reported under, and of the
+#: name of an archive source's unchanged build (--archive-sources).
 BROKEN = "+broken"
+UNCHANGED = " (archive)"
 WORKFLOW = f"publish-to-{debusine.REPO_SUITE}"
+#: The workspace's base template (provision.sh): debian_pipeline without publishing.
+COMPARE_WORKFLOW = "build-trixie"
+#: Who signs the derived sources' changelog entries.
+MAINTAINER = "hugify bench <bench@hugify.invalid>"
+#: The policy the builds apply (what hugify-policy-debian installs), for `hugify check`.
+POLICY = REPO / "policy" / "policy.toml"
+COSIGN = cache_root() / "cosign-v2.6.5" / "bin" / "cosign"
+#: The password of the batch's cosign key (made for the batch, in its run directory).
+COSIGN_PASSWORD = "hugify-bench-debusine"
 
 
 def broken_copy(name: str) -> Path:
@@ -103,6 +136,35 @@ def broken_copy(name: str) -> Path:
         shutil.rmtree(tree)
         work.rename(out)
         return sorted(out.glob("*.dsc"))[0]
+
+
+def derive(dsc: Path) -> tuple[Path | None, str]:
+    """The derived source of `dsc` (`hugify derive-source`, into the run directory):
+    (its .dsc, ""), or (None, derive-source's one-line refusal). A source that turns
+    hugify on already is taken as it is."""
+    dest = deploy.run_dir() / "derived" / dsc.stem
+    made = sorted(dest.glob("*.dsc"))
+    if made:
+        return made[0], ""
+    work = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    res = hugify(
+        "derive-source",
+        dsc,
+        "-o",
+        work,
+        "--distribution",
+        debusine.REPO_SUITE,
+        "--maintainer",
+        MAINTAINER,
+        check=False,
+    )
+    if res.returncode != 0:
+        shutil.rmtree(work)
+        return (dsc, "") if "(already-hugified)" in res.stderr else (None, res.stderr.strip())
+    work.rename(dest)
+    return sorted(dest.glob("*.dsc"))[0], ""
 
 
 def state_path() -> Path:
@@ -151,15 +213,64 @@ def existing_workflow(wrs: list[dict[str, Any]], artifact: int) -> int | None:
     return None
 
 
-def start(instance: Instance, sources: dict[str, Path | None], state: dict[str, Any]) -> None:
+def suite_stanzas() -> list[dict[str, str]]:
+    """The suite's binary packages, or none before its first publication (no indexes)."""
+    try:
+        return client.suite_packages()
+    except OSError:  # urllib's HTTPError 404: no Release yet
+        return []
+
+
+def publish_hugify(instance: Instance, state: dict[str, Any]) -> dict[str, Any]:
+    """hugify's own packages (this checkout's `make deb`: hugify and hugify-policy-debian)
+    in the suite, where the derived sources' builds find dh-sequence-hugify: imported as
+    binary artifacts and published by debusine's package_publish workflow, which has the
+    suite's indexes made again and signed. Done once per batch (recorded in the state)
+    and skipped if the suite lists them already."""
+    debs = build_hugify_deb().ok().installable()
+    wanted = {deb_field(d, "Package"): deb_field(d, "Version") for d in debs}
+    entry: dict[str, Any] = state.setdefault("hugify_packages", {})
+    if entry.get("versions") != wanted:
+        entry.clear()
+        entry["versions"] = wanted
+        save_state(state)
+    listed = {s["Package"]: s["Version"] for s in suite_stanzas()}
+    if all(listed.get(p) == v for p, v in wanted.items()):
+        entry.setdefault("published", "before this run")
+        return entry
+    t0 = time.monotonic()
+    if "artifacts" not in entry:
+        entry["artifacts"] = [client.import_binary(instance, d) for d in debs]
+        save_state(state)
+    if "workflow" not in entry:
+        entry["workflow"] = client.publish_binaries(instance, entry["artifacts"])
+        save_state(state)
+    print(f"hugify's packages {wanted}: artifacts {entry['artifacts']}, workflow {entry['workflow']}", flush=True)
+    deadline = time.monotonic() + 1800
+    while (wr := client.work_request(instance, entry["workflow"]))["status"] not in FINISHED:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    listed = {s["Package"]: s["Version"] for s in suite_stanzas()}
+    if wr["result"] != "success" or any(listed.get(p) != v for p, v in wanted.items()):
+        raise RuntimeError(
+            f"publishing hugify's packages: workflow {entry['workflow']} {wr['result']}, the suite lists {listed}"
+        )
+    entry["published"] = f"in {time.monotonic() - t0:.0f} s"
+    save_state(state)
+    return entry
+
+
+def start(instance: Instance, sources: dict[str, tuple[Path, str]], state: dict[str, Any]) -> None:
     """Uploads and starts what the state does not have yet, recording each step first.
-    sources: name -> a local .dsc, or None for the archive's trixie source of that name."""
+    sources: name -> (the .dsc, the workflow template that builds it)."""
     pkgs = state["packages"]
     wrs = work_requests(instance)
-    for name, local in sources.items():
+    for name, (dsc, template) in sources.items():
         entry = pkgs.setdefault(name, {})
         if "dsc" not in entry:
-            entry["dsc"] = str(local or source_package(name, suite=SUITE))
+            entry["dsc"] = str(dsc)
+            entry["template"] = template
             save_state(state)
         if "artifact" not in entry:
             entry["artifact"] = client.import_source(instance, Path(entry["dsc"]))
@@ -167,7 +278,7 @@ def start(instance: Instance, sources: dict[str, Path | None], state: dict[str, 
         if "workflow" not in entry:
             adopted = existing_workflow(wrs, entry["artifact"])
             entry["workflow"] = adopted or client.start_workflow(
-                instance, WORKFLOW, f"source_artifact: {entry['artifact']}\n"
+                instance, entry["template"], f"source_artifact: {entry['artifact']}\n"
             )
             save_state(state)
         print(f"{name}: artifact {entry['artifact']}, workflow {entry['workflow']}", flush=True)
@@ -244,17 +355,22 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
             key=lambda w: w["id"],
         )
         last = builds[-1] if builds else None
+        # One sbuild task per architecture the source builds for (arch-all packages on
+        # a task of their own); a task run again after a worker died is another one.
+        succeeded = [w for w in builds if w["result"] == "success"]
         source = Path(entry["dsc"]).name.removesuffix(".dsc")
         rows.append(
             {
                 "package": name,
                 "source": source,
+                "workflow_template": entry.get("template", WORKFLOW),
                 "workflow": entry["workflow"],
                 "workflow_status": root["status"] if root else None,
                 "workflow_result": root["result"] if root else None,
                 "sbuild_work_requests": [w["id"] for w in builds],
+                "sbuild_succeeded": [w["id"] for w in succeeded],
                 "sbuild_result": last["result"] if last else None,
-                "build_seconds": last["duration"] if last else None,
+                "build_seconds": sum(w["duration"] for w in succeeded) if succeeded else (last or {}).get("duration"),
                 "worker": names.get(last["id"]) if last else None,
                 "work_request_link": client.web(last["url"]) if last else None,
                 "build_log_link": build_log(instance, last) if last and last["status"] == "completed" else None,
@@ -264,11 +380,215 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
     return rows
 
 
+# --- the checks of a published build, outside debusine ---------------------------------------
+
+
+def is_elf(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def build_id(path: Path) -> str | None:
+    """The build-id readelf -n shows (binutils': independent of hugify's core)."""
+    for line in readelf(path, "-n").splitlines():
+        if "Build ID:" in line:
+            return line.split("Build ID:", 1)[1].strip()
+    return None
+
+
+def extract(debs: list[Path], root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for deb in debs:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+
+
+def debug_ids(binaries: Path, debug: Path) -> dict[str, Any]:
+    """Each -dbgsym debug file against the build's binaries: its build-id (readelf -n)
+    must be the one its .build-id path names and that of a binary of the build; and
+    every hugified binary (its code on whole huge-page windows, by readelf) must have its
+    debug file."""
+    ids: dict[str, list[str]] = {}  # build-id -> the binaries that carry it (hardlinks too)
+    hugified_files = []
+    for f in sorted(binaries.rglob("*")):
+        if f.is_file() and not f.is_symlink() and is_elf(f):
+            path = "/" + str(f.relative_to(binaries))
+            bid = build_id(f)
+            if bid:
+                ids.setdefault(bid, []).append(path)
+            try:
+                if hugified(f):
+                    hugified_files.append(path)
+            except (AssertionError, subprocess.CalledProcessError):  # no single executable load
+                pass
+    matched: list[str] = []
+    mismatched: list[str] = []
+    for d in sorted((debug / "usr/lib/debug/.build-id").glob("*/*.debug")):
+        named = d.parent.name + d.name.removesuffix(".debug")
+        bid = build_id(d)
+        (matched if bid == named and bid in ids else mismatched).append(f"{d.parent.name}/{d.name}: {bid}")
+    with_debug = {path for m in matched for path in ids[m.split(": ")[1]]}
+    return {
+        "hugified": hugified_files,
+        "debug_files_matched": len(matched),
+        "debug_files_mismatched": mismatched,
+        "hugified_without_debug_file": [f for f in hugified_files if f not in with_debug],
+    }
+
+
+def installed_build_depends(buildinfo: Path, packages: tuple[str, ...]) -> dict[str, str | None]:
+    """The versions of `packages` the .buildinfo records in Installed-Build-Depends."""
+    text = buildinfo.read_text()
+    field = text.split("Installed-Build-Depends:", 1)[1].split("\n\n", 1)[0]
+    found: dict[str, str | None] = dict.fromkeys(packages)
+    for entry in field.replace("\n", " ").split(","):
+        parts = entry.split()
+        if parts and parts[0] in found and len(parts) >= 3:
+            found[parts[0]] = parts[2].rstrip(")")
+    return found
+
+
+def cosign_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "HUGIFY_POLICY_PATH": str(POLICY),
+        "HUGIFY_COSIGN": str(COSIGN),
+        "COSIGN_PASSWORD": COSIGN_PASSWORD,
+    }
+
+
+def batch_key() -> tuple[Path, Path]:
+    """The batch's cosign key pair (in the run directory): the signing key a derivative
+    keeps outside debusine."""
+    keys = deploy.run_dir() / "cosign"
+    if not (keys / "cosign.pub").exists():
+        keys.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [str(COSIGN), "generate-key-pair", "--output-key-prefix", str(keys / "cosign")],
+            env=cosign_env(),
+            capture_output=True,
+            check=True,
+        )
+    return keys / "cosign.key", keys / "cosign.pub"
+
+
+def check_published(instance: Instance, row: dict[str, Any], stanzas: list[dict[str, str]]) -> dict[str, Any]:
+    """The checks of one published derived build (the module's docstring), over what
+    every successful sbuild task of its workflow uploaded."""
+    uploads = []
+    for wr_id in row["sbuild_succeeded"]:
+        (upload,) = client.built(instance, client.work_request(instance, wr_id)).of("debian:upload")
+        uploads.append(client.download_all(instance, int(upload["id"])))
+    changes = [c for d in uploads for c in sorted(d.glob("*.changes"))]
+    buildinfos = [b for d in uploads for b in sorted(d.glob("*.buildinfo"))]
+    debs = [deb for d in uploads for deb in sorted(d.glob("*.deb"))]
+    dbgsym = [d for d in debs if deb_field(d, "Package").endswith("-dbgsym")]
+    main = [d for d in debs if d not in dbgsym]
+    in_suite = client.published_sha256(stanzas)
+    out: dict[str, Any] = {
+        "upload_artifacts": [int(d.name) for d in uploads],
+        "debs": [d.name for d in main],
+        "dbgsym": [d.name for d in dbgsym],
+        "not_as_published": [d.name for d in main if in_suite.get(d.name) != client.sha256(d)],
+        "recorded": [installed_build_depends(b, ("hugify", "hugify-policy-debian")) for b in buildinfos],
+    }
+    res = [hugify("check", c, check=False, env=cosign_env()) for c in changes]
+    out["check"] = {
+        "status": max((r.returncode for r in res), default=0),
+        "output": [(r.stdout + r.stderr).strip().splitlines()[-1:] for r in res],
+    }
+    work = deploy.run_dir() / "checks" / row["source"]
+    shutil.rmtree(work, ignore_errors=True)
+    extract(main, work / "root")
+    extract(dbgsym, work / "debug")
+    out |= debug_ids(work / "root", work / "debug")
+    key, pub = batch_key()
+    bundles = work / "bundles"
+    bundles.mkdir()
+    res = [hugify("sign-packages", "--key", key, "-o", bundles, c, check=False, env=cosign_env()) for c in changes]
+    out["sign"] = {
+        "status": max((r.returncode for r in res), default=0),
+        "bundles": sorted(p.name for p in bundles.glob("*.bundle")),
+        "output": [(r.stdout + r.stderr).strip().splitlines()[-1:] for r in res],
+    }
+    verify = hugify(
+        "verify",
+        "--root",
+        work / "root",
+        "--all",
+        "--json",
+        "--key",
+        pub,
+        "--bundles",
+        bundles,
+        check=False,
+        env={**cosign_env(), "HUGIFY_POLICY_PATH": ""},
+    )
+    verdicts = {f["path"]: f["verdict"] for f in json.loads(verify.stdout)["files"]} if verify.stdout.strip() else {}
+    out["verify"] = {"status": verify.returncode, "verdicts": verdicts}
+    # A file used as it is (its code already on whole windows: no statement lists it,
+    # docs/manifest.md) is "no statement"; every file hugify moved is "verified".
+    accepted = all(
+        v == "verified" or (v == "no-statement" and path not in out["hugified"]) for path, v in verdicts.items()
+    )
+    out["ok"] = bool(
+        changes
+        and not out["not_as_published"]
+        and all(v for recorded in out["recorded"] for v in recorded.values())
+        and out["check"]["status"] == 0
+        and not out["debug_files_mismatched"]
+        and not out["hugified_without_debug_file"]
+        and out["sign"]["status"] == 0
+        and accepted
+        and all(verdicts.get(path) == "verified" for path in out["hugified"])
+    )
+    return out
+
+
+def print_tables(rows: list[dict[str, Any]], refused: dict[str, str]) -> None:
+    """The builds, the sources derive-source refused, the checks of the published
+    builds and, with --archive-sources, each source's build time with and without
+    hugify."""
+    print(f"\n{'package':<20} {'result':<8} {'build s':>8} {'worker':<9} {'wr':>5} {'wf':>5} {'pub':>3}  log")
+    for r in rows:
+        secs = f"{r['build_seconds']:.0f}" if r["build_seconds"] else "-"
+        print(
+            f"{r['package']:<20} {r['sbuild_result'] or r['workflow_status'] or '-':<8} {secs:>8} "
+            f"{r['worker'] or '-':<9} {r['sbuild_work_requests'][-1] if r['sbuild_work_requests'] else '-':>5} "
+            f"{r['workflow']:>5} {r['published_sources']:>3}  {r['build_log_link'] or r['work_request_link'] or ''}"
+        )
+    for name, why in refused.items():
+        print(f"{name:<20} not derived: {why}")
+    checked = [r for r in rows if "checks" in r and "error" not in r["checks"]]
+    if checked:
+        print(f"\n{'package':<20} {'check':>5} {'hugified':>8} {'debug ids':>9} {'signed':>6} {'verified':>8}  ok")
+    for r in checked:
+        c = r["checks"]
+        verified = sum(v == "verified" for v in c["verify"]["verdicts"].values())
+        print(
+            f"{r['package']:<20} {c['check']['status']:>5} {len(c['hugified']):>8} "
+            f"{c['debug_files_matched']:>4}/{c['debug_files_matched'] + len(c['debug_files_mismatched']):<4} "
+            f"{len(c['sign']['bundles']):>6} {verified:>4}/{len(c['verify']['verdicts']):<3}  {c['ok']}"
+        )
+    by_name = {r["package"]: r for r in rows}
+    pairs = [(r, by_name[r["package"] + UNCHANGED]) for r in rows if r["package"] + UNCHANGED in by_name]
+    if pairs:
+        print(f"\n{'package':<20} {'with hugify s':>13} {'unchanged s':>11} {'ratio':>6}")
+    for derived, unchanged in pairs:
+        a, b = derived["build_seconds"], unchanged["build_seconds"]
+        ratio = f"{a / b:.2f}" if a and b and derived["sbuild_succeeded"] and unchanged["sbuild_succeeded"] else "-"
+        print(f"{derived['package']:<20} {a or 0:>13.0f} {b or 0:>11.0f} {ratio:>6}")
+
+
 def main() -> int:
     ap = parser(__file__, description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", choices=sorted(SETS), default="small")
     ap.add_argument("--packages", help="comma-separated source names (instead of --set)")
     ap.add_argument("--dsc", type=Path, action="append", default=[], help="a local source package too (repeatable)")
+    ap.add_argument(
+        "--archive-sources",
+        action="store_true",
+        help="also build each archive source unchanged, in the same batch (built, not published): the comparison",
+    )
     ap.add_argument("--broken", metavar="NAME", help="also a copy of source NAME made to fail (bad input)")
     ap.add_argument("--timeout", type=float, default=4 * 3600)
     ap.add_argument("--kill-worker-after", type=float, help="SIGKILL the worker running an sbuild after S seconds")
@@ -277,11 +597,10 @@ def main() -> int:
     ap.add_argument("--down", action="store_true", help="tear the instance down at the end")
     args = ap.parse_args()
     names = args.packages.split(",") if args.packages else SETS[args.set]
-    sources: dict[str, Path | None] = {name: None for name in names}
-    sources |= {dsc.name.removesuffix(".dsc"): dsc.resolve() for dsc in args.dsc}
+    originals: dict[str, Path] = {name: source_package(name, suite=SUITE) for name in names}
+    originals |= {dsc.name.removesuffix(".dsc"): dsc.resolve() for dsc in args.dsc}
     if args.broken:
-        sources[args.broken + BROKEN] = broken_copy(args.broken)
-    names = list(sources)
+        originals[args.broken + BROKEN] = broken_copy(args.broken)
     if args.up and deploy.container().init_pid() is None:
         deploy.up()
     instance = deploy.attach()
@@ -290,19 +609,32 @@ def main() -> int:
     if "started" not in state:
         state["started"] = time.time()
         save_state(state)
+    sources: dict[str, tuple[Path, str]] = {}
+    refused: dict[str, str] = {}
+    for name, dsc in originals.items():
+        derived, why = derive(dsc)
+        if derived is None:
+            refused[name] = why
+            print(f"{name}: not derived: {why}", flush=True)
+        else:
+            sources[name] = (derived, WORKFLOW)
+    if args.archive_sources:
+        sources |= {name + UNCHANGED: (originals[name], COMPARE_WORKFLOW) for name in names}
+    hugify_packages = publish_hugify(instance, state)
     start(instance, sources, state)
     killer = Killer(args.kill_worker_after, t0)
     wrs = wait(instance, state, args.timeout, killer)
     wall = time.time() - state["started"]
-    rows = [r for r in report(instance, state, wrs) if r["package"] in names]
-    print(f"\n{'package':<12} {'result':<8} {'build s':>8} {'worker':<9} {'wr':>5} {'wf':>5} {'pub':>3}  log")
+    rows = [r for r in report(instance, state, wrs) if r["package"] in sources]
+    stanzas = suite_stanzas()
     for r in rows:
-        secs = f"{r['build_seconds']:.0f}" if r["build_seconds"] else "-"
-        print(
-            f"{r['package']:<12} {r['sbuild_result'] or r['workflow_status'] or '-':<8} {secs:>8} "
-            f"{r['worker'] or '-':<9} {r['sbuild_work_requests'][-1] if r['sbuild_work_requests'] else '-':>5} "
-            f"{r['workflow']:>5} {r['published_sources']:>3}  {r['build_log_link'] or r['work_request_link'] or ''}"
-        )
+        if r["workflow_template"] == WORKFLOW and r["workflow_result"] == "success":
+            try:
+                r["checks"] = check_published(instance, r, stanzas)
+            except Exception:  # reported with the others, the batch's result stays
+                r["checks"] = {"ok": False, "error": traceback.format_exc()}
+                print(f"{r['package']}: the checks failed:\n{r['checks']['error']}", file=sys.stderr)
+    print_tables(rows, refused)
     done = [r for r in rows if r["workflow_status"] in FINISHED]
     roots = {r["workflow"] for r in rows}
     completed = len([w for w in wrs if w["workflow_root"] in roots and w["status"] == "completed"])
@@ -314,17 +646,30 @@ def main() -> int:
     release = client.verify_release(instance)
     print(f"{release['url']}: signed by {release['valid_signature_by'] or 'nothing valid: ' + release['error']}")
     if args.json:
-        summary = {"packages": rows, "wall_seconds": wall, "killed": killer.done, "published_twice": twice}
+        summary = {
+            "packages": rows,
+            "not_derived": refused,
+            "hugify_packages": hugify_packages,
+            "wall_seconds": wall,
+            "killed": killer.done,
+            "published_twice": twice,
+        }
         args.json.write_text(json.dumps({**summary, "release": release}, indent=1) + "\n")
     if args.down:
         print(json.dumps(deploy.down()))
-    # Every source builds and is published but the copies made to fail, which must not.
-    wrong = [r["package"] for r in rows if (r["workflow_result"] == "success") == r["package"].endswith(BROKEN)]
-    for what, names in (("published more than once", twice), ("not as expected", wrong)):
-        if names:
-            print(f"{what}: {', '.join(names)}", file=sys.stderr)
+    # Every source builds (and every derived one is published) but the copies made to
+    # fail, which must not; every published build passes its checks.
+    wrong = [r["package"] for r in rows if (r["workflow_result"] == "success") == (BROKEN in r["package"])]
+    failed_checks = [r["package"] for r in rows if "checks" in r and not r["checks"]["ok"]]
+    for what, bad in (
+        ("published more than once", twice),
+        ("not as expected", wrong),
+        ("failed the checks after publication", failed_checks),
+    ):
+        if bad:
+            print(f"{what}: {', '.join(bad)}", file=sys.stderr)
     unsigned = release["valid_signature_by"] != release["key"]
-    return 1 if twice or wrong or unsigned or len(done) < len(rows) else 0
+    return 1 if twice or wrong or failed_checks or unsigned or len(done) < len(rows) else 0
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import pytest
 
 from hugify import manifest
 from hugify.commands import COMMANDS
-from testkit import REPO
+from testkit import REPO, trixie
 from testkit.cache import CachedBuild, build_dir, building, cache_root, cached_build, locked, save_result
 from testkit.debian import (
     CARGO_TARGET,
@@ -204,6 +204,35 @@ def test_lintian_reports_no_errors(hugify_deb: DebBuild) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not re.search(r"^E: ", res.stdout, re.M), res.stdout
+
+
+@slow
+def test_hugify_deb_built_on_debian_12_installs_and_runs_on_debian_13(hugify_deb: DebBuild) -> None:
+    """debusine's workers build for trixie, and a derivative's builds install hugify's
+    packages there (docs/packaging-debian.md, "On debusine"): the .debs `make deb` builds
+    on Debian 12 install with dpkg in a Debian 13 root (its Python 3.13, no python3.11)
+    and run. dh_python3 used to pin the package to the Python it was built with."""
+    depends = hugify_deb.field("hugify", "Depends")
+    assert not re.search(r"\bpython3\.\d+\b", depends), depends
+    # The root's inner cache is what it sees at /var/cache/hugify-tests.
+    inner = cache_root() / f"{trixie.SUITE}-cache"
+    offered = inner / "hugify-debs-under-test"
+    with locked(inner / "hugify-debs-under-test.lock"):
+        shutil.rmtree(offered, ignore_errors=True)
+        offered.mkdir(parents=True)
+        for deb in hugify_deb.installable():
+            shutil.copy(deb, offered)
+        script = (
+            "dpkg -i /var/cache/hugify-tests/hugify-debs-under-test/*.deb > /dev/null"
+            " && hugify --version && hugify policy check /usr/lib/hugify/policy.toml"
+            " && ls /usr/lib/hugify/python/hugify/__pycache__"
+        )
+        res = trixie.run_inside(trixie.trixie_root(), "sh", "-ec", script)
+        shutil.rmtree(offered)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith(f"hugify {VERSION}\n"), res.stdout
+    # Byte-compiled at installation for the root's Python, which the 3.11- range takes.
+    assert ".cpython-313.pyc" in res.stdout, res.stdout
 
 
 # --- hugify's .rpm ------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ what a failure report names is what an operator opens.
 
 from __future__ import annotations
 
+import hashlib
+import lzma
 import shutil
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,10 @@ from testkit.debusine.deploy import Instance
 
 #: The environment sbuild looks up (the sbuild variant is tried first by the task itself).
 ENVIRONMENT = f"debian/match:codename={debusine.SUITE}"
+#: The suite as a lookup, and where the workspace's archive serves it (plain HTTP, as apt
+#: reads it; from the host too: the container shares its network namespace).
+SUITE_LOOKUP = f"{debusine.REPO_SUITE}@debian:suite"
+ARCHIVE = f"http://deb.{debusine.FQDN}/debusine/{debusine.WORKSPACE}"
 
 
 def client(instance: Instance, *args: str, input: str | None = None) -> Any:
@@ -44,23 +51,34 @@ def dsc_files(dsc: Path) -> list[Path]:
     return files
 
 
-def import_source(instance: Instance, dsc: Path) -> int:
-    """Uploads a source package (its .dsc and files, copied into the share) as a
-    debian:source-package artifact of the workspace; its artifact id."""
-    dest = instance.share / "sources" / dsc.stem
+def import_debian(instance: Instance, files: list[Path], into: str) -> int:
+    """Uploads a source package (its .dsc first, then the files it lists) or a binary
+    package, copied into the share's directory `into`, as an artifact of the workspace
+    (debian:source-package, debian:binary-package); its artifact id."""
+    dest = instance.share / into
     dest.mkdir(parents=True, exist_ok=True)
-    for f in dsc_files(dsc):
+    for f in files:
         shutil.copyfile(f, dest / f.name)
-    out = client(
-        instance,
-        "artifact",
-        "import-debian",
-        "--yaml",
-        "--workspace",
-        debusine.WORKSPACE,
-        instance.inside(dest / dsc.name),
-    )
+    inside = instance.inside(dest / files[0].name)
+    out = client(instance, "artifact", "import-debian", "--yaml", "--workspace", debusine.WORKSPACE, inside)
     return int(out["artifact_id"])
+
+
+def import_source(instance: Instance, dsc: Path) -> int:
+    return import_debian(instance, dsc_files(dsc), f"sources/{dsc.stem}")
+
+
+def import_binary(instance: Instance, deb: Path) -> int:
+    return import_debian(instance, [deb], "binaries")
+
+
+def publish_binaries(instance: Instance, artifacts: list[int]) -> int:
+    """Starts debusine's package_publish workflow (as the workspace's owner may, without a
+    template) that copies the binary package artifacts into the suite and has its indexes
+    made again and signed (update_suites); its id."""
+    lookups = ", ".join(f'"{a}@artifacts"' for a in artifacts)
+    data = f"target_suite: {SUITE_LOOKUP}\nbinary_artifacts: [{lookups}]\n"
+    return start_workflow(instance, "package_publish", data, template=False)
 
 
 def sbuild_work_request(instance: Instance, source_artifact: int, components: tuple[str, ...] = ("any", "all")) -> int:
@@ -77,8 +95,11 @@ def sbuild_work_request(instance: Instance, source_artifact: int, components: tu
     return int(out["id"])
 
 
-def start_workflow(instance: Instance, template: str, data: str) -> int:
-    out = client(instance, "workflow", "start", "--yaml", "--workspace", debusine.WORKSPACE, template, input=data)
+def start_workflow(instance: Instance, name: str, data: str, template: bool = True) -> int:
+    """A workflow from the workspace's template `name`, or (template=False, for the
+    workspace's owner) of the workflow task `name` directly; its id."""
+    how = [] if template else ["--no-template"]
+    out = client(instance, "workflow", "start", "--yaml", "--workspace", debusine.WORKSPACE, *how, name, input=data)
     return int(out["id"])
 
 
@@ -123,12 +144,59 @@ def built(instance: Instance, wr: dict[str, Any]) -> Built:
     return Built(wr, [artifact(instance, int(a["id"])) for a in wr["artifacts"]])
 
 
-def download(instance: Instance, artifact_id: int, name: str) -> Path:
-    """One file of an artifact, downloaded with the client into the share."""
+def download_all(instance: Instance, artifact_id: int) -> Path:
+    """Every file of an artifact, downloaded with the client into the share: their
+    directory."""
     dest = instance.share / "downloads" / str(artifact_id)
     dest.mkdir(parents=True, exist_ok=True)
     instance.sh(f"debusine artifact download --target-directory {instance.inside(dest)} {artifact_id} > /dev/null")
-    return dest / name
+    return dest
+
+
+def download(instance: Instance, artifact_id: int, name: str) -> Path:
+    """One file of an artifact, downloaded with the client into the share."""
+    return download_all(instance, artifact_id) / name
+
+
+def archive_get(path: str) -> bytes:
+    """A file of the workspace's archive (ARCHIVE/path), fetched from the host over
+    the instance's address with the archive's virtual host name."""
+    url = f"http://{debusine.ADDRESS}{ARCHIVE.removeprefix(f'http://deb.{debusine.FQDN}')}/{path}"
+    request = urllib.request.Request(url, headers={"Host": f"deb.{debusine.FQDN}"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        data: bytes = response.read()
+    return data
+
+
+def suite_packages() -> list[dict[str, str]]:
+    """The suite's binary packages as apt sees them: the stanzas of the Packages index of
+    every component and architecture its InRelease lists (arch-all packages are in
+    binary-all only), each with Package, Version, Source, Filename, SHA256..."""
+    release = archive_get(f"dists/{debusine.REPO_SUITE}/InRelease").decode()  # verify_release checks it
+    fields = dict(line.split(":", 1) for line in release.splitlines() if line and not line[0].isspace() and ":" in line)
+    stanzas = []
+    for component in fields["Components"].split():
+        for architecture in fields["Architectures"].split():
+            path = f"dists/{debusine.REPO_SUITE}/{component}/binary-{architecture}/Packages.xz"
+            index = lzma.decompress(archive_get(path))
+            for block in index.decode().split("\n\n"):
+                stanza = {}
+                for line in block.splitlines():
+                    if line and not line[0].isspace() and ":" in line:
+                        name, value = line.split(":", 1)
+                        stanza[name] = value.strip()
+                if stanza:
+                    stanzas.append(stanza)
+    return stanzas
+
+
+def published_sha256(stanzas: list[dict[str, str]]) -> dict[str, str]:
+    """File name -> SHA256 of each binary package the suite's indexes list."""
+    return {s["Filename"].rsplit("/", 1)[-1]: s["SHA256"] for s in stanzas}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def verify_release(instance: Instance) -> dict[str, Any]:

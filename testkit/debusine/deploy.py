@@ -174,6 +174,7 @@ def up(log: bool = True) -> Instance:
         c.start(binds=[(run_dir() / "share", SHARE_INSIDE, False), (GUEST, GUEST_INSIDE, True)], lock_fd=fd)
         try:
             c.wait_booted()
+            archive_by_address(c)
             instance = Instance(c)
             health(instance)
         except BaseException:
@@ -193,6 +194,31 @@ def up(log: bool = True) -> Instance:
             f"{timings['provisioned_layer']:.0f} s, boot and health {timings['boot_and_health']:.0f} s)"
         )
     return instance
+
+
+#: What the workers' sbuild adds to every chroot before its apt update (ARCHIVE_BY_ADDRESS).
+SBUILD_CONF = f"""# hugify's debusine instance (testkit/debusine/deploy.py, archive_by_address)
+# A string: sbuild runs it with /bin/sh -c (a list would be joined with spaces first).
+push @{{$external_commands->{{'chroot-setup-commands'}}}},
+    q{{echo 'Acquire::http::Proxy::deb.{debusine.FQDN} "http://{debusine.ADDRESS}/";'}}
+    . q{{ > /etc/apt/apt.conf.d/99debusine-archive-by-address}};
+1;
+"""
+
+
+def archive_by_address(c: Container) -> None:
+    """Lets builds reach the workspace's archive by its name, deb.FQDN, which resolves
+    through the container's /etc/hosts only: sbuild's unshare backend gives each chroot
+    an /etc/hosts of its own (sbuild-usernsexec writes it at every command), and
+    debusine names a suite it passes to a build as an extra repository by that name
+    (http://deb.FQDN/SCOPE/WORKSPACE). A chroot-setup command of the workers' sbuild
+    configuration, which sbuild runs before its apt update, makes the archive's own
+    address apt's HTTP proxy for that name: apt connects there and asks for the absolute
+    URI, and nginx serves it from the archive's virtual host. Written at each boot into
+    the container's fresh upper layer (/etc/sbuild/sbuild.conf, read by every sbuild
+    whatever user runs it), so the cached layers are unchanged."""
+    c.run_inside(["sh", "-c", "cat > /etc/sbuild/sbuild.conf"], input=SBUILD_CONF)
+    c.run_inside(["perl", "-c", "/etc/sbuild/sbuild.conf"])
 
 
 def attach() -> Instance:
