@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hugify.abtest import ratio_summary
 from testkit import REPO
@@ -27,11 +27,11 @@ T = TypeVar("T")
 
 
 @functools.cache
-def parser(script: str, **kwargs: object) -> argparse.ArgumentParser:
+def parser(script: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A benchmark's argument parser, its usage line naming the way the benchmark is
     started (`tools/bench NAME`, bench/README.md), not the file python -m runs; `script`
     is the benchmark's __file__."""
-    return argparse.ArgumentParser(prog=f"tools/bench {Path(script).stem}", **kwargs)  # type: ignore[arg-type]
+    return argparse.ArgumentParser(prog=f"tools/bench {Path(script).stem}", **kwargs)
 
 
 def devnull() -> int:
