@@ -7,14 +7,15 @@ all of it (XFS and btrfs on every kernel among them) and regenerates
 docs/runtime-reference.md's "Where it works" table. A boot's results are cached by all its inputs.
 
 What is asserted, per boot, with THP `always` (booted) and `madvise` (set through
-sysfs), cold and with the files cached in small folios:
+sysfs), cold and with the files cached in small folios (`madvise` cold only:
+testkit.vm.matrix.SUITE_SECOND_CACHES):
 - where the kernel gives the filesystem large folios (testkit.vm.matrix.LARGE_FOLIOS_SINCE,
   from the kernel's history): after `hugify prefetch`, through hugify-run and through
   the audit library (DT_NEEDED and dlopen) the program's and the library's code is
   100 % PMD-mapped, and the engine's verdicts say what the process got (no "failed"
   window in a process that got it all huge);
 - where it does not: the engine's verdict is `unsupported` and names the filesystem;
-- what it costs (pgpgin, 20 starts each way, from the files in small folios and cold):
+- what it costs (pgpgin, 10 starts each way, from the files in small folios and cold):
   through the audit library as root, the windows read once where it works and nothing
   more than plain starts where it cannot; as a user with no runtime directory (no
   service ran: nothing kept between starts), nothing more than plain starts from small
@@ -83,9 +84,11 @@ from testkit.vm.matrix import (
     fully_huge,
     gives_large_folios,
     khugepaged_collapses_code,
+    planned_caches,
     resolve,
     row,
     shared_copies,
+    suite_boot,
 )
 
 MODES = ("always", "madvise")
@@ -100,7 +103,7 @@ LIB = "/usr/lib/x86_64-linux-gnu/libhugdebtest.so.1"
 def booted(request: pytest.FixtureRequest) -> BootResult:
     suite, fs = request.param
     try:
-        return boot(resolve(suite), fs)
+        return suite_boot(suite, fs)
     except (KernelUnavailable, VmError) as e:
         pytest.fail(f"{suite} on {fs}: {e}", pytrace=False)
 
@@ -130,7 +133,7 @@ def test_guest_boots_systemd_and_the_prefetch_service_succeeds(booted: BootResul
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_way_runs_the_program(booted: BootResult, mode: str) -> None:
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         for way in ("kernel", *CODE_WAYS):
             for step in case(booted.results, mode, cache, way)["steps"]:
                 if "prefetch" in step:
@@ -144,13 +147,13 @@ def test_every_way_runs_the_program(booted: BootResult, mode: str) -> None:
 def test_code_is_huge_where_the_kernel_gives_large_folios(booted: BootResult, mode: str) -> None:
     if not supported(booted):
         # Nothing can be huge: and nothing claims it is.
-        for cache in CACHES:
+        for cache in planned_caches(booted, mode):
             for way in CODE_WAYS:
                 step = case(booted.results, mode, cache, way)["steps"][-1]
                 assert not fully_huge(step), (where(booted, mode, cache, way), maps_text(step))
         return
     missing = []
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         for way in CODE_WAYS:
             step = case(booted.results, mode, cache, way)["steps"][-1]
             if not fully_huge(step):
@@ -179,7 +182,7 @@ def test_the_as_is_program_gets_its_windows_huge_where_the_kernel_gives_large_fo
     does not, they say "unsupported", naming the filesystem."""
     prog = "/" + EXEC
     wrong = []
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         plain = case(booted.results, mode, cache, "as-is-plain")["steps"]
         want = plain[0]["stdout"]
         if not want.startswith("hugify-deb-exec: ") or any(s["rc"] != 0 or s["stdout"] != want for s in plain):
@@ -222,7 +225,7 @@ def test_hugify_run_verdict_says_what_the_process_got(booted: BootResult, mode: 
     """Issue 20's false "failed": a window the process then maps huge is not "failed";
     where the filesystem gives no large folios, the verdict is "unsupported"."""
     wrong = []
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         step = case(booted.results, mode, cache, "hugify-run")["steps"][-1]
         for path in (PROG, LIB):
             counts = _debug_counts(step["debug"], path)
@@ -240,7 +243,7 @@ def test_status_window_states_agree_with_the_processes(booted: BootResult, mode:
     """`hugify status --json` after each way: "huge" where the process got the window
     huge; "unsupported", naming the filesystem, where the filesystem cannot."""
     wrong = []
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         for way in CODE_WAYS:
             c = case(booted.results, mode, cache, way)
             files = {f["path"]: f for f in c["status"].get("files", []) if "windows" in f}
@@ -365,7 +368,7 @@ def test_anonymous_copies_only_where_files_get_no_huge_pages(booted: BootResult,
     `hugify-run --anonymous` as root with no runtime directory to be had (issue 38 item
     4: on main cd6bc40, 0 KiB copied on 6.1 ext4)."""
     wrong = []
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         step = case(booted.results, mode, cache, way)["steps"][-1]
         plain = case(booted.results, mode, cache, "kernel")["steps"][0]
         at = where(booted, mode, cache, way)
@@ -412,7 +415,7 @@ def test_shared_copies_make_the_code_huge_where_the_files_get_no_huge_pages(boot
     at_boot = {c["path"] for c in booted.results["boot_status"].get("shared_copies", {}).get("copies", [])}
     if supported(booted) == bool(at_boot & {PROG, LIB}):
         wrong.append(f"{booted.kernel.label} {booted.fs}: copies made at boot: {sorted(at_boot)}")
-    for cache in CACHES:
+    for cache in planned_caches(booted, mode):
         got = shared_copies(booted.results, mode, cache)
         for way in SHARED_WAYS:
             at = where(booted, mode, cache, way)
@@ -443,10 +446,10 @@ def test_shared_copies_make_the_code_huge_where_the_files_get_no_huge_pages(boot
 
 
 def test_starts_through_shared_copies_read_nothing_more(booted: BootResult) -> None:
-    """20 starts through the audit library as root with the shared copies allowed, from
+    """10 starts through the audit library as root with the shared copies allowed, from
     the files cached in small folios and cold. Where the kernel gives the filesystem no
     large folios the boot service made the copies, the code is mapped from them (in
-    memory): within noise of 20 plain starts. Where it gives them, no copy exists (none
+    memory): within noise of 10 plain starts. Where it gives them, no copy exists (none
     is needed) and the series is the audit library's file-backed one, within noise of
     it: from small folios that reads the windows once, as it should (the runtime test
     above bounds it)."""

@@ -385,24 +385,36 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.replace("\r", "").splitlines()[-lines:])
 
 
-def boot(k: Kernel, fs: str, thp: str = "always", extra: RootExtra | None = None) -> BootResult:
+def boot(k: Kernel, fs: str, thp: str = "always", extra: RootExtra | None = None, kernel_args: str = "") -> BootResult:
     """Boots `k` on the `fs` root (the matrix's, or one with `extra` on it) once per
-    inputs; raises VmError with the reason (and the console's last lines) when the
-    guest cannot start, panics or does not finish in time."""
+    inputs, `kernel_args` added to the kernel's command line (the guest driver's
+    `hugify.*` settings); raises VmError with the reason (and the console's last lines)
+    when the guest cannot start, panics or does not finish in time."""
     g = guest_inputs()
     initrd = initramfs(k)
     image = root_image(fs, g, extra)
     qemu = tool_versions("qemu-system-x86")
-    more = (extra.name, extra.key, extra.size, extra.kernel_args) if extra else ()
+    args = " ".join(a for a in (extra.kernel_args if extra else "", kernel_args) if a)
+    more = (extra.name, extra.key, extra.size) if extra else ()
     key = files_key(
-        [("initrd", initrd)], g.key, k.package, k.version, fs, thp, ACCEL, qemu, str(MEMORY_MIB), KERNEL_ARGS, *more
+        [("initrd", initrd)],
+        g.key,
+        k.package,
+        k.version,
+        fs,
+        thp,
+        ACCEL,
+        qemu,
+        str(MEMORY_MIB),
+        KERNEL_ARGS,
+        args,
+        *more,
     )
     name = f"boot-{extra.name}-{k.release}-{fs}-{thp}" if extra else f"boot-{k.release}-{fs}-{thp}"
     final = build_dir("kernel-matrix", name, key)
     # Both of the suite's workers may ask for the same boot: one boots, the other waits.
     with locked(cache_root() / "kernel-matrix" / f"{name}.lock"):
         if not (final / "results.json").exists():
-            args = extra.kernel_args if extra else ""
             retried_on_panic(
                 lambda: boot_uncached(k, fs, thp, initrd=initrd, image=image, final=final, extra=args), final
             )

@@ -20,6 +20,12 @@ from testkit.vm.kernels import SUITES, Kernel, kernel, newest_suite
 #: run from empty caches and nothing the newest's does not assert; it, and every other
 #: kernel and filesystem, is booted by bench/kernel_matrix.py (all of SUITES x FILESYSTEMS).
 SUBSET = (("trixie", "ext4"), ("newest", "ext4"))
+#: The suite's boots run the THP mode they were not booted in from a cold cache only
+#: (the guest driver's hugify.second_caches=): the cache state changes what the runtime
+#: reads and evicts, which the mode booted covers from both; the THP mode changes what
+#: the kernel maps, which a cold start shows. bench/kernel_matrix.py runs every mode
+#: from every cache state.
+SUITE_SECOND_CACHES = ("cold",)
 
 #: The first Linux release whose page cache holds this filesystem's file data in large
 #: folios (what a 2 MiB window needs), from the kernel's history, not from hugify: XFS
@@ -93,10 +99,23 @@ def case(result: dict[str, Any], mode: str, cache: str, way: str) -> dict[str, A
     return dict(result["thp"][mode]["cases"][cache][name])
 
 
+def before_khugepaged(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plain runs of a case up to the first during which khugepaged collapsed
+    something: that collapse may have been of the run's code, and a later run finds the
+    folios it made in the page cache (seen on a slow guest: the first of two plain runs
+    from cold collapsed, the second mapped the code huge at once)."""
+    out = []
+    for step in steps:
+        if step.get("collapsed"):
+            break
+        out.append(step)
+    return out
+
+
 def huge_by(result: dict[str, Any], mode: str, cache: str) -> dict[str, bool]:
     """way -> whether the program's (or the library's) code was fully PMD-mapped that
-    way; "kernel" counts a plain first or second run during which khugepaged collapsed
-    nothing (a collapse may have been of that run's code: khugepaged's, not the fault's),
+    way; "kernel" counts a plain first or second run before khugepaged collapsed anything
+    (before_khugepaged: a collapse may have been of that run's code, khugepaged's, not the fault's),
     "khugepaged" the held run, which only boots since the driver had it made."""
     out = {}
     for way in WAYS:
@@ -105,7 +124,7 @@ def huge_by(result: dict[str, Any], mode: str, cache: str) -> dict[str, bool]:
             continue
         steps = case(result, mode, cache, way)["steps"]
         if way == "kernel":
-            out[way] = any(fully_huge(s) and not s.get("collapsed") for s in steps)
+            out[way] = any(fully_huge(s) for s in before_khugepaged(steps))
         else:
             out[way] = fully_huge(steps[-1])
     return out
@@ -123,10 +142,7 @@ def as_is_pmd(result: dict[str, Any], mode: str, cache: str) -> dict[str, dict[s
         # As for the code (huge_by): the plain runs count only without a collapse by
         # khugepaged meanwhile (it may have been of that run's code); a way's last step
         # counts as it is.
-        if way == "kernel":
-            steps = [s for s in cases[name]["steps"] if not s.get("collapsed")]
-        else:
-            steps = cases[name]["steps"][-1:]
+        steps = before_khugepaged(cases[name]["steps"]) if way == "kernel" else cases[name]["steps"][-1:]
         maps = [m for s in steps if s.get("rc") == 0 for m in s.get("maps", {}).values()]
         if maps:
             out[way] = max(maps, key=lambda m: m["pmd"])
@@ -168,25 +184,45 @@ def kernel_fields(k: Kernel, fs: str) -> dict[str, Any]:
     }
 
 
+def recorded(result: dict[str, Any], mode: str) -> list[str]:
+    """The cache states the boot ran `mode` from (a suite's boot: its second mode cold only)."""
+    return [cache for cache in CACHES if cache in result["thp"][mode]["cases"]]
+
+
 def row(b: BootResult) -> dict[str, Any]:
     """One boot as the matrix's JSON records it."""
     r = b.results
     return kernel_fields(b.kernel, b.fs) | {
         "boot_seconds": b.seconds,
-        "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
-        "as_is": {mode: {cache: as_is_pmd(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
+        "huge_by": {mode: {cache: huge_by(r, mode, cache) for cache in recorded(r, mode)} for mode in r["thp"]},
+        "as_is": {mode: {cache: as_is_pmd(r, mode, cache) for cache in recorded(r, mode)} for mode in r["thp"]},
         "pgpgin_kib": next(e["pgpgin_kib"] for e in r["thp"].values() if "pgpgin_kib" in e),
-        "shared": {mode: {cache: shared_copies(r, mode, cache) for cache in CACHES} for mode in r["thp"]},
+        "io_starts": r.get("io_starts", EARLIER_IO_STARTS),
+        "shared": {mode: {cache: shared_copies(r, mode, cache) for cache in recorded(r, mode)} for mode in r["thp"]},
         "boot_shared_copies": r["boot_status"].get("shared_copies", {}),
+        "hold_seconds": hold_seconds(r),
         **{
             key: {
-                mode: {cache: anonymous_copies(case(r, mode, cache, way)["steps"][-1]) for cache in CACHES}
+                mode: {cache: anonymous_copies(case(r, mode, cache, way)["steps"][-1]) for cache in recorded(r, mode)}
                 for mode in r["thp"]
             }
             for key, way in ANONYMOUS_WAYS.items()
             if way in r["thp"][next(iter(r["thp"]))]["cases"]["cold"]  # boots before issue 38 lack the second
         },
     }
+
+
+#: The starts per series of the guest driver's I/O check before it recorded the number.
+EARLIER_IO_STARTS = 20
+#: How long the guest driver held the program's code mapped in its "held" run before it
+#: recorded the seconds (boots made until then).
+EARLIER_HOLD_SECONDS = 30
+
+
+def hold_seconds(result: dict[str, Any]) -> int:
+    """The seconds the boot's "held" run kept the program's code mapped for khugepaged."""
+    held = [e["cases"]["cold"]["held"] for e in result["thp"].values() if "held" in e["cases"]["cold"]]
+    return max((h.get("hold_seconds", EARLIER_HOLD_SECONDS) for h in held), default=EARLIER_HOLD_SECONDS)
 
 
 #: The anonymous-copy mode's ways, by the row's key: through the audit library
@@ -210,6 +246,16 @@ def anonymous_copies(step: dict[str, Any]) -> dict[str, Any]:
     rest of its line), and the executable anonymous memory PMD-mapped in the process."""
     objects = {name: (copied, windows, rest) for name, copied, windows, rest in copy_lines(step["debug"])}
     return {"objects": objects, "anon_pmd": step["anon_exec"]["pmd"], "anon_vmas": step["anon_exec"]["vmas"]}
+
+
+def suite_boot(suite: str, fs: str) -> BootResult:
+    """One of the suite's boots (SUBSET), with its second THP mode cold only."""
+    return boot(resolve(suite), fs, kernel_args=f"hugify.second_caches={','.join(SUITE_SECOND_CACHES)}")
+
+
+def planned_caches(b: BootResult, mode: str) -> tuple[str, ...]:
+    """The cache states a suite's boot (suite_boot) ran `mode` from."""
+    return CACHES if mode == b.results["boot_thp"] else SUITE_SECOND_CACHES
 
 
 def boot_matrix(pairs: list[tuple[str, str]]) -> list[BootResult]:
