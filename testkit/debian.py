@@ -165,7 +165,7 @@ def dpkg_buildpackage(src: Path, env: dict[str, str], *args: str) -> tuple[int, 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=ccache_env({**env, "PATH": f"/usr/lib/ccache:{env['PATH']}"}),
+        env=ccache_env({**env, "PATH": f"/usr/lib/ccache:{env['PATH']}"}, src.parent),
         check=False,
     )
     return res.returncode, res.stdout
@@ -236,7 +236,7 @@ def dpkg_buildpackage_on(fs: str, thp: str, src: Path, env: dict[str, str], *arg
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=ccache_env({**env, "PATH": f"/usr/lib/ccache:{env['PATH']}"}),
+        env=ccache_env({**env, "PATH": f"/usr/lib/ccache:{env['PATH']}"}, src.parent),
         preexec_fn=_thp_disabled if thp == "never" else None,
         check=False,
     )

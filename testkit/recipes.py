@@ -307,14 +307,19 @@ def _parallel(cmds: list[list[str]], cwd: Path, env: dict[str, str] | None = Non
             f.result()
 
 
-def ccache_env(env: dict[str, str]) -> dict[str, str]:
+def ccache_env(env: dict[str, str], base_dir: Path | None = None) -> dict[str, str]:
     """`env` for compiles that go through ccache, with its cache beside the fixtures.
     Recipes that differ only in how they link (gcc-bfd, gcc-gold, -z now, ...), and
     package builds that differ only in their packaging, compile the same sources with
     the same flags: this compiles them once. ccache hashes the compiler itself, the
     flags and the preprocessed source, so a hit is the object that compiler would
-    have written."""
-    return {**env, "CCACHE_DIR": str(cache_root() / "ccache"), "CCACHE_MAXSIZE": "4G"}
+    have written. A package build gives its source's parent as `base_dir`:
+    dpkg-buildflags' -ffile-prefix-map=DIR=. names the build directory on every compile
+    line, and ccache hashes the paths under base_dir relative to the compile's
+    directory, so that builds of the same source in different directories (the
+    variants' and the installed add-on's, tests/test_packages.py) share their objects."""
+    base = {"CCACHE_BASEDIR": str(base_dir)} if base_dir else {}
+    return {**env, "CCACHE_DIR": str(cache_root() / "ccache"), "CCACHE_MAXSIZE": "4G", **base}
 
 
 def _final(work: Path) -> Path:

@@ -69,6 +69,7 @@ from testkit.debian import (
     toolchain_key,
 )
 from testkit.elf import bits_differing, hugified, readelf_build_id, readelf_windows
+from testkit.recipes import ccache_env
 
 slow = pytest.mark.slow
 RPM_TEST = REPO / "tests" / "rpm"
@@ -386,7 +387,11 @@ echo "== apt-get install hugify"
 echo "== dpkg-buildpackage (Build-Depends: dh-sequence-hugify)"
 cd "$W/src/hugify-deb-test"
 rc=0
-"${clean[@]}" dpkg-buildpackage -us -uc -b -j2 > "$W/build.log" 2>&1 || rc=$?
+# The compilers through ccache, as in the variants' builds (testkit.recipes.ccache_env):
+# the same sources with the same flags, compiled once (the cache is read through /var's
+# overlay; what this build adds to it goes with the session).
+"${clean[@]}" PATH="/usr/lib/ccache:/usr/sbin:/usr/bin:/sbin:/bin" CCACHE_DIR="$CCACHE_DIR" \
+    CCACHE_BASEDIR="$W/src" dpkg-buildpackage -us -uc -b -j2 > "$W/build.log" 2>&1 || rc=$?
 echo "$rc" > "$W/build.rc"
 cd "$W"
 if [ "$rc" = 0 ]; then
@@ -535,7 +540,7 @@ def _run_session(name: str, script: str, prepare: Callable[[Path], None], final:
         with building(final) as out:
             prepare(work)
             (work / "session.sh").write_text(NAMESPACE_SETUP + script)
-            env = clean_env(PATH=STD_PATH, RPMDB=rpm_dbpath(), RPM_TEST=str(RPM_TEST))
+            env = ccache_env(clean_env(PATH=STD_PATH, RPMDB=rpm_dbpath(), RPM_TEST=str(RPM_TEST)))
             res = subprocess.run(
                 ["unshare", "--mount", "--propagation", "private", "bash", str(work / "session.sh"), str(work)],
                 stdout=subprocess.PIPE,
