@@ -1,6 +1,6 @@
 """A short bounded run of every fuzz target (bench/fuzz.py): the core's (cargo-fuzz +
 libFuzzer on the nightly toolchain) and the C runtime's ELF readers (libFuzzer + ASan,
-clang): 30 s each on a corpus that grows across runs, the runtime's saved regressions
+clang): 20 s each on a corpus that grows across runs, the runtime's saved regressions
 first. A crash fails the test and names the saved input (see bench/fuzz.py for what to
 do with it)."""
 
@@ -13,7 +13,7 @@ from testkit import REPO
 
 def test_fuzz_targets_survive_a_bounded_run() -> None:
     res = subprocess.run(
-        [REPO / "tools" / "bench", "fuzz", "--seconds", "30"],
+        [REPO / "tools" / "bench", "fuzz", "--seconds", "20"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -51,7 +51,19 @@ def test_trixie_userland_passes_the_integration_tests() -> None:
         assert re.match(version, have[name]), (name, have[name])
     deselect = [f"--deselect={node}" for node in HEAVY_ADD_ON_BUILDS]
     res = run_inside(
-        root, "python3", "-m", "pytest", "-n", "2", "-q", "-rfE", "-p", "no:cacheprovider", *deselect, *TEST_FILES
+        root,
+        "python3",
+        "-m",
+        "pytest",
+        "-n",
+        "2",
+        "-q",
+        "-rfE",
+        "--durations=15",
+        "-p",
+        "no:cacheprovider",
+        *deselect,
+        *TEST_FILES,
     )
-    print(res.stdout[-3000:])
+    print(res.stdout[-4000:])  # the slowest inner items too: the suite's time is watched
     assert res.returncode == 0, f"{res.stdout[-30000:]}\n{res.stderr[-5000:]}"
