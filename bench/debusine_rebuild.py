@@ -14,8 +14,13 @@ indexes the signing worker signs). With --archive-sources the archive's unchange
 of each is built in the same batch too (the build-trixie workflow: built, not
 published), the comparison for the build time hugify adds.
 
+With --profiles (nocheck: no test suites on two cores), every sbuild task of the batch,
+derived and archive builds alike, gets those build profiles from the workspace's task
+configuration, as an operator sets them (set_build_profiles); each .buildinfo then
+records them in DEB_BUILD_OPTIONS and DEB_BUILD_PROFILES.
+
 After the builds, each published derived build is checked outside debusine: its .debs
-are the ones the suite's Packages index lists (SHA256), its .buildinfo records hugify
+and .udebs are the ones the suite's Packages index lists (SHA256), its .buildinfo records hugify
 and the policy package, `hugify check` passes on its .changes, every -dbgsym debug
 file carries the build-id of a binary of the build (readelf -n on both sides) and every
 hugified file has its debug file, `hugify sign-packages` signs its statements with a
@@ -34,8 +39,8 @@ to it (or retries it), and the check at the end counts each source once in the s
 nothing is published twice.
 
 usage: tools/bench debusine_rebuild [--set small|full] [--packages P,...] [--dsc FILE]...
-        [--archive-sources] [--broken NAME] [--kill-worker-after S] [--timeout S]
-        [--json OUT] [--up] [--down]
+        [--archive-sources] [--profiles P,...] [--broken NAME] [--kill-worker-after S]
+        [--timeout S] [--json OUT] [--up] [--down]
 """
 
 from __future__ import annotations
@@ -84,7 +89,8 @@ SMALL = {
     "memcached": "memcached: C, autotools, a server",
 }
 #: small: one tiny source and one with a file over the default threshold.
-SETS = {"small": ["dash", "libzstd"], "full": [*SMALL, *LARGE]}
+#: full: the large ones first, so that the batch does not end waiting for one of them.
+SETS = {"small": ["dash", "libzstd"], "full": [*LARGE, *SMALL]}
 SUITE = "trixie"
 #: A workflow whose build failed ends aborted, one that ran through completed.
 FINISHED = ("completed", "aborted")
@@ -102,6 +108,54 @@ POLICY = REPO / "policy" / "policy.toml"
 COSIGN = cache_root() / "cosign-v2.6.5" / "bin" / "cosign"
 #: The password of the batch's cosign key (made for the batch, in its run directory).
 COSIGN_PASSWORD = "hugify-bench-debusine"
+#: The workspace's task configuration collection every task looks up by default
+#: (BaseTaskData.DEFAULT_TASK_CONFIGURATION_LOOKUP), and the file of it --profiles writes.
+TASK_CONFIGURATION = "default@debusine:task-configuration"
+PROFILES_ENTRY = "bench-build-profiles.yaml"
+
+
+def set_build_profiles(instance: Instance, profiles: list[str]) -> dict[str, Any]:
+    """The build profiles of every sbuild task of the workspace, set the debusine way: an
+    entry of the workspace's default task configuration collection (debusine 0.14.6+)
+    giving the sbuild task's `build_profiles` a default value, which debusine applies to
+    each sbuild work request it configures, derived and archive builds alike (the
+    debian_pipeline workflow has no field for them). debusine's sbuild task passes them
+    to sbuild (--profiles) and turns nocheck and nodoc into DEB_BUILD_OPTIONS. No
+    profiles: the entry is removed. Pulled, edited and pushed with the `debusine
+    task-config` client commands, as an operator does; the collection is made if the
+    workspace has none."""
+    names = {
+        c["name"] + "@" + c["category"]
+        for c in client.client(instance, "collection", "list", "--yaml", "--workspace", debusine.WORKSPACE)
+    }
+    if TASK_CONFIGURATION not in names:
+        client.client(
+            instance, "collection", "create", "--yaml", "--workspace", debusine.WORKSPACE, TASK_CONFIGURATION, input=""
+        )
+    work = instance.share / "task-config"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    inside = instance.inside(work)
+    name = TASK_CONFIGURATION.split("@", maxsplit=1)[0]
+    instance.sh(f"debusine task-config pull --workspace {debusine.WORKSPACE} {name} --workdir {inside}")
+    entry = work / PROFILES_ENTRY
+    if profiles:
+        item = {
+            "task_type": "Worker",
+            "task_name": "sbuild",
+            "default_values": {"build_profiles": profiles},
+            "comment": "bench/debusine_rebuild.py --profiles",
+        }
+        entry.write_text(json.dumps(item, indent=1) + "\n")  # JSON is YAML
+    else:
+        entry.unlink(missing_ok=True)
+    pushed = instance.sh(f"debusine task-config push --workdir {inside} 2>&1")
+    return {
+        "collection": TASK_CONFIGURATION,
+        "entry": PROFILES_ENTRY,
+        "build_profiles": profiles,
+        "push": pushed.strip().splitlines()[-1:],
+    }
 
 
 def broken_copy(name: str) -> Path:
@@ -226,10 +280,16 @@ def publish_hugify(instance: Instance, state: dict[str, Any]) -> dict[str, Any]:
     in the suite, where the derived sources' builds find dh-sequence-hugify: imported as
     binary artifacts and published by debusine's package_publish workflow, which has the
     suite's indexes made again and signed. Done once per batch (recorded in the state)
-    and skipped if the suite lists them already."""
+    and skipped if the suite lists them already; a batch keeps the hugify it published
+    (a run again after an edit of this checkout, whose `make deb` has another version,
+    publishes nothing new, so the batch's builds record one hugify)."""
+    entry: dict[str, Any] = state.setdefault("hugify_packages", {})
+    if "published" in entry and entry.get("versions"):
+        pairs = {(s["Package"], s["Version"]) for s in suite_stanzas()}
+        if all((p, v) in pairs for p, v in entry["versions"].items()):
+            return entry
     debs = build_hugify_deb().ok().installable()
     wanted = {deb_field(d, "Package"): deb_field(d, "Version") for d in debs}
-    entry: dict[str, Any] = state.setdefault("hugify_packages", {})
     if entry.get("versions") != wanted:
         entry.clear()
         entry["versions"] = wanted
@@ -342,11 +402,14 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
         "--suite",
         debusine.REPO_SUITE,
     )
-    # Source items are named NAME_VERSION, as the .dsc is.
+    # Source items are named NAME_VERSION, the .dsc NAME_VERSION without the epoch
+    # (git_1:2.47.3-... is git_2.47.3-....dsc).
     sources_in_suite: dict[str, int] = {}
     for item in published:
         if item["category"] == "debian:source-package":
-            sources_in_suite[item["name"]] = sources_in_suite.get(item["name"], 0) + 1
+            name, _, version = item["name"].partition("_")
+            key = f"{name}_{version.split(':', 1)[-1]}"
+            sources_in_suite[key] = sources_in_suite.get(key, 0) + 1
     rows = []
     for name, entry in state["packages"].items():
         root = next((w for w in wrs if w["id"] == entry["workflow"]), None)
@@ -480,7 +543,9 @@ def check_published(instance: Instance, row: dict[str, Any], stanzas: list[dict[
         uploads.append(client.download_all(instance, int(upload["id"])))
     changes = [c for d in uploads for c in sorted(d.glob("*.changes"))]
     buildinfos = [b for d in uploads for b in sorted(d.glob("*.buildinfo"))]
-    debs = [deb for d in uploads for deb in sorted(d.glob("*.deb"))]
+    # The .udebs too (libzstd1-udeb): the suite's Packages index lists them beside the
+    # .debs (debusine's indexes have no debian-installer section), hugify check reads them.
+    debs = [deb for d in uploads for deb in sorted([*d.glob("*.deb"), *d.glob("*.udeb")])]
     dbgsym = [d for d in debs if deb_field(d, "Package").endswith("-dbgsym")]
     main = [d for d in debs if d not in dbgsym]
     in_suite = client.published_sha256(stanzas)
@@ -592,6 +657,12 @@ def main() -> int:
     ap.add_argument("--broken", metavar="NAME", help="also a copy of source NAME made to fail (bad input)")
     ap.add_argument("--timeout", type=float, default=4 * 3600)
     ap.add_argument("--kill-worker-after", type=float, help="SIGKILL the worker running an sbuild after S seconds")
+    ap.add_argument(
+        "--profiles",
+        default="",
+        help="comma-separated build profiles of every sbuild task (nocheck: no test suites), set in the "
+        "workspace's task configuration",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--up", action="store_true", help="deploy the instance if none runs")
     ap.add_argument("--down", action="store_true", help="tear the instance down at the end")
@@ -620,6 +691,13 @@ def main() -> int:
             sources[name] = (derived, WORKFLOW)
     if args.archive_sources:
         sources |= {name + UNCHANGED: (originals[name], COMPARE_WORKFLOW) for name in names}
+    profiles = [p for p in args.profiles.split(",") if p]
+    if state.setdefault("build_profiles", profiles) != profiles:
+        print(f"debusine_rebuild: this batch's builds run with profiles {state['build_profiles']}", file=sys.stderr)
+        return 2
+    task_configuration = set_build_profiles(instance, profiles)
+    print(f"build profiles of every sbuild task: {profiles or 'none'} ({task_configuration['push']})", flush=True)
+    save_state(state)
     hugify_packages = publish_hugify(instance, state)
     start(instance, sources, state)
     killer = Killer(args.kill_worker_after, t0)
@@ -627,13 +705,22 @@ def main() -> int:
     wall = time.time() - state["started"]
     rows = [r for r in report(instance, state, wrs) if r["package"] in sources]
     stanzas = suite_stanzas()
+    # A finished workflow's published build passes its checks once for all: a run again
+    # takes the result from the state (a failed check is made again).
+    passed: dict[str, Any] = state.setdefault("checks_passed", {})
     for r in rows:
         if r["workflow_template"] == WORKFLOW and r["workflow_result"] == "success":
+            if str(r["workflow"]) in passed:
+                r["checks"] = passed[str(r["workflow"])]
+                continue
             try:
                 r["checks"] = check_published(instance, r, stanzas)
             except Exception:  # reported with the others, the batch's result stays
                 r["checks"] = {"ok": False, "error": traceback.format_exc()}
                 print(f"{r['package']}: the checks failed:\n{r['checks']['error']}", file=sys.stderr)
+            if r["checks"]["ok"]:
+                passed[str(r["workflow"])] = r["checks"] | {"checked_at": time.time()}
+                save_state(state)
     print_tables(rows, refused)
     done = [r for r in rows if r["workflow_status"] in FINISHED]
     roots = {r["workflow"] for r in rows}
@@ -641,6 +728,10 @@ def main() -> int:
     print(
         f"\n{len(done)}/{len(rows)} workflows finished, {wall:.0f} s since the batch started "
         f"({completed / wall * 3600:.0f} work requests/hour)"
+    )
+    print(
+        f"build profiles: {', '.join(profiles) or 'none'} (sbuild's default in {TASK_CONFIGURATION}, "
+        f"nocheck and nodoc in DEB_BUILD_OPTIONS)"
     )
     twice = [r["package"] for r in rows if r["published_sources"] > 1]
     release = client.verify_release(instance)
@@ -650,6 +741,7 @@ def main() -> int:
             "packages": rows,
             "not_derived": refused,
             "hugify_packages": hugify_packages,
+            "task_configuration": task_configuration,
             "wall_seconds": wall,
             "killed": killer.done,
             "published_twice": twice,

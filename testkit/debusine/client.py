@@ -146,16 +146,18 @@ def built(instance: Instance, wr: dict[str, Any]) -> Built:
 
 def download_all(instance: Instance, artifact_id: int) -> Path:
     """Every file of an artifact, downloaded with the client into the share: their
-    directory."""
+    directory (made afresh: the client refuses to overwrite a file)."""
     dest = instance.share / "downloads" / str(artifact_id)
-    dest.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
     instance.sh(f"debusine artifact download --target-directory {instance.inside(dest)} {artifact_id} > /dev/null")
     return dest
 
 
 def download(instance: Instance, artifact_id: int, name: str) -> Path:
     """One file of an artifact, downloaded with the client into the share."""
-    return download_all(instance, artifact_id) / name
+    done = instance.share / "downloads" / str(artifact_id) / name
+    return done if done.exists() else download_all(instance, artifact_id) / name
 
 
 def archive_get(path: str) -> bytes:
