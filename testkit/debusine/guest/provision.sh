@@ -99,9 +99,9 @@ for name in $WORKERS; do
     fi
     mkdir -p "$conf"
     # [Environment] goes to every task the worker runs. XZ_DEFAULTS: mmdebstrap (the
-    # environment's system.tar.xz) runs xz at its default level, single-threaded: most of
-    # the provisioning's time on two cores (208 s for the whole provisioning, 115 s at
-    # -1), for a tarball only this machine's workers fetch. dpkg-deb compresses with
+    # environment's system.tar.xz) runs xz at its default level (6): most of the
+    # provisioning's time on two cores (208 s for the whole provisioning, 115 s at -1),
+    # for a tarball only this machine's workers fetch. dpkg-deb compresses with
     # liblzma, which does not read it: the packages built are the same.
     printf '[General]\napi-url = https://%s/api\n\n[Environment]\nxz_defaults = -1\n' "$FQDN" > "$conf/config.ini"
     token=$(debusine-admin worker create "$name")
