@@ -390,7 +390,7 @@ rc=0
 # The compilers through ccache, as in the variants' builds (testkit.recipes.ccache_env):
 # the same sources with the same flags, compiled once (the cache is read through /var's
 # overlay; what this build adds to it goes with the session).
-"${clean[@]}" PATH="/usr/lib/ccache:/usr/sbin:/usr/bin:/sbin:/bin" CCACHE_DIR="$CCACHE_DIR" \
+"${clean[@]}" PATH="/usr/lib/ccache:$PATH" CCACHE_DIR="$CCACHE_DIR" \
     CCACHE_BASEDIR="$W/src" dpkg-buildpackage -us -uc -b -j2 > "$W/build.log" 2>&1 || rc=$?
 echo "$rc" > "$W/build.rc"
 cd "$W"
@@ -519,13 +519,23 @@ def rpm_dbpath() -> str:
     return subprocess.run(["rpm", "--eval", "%{_dbpath}"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def run_session(name: str, script: str, inputs_key: str, prepare: Callable[[Path], None]) -> Session:
+def run_session(
+    name: str,
+    script: str,
+    inputs_key: str,
+    prepare: Callable[[Path], None],
+    first: Callable[[], object] | None = None,
+) -> Session:
     """Runs a session script in a private mount namespace (see the module doc),
-    once per inputs; the result directory is cached."""
+    once per inputs; the result directory is cached. `first`, when the session has to
+    run, is called before it waits for its turn: a cached build the session's own reuses
+    (its compiles, through ccache), so that the two are not made side by side."""
     assert os.geteuid() == 0, "the sessions install packages: they need root and mount namespaces (CI runs as root)"
     final = build_dir("packages", name, inputs_key)
     if (final / "session.rc").exists():
         return Session(final)
+    if first is not None:
+        first()
     # One session at a time (it installs system-wide), and each only once: a worker
     # that waited finds the other's result.
     with locked(cache_root() / "system-install.lock"):
@@ -573,11 +583,9 @@ def deb_session(hugify_deb: DebBuild) -> Session:
         prepare_test_source(work / "src", build_depends="dh-sequence-hugify")
 
     key = files_key(package_source_files(), hugify_deb.dir.name, DEB_SESSION, NAMESPACE_SETUP, toolchain_key())
-    if not (build_dir("packages", "e2e-deb", key) / "session.rc").exists():
-        # The variant first: its compiles fill ccache, which the session's build then hits
-        # (from empty caches the two built side by side and neither had the other's objects).
-        build_variant("with").ok()
-    return run_session("e2e-deb", DEB_SESSION, key, prepare)
+    # The variant first: its compiles fill ccache, which the session's build then hits
+    # (from empty caches the two built side by side and neither had the other's objects).
+    return run_session("e2e-deb", DEB_SESSION, key, prepare, first=lambda: build_variant("with").ok())
 
 
 def _rpm_session(name: str, script: str, hugify_rpm: RpmBuild) -> Session:
