@@ -175,21 +175,25 @@ def suite_packages() -> list[dict[str, str]]:
     every component and architecture its InRelease lists (arch-all packages are in
     binary-all only), each with Package, Version, Source, Filename, SHA256..."""
     release = archive_get(f"dists/{debusine.REPO_SUITE}/InRelease").decode()  # verify_release checks it
-    fields = dict(line.split(":", 1) for line in release.splitlines() if line and not line[0].isspace() and ":" in line)
+    fields = stanza_fields(release)
     stanzas = []
     for component in fields["Components"].split():
         for architecture in fields["Architectures"].split():
             path = f"dists/{debusine.REPO_SUITE}/{component}/binary-{architecture}/Packages.xz"
             index = lzma.decompress(archive_get(path))
-            for block in index.decode().split("\n\n"):
-                stanza = {}
-                for line in block.splitlines():
-                    if line and not line[0].isspace() and ":" in line:
-                        name, value = line.split(":", 1)
-                        stanza[name] = value.strip()
-                if stanza:
-                    stanzas.append(stanza)
+            stanzas += [stanza for block in index.decode().split("\n\n") if (stanza := stanza_fields(block))]
     return stanzas
+
+
+def stanza_fields(block: str) -> dict[str, str]:
+    """The fields of a deb822 stanza (a Release file's, an index entry's): name -> value
+    of its first line; continuation lines (file lists, long descriptions) are left out."""
+    out = {}
+    for line in block.splitlines():
+        if line and not line[0].isspace() and ":" in line:
+            name, value = line.split(":", 1)
+            out[name] = value.strip()
+    return out
 
 
 def published_sha256(stanzas: list[dict[str, str]]) -> dict[str, str]:
