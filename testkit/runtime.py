@@ -325,13 +325,19 @@ def read_plainly(paths: list[Path]) -> None:
 def run_mappings(argv: list[str | Path], env: dict[str, str] | None = None) -> dict[str, Mapping]:
     """Runs a test program that prints its own smaps (without this process's LD_AUDIT
     and LD_PRELOAD), checks it finished, and returns its executable file mappings."""
+    return run_accounted(argv, env)[0]
+
+
+def run_accounted(argv: list[str | Path], env: dict[str, str] | None = None) -> tuple[dict[str, Mapping], str]:
+    """run_mappings, and what the program wrote on stderr (with HUGIFY_DEBUG=1 in `env`,
+    the runtime's account of each object's windows)."""
     full = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "LD_PRELOAD")}
     res = subprocess.run(
         [str(a) for a in argv], capture_output=True, text=True, env={**full, **(env or {})}, check=False, timeout=120
     )
     assert res.returncode == 0, f"{argv} -> {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr}"
     assert "result " in res.stdout
-    return parse_smaps(res.stdout)
+    return parse_smaps(res.stdout), res.stderr
 
 
 def parse_smaps(output: str) -> dict[str, Mapping]:

@@ -48,6 +48,33 @@ def runtime_dir_state(directory: Path = HOST_RUNTIME_DIR) -> list[tuple[str, int
 
 
 _HOST_RUN = pytest.StashKey[list[tuple[str, int, int, int, str]] | None]()
+_OPENED = pytest.StashKey[list[tuple[Path, int]]]()
+
+
+def open_checkout_to_others(repo: Path = REPO) -> list[tuple[Path, int]]:
+    """Lets the tests that run as nobody or another user (setpriv, runuser) reach this
+    checkout's programs and modules. `git clone . "$(mktemp -d)"` keeps mktemp's 0700 on
+    the checkout: each directory above it that others may not search is given o+x
+    (search only), and the checkout itself o+rx (Python finds a package on its path by
+    listing the directory). The caller puts the modes back when the run ends. A directory
+    of another owner is not changed: the run stops at once and says which. Returns
+    (directory, former mode)."""
+    opened = []
+    top = repo.resolve()
+    for d in (*reversed(top.parents), top):
+        st, wanted = d.stat(), 0o005 if d == top else 0o001
+        if st.st_mode & wanted == wanted:
+            continue
+        if st.st_uid != os.geteuid():
+            raise pytest.UsageError(
+                f"{d} (mode {st.st_mode & 0o7777:04o}, uid {st.st_uid}) keeps the tests that run as nobody out of "
+                f"the checkout: clone it where others may {'list' if d == top else 'search'}"
+            )
+        d.chmod(st.st_mode | wanted)
+        opened.append((d, st.st_mode & 0o7777))
+        what = "readable and searchable by others (o+rx)" if d == top else "searchable by others (o+x)"
+        print(f"conftest: {d} made {what} for the run's unprivileged tests; put back at its end")
+    return opened
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,6 +89,13 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[LOG_ENV] = path
     if not hasattr(config, "workerinput"):
         config.stash[_HOST_RUN] = runtime_dir_state()
+        config.stash[_OPENED] = open_checkout_to_others()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    opened: list[tuple[Path, int]] = config.stash.get(_OPENED, [])
+    for d, mode in reversed(opened):
+        d.chmod(mode)
 
 
 @pytest.fixture(autouse=True)

@@ -35,6 +35,7 @@ import pytest
 from testkit import HP
 from testkit.elf import exec_load, readelf_windows
 from testkit.runtime import (
+    AUDIT_LIB,
     HOT_SPIN,
     HUGIFY_RUN,
     SECCOMP_KILL_PROCESS,
@@ -106,10 +107,16 @@ int main(int argc, char **argv) {
 
 @dataclass
 class Files:
-    """The hugified test program (`prog`) and a hugified library to dlopen (`plug`), in
-    a directory everyone may read."""
+    """The hugified test program (`prog`), a hugified library to dlopen (`plug`) and the
+    runtime that starts them (`run`: hugify-run, with the audit library beside it), in a
+    directory everyone may read. The runtime is copied there because the checkout may be
+    under /tmp, where the tmpfs some tests mount would hide it."""
 
     dir: Path
+
+    @property
+    def run(self) -> Path:
+        return self.dir / "hugify-run"
 
     @property
     def prog(self) -> Path:
@@ -129,6 +136,8 @@ def files(built: Programs) -> Iterator[Files]:
         build_hugified(work, "prog", PROGRAM, "-g", "-ldl")
         copy_programs(built, work / "lib")
         shutil.copy(work / "lib" / "libplug.so", work / "libplug.so")
+        for runtime in (HUGIFY_RUN, AUDIT_LIB):
+            shutil.copy(runtime, work / runtime.name)
         for f in (work / "prog", work / "libplug.so"):
             f.chmod(0o755)
         yield Files(work)
@@ -319,7 +328,7 @@ def test_short_processes_leave_nothing_in_tmp_by_default(files: Files, rundir: P
     """The bound: no map unless asked. 100 short processes that each copied their
     windows leave no byte in /tmp (each would have left its map, which nothing removes:
     perf report reads it after the process ended); asked, each leaves exactly its own."""
-    quick = [HUGIFY_RUN, "--anonymous=always", files.prog, "quick"]
+    quick = [files.run, "--anonymous=always", files.prog, "quick"]
     n = windows(files.prog)
     out, err = in_own_tmp(quick, environment(rundir), times=100)
     assert len(re.findall(rf"^hugify-audit: anonymous \S+/prog: {n}/{n} windows copied$", err, re.M)) == 100
@@ -346,7 +355,7 @@ def test_map_is_the_users_own_and_private(files: Files, rundir: Path, started: l
     nobody = ["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups"]
     r = start(
         started,
-        [*(nobody if user == "nobody" else []), HUGIFY_RUN, "--anonymous=always", files.prog, "wait"],
+        [*(nobody if user == "nobody" else []), files.run, "--anonymous=always", files.prog, "wait"],
         environment(rundir, HUGIFY_PERF_MAP="1"),
         "umask 0",
     )
@@ -388,7 +397,7 @@ def test_stale_map_of_the_same_user_is_replaced(files: Files, rundir: Path, star
     reused) names other code: it is removed and the map made afresh (O_EXCL), 0600."""
     r = start(
         started,
-        [HUGIFY_RUN, "--anonymous=always", files.prog, "wait"],
+        [files.run, "--anonymous=always", files.prog, "wait"],
         environment(rundir, HUGIFY_PERF_MAP="1"),
         plant("stale-own"),
     )
@@ -413,7 +422,7 @@ def test_a_name_planted_by_someone_else_is_left_alone(
     target.chmod(0o644)
     r = start(
         started,
-        [HUGIFY_RUN, "--anonymous=always", files.prog, "quick"],
+        [files.run, "--anonymous=always", files.prog, "quick"],
         environment(rundir, HUGIFY_PERF_MAP="1", TARGET=str(target)),
         plant(kind),
     )
@@ -442,7 +451,7 @@ def test_map_is_written_completely_or_not_at_all(files: Files, rundir: Path):
     """On a /tmp that is full (a 4 KiB tmpfs, in a mount namespace of its own) no map is
     left, rather than a cut one (a cut line names a function with a wrong size or the
     wrong name); with room, the same run leaves the whole map."""
-    quick = [HUGIFY_RUN, "--anonymous=always", files.prog, "quick"]
+    quick = [files.run, "--anonymous=always", files.prog, "quick"]
     n = windows(files.prog)
     out, err = in_own_tmp(quick, environment(rundir, HUGIFY_PERF_MAP="1"), size="4k")
     assert re.search(rf"^hugify-audit: anonymous \S+/prog: {n}/{n} windows copied$", err, re.M), err
@@ -469,7 +478,7 @@ def test_copies_carry_no_vma_name(files: Files, rundir: Path):
     die at prctl(PR_SET_VMA, ...) runs, its windows copied. (None of Debian's kernels
     names anonymous VMAs, this host's neither: there /proc cannot show the difference.)"""
     res = subprocess.run(
-        [sys.executable, "-c", SECCOMP_KILL_PR_SET_VMA, str(HUGIFY_RUN), "--anonymous=always", str(files.prog)],
+        [sys.executable, "-c", SECCOMP_KILL_PR_SET_VMA, str(files.run), "--anonymous=always", str(files.prog)],
         capture_output=True,
         text=True,
         env=environment(rundir),
@@ -501,7 +510,7 @@ def test_a_forked_child_has_a_map_of_its_own(files: Files, rundir: Path, started
     the child's map is then a file of its own, 0600, owned by the user."""
     r = start(
         started,
-        [HUGIFY_RUN, "--anonymous=always", files.prog, "fork", files.plug],
+        [files.run, "--anonymous=always", files.prog, "fork", files.plug],
         environment(rundir, HUGIFY_PERF_MAP="1"),
     )
     child = r.child()
@@ -522,7 +531,7 @@ def test_a_forked_child_has_a_map_of_its_own(files: Files, rundir: Path, started
 
 def test_no_map_for_a_forked_child_by_default(files: Files, rundir: Path, started: list[Running]):
     t0 = time.time_ns()
-    r = start(started, [HUGIFY_RUN, "--anonymous=always", files.prog, "fork"], environment(rundir))
+    r = start(started, [files.run, "--anonymous=always", files.prog, "fork"], environment(rundir))
     child = r.child()
     assert not made_since(perf_map(child), t0) and not made_since(perf_map(r.proc.pid), t0)
     out = r.finish()
@@ -539,7 +548,7 @@ def test_perf_started_after_the_fork_names_the_childs_copied_code(
     child (cpu-clock: this host has no hardware PMU)."""
     r = start(
         started,
-        [HUGIFY_RUN, "--anonymous=always", files.prog, "fork"],
+        [files.run, "--anonymous=always", files.prog, "fork"],
         environment(rundir, HUGIFY_PERF_MAP="1"),
     )
     child = r.child()
@@ -573,7 +582,7 @@ def test_perf_recording_before_the_start_needs_no_map(
     try:
         time.sleep(2.0)
         t0 = time.time_ns()
-        r = start(started, [HUGIFY_RUN, "--anonymous=always", files.prog, "fork"], environment(rundir))
+        r = start(started, [files.run, "--anonymous=always", files.prog, "fork"], environment(rundir))
         child = r.child()
         out = r.finish()
         assert r.proc.returncode == 0 and "result " in out, r.stderr
