@@ -80,6 +80,7 @@ install: build
 	install -d $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 dh-hugify/dh_hugify dh-hugify/dh_hugify_check dh-hugify/dh_hugify_sign $(DESTDIR)$(BINDIR)/
 	install -m 0644 dh-hugify/Debian/Debhelper/Sequence/hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Sequence/hugify.pm
+	install -m 0644 dh-hugify/Debian/Debhelper/Hugify.pm $(DESTDIR)$(PERL5DIR)/Debian/Debhelper/Hugify.pm
 ifneq ($(DOCDIR),)
 	install -d $(DESTDIR)$(DOCDIR)
 	install -m 0644 README.md docs/*.md signing/predicate-v1.md $(DESTDIR)$(DOCDIR)/

@@ -85,7 +85,7 @@ run /usr/bin/mount --rbind /sys "$root/sys"
 run /usr/bin/mount --rbind /dev "$root/dev"
 run /usr/bin/mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 run /usr/bin/mount -t tmpfs -o mode=755 tmpfs "$root/run"
-run /usr/bin/mount --bind "${{HUGIFY_BUNDLE_OUT%/*}}" "$root/bundle-out"
+{carried}run /usr/bin/mount --bind "${{HUGIFY_BUNDLE_OUT%/*}}" "$root/bundle-out"
 # The bundle becomes the root of this mount namespace (not a chroot inside it: the
 # measurement's own namespaces, copies of this one, must show the same paths), the
 # machine's tree at /.oldroot until it is detached.
@@ -95,6 +95,13 @@ exec /usr/sbin/chroot . /bin/sh -c 'umount -l /.oldroot && rmdir /.oldroot 2>/de
     /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root PYTHONUTF8=1 \\
     PYTHONPATH={repo} {python} -m bench.speedup --in-bundle /bundle.json --only {only} --ways {ways} \\
     --json "/bundle-out/${{HUGIFY_BUNDLE_OUT##*/}}" "$@"
+"""
+
+
+#: run.sh's lines for a checkout the fresh /tmp (or /run) would hide: bound back at its path.
+CARRIED_SH = """\
+run /usr/bin/mkdir -p "$root{repo}"
+run /usr/bin/mount --bind "$root/{carried}{repo}" "$root{repo}"
 """
 
 
@@ -132,16 +139,29 @@ def _interpreter(path: str) -> str | None:
     return m[1] if m else None
 
 
-class Tree:
-    """Files copied into the bundle's root at their paths."""
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
 
-    def __init__(self, root: Path, skip: tuple[str, ...]) -> None:
-        self.root, self.skip = root, skip
+
+#: Where the bundle keeps a checkout that lies in a directory run.sh mounts afresh (a
+#: clone in `mktemp -d`, under /tmp): run.sh binds it back at its path.
+CARRIED = ".carried"
+
+
+class Tree:
+    """Files copied into the bundle's root at their paths; those of `carry` (the checkout,
+    where it is under a skipped directory) below CARRIED."""
+
+    def __init__(self, root: Path, skip: tuple[str, ...], carry: str | None = None) -> None:
+        self.root, self.skip, self.carry = root, skip, carry
         self.done: set[str] = set()
         self.bytes = 0
 
     def _skipped(self, path: str) -> bool:
-        return ".git" in path.split("/") or any(path == s or path.startswith(s + "/") for s in self.skip)
+        if ".git" in path.split("/"):
+            return True
+        carried = self.carry is not None and _under(path, self.carry)
+        return not carried and any(_under(path, s) for s in self.skip)
 
     def add(self, path: str) -> None:
         """`path` as it is here: a symbolic link as a link (and what it points to), a
@@ -163,7 +183,11 @@ class Tree:
             return
         if parent != path:
             self.add(parent)
-        dest = self.root / path.lstrip("/")
+        if self.carry is not None and _under(path, self.carry):
+            dest = self.root / CARRIED / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)  # (the skipped directories above it)
+        else:
+            dest = self.root / path.lstrip("/")
         if os.path.islink(path):
             target = os.readlink(path)
             dest.symlink_to(target)
@@ -203,7 +227,8 @@ def prepare(dest: Path, only: list[str], ways: list[str]) -> dict[str, Any]:
     from testkit.cache import cache_root
 
     skip = (*SKIP, *APT, str(cache_root() / "glibc-thp"), str(dest), str(Path(tempfile.gettempdir())))
-    tree = Tree(dest / "root", skip)
+    carry = str(REPO) if any(_under(str(REPO), s) for s in skip) else None
+    tree = Tree(dest / "root", skip, carry)
     (dest / "root").mkdir()
     for p in (*SKIP, "/bundle-out", "/.oldroot"):
         (dest / "root" / p.lstrip("/")).mkdir(exist_ok=True)
@@ -236,6 +261,7 @@ def prepare(dest: Path, only: list[str], ways: list[str]) -> dict[str, Any]:
     script = RUN_SH.format(
         date=quick["machine"]["date"], commit=commit, only=",".join(only), ways=",".join(ways),
         loader=LOADER, libs=LIBS, repo=REPO, python=sys.executable,
+        carried=CARRIED_SH.format(repo=REPO, carried=CARRIED) if carry else "",
     )  # fmt: skip
     (dest / "run.sh").write_text(script)
     os.chmod(dest / "run.sh", 0o755)

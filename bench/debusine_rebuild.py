@@ -60,7 +60,7 @@ from testkit import REPO, debusine
 from testkit.bench import parser
 from testkit.cache import cache_root, locked
 from testkit.cli import hugify
-from testkit.debian import build_hugify_deb, deb_field
+from testkit.debian import build_hugify_deb, deb_field, hugify_step_times
 from testkit.debian_roots import source_package
 from testkit.debusine import client, deploy
 from testkit.debusine.deploy import Instance
@@ -381,12 +381,31 @@ def wait(instance: Instance, state: dict[str, Any], timeout: float, killer: Kill
         time.sleep(15)
 
 
-def build_log(instance: Instance, wr: dict[str, Any]) -> str | None:
+def build_log_artifact(instance: Instance, wr: dict[str, Any]) -> int | None:
     for a in wr["artifacts"]:
         art = client.artifact(instance, int(a["id"]) if isinstance(a, dict) else int(a))
         if art["category"] == "debian:package-build-log":
-            return client.web(f"/debusine/{debusine.WORKSPACE}/artifact/{art['id']}/")
+            return int(art["id"])
     return None
+
+
+def build_log(instance: Instance, wr: dict[str, Any]) -> str | None:
+    log = build_log_artifact(instance, wr)
+    return client.web(f"/debusine/{debusine.WORKSPACE}/artifact/{log}/") if log is not None else None
+
+
+def hugify_seconds(instance: Instance, builds: list[dict[str, Any]]) -> dict[str, float]:
+    """What each hugify debhelper command took in these sbuild tasks, read off their
+    build logs (the line each ends with: testkit.debian.hugify_step_times)."""
+    times: dict[str, float] = {}
+    for wr in builds:
+        log = build_log_artifact(instance, wr)
+        if log is None:
+            continue
+        for f in sorted(client.download_all(instance, log).iterdir()):
+            for step, secs in hugify_step_times(f.read_text(errors="replace")).items():
+                times[step] = times.get(step, 0.0) + secs
+    return times
 
 
 def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -422,6 +441,8 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
         # a task of their own); a task run again after a worker died is another one.
         succeeded = [w for w in builds if w["result"] == "success"]
         source = Path(entry["dsc"]).name.removesuffix(".dsc")
+        steps = hugify_seconds(instance, succeeded)
+        build_seconds = sum(w["duration"] for w in succeeded) if succeeded else (last or {}).get("duration")
         rows.append(
             {
                 "package": name,
@@ -433,7 +454,11 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
                 "sbuild_work_requests": [w["id"] for w in builds],
                 "sbuild_succeeded": [w["id"] for w in succeeded],
                 "sbuild_result": last["result"] if last else None,
-                "build_seconds": sum(w["duration"] for w in succeeded) if succeeded else (last or {}).get("duration"),
+                "build_seconds": build_seconds,
+                # hugify's share of the build: its debhelper commands' own lines in the logs
+                "hugify_steps": steps,
+                "hugify_seconds": sum(steps.values()),
+                "hugify_share": sum(steps.values()) / build_seconds if succeeded and build_seconds else None,
                 "worker": names.get(last["id"]) if last else None,
                 "work_request_link": client.web(last["url"]) if last else None,
                 "build_log_link": build_log(instance, last) if last and last["status"] == "completed" else None,
@@ -613,11 +638,16 @@ def print_tables(rows: list[dict[str, Any]], refused: dict[str, str]) -> None:
     """The builds, the sources derive-source refused, the checks of the published
     builds and, with --archive-sources, each source's build time with and without
     hugify."""
-    print(f"\n{'package':<20} {'result':<8} {'build s':>8} {'worker':<9} {'wr':>5} {'wf':>5} {'pub':>3}  log")
+    print(
+        f"\n{'package':<20} {'result':<8} {'build s':>8} {'hugify s':>8} {'share':>6} {'worker':<9} {'wr':>5} "
+        f"{'wf':>5} {'pub':>3}  log"
+    )
     for r in rows:
         secs = f"{r['build_seconds']:.0f}" if r["build_seconds"] else "-"
+        share = f"{100 * r['hugify_share']:.2f}%" if r.get("hugify_share") is not None else "-"
         print(
             f"{r['package']:<20} {r['sbuild_result'] or r['workflow_status'] or '-':<8} {secs:>8} "
+            f"{r.get('hugify_seconds', 0.0):>8.1f} {share:>6} "
             f"{r['worker'] or '-':<9} {r['sbuild_work_requests'][-1] if r['sbuild_work_requests'] else '-':>5} "
             f"{r['workflow']:>5} {r['published_sources']:>3}  {r['build_log_link'] or r['work_request_link'] or ''}"
         )

@@ -60,11 +60,12 @@ def drop_stale(final: Path, name: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock shared by every test process (pytest-xdist workers too)."""
+def locked(path: Path, shared: bool = False) -> Iterator[None]:
+    """A lock shared by every test process (pytest-xdist workers too): exclusive, or
+    `shared` with other shared holders (readers of what an exclusive holder changes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield
         finally:

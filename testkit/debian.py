@@ -258,6 +258,20 @@ def collect(parent: Path, out: Path) -> None:
                 subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
 
 
+#: The line each hugify debhelper command ends its part of a build log with
+#: (dh-hugify/Debian/Debhelper/Hugify.pm): its name, wall time and packages.
+STEP_TIME = re.compile(r"^hugify: (dh_hugify\w*) took (\d+\.\d\d) s for (\d+) package\(s\)$", re.M)
+
+
+def hugify_step_times(log: str) -> dict[str, float]:
+    """The seconds each hugify debhelper command took in a build log, by command (a log
+    of several builds, an sbuild log of arch-any and arch-all tasks, adds them up)."""
+    times: dict[str, float] = {}
+    for m in STEP_TIME.finditer(log):
+        times[m[1]] = times.get(m[1], 0.0) + float(m[2])
+    return times
+
+
 def deb_field(deb: Path, name: str) -> str:
     return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
 

@@ -256,10 +256,41 @@ def thp_setting(name: str = "enabled") -> str:
     return (THP / name).read_text().split("[")[1].split("]")[0]
 
 
+#: The machine's transparent huge pages as tests see them (THP's sysfs settings, and the
+#: shared-memory huge pages /proc/meminfo counts): a test changes the settings, or reads
+#: those machine-wide counts, only holding this lock exclusively (thp_alone); the tests
+#: that depend on them without the runtime tests' lock (the shared copies: shmem_enabled)
+#: hold it shared (thp_steady).
+THP_LOCK = Path("/tmp/hugify-thp.lock")
+#: Whether this process holds THP_LOCK exclusively (its one entry: the holder).
+_ALONE: list[bool] = []
+
+
+@contextlib.contextmanager
+def thp_alone() -> Iterator[None]:
+    """No test that holds thp_steady runs during the block (leave for thp_set). Taken
+    before any other lock (the runtime tests' too), so that a test holding it shared and
+    waiting for one of those is never waited for by a test that holds that one."""
+    with recipes.locked(THP_LOCK):
+        _ALONE.append(True)
+        try:
+            yield
+        finally:
+            _ALONE.pop()
+
+
+def thp_steady() -> contextlib.AbstractContextManager[None]:
+    """No test changes THP's settings, or counts the machine's shared-memory huge pages,
+    during the block (the lock held shared)."""
+    return recipes.locked(THP_LOCK, shared=True)
+
+
 @contextlib.contextmanager
 def thp_set(name: str, value: str) -> Iterator[None]:
     """THP's setting `name` set to `value` for the block, the value before put back
-    after it (the caller holds the runtime tests' lock: other tests read the setting)."""
+    after it. The caller holds thp_alone (for the tests that read the setting with
+    thp_steady) and the runtime tests' lock (for theirs)."""
+    assert _ALONE, "thp_set outside thp_alone()"
     before = thp_setting(name)
     (THP / name).write_text(value)
     try:

@@ -18,7 +18,7 @@ from hugify import kernel, shared
 from testkit import HP
 from testkit.cli import hugify
 from testkit.elf import readelf_windows
-from testkit.runtime import AUDIT_LIB, Programs, copy_programs
+from testkit.runtime import AUDIT_LIB, Programs, copy_programs, thp_steady
 from testkit.smaps import smaps_of
 
 SHARED_LINE = re.compile(r"^hugify-audit: shared (\S+): (\d+)/(\d+) windows mapped(.*)$", re.M)
@@ -50,29 +50,32 @@ def unmount(where: Path) -> None:
 
 
 @contextlib.contextmanager
-def files_on_tmpfs(built: Programs, base: Path) -> Iterator[Env]:
+def files_on_tmpfs(built: Programs, base: Path, steady: bool = True) -> Iterator[Env]:
     """The hugified programs on a tmpfs without huge pages, and an empty runtime
-    directory (root's, 0755); everything mounted is unmounted after."""
-    src, run = base / "src", base / "run"
-    mount_tmpfs(src, "size=96M,mode=0755")
-    run.mkdir(mode=0o755)
-    os.chmod(run, 0o755)
-    try:
-        yield Env(copy_programs(built, src / "bin"), run)
-    finally:
-        unmount(run / "shared")
-        unmount(src)
+    directory (root's, 0755); everything mounted is unmounted after. `steady`: THP's
+    settings are not changed by another test meanwhile (the copies depend on
+    shmem_enabled); the one test that changes them holds that lock itself."""
+    with thp_steady() if steady else contextlib.nullcontext():
+        src, run = base / "src", base / "run"
+        mount_tmpfs(src, "size=96M,mode=0755")
+        run.mkdir(mode=0o755)
+        os.chmod(run, 0o755)
+        try:
+            yield Env(copy_programs(built, src / "bin"), run)
+        finally:
+            unmount(run / "shared")
+            unmount(src)
 
 
 @contextlib.contextmanager
-def files_in_public(built: Programs) -> Iterator[Env]:
+def files_in_public(built: Programs, steady: bool = True) -> Iterator[Env]:
     """files_on_tmpfs in a directory every user may list and a runtime directory every
     user may enter, as /usr and /run/hugify are: root copies only what every user may
     read there (pytest's own directories are root's 0700: a store there is root's alone,
     whatever it copies)."""
     base = Path(tempfile_dir())
     try:
-        with files_on_tmpfs(built, base) as e:
+        with files_on_tmpfs(built, base, steady) as e:
             yield e
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)

@@ -46,6 +46,7 @@ from testkit.debian import (
     MANIFEST_DIR,
     PROG,
     SMALL,
+    STEP_TIME,
     UDEB_MODULE,
     DebBuild,
     build_id,
@@ -53,6 +54,7 @@ from testkit.debian import (
     debug_file,
     files_of,
     gdb_backtrace,
+    hugify_step_times,
     in_tree_env,
     run_in_root,
     source_line,
@@ -136,6 +138,23 @@ def test_dh_hugify_runs_after_dh_missing_and_before_dh_dwz_and_dh_strip(deb_buil
     cmds = ("dh_missing", "dh_hugify", "dh_dwz", "dh_strip", "dh_hugify_check", "dh_hugify_sign", "dh_gencontrol")
     order = [steps.index(cmd) for cmd in cmds]
     assert order == sorted(order), steps
+
+
+def test_each_hugify_step_ends_with_how_long_it_took(deb_build) -> None:
+    """dh_hugify, dh_hugify_check and dh_hugify_sign each end their part of the log with
+    one line of their wall time, for the packages dh_hugify summarised: hugify's share
+    of a build, read off its log wherever it was built."""
+    log = deb_build("with").ok().log
+    summarised = re.findall(r"^hugify: ([a-z0-9.+-]+): \d+ transformed, ", log, re.M)
+    assert len(summarised) >= 4, summarised
+    parts = re.split(r"^   (dh_\w+)[^\n]*\n", log, flags=re.M)
+    for step in ("dh_hugify", "dh_hugify_check", "dh_hugify_sign"):
+        (text,) = [parts[i + 1] for i in range(1, len(parts) - 1, 2) if parts[i] == step]
+        last = text.rstrip("\n").splitlines()[-1]
+        took = STEP_TIME.fullmatch(last)
+        assert took and took[1] == step, (step, text)
+        assert 0 < float(took[2]) < 600 and int(took[3]) == len(summarised), (step, last, summarised)
+    assert set(hugify_step_times(log)) == {"dh_hugify", "dh_hugify_check", "dh_hugify_sign"}
 
 
 @slow

@@ -122,7 +122,13 @@ def test_debian_trigger_and_rpm_file_trigger_are_the_runtimes() -> None:
 
 
 def test_debhelper_perl_compiles_and_documents_itself() -> None:
-    for f in ("dh_hugify", "dh_hugify_check", "Debian/Debhelper/Sequence/hugify.pm"):
+    for f in (
+        "dh_hugify",
+        "dh_hugify_check",
+        "dh_hugify_sign",
+        "Debian/Debhelper/Sequence/hugify.pm",
+        "Debian/Debhelper/Hugify.pm",
+    ):
         res = subprocess.run(
             ["perl", "-I", str(REPO / "dh-hugify"), "-c", str(REPO / "dh-hugify" / f)],
             capture_output=True,
@@ -143,6 +149,7 @@ SHIPPED = [
     "usr/bin/dh_hugify_check",
     "usr/bin/dh_hugify_sign",
     "usr/share/perl5/Debian/Debhelper/Sequence/hugify.pm",
+    "usr/share/perl5/Debian/Debhelper/Hugify.pm",
     "usr/lib/hugify/prefetch-trigger",
     "usr/lib/hugify/libhugify-audit.so",
     "usr/lib/hugify/libhugify-engine.so",

@@ -120,31 +120,34 @@ def test_hugify_run_alone_on_cold_cache(progs: Programs, tmp_path: Path, verify:
     assert "LD_AUDIT" not in res.stdout
 
 
-def test_audit_library_alone_on_cold_cache_including_dlopen(progs: Programs):
-    with locked():
-        drop_caches()
-        maps = run_mappings([progs.prog, progs.plug], env={"LD_AUDIT": str(AUDIT_LIB)})
-    assert_huge(maps, progs.prog, progs.lib, progs.plug)
-
-
-def test_hugify_run_with_audit_covers_dlopen(progs: Programs):
-    """The object the program dlopens is the audit library's (hugify-run settles the
-    program and its libraries before the program runs). Its window is cold, so it is
-    loaded. `busy` is the runtime's word for reads it could not tell from others' or
-    could not see end within its few milliseconds of waiting (on a loaded machine, a
-    CI run's once): then the start is made once more, and what the runtime said of
-    both is in the message."""
-    env = {"HUGIFY_AUDIT_LIB": str(AUDIT_LIB), "HUGIFY_DEBUG": "1"}
+def run_with_plug(progs: Programs, argv: list[str | Path], env: dict[str, str]) -> dict[str, Mapping]:
+    """Runs the program, which dlopens the plug-in, from a cold cache, and asserts what
+    the audit library said of the plug-in's window: cold, so loaded. `busy` is the
+    runtime's word for reads it could not tell from others' or could not see end within
+    its few milliseconds of waiting (on a loaded machine, a CI run's once): then the start
+    is made once more, and what the runtime said of both is in the message."""
     accounts = []
     for _ in range(2):
         with locked():
             drop_caches()
-            maps, stderr = run_accounted([HUGIFY_RUN, progs.prog, progs.plug], env=env)
+            maps, stderr = run_accounted(argv, env={**env, "HUGIFY_DEBUG": "1"})
         (line,) = [x for x in stderr.splitlines() if x.startswith(f"hugify-audit: {progs.plug}: ")]
         accounts.append(line)
         if " 0 busy," in line:
             break
     assert "1 windows: 1 huge (1 loaded, 0 repaired), 0 busy, 0 failed" in accounts[-1], accounts
+    return maps
+
+
+def test_audit_library_alone_on_cold_cache_including_dlopen(progs: Programs):
+    maps = run_with_plug(progs, [progs.prog, progs.plug], env={"LD_AUDIT": str(AUDIT_LIB)})
+    assert_huge(maps, progs.prog, progs.lib, progs.plug)
+
+
+def test_hugify_run_with_audit_covers_dlopen(progs: Programs):
+    """The object the program dlopens is the audit library's (hugify-run settles the
+    program and its libraries before the program runs)."""
+    maps = run_with_plug(progs, [HUGIFY_RUN, progs.prog, progs.plug], env={"HUGIFY_AUDIT_LIB": str(AUDIT_LIB)})
     assert_huge(maps, progs.prog, progs.lib, progs.plug)
 
 

@@ -43,6 +43,7 @@ from testkit.runtime import (
     perf_attached,
     perf_record,
     seccomp_program,
+    thp_alone,
     thp_set,
 )
 from testkit.smaps import Vma, smaps_of
@@ -379,7 +380,7 @@ def assert_kept(res: subprocess.CompletedProcess[str], progs: Programs, plain: s
 
 def test_thp_never_is_respected(progs: Programs):
     plain = result(run([progs.prog, progs.plug]))
-    with locked(), thp_set("enabled", "never"):
+    with thp_alone(), locked(), thp_set("enabled", "never"):
         res = run([HUGIFY_RUN, "--anonymous=always", progs.prog, progs.plug], DEBUG)
     # thp-off from sysfs; not-huge where /run/hugify still records the earlier mode (the
     # audit library trusts that record until the next `hugify prefetch`)

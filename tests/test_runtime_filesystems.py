@@ -41,6 +41,7 @@ from testkit.runtime import (
     locked,
     loop_fs,
     read_plainly,
+    thp_alone,
     thp_set,
 )
 
@@ -204,7 +205,17 @@ def test_a_process_without_huge_pages_records_nothing(built: Programs, tmp_path:
     assert not list(run.glob("no-large-folios-*")), [p.read_text() for p in run.iterdir()]
 
 
-def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(on_xfs: tuple[Programs, Path]):
+@pytest.fixture
+def changing_thp() -> Iterator[None]:
+    """thp_alone for the whole test: asked for before on_xfs, which holds the
+    runtime tests' lock (the settings lock is taken first)."""
+    with thp_alone():
+        yield
+
+
+def test_cold_code_is_loaded_unless_the_kernel_makes_it_huge_by_itself(
+    changing_thp: None, on_xfs: tuple[Programs, Path]
+):
     """Issue 20 item 5 on whatever kernel runs the suite, on XFS (large folios from 5.18),
     with THP `always`: prefetch's probe must say what the kernel does by itself, and
     prefetch loads the windows itself (`loaded`) where it does not, or leaves them to it

@@ -16,7 +16,6 @@ mounted."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from testkit.runtime import (
     hugify_as_nobody,
     locked,
     seccomp_program,
+    thp_alone,
     thp_set,
 )
 from testkit.shared import (
@@ -113,23 +113,26 @@ def test_root_copies_and_every_process_maps_the_copies(env: Env):
     assert copies_of(env) == copies
 
 
-def test_processes_share_the_copies(env: Env):
+def test_processes_share_the_copies(built: Programs):
     """Ten processes holding the copies mapped add no shared-memory huge pages: the copy
-    is one per machine (the anonymous mode's copies are one per process)."""
-    assert prefetch(env).returncode == 0
-    with locked():
-        before = meminfo("ShmemHugePages")
-        procs = [waiting(env) for _ in range(10)]
-        try:
-            during = meminfo("ShmemHugePages")
-            pmd = meminfo("ShmemPmdMapped")
-        finally:
-            outs = [finish(p) for p in procs]
-    windows = sum(nwin(f) for f in env.progs.files)
-    for o in outs:
-        assert result(o) == plain(env)
-        mapped = [v for v in vmas(o.split("--- smaps\n", 1)[1]) if v.name.startswith(str(env.store))]
-        assert sum(v.shmem_pmd for v in mapped if "x" in v.perms) == windows * HP, mapped
+    is one per machine (the anonymous mode's copies are one per process). Read off the
+    machine's counts with no other test's copies made or mapped meanwhile (thp_alone;
+    its own files, not the `env` fixture's, which holds thp_steady)."""
+    with thp_alone(), files_in_public(built, steady=False) as env:
+        assert prefetch(env).returncode == 0
+        with locked():
+            before = meminfo("ShmemHugePages")
+            procs = [waiting(env) for _ in range(10)]
+            try:
+                during = meminfo("ShmemHugePages")
+                pmd = meminfo("ShmemPmdMapped")
+            finally:
+                outs = [finish(p) for p in procs]
+        windows = sum(nwin(f) for f in env.progs.files)
+        for o in outs:
+            assert result(o) == plain(env)
+            mapped = [v for v in vmas(o.split("--- smaps\n", 1)[1]) if v.name.startswith(str(env.store))]
+            assert sum(v.shmem_pmd for v in mapped if "x" in v.perms) == windows * HP, mapped
     assert during - before < HP, (before, during)  # other tests may add at most a bit
     # The kernel counts a huge page mapped by PMDs once, however many processes map it.
     assert windows * HP <= pmd < 2 * windows * HP, pmd
@@ -377,21 +380,21 @@ def test_a_full_tmpfs_leaves_the_files_as_they_are(env: Env):
     assert_kept(env, run(env, [env.progs.prog, env.progs.plug]), "no-copy")
 
 
-@contextlib.contextmanager
-def shmem_enabled(value: str) -> Iterator[None]:
-    with locked(), thp_set("shmem_enabled", value):
-        yield
-
-
-def test_shared_memory_huge_pages_refused(env: Env):
+def test_shared_memory_huge_pages_refused(built: Programs):
     """shmem_enabled "deny" (the kernel's emergency switch, restored after): root's copies
-    would be small pages, so none is kept, and the program runs on its file mappings."""
-    with shmem_enabled("deny"):
+    would be small pages, so none is kept, and the program runs on its file mappings.
+    (Its own files, not the `env` fixture's: that holds the settings steady.)"""
+    with (
+        thp_alone(),
+        files_in_public(built, steady=False) as env,
+        locked(),
+        thp_set("shmem_enabled", "deny"),
+    ):
         res = prefetch(env)
         got = run(env, [env.progs.prog, env.progs.plug])
-    assert res.stdout.count("(shmem-not-huge)") == 3, res.stdout
-    assert not [p for p in env.store.iterdir()]
-    assert_kept(env, got, "no-copy")
+        assert res.stdout.count("(shmem-not-huge)") == 3, res.stdout
+        assert not [p for p in env.store.iterdir()]
+        assert_kept(env, got, "no-copy")
 
 
 def test_a_copy_in_small_pages_is_not_mapped(env: Env):
