@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
-from elftools.elf.elffile import ELFFile
 
 from testkit import REPO
 from testkit.annobin_notes import annotate
@@ -39,13 +41,23 @@ PROGRAMS = REPO / "tests" / "programs"
 ANNOBIN_NOTES = Path(__file__).resolve().parent / "annobin_notes.py"
 #: Bump when the build steps below change in a way that changes their output.
 BUILD_VERSION = 2
+
+
+def _gen_code() -> ModuleType:
+    """tests/programs/gen_code.py, whose figures the cache keys name."""
+    spec = importlib.util.spec_from_file_location("gen_code", PROGRAMS / "gen_code.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_GEN = _gen_code()
 #: One generated C function in this many is a switch function (tests/programs/gen_code.py);
 #: the others are padded to its size, which compiles about five times faster.
-FULL_EVERY = 8
-#: Functions of the probe that measures what a padded function lacks (code_padding).
-PROBE_FUNCS = 64
+FULL_EVERY: int = _GEN.FULL_EVERY
 #: What generate_code's sources depend on besides its arguments (part of cache keys).
-GENERATOR = f"gen_code.py --padded, one in {FULL_EVERY} a switch function, probed on {PROBE_FUNCS}"
+GENERATOR = f"gen_code.py --padded, one in {FULL_EVERY} a switch function, probed on {_GEN.PROBE_FUNCS}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,36 +352,14 @@ def generate_code(
 
 
 def code_padding(compiler: list[str], flags: list[str], work: Path) -> str:
-    """gen_code.py's --padded argument for a compiler and its code flags: one function
-    in FULL_EVERY a switch function, the others padded by the room a switch function
-    takes beyond a padded one, the table unit holding a jump table's read-only data for
-    each. Both are measured on a probe of PROBE_FUNCS functions, switch and padded in
-    turn, compiled the same way (debug information changes no code): from each
-    function's address to the next one's, alignment included; the jump tables' section
-    over the switch functions. The padding is whole 16 bytes, so that a padded function
-    stays as aligned as it was."""
-    probe = work / f"probe-{hashlib.sha256(repr((compiler, flags)).encode()).hexdigest()[:8]}"
-    gen = [sys.executable, str(PROGRAMS / "gen_code.py"), "--padded", "2:0:0"]
-    # Its last unit: functions 128 and on, whose constants take as many bytes as most.
-    _run([*gen, "probe", str(3 * PROBE_FUNCS), "3", str(probe)], work)
-    compile_ = ["ccache", *compiler, *flags, "-c", "-o", "probe.o", "probe_gen2.c"]
-    _run(compile_, probe, ccache_env(dict(os.environ)))
-    with (probe / "probe.o").open("rb") as f:
-        elf = ELFFile(f)
-        text = elf.get_section_by_name(".text")
-        starts = sorted(
-            (sym["st_value"], int(sym.name.removeprefix("probe_f")) % 2)
-            for sym in elf.get_section_by_name(".symtab").iter_symbols()
-            if sym.name.startswith("probe_f") and sym["st_info"]["type"] == "STT_FUNC"
-        )
-        rodata = sum(s["sh_size"] for s in elf.iter_sections() if s.name.startswith(".rodata"))
-    shutil.rmtree(probe)
-    ends = [a for a, _ in starts[1:]] + [text["sh_size"]]
-    room: tuple[list[int], list[int]] = ([], [])
-    for (start, kind), end in zip(starts, ends, strict=True):
-        room[kind].append(end - start)
-    full, padded = (sum(r) / len(r) for r in room)
-    return f"{FULL_EVERY}:{max(0, round((full - padded) / 16) * 16)}:{rodata // len(room[0])}"
+    """gen_code.py's --padded argument for a compiler and its code flags, measured by
+    gen_code.py itself (--padding-for: the one probe a package's build uses too), its
+    compile through ccache."""
+    cmd = [sys.executable, str(PROGRAMS / "gen_code.py"), "--padding-for", shlex.join(["ccache", *compiler, *flags])]
+    res = subprocess.run(cmd, cwd=work, env=ccache_env(dict(os.environ)), capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"fixture build failed: {' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
+    return res.stdout.strip()
 
 
 def _compile_objects(r: Recipe, sources: list[str], pic: str, work: Path) -> list[str]:

@@ -17,13 +17,31 @@ program's code and read-only data keep their sizes, and with them the layout and
 huge-page windows the tests expect; every function, symbol, table entry and
 relocation is still there.
 
-usage: gen_code.py [--padded EVERY:TEXT:RODATA] PREFIX COUNT FILES OUTDIR
+--padded-for "COMPILER FLAGS..." measures TEXT and RODATA itself: it compiles a probe
+of PROBE_FUNCS switch and PROBE_FUNCS padded functions with that command (the code's
+flags: -O2, -fPIC, ...; debug information changes no code) and reads the object's
+symbols and sections (ELF, little-endian, 32 or 64 bits: the host's and the cross
+compilers'), one function in FULL_EVERY then a switch function. --padding-for prints
+that --padded argument only. So a build measures on its own compiler, a package's
+build (tests/deb/hugify-deb-test/Makefile) as much as the suite's fixtures
+(testkit/recipes.py).
+
+usage: gen_code.py [--padded EVERY:TEXT:RODATA | --padded-for CMD] PREFIX COUNT FILES OUTDIR
+       gen_code.py --padding-for CMD
 """
 
+import shlex
+import struct
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CASES = 24
+#: One generated function in this many is a switch function (--padded-for).
+FULL_EVERY = 8
+#: Functions of each kind in the probe that measures what a padded function lacks.
+PROBE_FUNCS = 64
 
 
 def function(prefix: str, i: int, count: int) -> str:
@@ -67,13 +85,12 @@ def pad_macro(prefix: str, text: int) -> str:
     )
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    every, text, rodata = 1, 0, 0
-    if args[0] == "--padded":
-        every, text, rodata = (int(n) for n in args[1].split(":"))
-        args = args[2:]
-    prefix, count, files, outdir = args[0], int(args[1]), int(args[2]), Path(args[3])
+def generate(
+    prefix: str, count: int, files: int, outdir: Path, *, every: int = 1, text: int = 0, rodata: int = 0
+) -> None:
+    """The units PREFIX_gen0.c ... and PREFIX_table.c of `count` functions in `outdir`:
+    one function in `every` a switch function, the others padded by TEXT bytes, the
+    table unit holding RODATA bytes of read-only data for each padded function."""
     outdir.mkdir(parents=True, exist_ok=True)
     decl = "\n".join(f"long {prefix}_f{i}(long);" for i in range(count))
     strings = "\n".join(f"extern const char {prefix}_s{j}[];" for j in range(64))
@@ -105,6 +122,81 @@ def main() -> None:
             f'.fill {rodata * padded_count}, 1, 0x5a\\n.previous");'
         )
     (outdir / f"{prefix}_table.c").write_text("\n".join(table) + "\n")
+
+
+def object_layout(obj: bytes, prefix: str) -> tuple[list[tuple[int, int]], int, int]:
+    """Of a relocatable ELF object (little-endian, 32 or 64 bits): (offset in .text,
+    N) of each function PREFIX_fN there, sorted; .text's size; the size of .rodata and
+    its .rodata.* sections."""
+    if obj[:4] != b"\x7fELF" or obj[5] != 1:
+        raise SystemExit("gen_code.py: the probe is not a little-endian ELF object")
+    wide = obj[4] == 2
+    shoff, shentsize, shnum, shstrndx = (
+        struct.unpack_from("<Q10xHHH", obj, 0x28) if wide else struct.unpack_from("<I10xHHH", obj, 0x20)
+    )
+    header = "<IIQQQQIIQQ" if wide else "<IIIIIIIIII"
+    sections = [struct.unpack_from(header, obj, shoff + k * shentsize) for k in range(shnum)]
+
+    def name(table: int, at: int) -> str:
+        start = sections[table][4] + at
+        return obj[start : obj.index(b"\0", start)].decode()
+
+    names = [name(shstrndx, sec[0]) for sec in sections]
+    text = names.index(".text")
+    rodata = sum(sec[5] for n, sec in zip(names, sections, strict=True) if n == ".rodata" or n.startswith(".rodata."))
+    symtab = sections[names.index(".symtab")]
+    starts = []
+    entry = "<IBBHQQ" if wide else "<IIIBBH"
+    for off in range(symtab[4], symtab[4] + symtab[5], symtab[9]):
+        if wide:
+            st_name, info, _, shndx, value, _ = struct.unpack_from(entry, obj, off)
+        else:
+            st_name, value, _, info, _, shndx = struct.unpack_from(entry, obj, off)
+        sym = name(symtab[6], st_name)
+        n = sym.removeprefix(f"{prefix}_f")
+        if info & 0xF == 2 and shndx == text and sym != n and n.isdigit():  # STT_FUNC in .text
+            starts.append((value, int(n)))
+    return sorted(starts), sections[text][5], rodata
+
+
+def padding_for(command: list[str]) -> str:
+    """The --padded argument for `command` (a compiler and the code's flags): one
+    function in FULL_EVERY a switch function, the others padded by the room a switch
+    function takes beyond a padded one, the table unit holding a jump table's read-only
+    data for each. Both measured on a probe of switch and padded functions in turn,
+    compiled by `command`: from each function's offset to the next one's, alignment
+    included; the jump tables' sections over the switch functions. Whole 16 bytes, so
+    that a padded function stays as aligned as it was."""
+    with tempfile.TemporaryDirectory(prefix="gen-code-probe-") as tmp:
+        work = Path(tmp)
+        # Its last unit: functions 128 and on, whose constants take as many bytes as most.
+        generate("probe", 3 * PROBE_FUNCS, 3, work, every=2)
+        cmd = [*command, "-c", "-o", "probe.o", "probe_gen2.c"]
+        res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"gen_code.py: the probe did not compile: {shlex.join(cmd)}\n{res.stderr}")
+        starts, text_size, rodata = object_layout((work / "probe.o").read_bytes(), "probe")
+    ends = [a for a, _ in starts[1:]] + [text_size]
+    room: tuple[list[int], list[int]] = ([], [])
+    for (start, n), end in zip(starts, ends, strict=True):
+        room[n % 2].append(end - start)
+    if not room[0] or not room[1]:
+        raise SystemExit("gen_code.py: the probe's functions are not in its .text")
+    full, plain = (sum(r) / len(r) for r in room)
+    return f"{FULL_EVERY}:{max(0, round((full - plain) / 16) * 16)}:{rodata // len(room[0])}"
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    every, text, rodata = 1, 0, 0
+    if args[0] == "--padding-for":
+        print(padding_for(shlex.split(args[1])))
+        return
+    if args[0] in ("--padded", "--padded-for"):
+        spec = args[1] if args[0] == "--padded" else padding_for(shlex.split(args[1]))
+        every, text, rodata = (int(n) for n in spec.split(":"))
+        args = args[2:]
+    generate(args[0], int(args[1]), int(args[2]), Path(args[3]), every=every, text=text, rodata=rodata)
 
 
 if __name__ == "__main__":
