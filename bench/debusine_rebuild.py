@@ -99,6 +99,11 @@ FINISHED = ("completed", "aborted")
 BROKEN = "+broken"
 UNCHANGED = " (archive)"
 WORKFLOW = f"publish-to-{debusine.REPO_SUITE}"
+#: The most of a build's time hugify's debhelper steps may take (docs/packaging-debian.md,
+#: "What hugify adds to a build"), read off each build's log: 1 % of it, or 3 s where
+#: that is more (a small package's whole build takes a minute or two).
+PROMISED_SHARE = 0.01
+PROMISED_FLOOR_SECONDS = 3.0
 #: The workspace's base template (provision.sh): debian_pipeline without publishing.
 COMPARE_WORKFLOW = "build-trixie"
 #: Who signs the derived sources' changelog entries.
@@ -783,15 +788,22 @@ def main() -> int:
     # fail, which must not; every published build passes its checks.
     wrong = [r["package"] for r in rows if (r["workflow_result"] == "success") == (BROKEN in r["package"])]
     failed_checks = [r["package"] for r in rows if "checks" in r and not r["checks"]["ok"]]
+    # What docs/packaging-debian.md promises a build ("What hugify adds to a build").
+    over_share = [
+        r["package"]
+        for r in rows
+        if r.get("hugify_seconds", 0.0) > max(PROMISED_FLOOR_SECONDS, PROMISED_SHARE * (r["build_seconds"] or 0))
+    ]
     for what, bad in (
         ("published more than once", twice),
         ("not as expected", wrong),
         ("failed the checks after publication", failed_checks),
+        (f"hugify's steps took over {PROMISED_SHARE:.0%} of the build and {PROMISED_FLOOR_SECONDS:.0f} s", over_share),
     ):
         if bad:
             print(f"{what}: {', '.join(bad)}", file=sys.stderr)
     unsigned = release["valid_signature_by"] != release["key"]
-    return 1 if twice or wrong or failed_checks or unsigned or len(done) < len(rows) else 0
+    return 1 if twice or wrong or failed_checks or over_share or unsigned or len(done) < len(rows) else 0
 
 
 if __name__ == "__main__":
