@@ -48,7 +48,12 @@ def _gen_code() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gen_code", PROGRAMS / "gen_code.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # No __pycache__ among the recipes' inputs (recipe_key reads that directory).
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = before
     return module
 
 
@@ -300,7 +305,8 @@ def recipe_key(r: Recipe) -> str:
     if not r.annobin:
         del fields["annobin"]
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for p in sorted(PROGRAMS.iterdir()) + ([ANNOBIN_NOTES] if r.annobin else []):
+    sources = [p for p in sorted(PROGRAMS.iterdir()) if p.is_file()]
+    for p in sources + ([ANNOBIN_NOTES] if r.annobin else []):
         h.update(p.name.encode() + p.read_bytes())
     h.update("\n".join(_tool_versions(r)).encode())
     h.update(str(BUILD_VERSION).encode() + GENERATOR.encode())
