@@ -197,7 +197,9 @@ def _build_deb(work: Path, build_env: dict[str, str]) -> None:
     _wrapper(work)
     path = f"{work / 'bin'}:{DH_DIR}:{build_env['PATH']}"
     cmd = ["dpkg-buildpackage", "-us", "-uc", "-b"]
-    rc = _run_logged(cmd, src, {**build_env, "PATH": path, "HOME": str(work)}, work / "log")
+    # The add-on's commands from this checkout (PATH) with the module they share (PERL5LIB).
+    env = {**build_env, "PATH": path, "PERL5LIB": str(DH_DIR), "HOME": str(work)}
+    rc = _run_logged(cmd, src, env, work / "log")
     (work / "rc").write_text(str(rc))
     (work / "packages").mkdir()
     (work / "published").mkdir()
@@ -745,7 +747,7 @@ def test_dh_hugify_sign_signs_each_package_dh_hugify_reported(tmp_path: Path) ->
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "hugify").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     (tmp_path / "bin" / "hugify").chmod(0o755)
-    run_env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{DH_DIR}:{os.environ['PATH']}"}
+    run_env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{DH_DIR}:{os.environ['PATH']}", "PERL5LIB": str(DH_DIR)}
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run(["dh_hugify_sign", "--", "--policy", "p.toml"], cwd=src, env=run_env, check=True)
     report = "debian/.debhelper/generated/hugify-sign-test/hugify-report.json"
