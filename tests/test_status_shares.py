@@ -21,7 +21,7 @@ import pytest
 from hugify.sizes import human
 from testkit import HP
 from testkit.cli import hugify
-from testkit.runtime import HUGIFY_RUN, build_hugified, exec_segment_size, padded_functions
+from testkit.runtime import HUGIFY_RUN, build_hugified, exec_segment_size, padded_functions, thp_steady
 
 CHILDREN = 8
 
@@ -58,22 +58,25 @@ def forking(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def server(forking: Path) -> Iterator[list[int]]:
     """The program in the anonymous-copy mode (every window copied), forked into
-    CHILDREN children after the copies: the pids of all of them."""
+    CHILDREN children after the copies: the pids of all of them. THP's settings are held
+    steady meanwhile (the copies are anonymous huge pages: a test that sets enabled=never
+    would leave them small)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_AUDIT", "HUGIFY_ANONYMOUS")} | {"HUGIFY_PERF_MAP": "0"}
-    p = subprocess.Popen(
-        [str(HUGIFY_RUN), "--anonymous=always", str(forking), str(CHILDREN)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert p.stdout is not None and p.stdin is not None
-    try:
-        pids = [int(p.stdout.readline().split()[1]) for _ in range(CHILDREN + 1)]
-        yield pids
-    finally:
-        p.stdin.close()
-        assert p.wait(timeout=60) == 0
+    with thp_steady():
+        p = subprocess.Popen(
+            [str(HUGIFY_RUN), "--anonymous=always", str(forking), str(CHILDREN)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert p.stdout is not None and p.stdin is not None
+        try:
+            pids = [int(p.stdout.readline().split()[1]) for _ in range(CHILDREN + 1)]
+            yield pids
+        finally:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0
 
 
 def test_a_forked_servers_copies_count_once(server: list[int], forking: Path, tmp_path: Path):

@@ -25,7 +25,7 @@ from hugify.reasons import LOG_ENV
 from testkit import HP
 from testkit.cli import command, hugify
 from testkit.recipes import build_itlb
-from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime, padded_functions
+from testkit.runtime import HUGIFY_RUN, REPO, RUNTIME, Programs, build_runtime, padded_functions, thp_steady
 
 RECORD_LIB = RUNTIME / "libhugify-record.so"
 
@@ -152,6 +152,14 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def steady_thp() -> Iterator[None]:
+    """THP's settings left alone by the other tests while the shared way makes and maps
+    its copies (a test that sets shmem_enabled=deny would have them refused)."""
+    with thp_steady():
+        yield
+
+
 @pytest.fixture(scope="module")
 def itlb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the iTLB-bound program (4096 functions, 16 MiB of code) in a directory
@@ -211,6 +219,7 @@ def _tmpfs(where: Path, huge: str) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("way", ["shared", "auto"])
+@pytest.mark.usefixtures("steady_thp")
 def test_the_shared_way_maps_the_code_from_roots_copies(itlb: Path, tmp_path: Path, way: str) -> None:
     """Where the copies' filesystem gives no 2 MiB folios, root's hugify try maps their
     code from shared copies on a huge-page tmpfs, as the machine's runtime would:
@@ -243,6 +252,7 @@ def test_the_shared_way_maps_the_code_from_roots_copies(itlb: Path, tmp_path: Pa
         assert _leftovers(cache) == []
 
 
+@pytest.mark.usefixtures("steady_thp")
 def test_the_shared_way_copies_only_what_every_user_may_read(itlb: Path, shared_dir: Path) -> None:
     """With the cache where every user may pass (as under /var/cache), the shared way's
     store is reached by the command's processes of any user, so its copies may show
