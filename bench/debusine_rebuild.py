@@ -38,9 +38,17 @@ running an sbuild) is restarted by systemd; debusine gives the running work requ
 to it (or retries it), and the check at the end counts each source once in the suite:
 nothing is published twice.
 
+With --workers 1, the batch builds on the first external worker alone: the others are
+disabled by the admin for it (`debusine-admin worker disable`), and enabled again at its
+end; a batch keeps the number it started with. With --run-installed, each published
+program that has a workload of its own (testkit/debusine/installed.py: git's) is
+installed from the suite into a clean root on XFS and run there under the runtime the
+suite publishes, and in a clean root of the archive's builds: the same output, and its
+hugified code mapped with 2 MiB pages.
+
 usage: tools/bench debusine_rebuild [--set small|full] [--packages P,...] [--dsc FILE]...
-        [--archive-sources] [--profiles P,...] [--broken NAME] [--kill-worker-after S]
-        [--timeout S] [--json OUT] [--up] [--down]
+        [--archive-sources] [--profiles P,...] [--workers N] [--run-installed]
+        [--broken NAME] [--kill-worker-after S] [--timeout S] [--json OUT] [--up] [--down]
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +73,7 @@ from testkit.debian import build_hugify_deb, deb_field, hugify_step_times
 from testkit.debian_roots import source_package
 from testkit.debusine import client, deploy
 from testkit.debusine.deploy import Instance
+from testkit.debusine.installed import WORKLOADS, run_installed
 from testkit.elf import hugified, readelf
 
 #: The three large sources: each ships an ELF file with well over the 1 MiB of code
@@ -349,6 +359,15 @@ def start(instance: Instance, sources: dict[str, tuple[Path, str]], state: dict[
         print(f"{name}: artifact {entry['artifact']}, workflow {entry['workflow']}", flush=True)
 
 
+def set_workers(instance: Instance, count: int) -> list[str]:
+    """The first `count` external workers enabled, the others disabled the way an admin
+    does it (`debusine-admin worker disable`: the worker's token refused, its work requests
+    given to another worker); the names disabled."""
+    for i, name in enumerate(debusine.WORKERS):
+        instance.sh(f"debusine-admin worker {'enable' if i < count else 'disable'} {name}")
+    return list(debusine.WORKERS[count:])
+
+
 @dataclass
 class Killer:
     """Kills the worker running an sbuild once, after `after` seconds (fault injection)."""
@@ -386,6 +405,17 @@ def wait(instance: Instance, state: dict[str, Any], timeout: float, killer: Kill
         time.sleep(15)
 
 
+def batch_seconds(state: dict[str, Any], wrs: list[dict[str, Any]], roots: set[int]) -> float:
+    """From the batch's start to the end of its last workflow (debusine's completed_at),
+    or to now while one runs: a report made again later gives the same figure."""
+    ends = [
+        datetime.fromisoformat(w["completed_at"]).timestamp()
+        for w in wrs
+        if w["id"] in roots and w["status"] in FINISHED and w.get("completed_at")
+    ]
+    return (max(ends) if len(ends) == len(roots) else time.time()) - float(state["started"])
+
+
 def build_log_artifact(instance: Instance, wr: dict[str, Any]) -> int | None:
     for a in wr["artifacts"]:
         art = client.artifact(instance, int(a["id"]) if isinstance(a, dict) else int(a))
@@ -394,19 +424,17 @@ def build_log_artifact(instance: Instance, wr: dict[str, Any]) -> int | None:
     return None
 
 
-def build_log(instance: Instance, wr: dict[str, Any]) -> str | None:
-    log = build_log_artifact(instance, wr)
+def build_log(log: int | None) -> str | None:
+    """debusine's link to a build log artifact."""
     return client.web(f"/debusine/{debusine.WORKSPACE}/artifact/{log}/") if log is not None else None
 
 
-def hugify_seconds(instance: Instance, builds: list[dict[str, Any]]) -> dict[str, float]:
-    """What each hugify debhelper command took in these sbuild tasks, read off their
-    build logs (the line each ends with: testkit.debian.hugify_step_times)."""
+def hugify_seconds(instance: Instance, logs: list[int]) -> dict[str, float]:
+    """What each hugify debhelper command took in the sbuild tasks whose build log
+    artifacts these are, read off the logs (the line each ends with:
+    testkit.debian.hugify_step_times)."""
     times: dict[str, float] = {}
-    for wr in builds:
-        log = build_log_artifact(instance, wr)
-        if log is None:
-            continue
+    for log in logs:
         for f in sorted(client.download_all(instance, log).iterdir()):
             for step, secs in hugify_step_times(f.read_text(errors="replace")).items():
                 times[step] = times.get(step, 0.0) + secs
@@ -446,7 +474,10 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
         # a task of their own); a task run again after a worker died is another one.
         succeeded = [w for w in builds if w["result"] == "success"]
         source = Path(entry["dsc"]).name.removesuffix(".dsc")
-        steps = hugify_seconds(instance, succeeded)
+        # Each build log artifact looked up once (the client asks the server for every
+        # artifact of the work request).
+        logs = {w["id"]: build_log_artifact(instance, w) for w in builds if w["status"] == "completed"}
+        steps = hugify_seconds(instance, [log for w in succeeded if (log := logs[w["id"]]) is not None])
         build_seconds = sum(w["duration"] for w in succeeded) if succeeded else (last or {}).get("duration")
         rows.append(
             {
@@ -466,7 +497,7 @@ def report(instance: Instance, state: dict[str, Any], wrs: list[dict[str, Any]])
                 "hugify_share": sum(steps.values()) / build_seconds if succeeded and build_seconds else None,
                 "worker": names.get(last["id"]) if last else None,
                 "work_request_link": client.web(last["url"]) if last else None,
-                "build_log_link": build_log(instance, last) if last and last["status"] == "completed" else None,
+                "build_log_link": build_log(logs.get(last["id"])) if last else None,
                 "published_sources": sources_in_suite.get(source, 0),
             }
         )
@@ -639,6 +670,27 @@ def check_published(instance: Instance, row: dict[str, Any], stanzas: list[dict[
     return out
 
 
+def print_installed(installed: dict[str, Any]) -> None:
+    """One line per program run from a clean root of the suite's packages."""
+    for name, r in installed.items():
+        if "error" in r:
+            print(f"{name}: installed from the suite: the run failed:\n{r['error']}")
+            continue
+        mapped = ", ".join(
+            f"{path} {m['file_pmd'] >> 10}/{m['whole_windows'] >> 10} kB"
+            for path, m in r["suite"]["mappings"].items()
+            if "whole_windows" in m
+        )
+        archive = sum(m["file_pmd"] for m in r["archive"]["mappings"].values()) >> 10
+        print(
+            f"{name}: installed from the suite {r['suite']['versions']}, exit {r['suite']['status']}; "
+            f"the archive's {r['archive']['versions']}, exit {r['archive']['status']}; output "
+            f"{'the same' if r['same_output'] else 'DIFFERENT'} ({r['suite']['output_sha256'][:12]}); "
+            f"code PMD-mapped under hugify-run on XFS: {mapped or 'no hugified file mapped'} "
+            f"(the archive's build, plain: {archive} kB)"
+        )
+
+
 def print_tables(rows: list[dict[str, Any]], refused: dict[str, str]) -> None:
     """The builds, the sources derive-source refused, the checks of the published
     builds and, with --archive-sources, each source's build time with and without
@@ -698,6 +750,19 @@ def main() -> int:
         help="comma-separated build profiles of every sbuild task (nocheck: no test suites), set in the "
         "workspace's task configuration",
     )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        choices=range(1, len(debusine.WORKERS) + 1),
+        default=len(debusine.WORKERS),
+        help="external workers the batch builds on (the others disabled by the admin for it)",
+    )
+    ap.add_argument(
+        "--run-installed",
+        action="store_true",
+        help="install the published programs into a clean root and run their workloads on XFS "
+        "against the archive's (testkit/debusine/installed.py)",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--up", action="store_true", help="deploy the instance if none runs")
     ap.add_argument("--down", action="store_true", help="tear the instance down at the end")
@@ -730,6 +795,11 @@ def main() -> int:
     if state.setdefault("build_profiles", profiles) != profiles:
         print(f"debusine_rebuild: this batch's builds run with profiles {state['build_profiles']}", file=sys.stderr)
         return 2
+    if state.setdefault("workers", args.workers) != args.workers:
+        print(f"debusine_rebuild: this batch builds on {state['workers']} worker(s)", file=sys.stderr)
+        return 2
+    disabled = set_workers(instance, args.workers)
+    print(f"workers: {', '.join(debusine.WORKERS[: args.workers])}; disabled for the batch: {disabled or 'none'}")
     task_configuration = set_build_profiles(instance, profiles)
     print(f"build profiles of every sbuild task: {profiles or 'none'} ({task_configuration['push']})", flush=True)
     save_state(state)
@@ -737,7 +807,6 @@ def main() -> int:
     start(instance, sources, state)
     killer = Killer(args.kill_worker_after, t0)
     wrs = wait(instance, state, args.timeout, killer)
-    wall = time.time() - state["started"]
     rows = [r for r in report(instance, state, wrs) if r["package"] in sources]
     stanzas = suite_stanzas()
     # A finished workflow's published build passes its checks once for all: a run again
@@ -756,12 +825,28 @@ def main() -> int:
             if r["checks"]["ok"]:
                 passed[str(r["workflow"])] = r["checks"] | {"checked_at": time.time()}
                 save_state(state)
+    # The published programs as a user gets them: from the suite into a clean root.
+    installed: dict[str, Any] = {}
+    if args.run_installed:
+        for r in rows:
+            name = r["package"]
+            if name in WORKLOADS and r.get("checks", {}).get("ok"):
+                try:
+                    installed[name] = run_installed(
+                        instance, deploy.run_dir() / "installed" / name, name, originals[name]
+                    )
+                except Exception:  # reported with the others
+                    installed[name] = {"ok": False, "error": traceback.format_exc()}
+                r["installed"] = installed[name]
     print_tables(rows, refused)
+    print_installed(installed)
     done = [r for r in rows if r["workflow_status"] in FINISHED]
     roots = {r["workflow"] for r in rows}
     completed = len([w for w in wrs if w["workflow_root"] in roots and w["status"] == "completed"])
+    wall = batch_seconds(state, wrs, roots)
     print(
-        f"\n{len(done)}/{len(rows)} workflows finished, {wall:.0f} s since the batch started "
+        f"\n{len(done)}/{len(rows)} workflows finished, {wall:.0f} s from the batch's start to "
+        f"{'its last workflow' if len(done) == len(rows) else 'now'} "
         f"({completed / wall * 3600:.0f} work requests/hour)"
     )
     print(
@@ -780,14 +865,19 @@ def main() -> int:
             "wall_seconds": wall,
             "killed": killer.done,
             "published_twice": twice,
+            "workers": list(debusine.WORKERS[: args.workers]),
         }
         args.json.write_text(json.dumps({**summary, "release": release}, indent=1) + "\n")
+    set_workers(instance, len(debusine.WORKERS))  # the instance as it was deployed
     if args.down:
         print(json.dumps(deploy.down()))
     # Every source builds (and every derived one is published) but the copies made to
     # fail, which must not; every published build passes its checks.
     wrong = [r["package"] for r in rows if (r["workflow_result"] == "success") == (BROKEN in r["package"])]
     failed_checks = [r["package"] for r in rows if "checks" in r and not r["checks"]["ok"]]
+    not_as_archive = [name for name, result in installed.items() if not result["ok"]]
+    if args.run_installed and not installed:
+        not_as_archive.append(f"none of {', '.join(sorted(WORKLOADS))} published and checked")
     # What docs/packaging-debian.md promises a build ("What hugify adds to a build").
     over_share = [
         r["package"]
@@ -798,12 +888,14 @@ def main() -> int:
         ("published more than once", twice),
         ("not as expected", wrong),
         ("failed the checks after publication", failed_checks),
+        ("installed from the suite, not the archive's output or not mapped huge", not_as_archive),
         (f"hugify's steps took over {PROMISED_SHARE:.0%} of the build and {PROMISED_FLOOR_SECONDS:.0f} s", over_share),
     ):
         if bad:
             print(f"{what}: {', '.join(bad)}", file=sys.stderr)
     unsigned = release["valid_signature_by"] != release["key"]
-    return 1 if twice or wrong or failed_checks or over_share or unsigned or len(done) < len(rows) else 0
+    bad = twice or wrong or failed_checks or not_as_archive or over_share or unsigned
+    return 1 if bad or len(done) < len(rows) else 0
 
 
 if __name__ == "__main__":

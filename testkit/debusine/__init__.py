@@ -7,6 +7,8 @@ and debusine's own admin commands only.
 - container: one booted container, its overlay layers, commands run inside it.
 - deploy: the instance: up (root, provisioned layer, boot, health), down, status.
 - client: the `debusine` client of the instance (uploads, work requests, workflows).
+- installed: the suite's packages installed into a clean root, their programs run there
+  beside the archive's (bench/debusine_rebuild.py --run-installed).
 - guest/: what runs or is installed inside the container (provision.sh and its files),
   copied in by path and part of the provisioned layer's cache key.
 

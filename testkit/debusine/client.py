@@ -8,6 +8,7 @@ what a failure report names is what an operator opens.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import lzma
 import shutil
@@ -146,11 +147,17 @@ def built(instance: Instance, wr: dict[str, Any]) -> Built:
 
 def download_all(instance: Instance, artifact_id: int) -> Path:
     """Every file of an artifact, downloaded with the client into the share: their
-    directory (made afresh: the client refuses to overwrite a file)."""
+    directory. An artifact's files never change, so a download that finished is used
+    again (a resumed batch's report reads every build log again); one that did not is
+    made afresh (the client refuses to overwrite a file)."""
     dest = instance.share / "downloads" / str(artifact_id)
+    finished = dest.with_name(f"{artifact_id}.done")
+    if finished.exists():
+        return dest
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     instance.sh(f"debusine artifact download --target-directory {instance.inside(dest)} {artifact_id} > /dev/null")
+    finished.touch()
     return dest
 
 
@@ -205,20 +212,27 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def repository_public_key(instance: Instance) -> bytes:
+    """The public key (ASCII-armoured) of the repository key provisioning generated: the
+    signing worker's, from its debusine:signing-key asset in the workspace."""
+    fingerprint = instance.facts["repository_key"]
+    assets = instance.yaml(["debusine", "asset", "list", "--yaml", "--workspace", debusine.WORKSPACE])
+    (asset,) = [a for a in assets if a["data"]["fingerprint"] == fingerprint]
+    return base64.b64decode(asset["data"]["public_key"])
+
+
 def verify_release(instance: Instance) -> dict[str, Any]:
     """The suite's InRelease as apt fetches it from the instance's archive, checked with
-    gpg against the repository key provisioning generated (the signing worker's public
-    key, from its debusine:signing-key asset): the fingerprint that signed it, or the
-    error."""
+    gpg against the repository key (repository_public_key): the fingerprint that signed
+    it, or the error."""
     key = instance.facts["repository_key"]
     url = f"http://deb.{debusine.FQDN}/debusine/{debusine.WORKSPACE}/dists/{debusine.REPO_SUITE}/InRelease"
+    armoured = instance.share / "repository-key.asc"
+    armoured.write_bytes(repository_public_key(instance))
     script = f"""
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-debusine asset list --yaml --workspace {debusine.WORKSPACE} | python3 -c '
-import base64, sys, yaml
-(a,) = [a for a in yaml.safe_load(sys.stdin) if a["data"]["fingerprint"] == sys.argv[1]]
-sys.stdout.buffer.write(base64.b64decode(a["data"]["public_key"]))' {key} | gpg --dearmor > "$d/key.gpg"
+gpg --dearmor < {instance.inside(armoured)} > "$d/key.gpg"
 python3 -c 'import sys, urllib.request; sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1]).read())' {url} \\
     > "$d/InRelease"
 gpg --batch --status-fd 1 --no-default-keyring --keyring "$d/key.gpg" --verify "$d/InRelease" 2>/dev/null \\
