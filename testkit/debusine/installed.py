@@ -44,18 +44,39 @@ PROXY = f'Acquire::http::Proxy::deb.{debusine.FQDN} "http://{debusine.ADDRESS}/"
 #: workloads' files.
 IMAGE_SIZE = 4 << 30
 
-#: Git's own workload, on git's own upstream tree (the orig tarball of the source the
-#: batch built): import it, commit, change and commit again, then what a developer's day
-#: runs (log with patches, grep, diff, blame, gc, fsck, archive); fixed identities and
-#: dates make every object id the same on both sides. Then `git cat-file --batch` reads
-#: every object id from a pipe held open while its smaps are read: fed more than a pipe
-#: holds, the write returns only once git itself is reading.
-GIT = r"""
-export HOME=/work/home TZ=UTC LC_ALL=C.UTF-8 GIT_CONFIG_NOSYSTEM=1
-export GIT_AUTHOR_NAME=hugify GIT_AUTHOR_EMAIL=bench@hugify.invalid GIT_AUTHOR_DATE='2026-01-01T00:00:00+0000'
-export GIT_COMMITTER_NAME=hugify GIT_COMMITTER_EMAIL=bench@hugify.invalid GIT_COMMITTER_DATE='2026-01-01T00:00:00+0000'
+
+#: The head every workload starts with: a fixed environment, its input (the source's
+#: upstream tarball) unpacked into /work/tree.
+UNPACK = r"""
+export HOME=/work/home TZ=UTC LC_ALL=C.UTF-8
 mkdir -p "$HOME" /work/tree && cd /work/tree
 tar -xf /work/input --strip-components=1
+"""
+
+#: Holds the command in $hold (reading its standard input) running while its smaps are
+#: read: fed /work/feed, more than a pipe holds, so that the write returns only once the
+#: program itself reads. Prints the digest of what it wrote.
+HOLD = r"""
+mkfifo /work/queue
+eval "exec $hold" < /work/queue > /work/held &
+exec 3> /work/queue
+cat /work/feed >&3
+cat /proc/$!/smaps > /work/smaps
+exec 3>&-
+wait $!
+sha256sum < /work/held
+"""
+
+#: Git's own workload, on git's own upstream tree: import it, commit, change and commit
+#: again, then what a developer's day runs (log with patches, grep, diff, blame, gc,
+#: fsck, archive); fixed identities and dates make every object id the same on both
+#: sides. Then `git cat-file --batch` held open, fed every object id.
+GIT = (
+    UNPACK
+    + r"""
+export GIT_CONFIG_NOSYSTEM=1
+export GIT_AUTHOR_NAME=hugify GIT_AUTHOR_EMAIL=bench@hugify.invalid GIT_AUTHOR_DATE='2026-01-01T00:00:00+0000'
+export GIT_COMMITTER_NAME=hugify GIT_COMMITTER_EMAIL=bench@hugify.invalid GIT_COMMITTER_DATE='2026-01-01T00:00:00+0000'
 git init -q -b main . && git config pack.threads 1 && git config gc.auto 0
 git add -A && git commit -q -m import
 sed -i 's/static int/static  int/' *.c && git commit -q -a -m respace
@@ -68,16 +89,65 @@ git blame -s -- Makefile | sha256sum
 git gc -q && git fsck --strict --no-progress --no-dangling && echo fsck ok
 git count-objects -v | grep -E '^(count|in-pack|packs):'
 git archive --format=tar --prefix=tree/ HEAD | sha256sum
-git rev-list --objects --all | cut -d' ' -f1 > /work/objects
-mkfifo /work/queue
-git cat-file --batch < /work/queue > /work/batch &
-exec 3> /work/queue
-cat /work/objects >&3
-cat /proc/$!/smaps > /work/smaps
-exec 3>&-
-wait $!
-sha256sum < /work/batch
+git rev-list --objects --all | cut -d' ' -f1 > /work/feed
+hold="git cat-file --batch"
 """
+    + HOLD
+)
+
+#: ICU's own conversions and transforms (uconv, icu-devtools: libicuuc and libicui18n)
+#: on ICU's own tree: each of its text files (test data in many scripts) round-tripped
+#: through UTF-16 and GB 18030, their first 4 MB transliterated to ASCII and normalised (bytes not UTF-8 left out), the
+#: converters and transforms listed; then a transliteration of them held open.
+ICU = (
+    UNPACK
+    + r"""
+find . -type f -name '*.txt' | LC_ALL=C sort | head -n 1500 > /work/files
+wc -l < /work/files
+while read -r f; do
+    uconv -f utf-8 -t utf-16le --callback skip "$f" | uconv -f utf-16le -t gb18030 --callback skip
+done < /work/files | sha256sum
+while read -r f; do cat "$f"; done < /work/files | head -c 4000000 > /work/feed
+uconv -c -x 'Any-Latin; Latin-ASCII' < /work/feed | sha256sum
+uconv -c -x 'Any-NFKD' < /work/feed | sha256sum
+uconv -l | sha256sum
+uconv -L | sha256sum
+hold="uconv -c -x Any-Latin"
+"""
+    + HOLD
+)
+
+#: Ruby's compiler and parser on Ruby's own library (libruby: every lib/**/*.rb compiled
+#: to instructions and parsed by Ripper, digests of both), JSON round trips and integer
+#: work; then an interpreter held open reading the file list.
+RUBY = (
+    UNPACK
+    + r"""
+ruby -e '
+require "ripper"; require "digest"; require "json"
+files = Dir["lib/**/*.rb"].sort
+puts files.size
+iseq = Digest::SHA256.new
+sexp = Digest::SHA256.new
+files.each do |f|
+  src = File.read(f)
+  begin
+    iseq << RubyVM::InstructionSequence.compile(src, f).disasm
+  rescue SyntaxError
+    iseq << "syntax error in #{f}"
+  end
+  sexp << Ripper.sexp(src).inspect
+end
+puts iseq.hexdigest, sexp.hexdigest
+data = files.map { |f| { name: f, size: File.size(f), lines: File.foreach(f).count } }
+puts Digest::SHA256.hexdigest(JSON.generate(JSON.parse(JSON.generate(data))))
+puts (1..200_000).map { |i| (i * 2_654_435_761) % 1_000_003 }.sort.each_slice(1000).sum { |s| s.sum }
+'
+find . -type f -name '*.rb' | LC_ALL=C sort > /work/feed
+hold="ruby -e 'n = 0; STDIN.each_line { |l| n += l.bytesize }; puts n'"
+"""
+    + HOLD
+)
 
 
 @dataclass(frozen=True)
@@ -88,12 +158,16 @@ class Workload:
 
 
 #: By source name: the sources of the batch whose programs run a workload of their own.
-WORKLOADS = {"git": Workload(("git", "xz-utils"), GIT)}
+WORKLOADS = {
+    "git": Workload(("git", "xz-utils"), GIT),
+    "icu": Workload(("icu-devtools",), ICU),
+    "ruby3.3": Workload(("ruby3.3", "xz-utils"), RUBY),
+}
 
 
 def orig_tarball(dsc: Path) -> Path:
     """The upstream tarball beside a source's .dsc (the workload's input)."""
-    (orig,) = sorted(dsc.parent.glob("*.orig.tar.*"))
+    (orig,) = [p for p in sorted(dsc.parent.glob("*.orig.tar.*")) if not p.name.endswith(".asc")]
     return orig
 
 
