@@ -41,7 +41,7 @@ nothing is published twice.
 With --workers 1, the batch builds on the first external worker alone: the others are
 disabled by the admin for it (`debusine-admin worker disable`), and enabled again at its
 end; a batch keeps the number it started with. With --run-installed, each published
-program that has a workload of its own (testkit/debusine/installed.py: git's) is
+program that has a workload of its own (testkit/debusine/installed.py: git, icu, ruby3.3) is
 installed from the suite into a clean root on XFS and run there under the runtime the
 suite publishes, and in a clean root of the archive's builds: the same output, and its
 hugified code mapped with 2 MiB pages.
