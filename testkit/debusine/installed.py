@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit import debusine
+from testkit.debian_repro import in_private_mounts
 from testkit.debian_roots import MIRROR, mmdebstrap
 from testkit.debusine import client
 from testkit.debusine.deploy import Instance
@@ -97,8 +98,9 @@ hold="git cat-file --batch"
 
 #: ICU's own conversions and transforms (uconv, icu-devtools: libicuuc and libicui18n)
 #: on ICU's own tree: each of its text files (test data in many scripts) round-tripped
-#: through UTF-16 and GB 18030, their first 4 MB transliterated to ASCII and normalised (bytes not UTF-8 left out), the
-#: converters and transforms listed; then a transliteration of them held open.
+#: through UTF-16 and GB 18030, their first 4 MB transliterated to ASCII and normalised
+#: (bytes not UTF-8 left out), the converters and transforms listed; then a
+#: transliteration of them held open.
 ICU = (
     UNPACK
     + r"""
@@ -213,8 +215,7 @@ def run_in(root: Path, script: str, runtime: bool) -> subprocess.CompletedProces
         'mount -t proc proc "$1/proc" && mount --rbind /sys "$1/sys" && mount --rbind /dev "$1/dev"'
         ' && r=$1 && shift && exec chroot "$r" "$@"'
     )
-    argv = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private"]
-    argv += ["sh", "-c", setup, "-", str(root), *inner]
+    argv = in_private_mounts(setup, root, *inner, pid=True)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800, check=False)
 
