@@ -93,10 +93,13 @@ def mapped_from_copy(pid: int, copy: str) -> bool:
 # --- perf -------------------------------------------------------------------------------
 
 
-def report(data: Path) -> list[tuple[float, str, str]]:
-    """perf report's rows: (share, object, symbol), hottest first."""
+def report(data: Path, pid: int | None = None) -> list[tuple[float, str, str]]:
+    """perf report's rows: (share, object, symbol), hottest first; only the samples of
+    `pid` when given (a system-wide recording also holds the other tests' programs, some
+    running the same hot function)."""
+    only = ["--pid", str(pid)] if pid is not None else []
     out = subprocess.run(
-        ["perf", "report", "-i", str(data), "--stdio", "-q", "--sort", "dso,sym", "--percent-limit", "5"],
+        ["perf", "report", "-i", str(data), *only, "--stdio", "-q", "--sort", "dso,sym", "--percent-limit", "5"],
         capture_output=True,
         text=True,
         check=True,
@@ -153,8 +156,8 @@ def test_perf_attached_names_the_hot_function_through_the_copy(env: tuple[Env, P
             perf.send_signal(signal.SIGINT)
             _, err = perf.communicate(timeout=120)
         assert not Path(f"/tmp/perf-{p.pid}.map").exists()
-    rows = [r for r in report(data) if r[2] == "hugify_hot_spin"]
-    assert rows and rows[0][1] == "spin", report(data)
+    rows = [r for r in report(data, p.pid) if r[2] == "hugify_hot_spin"]
+    assert rows and rows[0][1] == "spin", report(data, p.pid)
     assert buildids(data).get(copy) == build_id(spin), (buildids(data), err)
 
 
