@@ -7,14 +7,23 @@ No test touches the host's runtime directory: each runs with HUGIFY_RUNTIME_DIR 
 a directory of its own (what every component reads and writes records in), and the run
 fails if /run/hugify is not exactly as it was before it.
 
+Items marked `long_running(minutes=M)` start first, longest first, and pytest-xdist
+hands out one item at a time (`--maxschedchunk 1`, tools/run-tests): each of the two
+workers takes the next item when it is free, so the minutes-long items (kernel boots,
+package builds, the debusine deployment) overlap each other and the short ones fill in
+after, instead of one worker finding a boot among its last items while the other idles.
+The summary says how far apart the workers ended.
+
 Fixtures more than one test file uses live here too."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +56,7 @@ def runtime_dir_state(directory: Path = HOST_RUNTIME_DIR) -> list[tuple[str, int
     return out
 
 
+_WORKERS_ENDED = pytest.StashKey[dict[str, float]]()
 _HOST_RUN = pytest.StashKey[list[tuple[str, int, int, int, str]] | None]()
 _OPENED = pytest.StashKey[list[tuple[Path, int]]]()
 
@@ -90,6 +100,35 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         config.stash[_HOST_RUN] = runtime_dir_state()
         config.stash[_OPENED] = open_checkout_to_others()
+
+
+def long_running_minutes(item: pytest.Item) -> float:
+    """The minutes an item's `long_running` mark says it takes from empty caches; 0 if
+    it has none."""
+    mark = item.get_closest_marker("long_running")
+    return float(mark.kwargs["minutes"]) if mark else 0.0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # After pytest's own reordering (items grouped by their module fixtures' parameters),
+    # so that a marked item is what starts its group's expensive fixture. The sort is
+    # stable: everything else keeps its order, and every worker collects the same list.
+    items.sort(key=long_running_minutes, reverse=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the controller (an xdist hook): when each worker finished its last item."""
+    node.config.stash.setdefault(_WORKERS_ENDED, {})[node.gateway.id] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    ended = config.stash.get(_WORKERS_ENDED, {})
+    if len(ended) > 1:
+        last = max(ended.values())
+        apart = ", ".join(f"{w} {last - t:.0f} s before the last" for w, t in sorted(ended.items()) if t < last)
+        terminalreporter.write_line(f"pytest's workers ended {last - min(ended.values()):.0f} s apart ({apart})")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
