@@ -72,6 +72,17 @@ def in_private_mounts(script: str, *args: str | Path, pid: bool = False) -> list
     return ["unshare", "--mount", "--propagation", "private", *pid_options, "sh", "-c", script, "sh", *map(str, args)]
 
 
+def in_chroot(root: Path, *argv: str, prepare: str = "", sys: bool = False, pid: bool = False) -> list[str]:
+    """The command that runs `argv` chrooted in `root`, in a private mount namespace
+    (in_private_mounts): the root gets its /proc and the host's /dev (and /sys with
+    `sys`), gone with the namespace. `prepare` is shell run first, with the root as $1
+    (an overlay mounted there, say)."""
+    steps = [prepare] if prepare else []
+    steps += ['mount -t proc proc "$1/proc"', *(['mount --rbind /sys "$1/sys"'] if sys else [])]
+    steps += ['mount --rbind /dev "$1/dev"', 'r=$1 && shift && exec chroot "$r" "$@"']
+    return in_private_mounts(" && ".join(steps), root, *argv, pid=pid)
+
+
 def policy_package() -> Path:
     """The test distribution's policy package (.deb), built once per its sources."""
     files = tree_files(POLICY_SRC)
@@ -310,8 +321,7 @@ def rebuild(build: DebBuild, dsc: Path, local_debs: list[Path]) -> DebBuild:
             f"cd {shlex.quote(build_path.name)}\n"
             f"exec {shlex.join(command)} --build={binary}\n"
         )
-        script = 'mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && exec chroot "$1" /bin/sh /rebuild.sh'
-        again = run(in_private_mounts(script, root, pid=True))
+        again = run(in_chroot(root, "/bin/sh", "/rebuild.sh", pid=True))
         collect(inside, out)
         return again.returncode, chroot.stdout + again.stdout
 

@@ -186,10 +186,14 @@ def exec_load(path: Path) -> Load:
     return loads[0]
 
 
-def hugified(path: Path) -> bool:
-    """Whether the executable load covers whole huge-page windows (hugify's shift output)."""
-    x = exec_load(path)
+def on_whole_windows(x: Load) -> bool:
+    """Whether an executable load covers whole huge-page windows (hugify's shift output)."""
     return x.offset % HP == 0 and x.vaddr % HP == 0 and x.filesz % HP == 0 and x.align == HP
+
+
+def hugified(path: Path) -> bool:
+    """Whether the file's executable load covers whole huge-page windows."""
+    return on_whole_windows(exec_load(path))
 
 
 def readelf_build_id(path: Path) -> bytes:

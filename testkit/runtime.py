@@ -480,15 +480,22 @@ def set_read_ahead(mnt: Path, kb: int) -> None:
 
 @contextlib.contextmanager
 def loop_fs(
-    work: Path, fs: str, options: str = "", programs: Programs | None = None, size: int = 320 << 20
+    work: Path,
+    fs: str,
+    options: str = "",
+    programs: Programs | None = None,
+    size: int = 320 << 20,
+    *,
+    fill: Callable[[Path], object] | None = None,
 ) -> Iterator[Path]:
     """A fresh `fs` filesystem on a loop device (a sparse image of `size` bytes: mkfs.xfs
     wants 300 MiB), mounted with `options`; its mount point. With `programs`, they are
-    copied to bin/ first and the filesystem mounted again, so that nothing of them is
-    left in the page cache (ext4 with data=journal keeps written pages pinned by the
-    journal until then). The device's readahead is LOOP_READ_AHEAD_KB: loop devices are
-    reused, and one keeps what a test before set (or what attaching an image gave it:
-    2560 here), which changes what a plain start reads by megabytes."""
+    copied to bin/ first, and with `fill`, it is called with the mount point; then the
+    filesystem is mounted again, so that nothing written is left in the page cache
+    (ext4 with data=journal keeps written pages pinned by the journal until then). The
+    device's readahead is LOOP_READ_AHEAD_KB: loop devices are reused, and one keeps
+    what a test before set (or what attaching an image gave it: 2560 here), which
+    changes what a plain start reads by megabytes."""
     image, mnt = work / f"{fs}.img", work / f"{fs}-mnt"
     with image.open("wb") as f:
         f.truncate(size)
@@ -505,6 +512,9 @@ def loop_fs(
     try:
         if programs:
             copy_programs(programs, mnt / "bin")
+        if fill:
+            fill(mnt)
+        if programs or fill:
             subprocess.run(["umount", str(mnt)], check=True)
             mounted()
         yield mnt

@@ -27,6 +27,7 @@ import pytest
 
 from testkit import REPO
 from testkit.debian import build_hugify_deb, copy_sources, hugify_sources
+from testkit.debian_repro import in_chroot
 from testkit.debian_roots import debian_root, hugify_depends
 
 slow = pytest.mark.slow
@@ -47,25 +48,19 @@ def in_root(lower: Path, work: Path, script: str, user: bool = False) -> subproc
     upper, wd, merged = work / "upper", work / "wd", work / "merged"
     for d in (upper, wd, merged):
         d.mkdir(parents=True, exist_ok=True)
-    inner = f"runuser -u u -- sh -ec {shlex_quote(script)}" if user else f"sh -ec {shlex_quote(script)}"
-    outer = (
-        f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={wd} {merged} && "
-        f"mount -t proc proc {merged}/proc && mount --rbind /dev {merged}/dev && "
-        f"exec chroot {merged} env -i PATH={STD_PATH} HOME=/root LC_ALL=C.UTF-8 {inner}"
-    )
+    as_user = ["runuser", "-u", "u", "--"] if user else []
+    overlay = f'mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={wd} "$1"'
     return subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-ec", outer],
+        in_chroot(
+            merged,
+            *("env", "-i", f"PATH={STD_PATH}", "HOME=/root", "LC_ALL=C.UTF-8", *as_user, "sh", "-ec", script),
+            prepare=overlay,
+        ),
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
     )
-
-
-def shlex_quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 #: What the installed hugify must do, whoever installed it: the program transformed is

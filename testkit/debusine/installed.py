@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from testkit import debusine
-from testkit.debian_repro import in_private_mounts
+from testkit.debian_repro import in_chroot
 from testkit.debian_roots import MIRROR, mmdebstrap
 from testkit.debusine import client
 from testkit.debusine.deploy import Instance
-from testkit.elf import exec_load, hugified
-from testkit.runtime import LOOP_READ_AHEAD_KB, loop_fs, set_read_ahead
+from testkit.elf import exec_load, on_whole_windows
+from testkit.runtime import loop_fs
 from testkit.smaps import exec_mappings
 
 #: The suite's archive as the builds see it, reached through the instance's web server.
@@ -211,20 +211,9 @@ def run_in(root: Path, script: str, runtime: bool) -> subprocess.CompletedProces
     """The workload in `root`, as root, with its own /proc (its PID namespace), /sys and
     /dev; under the root's own hugify-run when `runtime`."""
     inner = ["/usr/bin/hugify-run", "/bin/sh", "-euc", script] if runtime else ["/bin/sh", "-euc", script]
-    setup = (
-        'mount -t proc proc "$1/proc" && mount --rbind /sys "$1/sys" && mount --rbind /dev "$1/dev"'
-        ' && r=$1 && shift && exec chroot "$r" "$@"'
-    )
-    argv = in_private_mounts(setup, root, *inner, pid=True)
+    argv = in_chroot(root, *inner, sys=True, pid=True)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800, check=False)
-
-
-def remount(mnt: Path, image: Path) -> None:
-    """Mounted again: the filesystem's pages leave the page cache."""
-    subprocess.run(["umount", str(mnt)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
-    set_read_ahead(mnt, LOOP_READ_AHEAD_KB)
 
 
 def code_mappings(root: Path) -> dict[str, dict[str, int]]:
@@ -236,10 +225,11 @@ def code_mappings(root: Path) -> dict[str, dict[str, int]]:
         f = root / path.lstrip("/")
         entry = {"size": m.size, "file_pmd": m.pmd}
         try:
-            if hugified(f):
-                entry["whole_windows"] = exec_load(f).filesz
+            x = exec_load(f)
         except (AssertionError, subprocess.CalledProcessError):  # not one executable load: not hugify's
-            pass
+            x = None
+        if x is not None and on_whole_windows(x):
+            entry["whole_windows"] = x.filesz
         out[path] = entry
     return out
 
@@ -267,11 +257,14 @@ def run_installed(instance: Instance, work: Path, source: str, dsc: Path) -> dic
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     suite = suite_sources(client.repository_public_key(instance), work / f"{debusine.REPO_SUITE}.sources")
-    with loop_fs(work, "xfs", size=IMAGE_SIZE) as mnt:
+
+    def make_roots(mnt: Path) -> None:
+        make_root(mnt / "archive", workload.packages, None)
+        make_root(mnt / "suite", (*workload.packages, "hugify"), suite)
+
+    # Mounted again once the roots are made: nothing of them is left in the page cache.
+    with loop_fs(work, "xfs", size=IMAGE_SIZE, fill=make_roots) as mnt:
         archive_root, suite_root = mnt / "archive", mnt / "suite"
-        make_root(archive_root, workload.packages, None)
-        make_root(suite_root, (*workload.packages, "hugify"), suite)
-        remount(mnt, work / "xfs.img")
         archive = side(archive_root, workload, orig_tarball(dsc), runtime=False)
         derived = side(suite_root, workload, orig_tarball(dsc), runtime=True)
     moved = {p: m for p, m in derived["mappings"].items() if "whole_windows" in m}
