@@ -478,7 +478,7 @@ def test_rpm_keeps_its_header_installs_over_the_original_and_verifies(policy: Pa
 
 @slow
 def test_signing_policy_ships_a_signed_statement_that_verifies(archive_debs: dict[str, Path], tmp_path: Path) -> None:
-    from test_signing import env, keypair, verify
+    from testkit.signing import env, keypair, verify
 
     key, pub = keypair(tmp_path / "keys")
     pol = tmp_path / "signed.toml"

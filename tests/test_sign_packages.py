@@ -18,12 +18,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_signing import ATTEST, PASSWORD, RPM_FILES, cosign_verify, env, keypair, verdicts, verify
-from test_signing import built as built_signing
 
 from hugify import signing
 from testkit.cli import hugify
 from testkit.debian import LIB, LINK, LLD_LIB, LLD_PLUGIN, LLD_PROG, PROG, build_variant
+from testkit.signing import ATTEST, PASSWORD, RPM_FILES, cosign_verify, env, keypair, verdicts, verify
+from testkit.signing import built as built_signing
 
 slow = pytest.mark.slow
 DEB_FILES = {"prog": PROG, "link": LINK, "lib": LIB, "lld-prog": LLD_PROG, "lld-lib": LLD_LIB}

@@ -13,279 +13,49 @@ by cosign alone (verify-blob-attestation with the public key).
 from __future__ import annotations
 
 import base64
-import functools
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from hugify import _core, policy, signing
-from testkit import REPO
-from testkit.cache import cache_root, locked
-from testkit.cli import hugify, rpm_env, write_launcher
+from testkit.cli import hugify, rpm_env
 from testkit.elf import bits_differing, readelf_build_id
 from testkit.recipes import BY_NAME, build
-from testkit.rpm import BRP, MACROS, WITH_MACROS, rpm_eval
-
-COSIGN = Path(os.environ.get("HUGIFY_COSIGN") or cache_root() / "cosign-v2.6.5" / "bin" / "cosign")
-PASSWORD = "hugify-tests-Passw0rd"
-RPM_DIR = REPO / "tests" / "rpm"
-DEB_DIR = REPO / "tests" / "sign" / "deb"
-DH_DIR = REPO / "dh-hugify"
-SHIPPED_POLICY = REPO / "policy" / "policy.toml"
-ATTEST = "usr/share/hugify/attestations"
-#: Bump when the way the packages are built below changes.
-BUILD_VERSION = 1
-
-RPM_FILES = {"prog": "usr/bin/hugify-test", "link": "usr/bin/hugify-test-link", "lib": "usr/lib64/libhugtest.so.1"}
-RPM_SMALL = "usr/bin/hugify-small"
-DEB_FILES = {
-    "prog": "usr/bin/hugify-sign-test",
-    "link": "usr/bin/hugify-sign-test-link",
-    "lib": "usr/lib/x86_64-linux-gnu/libhugsigntest.so.1",
-}
-DEB_SMALL = "usr/bin/hugify-sign-small"
+from testkit.rpm import BRP, WITH_MACROS, rpm_eval
+from testkit.signing import (
+    ATTEST,
+    DEB_DIR,
+    DEB_SMALL,
+    DH_DIR,
+    PASSWORD,
+    RPM_SMALL,
+    SHIPPED_POLICY,
+    Built,
+    built,
+    cosign_verify,
+    env,
+    keypair,
+    sha256,
+    signed_build,
+    succeeded,
+    verdicts,
+    verify,
+)
 
 slow = pytest.mark.slow
-
-
-def _cosign() -> Path:
-    assert os.access(COSIGN, os.X_OK), f"cosign is missing at {COSIGN}: run tools/setup-dev-env, which builds it"
-    return COSIGN
-
-
-def env(**extra: str) -> dict[str, str]:
-    """The environment of a build or a hugify run: the shipped policy only, cosign
-    from the cache, the test key's password."""
-    base = {k: v for k, v in os.environ.items() if k not in ("HUGIFY_SIGNING_KEY", "SOURCE_DATE_EPOCH")}
-    return {
-        **base,
-        "HUGIFY_POLICY_PATH": str(SHIPPED_POLICY),
-        "HUGIFY_COSIGN": str(_cosign()),
-        "COSIGN_PASSWORD": PASSWORD,
-        **extra,
-    }
-
-
-def keypair(directory: Path, prefix: str = "cosign") -> tuple[Path, Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [str(_cosign()), "generate-key-pair", "--output-key-prefix", str(directory / prefix)],
-        env=env(),
-        capture_output=True,
-        check=True,
-    )
-    return directory / f"{prefix}.key", directory / f"{prefix}.pub"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def cosign_verify(pub: Path, bundle: Path, blob: Path) -> subprocess.CompletedProcess[str]:
-    """cosign alone, as an administrator would run it: no hugify code involved."""
-    root = bundle.parent / "offline-trusted-root.json"
-    if not root.exists():
-        root.write_text('{"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1"}\n')
-    cmd = [str(_cosign()), "verify-blob-attestation", "--key", str(pub), "--bundle", str(bundle)]
-    cmd += ["--trusted-root", str(root), "--insecure-ignore-tlog", "--type", signing.PREDICATE_TYPE, str(blob)]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
-# --- package builds, cached by their inputs ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Variant:
-    kind: str  # rpm | deb
-    #: The test policy layered over the shipped one; @KEY@ is the generated key.
-    policy: str
-
-
-SIGNED = '[signing]\nmode = "required"\nkey = "@KEY@"\n'
-VARIANTS = {
-    "rpm-signed": Variant("rpm", SIGNED),
-    "rpm-off": Variant("rpm", ""),
-    "rpm-required-nokey": Variant("rpm", '[signing]\nmode = "required"\n'),
-    "deb-signed": Variant("deb", SIGNED),
-}
-
-
-@dataclass
-class Built:
-    dir: Path
-    rc: int
-    log: str
-    packages: list[Path]
-    root: Path  # every package of the build extracted here
-    published: Path  # the build-output directory with the publication copies
-    key: Path
-    pub: Path
-
-
-def _files(*dirs: Path) -> Iterable[Path]:
-    for d in dirs:
-        yield from sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-
-
-def _tool_versions() -> str:
-    out = []
-    for cmd in (["rpm", "--version"], ["gcc", "--version"], ["dpkg-query", "-W", "debhelper", "dpkg-dev", "debugedit"]):
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        out.append(res.stdout.strip())
-    out.append(subprocess.run([str(_cosign()), "version"], capture_output=True, text=True, check=False).stdout)
-    return "\n".join(out)
-
-
-@functools.cache
-def _key(name: str) -> str:
-    v = VARIANTS[name]
-    h = hashlib.sha256(f"{BUILD_VERSION}\n{name}\n{v}\n{_tool_versions()}\n{sys.executable}".encode())
-    for p in _files(REPO / "hugify", REPO / "brp-scripts", DH_DIR, RPM_DIR, DEB_DIR):
-        h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes())
-    for p in (SHIPPED_POLICY, REPO / "tests" / "programs" / "gen_code.py"):
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _wrapper(work: Path) -> Path:
-    """The `hugify` command of the build: this checkout, the shipped policy and the test's."""
-    return write_launcher(work / "bin" / "hugify", f"{SHIPPED_POLICY}:{work / 'policy.toml'}")
-
-
-def _run_logged(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> int:
-    res = subprocess.run(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
-    )
-    log.write_text(res.stdout)
-    return res.returncode
-
-
-def _build_rpm(work: Path, build_env: dict[str, str]) -> None:
-    spec = work / "hugify-test.spec"
-    text = (RPM_DIR / "hugify-test.spec").read_text()
-    assert "\n%files\n" in text
-    spec.write_text(text.replace("\n%files\n", "\n%files %{?hugify_attestation}\n"))
-    top = work / "top"
-    cmd = ["rpmbuild", "-bb", "--define", f"_topdir {top}", "--define", f"hugify_test_src {RPM_DIR}"]
-    cmd += ["--load", str(MACROS), "--define", f"__hugify {_wrapper(work)}", "--define", f"__hugify_brp {BRP}"]
-    rc = _run_logged([*cmd, str(spec)], work, {**build_env, "HOME": str(work)}, work / "log")
-    (work / "rc").write_text(str(rc))
-    (work / "packages").mkdir()
-    (work / "published").mkdir()
-    for f in sorted((top / "RPMS").rglob("*")):
-        if f.suffix == ".rpm":
-            shutil.move(f, work / "packages" / f.name)
-        elif f.is_file():
-            shutil.move(f, work / "published" / f.name)
-    shutil.rmtree(top)
-
-
-def _build_deb(work: Path, build_env: dict[str, str]) -> None:
-    src = work / "src" / "hugify-sign-test-1.0"
-    shutil.copytree(DEB_DIR, src)
-    for f in (RPM_DIR / "main.c", RPM_DIR / "lib.c", RPM_DIR / "small.c", REPO / "tests/programs/gen_code.py"):
-        shutil.copy(f, src)
-    _wrapper(work)
-    path = f"{work / 'bin'}:{DH_DIR}:{build_env['PATH']}"
-    cmd = ["dpkg-buildpackage", "-us", "-uc", "-b"]
-    # The add-on's commands from this checkout (PATH) with the module they share (PERL5LIB).
-    env = {**build_env, "PATH": path, "PERL5LIB": str(DH_DIR), "HOME": str(work)}
-    rc = _run_logged(cmd, src, env, work / "log")
-    (work / "rc").write_text(str(rc))
-    (work / "packages").mkdir()
-    (work / "published").mkdir()
-    for f in sorted((work / "src").iterdir()):
-        if f.suffix == ".deb":
-            shutil.move(f, work / "packages" / f.name)
-        elif f.name.endswith((signing.STATEMENT_SUFFIX, signing.BUNDLE_SUFFIX)):
-            shutil.move(f, work / "published" / f.name)
-    shutil.rmtree(work / "src")
-
-
-def _extract(work: Path) -> None:
-    root = work / "root"
-    root.mkdir()
-    for p in sorted((work / "packages").iterdir()):
-        if p.suffix == ".rpm":
-            subprocess.run(f"rpm2cpio {p} | cpio -idm --quiet", shell=True, cwd=root, check=True)
-        else:
-            subprocess.run(["dpkg-deb", "-x", str(p), str(root)], check=True)
-
-
-def _load(d: Path) -> Built:
-    return Built(
-        d,
-        int((d / "rc").read_text()),
-        (d / "log").read_text(),
-        sorted((d / "packages").iterdir()),
-        d / "root",
-        d / "published",
-        d / "keys" / "cosign.key",
-        d / "keys" / "cosign.pub",
-    )
-
-
-def built(name: str) -> Built:
-    """The variant's build, from the cache or built now (one builder at a time)."""
-    v = VARIANTS[name]
-    base = cache_root()
-    final = base / f"sign-{name}-{_key(name)}"
-    if (final / "done").exists():
-        return _load(final)
-    with locked(base / f"sign-{name}.lock"):
-        if not (final / "done").exists():
-            # Built in place (the policy names the key by its path); complete once "done" exists.
-            shutil.rmtree(final, ignore_errors=True)
-            key, _ = keypair(final / "keys")
-            (final / "policy.toml").write_text(v.policy.replace("@KEY@", str(key)))
-            try:
-                (_build_rpm if v.kind == "rpm" else _build_deb)(final, env())
-                _extract(final)
-            except BaseException:
-                shutil.rmtree(final, ignore_errors=True)
-                raise
-            (final / "done").touch()
-            for stale in base.glob(f"sign-{name}-*"):
-                if stale != final and re.fullmatch(r"[0-9a-f]{16}", stale.name.rsplit("-", 1)[-1]):
-                    shutil.rmtree(stale, ignore_errors=True)
-    return _load(final)
-
-
-def _ok(b: Built) -> Built:
-    assert b.rc == 0, b.log[-5000:]
-    return b
-
-
-def _signed(kind: str) -> tuple[Built, dict[str, str], str]:
-    """A signed build, its hugified files and the statement's name."""
-    if kind == "rpm":
-        return _ok(built("rpm-signed")), RPM_FILES, "hugify-test"
-    return _ok(built("deb-signed")), DEB_FILES, "hugify-sign-test"
-
-
-def verify(root: Path, *args: str | Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    return hugify("verify", "--root", root, *args, check=False, env=env(HUGIFY_POLICY_PATH="", **extra))
-
-
-def verdicts(res: subprocess.CompletedProcess[str]) -> dict[str, str]:
-    return {f["path"]: f["verdict"] for f in json.loads(res.stdout)["files"]}
-
 
 # --- rpm ---------------------------------------------------------------------------------------
 
 
 @slow
 def test_rpm_signing_runs_after_the_last_step_that_rewrites_files() -> None:
-    b = _ok(built("rpm-signed"))
+    b = succeeded(built("rpm-signed"))
     log = b.log
     fdi = log.index("/usr/bin/find-debuginfo -j")
     strip = log.index("+ /usr/lib/rpm/brp-strip ")
@@ -299,7 +69,7 @@ def test_rpm_signing_runs_after_the_last_step_that_rewrites_files() -> None:
 
 @slow
 def test_rpm_ships_the_statement_and_bundle_and_publishes_them_beside_the_rpms() -> None:
-    b = _ok(built("rpm-signed"))
+    b = succeeded(built("rpm-signed"))
     main = next(p for p in b.packages if p.name == "hugify-test-1.0-1.x86_64.rpm")
     listed = subprocess.run(["rpm", "-qlp", str(main)], capture_output=True, text=True, check=True).stdout.split()
     for suffix in (".intoto.json", ".bundle"):
@@ -319,7 +89,7 @@ def test_rpm_required_mode_without_a_key_fails_the_build_with_the_reason() -> No
 
 @slow
 def test_rpm_off_ships_a_statement_without_a_bundle(tmp_path: Path) -> None:
-    b = _ok(built("rpm-off"))
+    b = succeeded(built("rpm-off"))
     assert 'hugify: hugify-test: statement of 2 file(s), 3 name(s), not signed: signing.mode = "off"' in b.log
     main = next(p for p in b.packages if p.name == "hugify-test-1.0-1.x86_64.rpm")
     listed = subprocess.run(["rpm", "-qlp", str(main)], capture_output=True, text=True, check=True).stdout.split()
@@ -337,7 +107,7 @@ def test_rpm_off_ships_a_statement_without_a_bundle(tmp_path: Path) -> None:
 
 @slow
 def test_deb_dh_hugify_sign_runs_after_dh_strip_and_installs_into_the_package() -> None:
-    b = _ok(built("deb-signed"))
+    b = succeeded(built("deb-signed"))
     log = b.log
     assert log.index("\ndh_hugify\n") < log.index("\ndh_strip\n") < log.index("\ndh_hugify_sign\n")
     assert "hugify: hugify-sign-test: statement of 2 file(s), 3 name(s), signed with " in log
@@ -356,7 +126,7 @@ def test_deb_dh_hugify_sign_runs_after_dh_strip_and_installs_into_the_package() 
 @slow
 @pytest.mark.parametrize("kind", ["rpm", "deb"])
 def test_statement_describes_the_shipped_files(kind: str) -> None:
-    b, files, name = _signed(kind)
+    b, files, name = signed_build(kind)
     text = (b.root / ATTEST / f"{name}.intoto.json").read_text()
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n", "canonical: sorted keys"
     doc = json.loads(text)
@@ -389,7 +159,7 @@ def test_statement_describes_the_shipped_files(kind: str) -> None:
 @slow
 @pytest.mark.parametrize("kind", ["rpm", "deb"])
 def test_hugify_verify_reports_every_hugified_file_verified(kind: str) -> None:
-    b, files, _ = _signed(kind)
+    b, files, _ = signed_build(kind)
     res = verify(b.root, "--all", "--key", b.pub)
     assert res.returncode == 0, res.stdout + res.stderr
     for f in files.values():
@@ -401,7 +171,7 @@ def test_hugify_verify_reports_every_hugified_file_verified(kind: str) -> None:
 @slow
 @pytest.mark.parametrize("kind", ["rpm", "deb"])
 def test_cosign_alone_verifies_each_hugified_file(kind: str, tmp_path: Path) -> None:
-    b, files, name = _signed(kind)
+    b, files, name = signed_build(kind)
     bundle = tmp_path / f"{name}.bundle"  # a copy: cosign_verify writes a trusted root beside it
     shutil.copy(b.root / ATTEST / bundle.name, bundle)
     # The bundle's DSSE envelope carries exactly the installed statement.
@@ -426,7 +196,7 @@ def _copy_tree(b: Built, files: dict[str, str], small: str, dest: Path) -> Path:
 @slow
 @pytest.mark.parametrize("kind", ["rpm", "deb"])
 def test_tampering_gives_each_verdict_its_own_exit_status(kind: str, tmp_path: Path) -> None:
-    b, files, name = _signed(kind)
+    b, files, name = signed_build(kind)
     small = RPM_SMALL if kind == "rpm" else DEB_SMALL
     statuses = {}
 
