@@ -44,6 +44,10 @@ from typing import NamedTuple, Self
 StrPath = str | os.PathLike[str]
 #: (st_dev, st_ino): which inode a name is.
 Identity = tuple[int, int]
+#: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): which inode, and which state of
+#: its bytes and attributes. A rename over the name changes the first two; a write, a
+#: chmod or a chown the change time, which no user but root can set back.
+Version = tuple[int, int, int, int, int]
 
 #: O_NONBLOCK and O_DIRECTORY: a FIFO or a device node swapped in for a directory is
 #: refused (ENOTDIR) before it is opened, never waited on or opened.
@@ -113,6 +117,10 @@ def describe(mode: int) -> str:
 
 def identity(st: os.stat_result) -> Identity:
     return (st.st_dev, st.st_ino)
+
+
+def version(st: os.stat_result) -> Version:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _symlink_detail(path: str) -> str:

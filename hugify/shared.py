@@ -28,9 +28,9 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from hugify import kernel, reasons
+from hugify import files, kernel, reasons
 from hugify.docs import doc
 from hugify.engine import UNSUPPORTED
 from hugify.hugified import NotHugified, read_hugified
@@ -689,6 +689,15 @@ def wanted(t: Opened) -> bool:
     return t.fd >= 0 and any(w.state == UNSUPPORTED for w in t.windows)
 
 
+class StandsFor(NamedTuple):
+    """The file a target was copied from (hugify try's hugified copies), as it was when
+    its bytes were read: the readers of that file, and only while it is still that
+    file, decide who may be shown a shared copy of the target."""
+
+    path: str
+    version: files.Version
+
+
 def settle(
     rdir: Path,
     engine: Engine,
@@ -696,14 +705,14 @@ def settle(
     budget: int,
     complete: bool,
     *,
-    stands_for: Mapping[str, str] | None = None,
+    stands_for: Mapping[str, StandsFor] | None = None,
 ) -> Report:
     """Keeps or makes the copies of the `targets` that want one, in their order, while
     what they hold stays within `budget`; drops the copies that are of no use (stale,
     changed, beyond the budget) and, when the run saw every installed file (`complete`),
     those of files it did not see or that want none. Root only: nobody else may write
     the store. A target that `stands_for` another file (by path) gets a copy only if
-    every user may read that file."""
+    that path is still the file it was copied from and every user may read it."""
     report = Report()
     targets = list(targets)
     want = [t for t in targets if wanted(t)]
@@ -766,7 +775,7 @@ class _Settling:
     exposed: bool = True
     #: For a target that is a copy made for the occasion (hugify try's hugified copies,
     #: in root's own directories), the file it stands for, whose readers decide.
-    stands_for: Mapping[str, str] = field(default_factory=dict)
+    stands_for: Mapping[str, StandsFor] = field(default_factory=dict)
     #: Bytes that copies removed from the store still hold (processes map them).
     removed: int = 0
 
@@ -840,23 +849,29 @@ class _Settling:
     def _shown(self, fd: int, path: str) -> Iterator[WorldReadable | None]:
         """Proves that every user may read what a copy of the target (open as `fd`)
         would show them, holding the proof's descriptors while the caller works: the
-        target itself, or the file it stands for. None where the store shows nobody
-        anything. Refused (copy-private) otherwise."""
+        target itself, or the file it stands for, still the one it was copied from (a
+        public file renamed over a private one's path since proves nothing of the
+        bytes copied: copy-stale). None where the store shows nobody anything. Refused
+        (copy-private) otherwise."""
         if not self.exposed:
             yield None
             return
         original = self.stands_for.get(path)
         if original is not None:
             try:
-                fd = os.open(original, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                fd = os.open(original.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as e:
-                raise Refused("copy-private", f"{original} cannot be checked: {reasons.io_detail(e)}") from e
-        proof = WorldReadable(fd, original or path)
+                raise Refused("copy-private", f"{original.path} cannot be checked: {reasons.io_detail(e)}") from e
         try:
-            proof.prove()
-            yield proof
+            if original is not None and files.version(os.fstat(fd)) != original.version:
+                raise Refused("copy-stale", f"{original.path} is no longer the file its copy was made from")
+            proof = WorldReadable(fd, original.path if original else path)
+            try:
+                proof.prove()
+                yield proof
+            finally:
+                proof.close()
         finally:
-            proof.close()
             if original is not None:
                 os.close(fd)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from hugify import files, shared
 from hugify import prefetch as pf
-from hugify import shared
 from testkit.runtime import AS_NOBODY, Programs
 from testkit.shared import Env, copies_of, files_in_public, files_on_tmpfs, prefetch
 
@@ -223,6 +223,49 @@ def test_a_directory_made_private_while_the_copy_is_written(public: Env, monkeyp
     assert (outcome.state, outcome.reason) == ("none", "copy-private"), outcome
     assert "changed while it was copied" in outcome.detail, outcome
     assert not list(public.store.iterdir())
+
+
+def test_a_copy_stands_for_its_original_only_while_it_is_the_file_copied(public: Env):
+    """hugify try's hugified copy of a program only root may read (its own 0700
+    directory) stands for that program: whoever may read the program's path decides
+    who may be shown a shared copy. Someone who can rename in the program's directory
+    puts a world-readable file over its path after try read the bytes: the path now
+    proves nothing of the bytes copied, so no shared copy is made (copy-stale) and
+    nobody finds the private bytes in the store. The control: the same copy, standing
+    for the file now at the path as it is, is copied. On the old code (the original
+    named by its path alone) the private program's copy was made and shown to all."""
+    f = placed(public, 0o755, "prog-d1r")
+    private_bytes = f.read_bytes()
+    os.chmod(f, 0o700)
+    copies = public.progs.dir.parent / "try-copies"  # try's cache: root's alone
+    copies.mkdir(mode=0o700)
+    copy = copies / f.name
+    copy.write_bytes(private_bytes)
+    read_then = files.version(os.stat(f))  # the version hugify try read the bytes of
+    decoy = f.parent / "decoy"
+    decoy.write_bytes(b"#!/bin/sh\n")
+    decoy.chmod(0o755)
+    os.rename(decoy, f)  # the world-readable file now at the program's path
+    assert nobody_can_read(f) and files.version(os.stat(f)) != read_then
+
+    def settle(version: files.Version) -> shared.Outcome:
+        with pf.session(str(public.run)) as r:
+            work = pf.open_targets([pf.Target(str(copy))], r.hp)
+            try:
+                r.prefetch(work)
+                stands_for = {str(copy): shared.StandsFor(str(f), version)}
+                report = shared.settle(r.rdir, r.engine, work, 64 << 20, complete=False, stands_for=stands_for)
+            finally:
+                pf.close_targets(work)
+        return report.outcomes[str(copy)]
+
+    outcome = settle(read_then)
+    assert (outcome.state, outcome.reason) == ("none", "copy-stale"), outcome
+    assert outcome.detail == f"{f} is no longer the file its copy was made from", outcome
+    assert copies_of(public) == {} and digest(copy) not in nobody_finds(public)["digests"]
+    outcome = settle(files.version(os.stat(f)))
+    assert outcome.state == "made", outcome
+    assert digest(copy) in nobody_finds(public)["digests"]
 
 
 def test_a_store_only_root_may_reach_takes_copies_of_private_files(built: Programs, tmp_path: Path):

@@ -781,6 +781,7 @@ def test_a_cache_entry_holds_the_bytes_its_name_says(tmp_path: Path, monkeypatch
     evil = _marked(tmp_path / "evil", "the-evil-bytes")
     original = tmp_path / "prog"
     shutil.copy2(good, original)
+    read = files.version(os.stat(original))
     fired: list[files.Step] = []
 
     def rename_over(step: files.Step) -> None:
@@ -802,6 +803,8 @@ def test_a_cache_entry_holds_the_bytes_its_name_says(tmp_path: Path, monkeypatch
     assert copy.path.parent.name.startswith(f"{digest}-")
     data = copy.path.read_bytes()
     assert b"the-good-bytes" in data and b"the-evil-bytes" not in data
+    # The copy stands for the file whose bytes it holds, not for what is at the path now.
+    assert copy.source == read and files.version(os.stat(original)) != read
 
 
 def _as(user: str, *cmd: str | Path) -> None:

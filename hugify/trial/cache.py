@@ -52,7 +52,7 @@ import shutil
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -265,10 +265,29 @@ class Copy:
     #: (st_dev, st_ino) of the copy whose bytes were checked: the inode the
     #: hugified side's bind mount must show.
     identity: files.Identity | None = None
+    #: The original as it was when its bytes were read (fstat of the descriptor they
+    #: were read through): what it must still be for the copy to stand for it.
+    source: files.Version | None = None
 
     @property
     def status(self) -> str:
         return str(self.outcome["status"])
+
+
+@dataclass(frozen=True)
+class Usable:
+    """An object under test: its original, the original's version whose bytes were
+    copied, and its copy in the cache (the inode whose bytes were checked)."""
+
+    original: str
+    source: files.Version
+    file: Path
+    identity: files.Identity
+
+    @classmethod
+    def of(cls, copies: list[Copy]) -> list[Usable]:
+        """The copies that can be tried."""
+        return [cls(c.original, c.source, c.path, c.identity) for c in copies if c.path and c.identity and c.source]
 
 
 @dataclass(frozen=True)
@@ -328,7 +347,7 @@ class Cache:
         parallel, `jobs` at a time); CacheError when the cache cannot take them.
         Originals that cannot be read are left out."""
         found: list[Copy] = []
-        todo: list[tuple[str, str, str, tree.Candidate]] = []
+        todo: list[tuple[str, str, str, tree.Candidate, files.Version]] = []
         works: list[str] = []
         try:
             for original in originals:
@@ -337,15 +356,15 @@ class Cache:
                 made = self._copy_in(original, work)
                 if made is None:
                     continue
-                digest, candidate = made
+                digest, candidate, source = made
                 cached = self._entry(original, digest)
                 if cached:
-                    found.append(cached)
+                    found.append(replace(cached, source=source))
                     continue
-                todo.append((original, digest, work, candidate))
-            outcomes = self._transform([c for *_, c in todo], jobs)
-            for (original, digest, work, _), outcome in zip(todo, outcomes, strict=True):
-                found.append(self._store(original, digest, work, outcome))
+                todo.append((original, digest, work, candidate, source))
+            outcomes = self._transform([c for _, _, _, c, _ in todo], jobs)
+            for (original, digest, work, _, source), outcome in zip(todo, outcomes, strict=True):
+                found.append(replace(self._store(original, digest, work, outcome), source=source))
         except OSError as e:
             raise _fail(self.root, e) from None
         finally:
@@ -353,10 +372,11 @@ class Cache:
                 _rmtree_at(self.fd, work)
         return found
 
-    def _copy_in(self, original: str, work: str) -> tuple[str, tree.Candidate] | None:
+    def _copy_in(self, original: str, work: str) -> tuple[str, tree.Candidate, files.Version] | None:
         """The original, opened once, copied into the work directory `work` while its
-        bytes are hashed: their SHA-256, and the copy as `hugify tree` sees a file of a
-        build root; None for an original that cannot be read (or is no regular file)."""
+        bytes are hashed: their SHA-256, the copy as `hugify tree` sees a file of a
+        build root, and the original's version read from that descriptor; None for an
+        original that cannot be read (or is no regular file)."""
         try:
             src = os.open(original, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
@@ -376,7 +396,7 @@ class Cache:
             os.close(src)
         assert probed is not None  # the caller gives ELF files only
         # Named by the original (the policy's globs match installed paths), made of the copy.
-        return digest, tree.Candidate([original], [self.root / work / COPY], probed, copied)
+        return digest, tree.Candidate([original], [self.root / work / COPY], probed, copied), files.version(st)
 
     def _entry(self, original: str, digest: str) -> Copy | None:
         """The entry of `digest`, if it is what it says (see the module's docstring);
@@ -511,10 +531,12 @@ class Cache:
                         continue
                     name = f"plain-{n}"
                     with _opened(original, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) as src:
-                        digest = copy_hashed(src, sfd, name, stat.S_IMODE(os.fstat(src).st_mode) & 0o555)
+                        st = os.fstat(src)
+                        digest = copy_hashed(src, sfd, name, stat.S_IMODE(st.st_mode) & 0o555)
                     identity = files.identity(os.stat(name, dir_fd=sfd, follow_symlinks=False))
                     outcome = {"status": "copied", "reason": None, "detail": "a plain copy (--control)"}
-                    out.append(Copy(original, digest, outcome, scratch / name, made=True, identity=identity))
+                    source = files.version(st)
+                    out.append(Copy(original, digest, outcome, scratch / name, True, identity, source))
         except OSError as e:
             raise _fail(self.root, e) from None
         return out

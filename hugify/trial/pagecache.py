@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hugify import prefetch as pf
 from hugify import shared
 from hugify.engine import LOADED, REPAIRED
+from hugify.trial.cache import Usable
 
 
 def advise(paths: Iterable[str | Path], advice: int) -> None:
@@ -78,12 +79,11 @@ class Prepared:
 
 
 class PageCache:
-    def __init__(
-        self, prefetcher: pf.Prefetcher, originals: list[str], copies: list[Path], shared_budget: int | None = None
-    ) -> None:
+    def __init__(self, prefetcher: pf.Prefetcher, objects: Sequence[Usable], shared_budget: int | None = None) -> None:
         self.prefetcher = prefetcher
-        self.originals = originals
-        self.copies = copies
+        self.objects = objects
+        self.originals = [o.original for o in objects]
+        self.copies = [o.file for o in objects]
         self.loaded_again = 0  # windows prefetched again before a run
         #: Root's shared copies are kept within this many bytes (None: none are made).
         self.shared_budget = shared_budget
@@ -117,8 +117,10 @@ class PageCache:
             self.prefetcher.prefetch(work)
             if self.shared_budget is not None:
                 # Each copy stands for its original: a shared copy shows every user
-                # what the command loads, so only an original every user may read gets one.
-                p, stands_for = self.prefetcher, self.original_of()
+                # what the command loads, so only an original every user may read gets
+                # one, and only while it is the file whose bytes were copied.
+                p = self.prefetcher
+                stands_for = {str(o.file): shared.StandsFor(o.original, o.source) for o in self.objects}
                 self.shared = shared.settle(
                     p.rdir, p.engine, work, self.shared_budget, complete=True, stands_for=stands_for
                 )

@@ -40,7 +40,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from hugify.engine import ENGINE_LIB, GOOD_STATES, UNSUPPORTED, Engine, engine_m
 from hugify.hugified import NotHugified, read_hugified
 from hugify.policy import Policy
 from hugify.trial import discover
-from hugify.trial.cache import Cache, CacheError, Copy, UntrustedCache, default_root
+from hugify.trial.cache import Cache, CacheError, Copy, UntrustedCache, Usable, default_root
 from hugify.trial.pagecache import PageCache, cache_drops
 from hugify.trial.sharedway import Mounts, SharedWayError
 from hugify.trial.sides import Bind, NamespaceError, Result, Side
@@ -180,16 +180,6 @@ class Timed:
     seen: dict[str, Seen]
     anon_held: int
     cache_dropped: bool
-
-
-@dataclass(frozen=True)
-class _Usable:
-    """An object under test: its original, and its copy in the cache (the inode whose
-    bytes were checked)."""
-
-    original: str
-    file: Path
-    identity: tuple[int, int]
 
 
 class _Runner:
@@ -345,7 +335,7 @@ class Trial:
             os.chmod(self.scratch, 0o711)
             usable = self._shared_store(usable, rdir)
         hugified = self._side("hugified", [Bind(c.file, c.original, c.identity) for c in usable])
-        pages = PageCache(prefetcher, [c.original for c in usable], [c.file for c in usable], self.shared_budget)
+        pages = PageCache(prefetcher, usable, self.shared_budget)
         b_env = self._prepare(pages, prefetcher)
         watched = self._watched(usable)
         scan = prefetcher.engine if prefetcher.engine.has(Engine.PAGEMAP_SCAN) else None
@@ -353,7 +343,7 @@ class Trial:
         runner.sides = {abtest.ORIGINAL: original, abtest.ORIGINAL_AGAIN: original, abtest.CHANGED: hugified}
         runner.envs = {abtest.ORIGINAL: self.opts.env, abtest.ORIGINAL_AGAIN: self.opts.env, abtest.CHANGED: b_env}
         runner.program = self.program
-        rounds, stopped, problems = self._rounds(runner, {c.original: _identity(c.original) for c in usable})
+        rounds, stopped, problems = self._rounds(runner, {c.original: c.source for c in usable})
         return self._result(rounds, stopped=stopped, problems=problems, pages=pages, watched=watched, cache=cache)
 
     def _first_run(self, original: Side) -> discover.FirstRun:
@@ -382,7 +372,7 @@ class Trial:
             self.note(f"process {pid} ({comm}) could not be inspected (setuid, or another user's): not hugified")
         return first
 
-    def _copies(self, first: discover.FirstRun, cache: Cache) -> list[_Usable]:
+    def _copies(self, first: discover.FirstRun, cache: Cache) -> list[Usable]:
         objects = self._select(first, cache)
         self.opts.progress(f"{len(objects)} object(s) over the threshold: making or finding their copies")
         if self.opts.control:
@@ -391,12 +381,12 @@ class Trial:
         else:
             copies = cache.copies(objects, self.opts.jobs)
         self.found["objects"] = self._describe(first, copies)
-        usable = [_Usable(c.original, c.path, c.identity) for c in copies if c.path and c.identity]
+        usable = Usable.of(copies)
         if not usable:
             raise TryError("nothing-to-try", self._nothing(copies, first), self.found)
         return usable
 
-    def _shared_store(self, usable: list[_Usable], rdir: Path) -> list[_Usable]:
+    def _shared_store(self, usable: list[Usable], rdir: Path) -> list[Usable]:
         """Root's shared copies' store, mounted before the hugified side starts
         (hugify.trial.sharedway); with --way shared, the copies moved onto a tmpfs
         without huge pages first. The objects under test, where the hugified side will
@@ -406,7 +396,7 @@ class Trial:
             if self.opts.way == "shared":
                 moved = self.mounts.plain(self.scratch / "plain", [c.file for c in usable])
                 usable = [
-                    _Usable(c.original, f, files.identity(os.stat(f))) for c, f in zip(usable, moved, strict=True)
+                    replace(c, file=f, identity=files.identity(os.stat(f))) for c, f in zip(usable, moved, strict=True)
                 ]
             self.shared_budget = self.mounts.store(rdir, [os.stat(c.file).st_size for c in usable])
         except (SharedWayError, OSError) as e:
@@ -445,7 +435,7 @@ class Trial:
         return env
 
     def _rounds(
-        self, runner: _Runner, before: dict[str, tuple[int, int, int]]
+        self, runner: _Runner, before: dict[str, files.Version]
     ) -> tuple[list[dict[str, Timed]], str, list[str]]:
         """The untimed runs, then rounds until the limits (or a signal) say stop."""
         opts = self.opts
@@ -459,7 +449,7 @@ class Trial:
             while True:
                 runs = {label: runner.one(label) for label in abtest.order(len(rounds))}
                 self._check_behaviour(runs, runner)
-                changed = [c for c in before if _identity(c) != before[c]]
+                changed = [c for c in before if _version(c) != before[c]]
                 if changed:
                     why = f"{changed[0]} changed during the comparison (did the command rebuild it?): its copy is stale"
                     raise TryError("files-changed", why, self.found)
@@ -544,7 +534,7 @@ class Trial:
         reasons = sorted({f"{c.outcome.get('reason') or c.status}" for c in copies})
         return f"none of the {len(copies)} object(s) over the threshold could be hugified ({', '.join(reasons)})"
 
-    def _watched(self, usable: list[_Usable]) -> list[Watched]:
+    def _watched(self, usable: list[Usable]) -> list[Watched]:
         out = []
         for c in usable:
             so, sc = os.stat(c.original), os.stat(c.file)
@@ -768,12 +758,13 @@ def _ratios(rounds: list[dict[str, Timed]], label: str, what: str) -> list[float
     return out
 
 
-def _identity(path: str) -> tuple[int, int, int]:
+def _version(path: str) -> files.Version | None:
+    """The file's version now (None where it is gone): not the one its copy was made
+    from once renamed over, rewritten or given other permissions."""
     try:
-        st = os.stat(path)
+        return files.version(os.stat(path))
     except OSError:
-        return (0, 0, 0)
-    return st.st_ino, st.st_size, st.st_mtime_ns
+        return None
 
 
 def _states(t: pf.Target) -> dict[str, int]:

@@ -49,9 +49,9 @@ from hugify import prefetch as pf
 from hugify.engine import GOOD_STATES
 from hugify.kernel import Vma
 from hugify.trial import report
-from hugify.trial.cache import Cache
+from hugify.trial.cache import Cache, Usable
 from hugify.trial.pagecache import PageCache, advise, cache_drops
-from hugify.trial.session import Behaviour, Options, Trial, TryError, _sha256, _Usable, first_difference
+from hugify.trial.session import Behaviour, Options, Trial, TryError, _sha256, first_difference
 from hugify.trial.sharedway import Mounts
 from hugify.trial.sides import Bind, Result, Side
 from hugify.trial.watch import Sampler, of_inodes
@@ -280,7 +280,7 @@ class WaysTrial(Trial):
         first = self._first_run(original)
         usable = self._copies(first, cache)
         originals = [c.original for c in usable]
-        self.file_pages = PageCache(prefetcher, originals, [c.file for c in usable])
+        self.file_pages = PageCache(prefetcher, usable)
         for way in self.ways:
             name = way if isinstance(way, str) else way.name
             col = self.columns[name] = _Column(name, _BUILT_IN_WHAT.get(name, "") if isinstance(way, str) else way.what)
@@ -312,7 +312,7 @@ class WaysTrial(Trial):
 
     # --- the ways' sides ----------------------------------------------------------------
 
-    def _hugify(self, col: _Column, usable: list[_Usable]) -> None:
+    def _hugify(self, col: _Column, usable: list[Usable]) -> None:
         col.side = self._side(col.name, [bind(c.file, c.original) for c in usable])
         col.env = dict(self.opts.env)
         pages = self.file_pages
@@ -321,11 +321,11 @@ class WaysTrial(Trial):
         col.own = {c.original: _identity(c.file) for c in usable}
         col.objects = {c.original: f"hugify's copy, {c.file}" for c in usable}
 
-    def _hugify_shared(self, col: _Column, usable: list[_Usable], rdir: Path, prefetcher: pf.Prefetcher) -> None:
+    def _hugify_shared(self, col: _Column, usable: list[Usable], rdir: Path, prefetcher: pf.Prefetcher) -> None:
         if not self.mounts.entered:
             raise WayUnavailable("root's shared copies are root's to make (run as root)")
         moved = self._shared_store(list(usable), rdir)  # TryError where it cannot be had
-        pages = PageCache(prefetcher, [c.original for c in moved], [c.file for c in moved], self.shared_budget)
+        pages = PageCache(prefetcher, moved, self.shared_budget)
         col.env = self._prepare(pages, prefetcher)  # the shared way's environment, its copies made
         col.side = self._side(col.name, [bind(c.file, c.original) for c in moved])
         col.before = lambda: pages.before(True)
@@ -334,7 +334,7 @@ class WaysTrial(Trial):
         col.shared_of = {str(c.file): c.original for c in moved}
         col.objects = {c.original: f"hugify's copy on a tmpfs without huge pages, {c.file}" for c in moved}
 
-    def _planned(self, col: _Column, way: Way, usable: list[_Usable]) -> None:
+    def _planned(self, col: _Column, way: Way, usable: list[Usable]) -> None:
         assert self.scratch is not None
         home = self.scratch / "ways" / way.name
         home.mkdir(parents=True)
