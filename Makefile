@@ -116,7 +116,7 @@ unit: setup
 	$(CARGO) test --locked -p hugify-core --test fuzz_regressions
 
 pytest: setup build
-	$(VENV)/bin/python -m pytest -n 2 --maxschedchunk 1 tests
+	$(VENV)/bin/python -m pytest -n 2 tests
 
 # Every stage, then a timing summary (tools/run-tests); CI runs exactly this.
 test:

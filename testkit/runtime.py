@@ -166,10 +166,12 @@ def file_backed_only(directory: Path) -> Path:
     return path
 
 
-def build_runtime() -> None:
-    """Builds runtime/ (make is incremental; the lock keeps workers from racing)."""
+def build_runtime(*targets: str) -> None:
+    """Builds runtime/, or the make `targets` there (make is incremental; the lock keeps
+    pytest's workers from building the same file at once: two makes of hugify-run-asan
+    were seen to fail that way)."""
     with locked(Path("/tmp/hugify-runtime-build.lock")):
-        run_checked(["make", "-s", "-C", RUNTIME])
+        run_checked(["make", "-s", "-C", RUNTIME, *targets])
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,6 @@ def booted() -> BootResult:
     return boot()
 
 
-@pytest.mark.long_running(minutes=4)
 def test_arm64_windows_keep_bti_where_their_object_has_it(booted: BootResult) -> None:
     package = cross_built_package().ok()
     # What was built: the program and library marked BTI by Debian 13's flags, the

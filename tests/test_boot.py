@@ -198,7 +198,6 @@ def boot() -> Boot:
     return Boot(final if final.is_dir() else work)
 
 
-@pytest.mark.long_running(minutes=2)
 def test_container_boots_with_systemd_as_pid1(boot: Boot) -> None:
     b = boot.ok()
     assert b.text("pid1") == "systemd\n"

@@ -34,7 +34,6 @@ def session() -> tuple[Path, dict[str, Any]]:
     return d, json.loads((d / "record.json").read_text())
 
 
-@pytest.mark.long_running(minutes=5.5)
 def test_deployed_from_trixie_backports(session: tuple[Path, dict[str, Any]]) -> None:
     _, record = session
     versions = record["versions"]

@@ -299,7 +299,6 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path: Path)
     assert changelog(unpack(next(named.glob("*.dsc")), tmp_path / "t3"), "Maintainer") == ["A B <a@b.example>"]
 
 
-@pytest.mark.long_running(minutes=1.5)
 @pytest.mark.slow
 def test_the_derived_source_builds_hugified_and_its_buildinfo_records_the_switch(tmp_path: Path) -> None:
     """sbuild in a clean chroot (testkit.debian_repro: hugify's packages offered as an

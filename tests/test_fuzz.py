@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 from testkit import REPO
 
 
-@pytest.mark.long_running(minutes=3.5)
 def test_fuzz_targets_survive_a_bounded_run() -> None:
     res = subprocess.run(
         [REPO / "tools" / "bench", "fuzz", "--seconds", "20"],

@@ -120,7 +120,6 @@ def maps_text(step: dict[str, Any]) -> str:
     return ", ".join(f"{p}: {m['pmd'] >> 10} of {m['size'] >> 10} KiB PMD-mapped" for p, m in step["maps"].items())
 
 
-@pytest.mark.long_running(minutes=7.5)
 def test_guest_boots_systemd_and_the_prefetch_service_succeeds(booted: BootResult) -> None:
     r = booted.results
     assert r["uname"] == booted.kernel.release and r["root_fs"] == booted.fs, (r["uname"], r["root_fs"])
@@ -793,7 +792,6 @@ def glibc_limits() -> dict[str, int | None]:
     return out
 
 
-@pytest.mark.long_running(minutes=2.5)
 def test_glibc_thp_makes_cold_code_huge_up_to_the_read_ahead_the_layout_allows(
     glibc_booted: BootResult, glibc_limits: dict[str, int | None]
 ) -> None:

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from testkit import REPO
-from testkit.runtime import RUNTIME
+from testkit.runtime import RUNTIME, build_runtime
 
 CORE = REPO / "core/src"
 
@@ -77,7 +77,7 @@ def runtime_includes() -> dict[str, set[str]]:
 def runtime_calls(tmp_path: Path) -> dict[str, set[str]]:
     """Each module of runtime/ with a .c and the modules whose functions its object file
     calls (its undefined symbols that another object file defines)."""
-    subprocess.run(["make", "-s", "-C", RUNTIME, "build-config.h"], check=True)
+    build_runtime("build-config.h")
     sources = sorted(RUNTIME.glob("*.c"))
     subprocess.run(["gcc", "-c", "-O0", "-fPIC", "-D_FILE_OFFSET_BITS=64", *sources], cwd=tmp_path, check=True)
     defined: dict[str, set[str]] = {}

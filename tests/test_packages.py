@@ -622,7 +622,6 @@ def discovery_session(hugify_rpm: RpmBuild) -> Session:
 # --- Debian, end to end ---------------------------------------------------------------------
 
 
-@pytest.mark.long_running(minutes=1)
 @slow
 def test_installed_deb_provides_the_add_on_without_any_path_tricks(deb_session: Session) -> None:
     s = deb_session.ok()

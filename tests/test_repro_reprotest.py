@@ -36,7 +36,6 @@ REQUIRED = ("build_path", "time", "umask", "locales", "timezone", "user_group", 
 LOGGED = ("FAKETIME", "UMASK", "LOCALE", "TIMEZONE", "HOME", "DISORDERFS", "NUM_CPUS")
 
 
-@pytest.mark.long_running(minutes=1.5)
 def test_reprotest_with_every_variation_gives_identical_debs() -> None:
     start = time.monotonic()
     r = reprotest(hugified_source("hello"), hugify_debs())

@@ -68,7 +68,6 @@ RECORD = (
 )
 
 
-@pytest.mark.long_running(minutes=1)
 def test_a_rebuild_from_the_buildinfo_alone_gives_the_same_debs() -> None:
     start = time.monotonic()
     first = hugified_build().ok()
@@ -91,7 +90,6 @@ def test_a_rebuild_from_the_buildinfo_alone_gives_the_same_debs() -> None:
     assert deb_digests(again) == listed
 
 
-@pytest.mark.long_running(minutes=2)
 def test_the_local_switch_is_not_reproduced_from_the_buildinfo() -> None:
     local = local_switch_build().ok()
     assert hugified(local.pkg("hello") / PROGRAM)

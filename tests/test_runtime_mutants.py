@@ -192,7 +192,7 @@ class Outcome:
 def originals(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Programs:
     assert os.geteuid() == 0, "the runtime tests drop the page cache and need root (CI runs as root)"
     build_runtime()
-    run_checked(["make", "-s", "-C", RUNTIME, "hugify-run-asan"])
+    build_runtime("hugify-run-asan")
     return build_programs(tmp_path_factory.mktemp(f"mutants-{request.param.name}"), request.param, main=MAIN)
 
 

@@ -66,7 +66,6 @@ def test_the_benchmark_runs_through_tools_bench():
     assert res.stdout.startswith("usage: tools/bench speedup [-h]") and res.stderr == ""
 
 
-@pytest.mark.long_running(minutes=3.75)
 @pytest.mark.slow
 def test_quick_run_of_every_workload(built: Programs, tmp_path: Path):
     """hugify try keeps the benchmark's hugified copies under the test cache: whether their

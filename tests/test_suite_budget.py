@@ -132,34 +132,3 @@ def test_the_summary_warns_when_a_cold_run_would_pass_the_budget(tmp_path: Path)
             check=True,
         ).stdout
     ) == pytest.approx(600)
-
-
-def test_long_running_items_start_first_longest_first() -> None:
-    """The order pytest's workers take items in (tests/conftest.py): every item whose
-    test carries a `long_running` mark, read here from the test files' text, before any
-    other, longest first; the rest as collected."""
-    marked: dict[str, float] = {}
-    for path in sorted((REPO / "tests").glob("test_*.py")):
-        text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^@pytest\.mark\.long_running\(minutes=([0-9.]+)\)\n(?:@.*\n)*def (\w+)\(", text, re.M):
-            marked[f"{path.name}::{m.group(2)}"] = float(m.group(1))
-    assert len(marked) >= 10, marked
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    ids = [line for line in res.stdout.splitlines() if "::" in line]
-    names = [i.removeprefix("tests/").split("[")[0] for i in ids]
-    count = sum(n in marked for n in names)
-    # The marked items are exactly the first ones, and their minutes never grow.
-    assert set(names[:count]) == set(marked), names[: count + 3]
-    minutes = [marked[n] for n in names[:count]]
-    assert minutes == sorted(minutes, reverse=True), list(zip(names[:count], minutes, strict=True))
-    # The rest keep their files' order: a file's items are not split by the sort.
-    rest = [n.split("::")[0] for n in names[count:]]
-    files = [f for i, f in enumerate(rest) if i == 0 or f != rest[i - 1]]
-    assert len(files) == len(set(files)), files

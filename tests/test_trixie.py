@@ -41,7 +41,6 @@ VERSIONS = {
 }
 
 
-@pytest.mark.long_running(minutes=6.5)
 @pytest.mark.slow
 def test_trixie_userland_passes_the_integration_tests() -> None:
     root = trixie_root()
