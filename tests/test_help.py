@@ -78,11 +78,11 @@ def test_the_rpm_maintainer_section_ships_the_manifest_and_the_statement() -> No
     needs: the manifest's and the statement's (without the latter `hugify
     sign-packages` refuses the build later: statement-missing). It gave the manifest's
     only; the statement's was in docs/signing.md alone. The form is the one the rpm
-    signing test builds with (tests/test_signing.py)."""
+    signing test builds with (testkit/signing.py)."""
     text = (REPO / "docs" / "packaging-rpm.md").read_text()
     section = text.split("\n## For package maintainers\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```\n(.*?)```", section, re.S)
     files = next(b for b in blocks if "%files" in b)
     assert files.splitlines()[0] == "%files %{?hugify_attestation}" and "%{?hugify_manifest}" in files, files
     assert "statement-missing" in section
-    assert '"\\n%files %{?hugify_attestation}\\n"' in (REPO / "tests" / "test_signing.py").read_text()
+    assert '"\\n%files %{?hugify_attestation}\\n"' in (REPO / "testkit" / "signing.py").read_text()
