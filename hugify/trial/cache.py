@@ -536,7 +536,9 @@ class Cache:
                     identity = files.identity(os.stat(name, dir_fd=sfd, follow_symlinks=False))
                     outcome = {"status": "copied", "reason": None, "detail": "a plain copy (--control)"}
                     source = files.version(st)
-                    out.append(Copy(original, digest, outcome, scratch / name, True, identity, source))
+                    out.append(
+                        Copy(original, digest, outcome, scratch / name, made=True, identity=identity, source=source)
+                    )
         except OSError as e:
             raise _fail(self.root, e) from None
         return out
